@@ -1,0 +1,241 @@
+"""The pipeline definition: one declaration that both phases run.
+
+Validated at construction; messages name the field and the valid values. Only the parts that shape the
+per-key state go into the fingerprint (see :meth:`Pipeline.state_spec`), so moving a sink or changing a
+trigger interval does not invalidate a handoff manifest, while changing a key or an aggregation does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Bumped whenever the layout of the state table or the meaning of its columns changes.
+STATE_SCHEMA_VERSION = 1
+# Bumped whenever the keyed-aggregation logic changes in a way that changes results.
+OPERATOR_VERSION = 1
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Column names the engine adds to its own tables; a user column may not start with this.
+RESERVED_PREFIX = "_"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AggKind(StrEnum):
+    COUNT = "count"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+    REDUCE = "reduce"
+
+
+class Aggregation(_Model):
+    """One output column of a keyed aggregation.
+
+    ``reduce`` takes a Spark SQL expression over ``acc`` and ``x`` that must be associative and
+    commutative (like any distributed reduce): the engine folds values in no fixed order, and in the
+    live phase it folds the backlog's partial result together with the live values.
+    """
+
+    name: str
+    kind: AggKind
+    column: str | None = Field(None, description="Input column; optional for count (counts rows).")
+    reduce: str | None = Field(None, description="For kind=reduce: SQL over `acc` and `x`, e.g. 'acc * x'.")
+
+    @field_validator("name", "column")
+    @classmethod
+    def _identifier(cls, v: str | None) -> str | None:
+        if v is not None and not _IDENTIFIER.match(v):
+            raise ValueError(f"{v!r} is not a column identifier (letters, digits, '_'; not a digit first)")
+        if v is not None and v.startswith(RESERVED_PREFIX):
+            raise ValueError(f"{v!r} starts with {RESERVED_PREFIX!r}, which is reserved for engine columns")
+        return v
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Aggregation:
+        if self.kind is not AggKind.COUNT and self.column is None:
+            raise ValueError(f"aggregation {self.name!r}: kind {self.kind.value!r} needs a 'column'")
+        if self.kind is AggKind.REDUCE:
+            if not self.reduce or not ({"acc", "x"} <= set(re.findall(r"[A-Za-z_]+", self.reduce))):
+                raise ValueError(
+                    f"aggregation {self.name!r}: kind 'reduce' needs 'reduce', a SQL expression that uses "
+                    "both `acc` and `x` (e.g. 'acc * x', 'greatest(acc, x)')"
+                )
+        elif self.reduce is not None:
+            raise ValueError(f"aggregation {self.name!r}: 'reduce' is only valid with kind 'reduce'")
+        return self
+
+
+class KeyedAggregate(_Model):
+    """Keyed aggregation: one output row per key, updated as records arrive."""
+
+    kind: Literal["keyed_aggregate"] = "keyed_aggregate"
+    aggregations: list[Aggregation] = Field(min_length=1)
+
+    @field_validator("aggregations")
+    @classmethod
+    def _unique_names(cls, v: list[Aggregation]) -> list[Aggregation]:
+        names = [a.name for a in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"aggregation names must be unique; repeated: {dupes}")
+        return v
+
+
+class DeltaSource(_Model):
+    """A Delta table read as backlog (snapshot at version V) then live (versions V+1, V+2, ...).
+
+    The table must be append-only and have the change data feed enabled from its first version
+    (``delta.enableChangeDataFeed = true``): the change feed gives each record its commit version, which
+    defines arrival order and therefore lateness (see :mod:`phases.lateness`).
+    """
+
+    kind: Literal["delta"] = "delta"
+    path: str = Field(min_length=1)
+
+
+class DeltaSink(_Model):
+    """A Delta table holding one row per key with the current aggregation results (upserted)."""
+
+    kind: Literal["delta"] = "delta"
+    path: str = Field(min_length=1)
+
+
+class Locations(_Model):
+    """Where the engine keeps its own tables. Everything lives under ``root`` unless overridden."""
+
+    root: str = Field(min_length=1)
+
+    def _sub(self, name: str) -> str:
+        return str(Path(self.root) / name)
+
+    @property
+    def state_root(self) -> str:
+        return self._sub("state")
+
+    @property
+    def manifests(self) -> str:
+        return self._sub("manifests")
+
+    @property
+    def quarantine(self) -> str:
+        return self._sub("quarantine")
+
+    @property
+    def checkpoints(self) -> str:
+        return self._sub("checkpoints")
+
+    @property
+    def live_input(self) -> str:
+        return self._sub("live_input")
+
+    @property
+    def live_progress(self) -> str:
+        return self._sub("live_progress")
+
+
+class Pipeline(_Model):
+    """Sources + key + event time + watermark delay + operator + sink + settings, declared once."""
+
+    name: str
+    source: DeltaSource
+    key_columns: list[str] = Field(min_length=1)
+    event_time: str
+    watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
+    operator: KeyedAggregate
+    sink: DeltaSink
+    locations: Locations
+    checkpoint_interval: timedelta = Field(
+        timedelta(seconds=5), description="Live phase: micro-batch trigger (and checkpoint) interval."
+    )
+    checkpoint_interval_during_backlog: timedelta = Field(
+        timedelta(0),
+        description="FLIP-309: 0 = the backlog runs as a batch job with no checkpoints; otherwise it "
+        "must be >= checkpoint_interval.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _IDENTIFIER.match(v):
+            raise ValueError(f"{v!r} is not a valid pipeline name (letters, digits, '_'; not a digit first)")
+        return v
+
+    @field_validator("key_columns")
+    @classmethod
+    def _keys(cls, v: list[str]) -> list[str]:
+        for col in v:
+            if not _IDENTIFIER.match(col) or col.startswith(RESERVED_PREFIX):
+                raise ValueError(f"key column {col!r} is not a column identifier without a leading '_'")
+        if len(set(v)) != len(v):
+            raise ValueError(f"key columns must be unique; got {v}")
+        return v
+
+    @field_validator("event_time")
+    @classmethod
+    def _event_time(cls, v: str) -> str:
+        if not _IDENTIFIER.match(v) or v.startswith(RESERVED_PREFIX):
+            raise ValueError(f"event_time {v!r} is not a column identifier without a leading '_'")
+        return v
+
+    @field_validator("watermark_delay")
+    @classmethod
+    def _delay(cls, v: timedelta) -> timedelta:
+        if v < timedelta(0):
+            raise ValueError(f"watermark_delay must be >= 0; got {v}")
+        return v
+
+    @field_validator("checkpoint_interval")
+    @classmethod
+    def _interval(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError(f"checkpoint_interval must be > 0; got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> Pipeline:
+        backlog, live = self.checkpoint_interval_during_backlog, self.checkpoint_interval
+        if backlog != timedelta(0) and backlog < live:
+            raise ValueError(
+                f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) must be 0 (no checkpoints "
+                f"during backlog) or >= checkpoint_interval ({live.total_seconds()}s)"
+            )
+        outputs = [a.name for a in self.operator.aggregations]
+        clash = sorted(set(outputs) & set(self.key_columns))
+        if clash:
+            raise ValueError(f"aggregation names {clash} clash with key columns {self.key_columns}")
+        if self.event_time in self.key_columns:
+            raise ValueError(f"event_time {self.event_time!r} cannot also be a key column")
+        return self
+
+    @property
+    def delay_us(self) -> int:
+        return int(self.watermark_delay / timedelta(microseconds=1))
+
+    def state_spec(self) -> dict:
+        """The part of the definition that shapes the state; its hash is the pipeline fingerprint."""
+        return {
+            "name": self.name,
+            "source": self.source.model_dump(mode="json"),
+            "key_columns": list(self.key_columns),
+            "event_time": self.event_time,
+            "watermark_delay_us": self.delay_us,
+            "operator": self.operator.model_dump(mode="json"),
+            "state_schema_version": STATE_SCHEMA_VERSION,
+            "operator_version": OPERATOR_VERSION,
+        }
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.state_spec(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]

@@ -1,0 +1,25 @@
+"""The engine's exception hierarchy: every error the engine raises on purpose is a PhasesError."""
+
+
+class PhasesError(Exception):
+    """Base class of every error raised on purpose by the engine."""
+
+
+class SetupError(PhasesError):
+    """The environment is not usable: JVM dependencies missing or not fetchable, no Java, ..."""
+
+
+class DefinitionError(PhasesError):
+    """A pipeline definition or setting is invalid. The message names the field and the rule."""
+
+
+class SourceError(PhasesError):
+    """A source cannot be read as the pipeline needs it (missing table, change feed off, ...)."""
+
+
+class ManifestError(PhasesError):
+    """The handoff manifest is missing, partial, or does not match the pipeline."""
+
+
+class PhaseStateError(PhasesError):
+    """A phase was asked to run in a state that would break the backlog/live contract."""

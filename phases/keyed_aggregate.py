@@ -1,0 +1,169 @@
+"""The keyed-aggregation logic, written once and used by both phases.
+
+Every aggregation is a commutative monoid over *buffers*:
+
+* ``lift`` turns one input record into a buffer row (a count of 1, the value as a partial sum, ...);
+* ``merge`` aggregates buffer rows per key (sum of counts, sum of sums, min of mins, fold of reduces);
+* ``finalize`` turns a key's buffers into output columns (avg = sum / count).
+
+The backlog phase lifts the sorted backlog records and merges them per key; the state it hands over is
+exactly the merged buffers. The live phase streams the union of those buffers (one row per key) and the
+lifted live records through the *same* merge inside a Structured Streaming aggregation, so the first
+micro-batch rebuilds the state in Spark's state store. Only state access differs between the phases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from phases.definition import AggKind, Aggregation, Pipeline
+from phases.errors import DefinitionError
+
+MAX_TS = "_max_ts"  # buffer: the key's greatest event time (drives the live watermark after the switch)
+ROWS = "_rows"  # buffer: on-time records aggregated for the key
+LIVE_ROWS = "_live_rows"  # live phase only: records of the key that arrived after the switch
+TS = "_ts"  # the event time column of the unified (state + live) stream
+
+_NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType)
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_ORDERABLE = (*_NUMERIC, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType, T.BooleanType)
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    name: str
+    dtype: T.DataType
+    lift: Column
+    merge: Column
+
+
+class KeyedAggregationLogic:
+    """Buffers, lift, merge and finalize for one pipeline, checked against the source schema."""
+
+    def __init__(self, pipeline: Pipeline, source_schema: T.StructType):
+        self.pipeline = pipeline
+        self.keys = list(pipeline.key_columns)
+        fields = {f.name: f.dataType for f in source_schema.fields}
+        for col in [*self.keys, pipeline.event_time]:
+            if col not in fields:
+                raise DefinitionError(
+                    f"column {col!r} is not in source {pipeline.source.path}; columns: {sorted(fields)}"
+                )
+        if not isinstance(fields[pipeline.event_time], T.TimestampType):
+            raise DefinitionError(
+                f"event_time column {pipeline.event_time!r} must be a timestamp; it is "
+                f"{fields[pipeline.event_time].simpleString()}"
+            )
+        self.key_types = {k: fields[k] for k in self.keys}
+        self.aggregations = list(pipeline.operator.aggregations)
+        self._buffers: list[_Buffer] = []
+        for agg in self.aggregations:
+            self._buffers.extend(self._buffers_for(agg, fields))
+        ts = F.col(pipeline.event_time)
+        self._buffers.append(_Buffer(MAX_TS, T.TimestampType(), ts, F.max(MAX_TS)))
+        self._buffers.append(_Buffer(ROWS, T.LongType(), F.lit(1).cast("long"), F.sum(ROWS)))
+
+    @staticmethod
+    def _buffers_for(agg: Aggregation, fields: dict[str, T.DataType]) -> list[_Buffer]:
+        n = agg.name
+        if agg.column is not None and agg.column not in fields:
+            raise DefinitionError(
+                f"aggregation {n!r}: column {agg.column!r} is not in the source; columns: {sorted(fields)}"
+            )
+        dtype = fields.get(agg.column) if agg.column else None
+        col = F.col(agg.column) if agg.column else None
+
+        def need(types: tuple, what: str) -> None:
+            if not isinstance(dtype, types):
+                valid = sorted({t.typeName() for t in types})
+                raise DefinitionError(
+                    f"aggregation {n!r} ({agg.kind.value}): column {agg.column!r} is "
+                    f"{dtype.simpleString()}; {what} needs one of {valid}"
+                )
+
+        if agg.kind is AggKind.COUNT:
+            lift = F.lit(1) if col is None else F.when(col.isNotNull(), 1).otherwise(0)
+            return [_Buffer(f"{n}__n", T.LongType(), lift.cast("long"), F.sum(f"{n}__n"))]
+        if agg.kind is AggKind.SUM:
+            need(_NUMERIC, "sum")
+            bt = T.LongType() if isinstance(dtype, _INTEGRAL) else T.DoubleType()
+            return [_Buffer(f"{n}__sum", bt, col.cast(bt), F.sum(f"{n}__sum"))]
+        if agg.kind is AggKind.AVG:
+            need(_NUMERIC, "avg")
+            return [
+                _Buffer(f"{n}__sum", T.DoubleType(), col.cast("double"), F.sum(f"{n}__sum")),
+                _Buffer(
+                    f"{n}__n",
+                    T.LongType(),
+                    F.when(col.isNotNull(), 1).otherwise(0).cast("long"),
+                    F.sum(f"{n}__n"),
+                ),
+            ]
+        if agg.kind in (AggKind.MIN, AggKind.MAX):
+            need(_ORDERABLE, agg.kind.value)
+            fn = F.min if agg.kind is AggKind.MIN else F.max
+            return [_Buffer(f"{n}__{agg.kind.value}", dtype, col, fn(f"{n}__{agg.kind.value}"))]
+        # reduce: fold the collected values (and, live, the backlog's partial result) with the user's
+        # associative + commutative expression.
+        need(_ORDERABLE, "reduce")
+        b = f"{n}__acc"
+        sql_type = dtype.simpleString()
+        fold = F.expr(
+            f"aggregate(collect_list(`{b}`), CAST(NULL AS {sql_type}), "
+            f"(acc, x) -> CASE WHEN acc IS NULL THEN x ELSE CAST(({agg.reduce}) AS {sql_type}) END)"
+        )
+        return [_Buffer(b, dtype, col, fold)]
+
+    # --- the three steps -------------------------------------------------------------------------
+    @property
+    def buffer_schema(self) -> T.StructType:
+        fields = [T.StructField(k, t, True) for k, t in self.key_types.items()]
+        fields += [T.StructField(b.name, b.dtype, True) for b in self._buffers]
+        return T.StructType(fields)
+
+    @property
+    def buffer_names(self) -> list[str]:
+        return [b.name for b in self._buffers]
+
+    def lift(self, records: DataFrame) -> DataFrame:
+        """One buffer row per record: keys, buffers, and the event time as ``_ts``."""
+        cols = [F.col(k) for k in self.keys]
+        cols += [b.lift.cast(b.dtype).alias(b.name) for b in self._buffers]
+        return records.select(*cols, F.col(self.pipeline.event_time).alias(TS))
+
+    def merge_columns(self) -> list[Column]:
+        return [b.merge.cast(b.dtype).alias(b.name) for b in self._buffers]
+
+    def merge(self, buffers: DataFrame) -> DataFrame:
+        """Buffers merged per key (batch)."""
+        return buffers.groupBy(*self.keys).agg(*self.merge_columns())
+
+    def finalize(self, state: DataFrame) -> DataFrame:
+        """Output rows (keys + one column per aggregation) from merged buffers."""
+        cols = [F.col(k) for k in self.keys]
+        for agg in self.aggregations:
+            n = agg.name
+            if agg.kind is AggKind.COUNT:
+                cols.append(F.col(f"{n}__n").alias(n))
+            elif agg.kind is AggKind.SUM:
+                cols.append(F.col(f"{n}__sum").alias(n))
+            elif agg.kind is AggKind.AVG:
+                cols.append(F.when(F.col(f"{n}__n") > 0, F.col(f"{n}__sum") / F.col(f"{n}__n")).alias(n))
+            elif agg.kind in (AggKind.MIN, AggKind.MAX):
+                cols.append(F.col(f"{n}__{agg.kind.value}").alias(n))
+            else:
+                cols.append(F.col(f"{n}__acc").alias(n))
+        return state.select(*cols)
+
+    @property
+    def output_schema(self) -> T.StructType:
+        fields = [T.StructField(k, t, True) for k, t in self.key_types.items()]
+        for agg in self.aggregations:
+            b = [x for x in self._buffers if x.name.startswith(f"{agg.name}__")][0]
+            dtype = T.DoubleType() if agg.kind is AggKind.AVG else b.dtype
+            fields.append(T.StructField(agg.name, dtype, True))
+        return T.StructType(fields)

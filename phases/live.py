@@ -1,0 +1,285 @@
+"""The live phase: Structured Streaming seeded from the backlog's state, starting at version V+1.
+
+Two streaming queries, each with its own checkpoint under ``checkpoints/<manifest_id>/``:
+
+* **tagger** reads the source's change feed after version V, validates records, tags late ones with
+  the version watermark (:mod:`phases.lateness`, continuing from the backlog's maximum event time),
+  appends on-time records to the ``live_input`` table and quarantines the rest. Every write of a
+  micro-batch is idempotent (Delta ``txnAppId``/``txnVersion`` = the batch id), so a replayed batch
+  never duplicates.
+* **aggregate** streams the union of the handed-over state (one buffer row per key, read as a stream of
+  the state table) and the lifted live records through the keyed aggregation's merge in Spark's own
+  state store, and upserts changed keys into the sink. Its first micro-batch replays the state: that is
+  the immediate checkpoint of the switch. The state rows carry each key's max event time, so after it
+  Spark's watermark is the final backlog watermark. On restart the state table's offsets are already
+  committed, so the state is never applied twice and the backlog is never re-read.
+
+``LiveRunner.streaming_only`` runs the same queries from the source's first version with an empty
+state: one streaming job over all the data, the reference the two-phase result must equal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.streaming import StreamingQuery
+
+from phases import lateness, manifest, quarantine, tables
+from phases.backlog import live_checkpoint_root
+from phases.definition import Pipeline
+from phases.delta_source import DeltaTableSource
+from phases.errors import PhaseStateError
+from phases.keyed_aggregate import LIVE_ROWS, MAX_TS, TS, KeyedAggregationLogic
+from phases.records import split_invalid
+
+STREAMING_ONLY = "streaming-only"
+BATCH_ID = "_batch_id"
+PROGRESS_SCHEMA = T.StructType(
+    [
+        T.StructField("batch_id", T.LongType(), False),
+        T.StructField("version", T.LongType(), False),
+        T.StructField("max_event_time_us", T.LongType(), False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class LiveStart:
+    """What starting the live phase took."""
+
+    run_name: str
+    start_seconds: float  # queries started -> first aggregate checkpoint committed
+    first_checkpoint_at_us: int  # wall clock of that commit
+
+
+class LiveRunner:
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        handoff: manifest.HandoffManifest | None,
+        *,
+        max_files_per_trigger: int | None = None,
+    ):
+        """Use :meth:`from_manifest` or :meth:`streaming_only`."""
+        self.spark = spark
+        self.pipeline = pipeline
+        self.handoff = handoff
+        self.max_files_per_trigger = max_files_per_trigger
+        self.source = DeltaTableSource(spark, pipeline.source)
+        self.logic = KeyedAggregationLogic(pipeline, self.source.schema())
+        self.run_name = handoff.manifest_id if handoff else STREAMING_ONLY
+        loc = pipeline.locations
+        self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
+        self.live_input = str(PurePosixPath(loc.live_input) / self.run_name)
+        self.progress = str(PurePosixPath(loc.live_progress) / self.run_name)
+        self.state_path = (
+            handoff.state_path if handoff else str(PurePosixPath(loc.state_root) / STREAMING_ONLY)
+        )
+        self.tagger: StreamingQuery | None = None
+        self.aggregate: StreamingQuery | None = None
+
+    @classmethod
+    def from_manifest(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
+        """The live phase of the newest handoff; refuses a missing, partial or mismatched manifest."""
+        handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name)
+        manifest.check_matches(spark, handoff, pipeline)
+        return cls(spark, pipeline, handoff, **kwargs)
+
+    @classmethod
+    def streaming_only(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
+        """One streaming job over all versions from the first, with empty initial state."""
+        return cls(spark, pipeline, None, **kwargs)
+
+    # --- set-up ----------------------------------------------------------------------------------
+    def _prepare_tables(self) -> None:
+        p, spark = self.pipeline, self.spark
+        src = self.source.schema()
+        input_schema = T.StructType(
+            [
+                *src.fields,
+                T.StructField(lateness.VERSION, T.LongType()),
+                T.StructField(BATCH_ID, T.LongType()),
+            ]
+        )
+        tables.ensure(spark, self.live_input, input_schema)
+        tables.ensure(spark, self.progress, PROGRESS_SCHEMA)
+        quarantine.ensure(spark, p.locations.quarantine)
+        tables.ensure(spark, p.sink.path, self.logic.output_schema)
+        if self.handoff is None:
+            tables.ensure(spark, self.state_path, self.logic.buffer_schema)
+
+    def _app_id(self, what: str) -> str:
+        return f"{self.pipeline.name}:{self.run_name}:{what}"
+
+    # --- tagger ----------------------------------------------------------------------------------
+    def _prior_maxima(self, batch_id: int) -> list[tuple[int, int]]:
+        rows = (
+            self.spark.read.format("delta")
+            .load(self.progress)
+            .filter(F.col("batch_id") < batch_id)
+            .groupBy("version")
+            .agg(F.max("max_event_time_us").alias("m"))
+            .collect()
+        )
+        return [(int(r["version"]), int(r["m"])) for r in rows]
+
+    def _tag_batch(self, batch: DataFrame, batch_id: int) -> None:
+        p, spark = self.pipeline, batch.sparkSession
+        batch = batch.persist()
+        try:
+            valid, invalid = split_invalid(batch, p)
+            in_batch = lateness.version_maxima(valid, p.event_time)
+            merged: dict[int, int] = {}
+            for version, max_us in [*self._prior_maxima(batch_id), *in_batch]:
+                merged[version] = max(max_us, merged.get(version, max_us))
+            base = self.handoff.backlog_max_event_time_us if self.handoff else None
+            marks, _ = lateness.version_watermarks(sorted(merged.items()), base, p.delay_us)
+            on_time, late = lateness.split_late(spark, valid, marks, p.event_time)
+            user_cols = [c for c in batch.columns if not c.startswith("_")]
+            accepted = on_time.select(
+                *user_cols, F.col(lateness.VERSION).cast("long"), F.lit(batch_id).cast("long").alias(BATCH_ID)
+            )
+            tables.append_once(accepted, self.live_input, self._app_id("input"), batch_id)
+            q_rows = quarantine.rows(
+                invalid,
+                pipeline=p.name,
+                phase="live",
+                event_time=p.event_time,
+                reason=None,
+                batch_id=batch_id,
+            ).unionByName(
+                quarantine.rows(
+                    late,
+                    pipeline=p.name,
+                    phase="live",
+                    event_time=p.event_time,
+                    reason=quarantine.LATE_REASON,
+                    batch_id=batch_id,
+                )
+            )
+            tables.append_once(q_rows, p.locations.quarantine, self._app_id("quarantine"), batch_id)
+            progress = spark.createDataFrame([(batch_id, v, m) for v, m in in_batch], PROGRESS_SCHEMA)
+            tables.append_once(progress, self.progress, self._app_id("progress"), batch_id)
+        finally:
+            batch.unpersist()
+
+    # --- aggregate -------------------------------------------------------------------------------
+    def _upsert_sink(self, batch: DataFrame, batch_id: int) -> None:
+        # Keys whose only contribution is replayed state are already in the sink (the backlog wrote them).
+        changed = self.logic.finalize(batch.filter(F.col(LIVE_ROWS) > 0)).persist()
+        try:
+            keys = self.pipeline.key_columns
+            cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
+            (
+                DeltaTable.forPath(batch.sparkSession, self.pipeline.sink.path)
+                .alias("t")
+                .merge(changed.alias("s"), cond)
+                .whenMatchedUpdateAll()
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+        finally:
+            changed.unpersist()
+
+    def _aggregate_stream(self) -> DataFrame:
+        logic, spark = self.logic, self.spark
+        buffers = [*logic.keys, *logic.buffer_names]
+        seed = (
+            spark.readStream.format("delta")
+            .load(self.state_path)
+            .select(*buffers, F.col(MAX_TS).alias(TS), F.lit(0).cast("long").alias(LIVE_ROWS))
+        )
+        live = logic.lift(spark.readStream.format("delta").load(self.live_input)).withColumn(
+            LIVE_ROWS, F.lit(1).cast("long")
+        )
+        delay_ms = self.pipeline.delay_us // 1000
+        return (
+            seed.unionByName(live)
+            .withWatermark(TS, f"{delay_ms} milliseconds")
+            .groupBy(*logic.keys)
+            .agg(*logic.merge_columns(), F.sum(LIVE_ROWS).cast("long").alias(LIVE_ROWS))
+        )
+
+    # --- running ---------------------------------------------------------------------------------
+    def _trigger(self, available_now: bool) -> dict:
+        if available_now:
+            return {"availableNow": True}
+        return {"processingTime": f"{self.pipeline.checkpoint_interval.total_seconds()} seconds"}
+
+    def start(self, *, available_now: bool = False) -> LiveStart:
+        """Starts both queries and returns once the first aggregate checkpoint (the state replay) is committed.
+
+        ``available_now`` runs each query over what is available and stops it (catch-up / tests).
+        """
+        if self.tagger is not None and self.tagger.isActive:
+            raise PhaseStateError(f"live phase {self.run_name} of {self.pipeline.name!r} is already running")
+        self._prepare_tables()
+        started = time.perf_counter()
+        name = f"{self.pipeline.name}_{self.run_name[:8]}".replace("-", "_")
+        tagger_src = self.source.read_live(
+            self.handoff.source_version if self.handoff else None, self.max_files_per_trigger
+        )
+        self.tagger = (
+            tagger_src.writeStream.queryName(f"{name}_tagger")
+            .foreachBatch(self._tag_batch)
+            .option("checkpointLocation", f"{self.checkpoints}/tagger")
+            .trigger(**self._trigger(available_now))
+            .start()
+        )
+        if available_now:
+            self.tagger.awaitTermination()
+            self._raise_if_failed(self.tagger)
+        self.aggregate = (
+            self._aggregate_stream()
+            .writeStream.queryName(f"{name}_aggregate")
+            .outputMode("update")
+            .foreachBatch(self._upsert_sink)
+            .option("checkpointLocation", f"{self.checkpoints}/aggregate")
+            .trigger(**self._trigger(available_now))
+            .start()
+        )
+        if available_now:
+            self.aggregate.awaitTermination()
+            self._raise_if_failed(self.aggregate)
+        else:
+            self.aggregate.processAllAvailable()
+        return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
+
+    def process_available(self) -> None:
+        """Blocks until every source version available now is tagged, aggregated and in the sink."""
+        if self.tagger is None or self.aggregate is None:
+            raise PhaseStateError("the live phase is not running; call start() first")
+        self.tagger.processAllAvailable()
+        self.aggregate.processAllAvailable()
+
+    def stop(self) -> None:
+        for q in (self.tagger, self.aggregate):
+            if q is not None and q.isActive:
+                q.stop()
+
+    @staticmethod
+    def _raise_if_failed(q: StreamingQuery) -> None:
+        exc = q.exception()
+        if exc is not None:
+            raise exc
+
+    def status(self) -> dict:
+        """Batch ids, input rates and the current watermark, for progress reports."""
+        out: dict = {"run": self.run_name}
+        for label, q in (("tagger", self.tagger), ("aggregate", self.aggregate)):
+            prog = q.lastProgress if q is not None else None
+            out[label] = {
+                "active": bool(q and q.isActive),
+                "batch_id": prog.get("batchId") if prog else None,
+                "input_rows_per_second": prog.get("inputRowsPerSecond") if prog else None,
+                "processed_rows_per_second": prog.get("processedRowsPerSecond") if prog else None,
+                "watermark": (prog.get("eventTime") or {}).get("watermark") if prog else None,
+            }
+        return out

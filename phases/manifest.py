@@ -1,0 +1,161 @@
+"""The handoff manifest: the single source of truth for the backlog -> live switch.
+
+One row per backlog run in a Delta table (``locations.manifests``), appended last, after the state and
+the sink are committed; a Delta commit is atomic, so a crash leaves either no row or a whole one. The
+live phase takes the newest row of its pipeline and refuses to start unless it is complete and matches
+the pipeline definition, the state schema and the operator version.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from phases import tables
+from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
+from phases.errors import ManifestError
+
+
+class HandoffManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    manifest_id: str
+    pipeline: str
+    fingerprint: str
+    state_spec: str  # JSON of Pipeline.state_spec(), kept to say *what* differs on a mismatch
+    state_schema_version: int
+    operator_version: int
+    source_path: str
+    source_version: int  # V: the backlog read versions 0..V; live starts at V+1
+    backlog_max_event_time_us: int | None  # None when the backlog held no valid record
+    final_watermark_us: int | None  # = backlog_max_event_time_us - delay = W(V+1)
+    state_path: str
+    state_table_version: int
+    state_rows: int  # keys in the state
+    input_rows: int  # change-feed rows read
+    aggregated_rows: int
+    late_rows: int
+    invalid_rows: int
+    sink_version: int
+    backlog_seconds: float
+    created_at_us: int
+
+    @property
+    def quarantined_rows(self) -> int:
+        return self.late_rows + self.invalid_rows
+
+    @property
+    def final_watermark(self) -> datetime | None:
+        return _dt(self.final_watermark_us)
+
+    @property
+    def backlog_max_event_time(self) -> datetime | None:
+        return _dt(self.backlog_max_event_time_us)
+
+
+def _dt(us: int | None) -> datetime | None:
+    return None if us is None else datetime.fromtimestamp(us / 1e6, tz=UTC)
+
+
+_TYPES = {int: T.LongType(), float: T.DoubleType(), str: T.StringType()}
+
+
+def _schema() -> T.StructType:
+    fields = []
+    for name, info in HandoffManifest.model_fields.items():
+        base = info.annotation
+        base = next(t for t in _TYPES if t is base or (hasattr(base, "__args__") and t in base.__args__))
+        fields.append(T.StructField(name, _TYPES[base], True))
+    return T.StructType(fields)
+
+
+SCHEMA = _schema()
+
+
+def write(spark: SparkSession, path: str, manifest: HandoffManifest) -> None:
+    tables.ensure(spark, path, SCHEMA)
+    row = manifest.model_dump()
+    spark.createDataFrame([tuple(row[f.name] for f in SCHEMA.fields)], SCHEMA).write.format("delta").mode(
+        "append"
+    ).save(path)
+
+
+def latest(spark: SparkSession, path: str, pipeline: str) -> HandoffManifest:
+    """The newest manifest of ``pipeline``; ManifestError when there is none or it is partial."""
+    if not tables.exists(spark, path):
+        raise ManifestError(
+            f"no handoff manifest for pipeline {pipeline!r}: {path} does not exist; run the backlog phase first"
+        )
+    rows = (
+        spark.read.format("delta")
+        .load(path)
+        .filter(F.col("pipeline") == pipeline)
+        .orderBy(F.col("created_at_us").desc())
+        .limit(1)
+        .collect()
+    )
+    if not rows:
+        raise ManifestError(f"no handoff manifest for pipeline {pipeline!r} in {path}; run the backlog first")
+    data = rows[0].asDict()
+    optional = {"backlog_max_event_time_us", "final_watermark_us"}
+    missing = sorted(k for k, v in data.items() if v is None and k not in optional)
+    if missing:
+        raise ManifestError(
+            f"partial handoff manifest {data.get('manifest_id')!r} in {path}: missing {missing}"
+        )
+    return HandoffManifest(**data)
+
+
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list):
+        out = {f"{prefix}.length": len(value)}
+        for i, v in enumerate(value):
+            out.update(_flatten(v, f"{prefix}.{i}"))
+        return out
+    return {prefix: value}
+
+
+def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> None:
+    """Raises ManifestError saying what differs between the manifest and the pipeline (or its state)."""
+    problems: list[str] = []
+    if manifest.state_schema_version != STATE_SCHEMA_VERSION:
+        problems.append(
+            f"state schema version: manifest {manifest.state_schema_version}, engine {STATE_SCHEMA_VERSION}"
+        )
+    if manifest.operator_version != OPERATOR_VERSION:
+        problems.append(f"operator version: manifest {manifest.operator_version}, engine {OPERATOR_VERSION}")
+    if manifest.fingerprint != pipeline.fingerprint():
+        old, new = _flatten(json.loads(manifest.state_spec)), _flatten(pipeline.state_spec())
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                problems.append(f"{key}: manifest {old.get(key)!r}, pipeline {new.get(key)!r}")
+        if not problems:
+            problems.append(
+                f"fingerprint: manifest {manifest.fingerprint}, pipeline {pipeline.fingerprint()}"
+            )
+    if not problems:
+        if not tables.exists(spark, manifest.state_path):
+            problems.append(f"state table {manifest.state_path} is missing")
+        else:
+            v = tables.version(spark, manifest.state_path)
+            n = spark.read.format("delta").load(manifest.state_path).count()
+            if v != manifest.state_table_version or n != manifest.state_rows:
+                problems.append(
+                    f"state table {manifest.state_path}: manifest says version {manifest.state_table_version} "
+                    f"with {manifest.state_rows} rows, the table has version {v} with {n} rows"
+                )
+    if problems:
+        raise ManifestError(
+            f"handoff manifest {manifest.manifest_id} does not match pipeline {pipeline.name!r}: "
+            + "; ".join(problems)
+        )

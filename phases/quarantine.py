@@ -1,0 +1,67 @@
+"""The quarantine table: every record the pipeline does not aggregate lands here with its reason."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from phases import tables
+from phases.lateness import VERSION, WATERMARK_US
+
+SCHEMA = T.StructType(
+    [
+        T.StructField("pipeline", T.StringType(), False),
+        T.StructField("phase", T.StringType(), False),
+        T.StructField("batch_id", T.LongType(), True),
+        T.StructField("source_version", T.LongType(), True),
+        T.StructField("reason", T.StringType(), False),
+        T.StructField("event_time", T.TimestampType(), True),
+        T.StructField("watermark", T.TimestampType(), True),
+        T.StructField("record", T.StringType(), False),
+    ]
+)
+
+LATE_REASON = "late: event time <= watermark"
+
+
+def rows(
+    df: DataFrame, *, pipeline: str, phase: str, event_time: str, reason: str | None, batch_id: int | None
+) -> DataFrame:
+    """Quarantine rows for ``df`` (change-feed rows). ``reason`` None takes the ``_reason`` column."""
+    user_cols = [c for c in df.columns if not c.startswith("_")]
+    wm = F.timestamp_micros(F.col(WATERMARK_US)) if WATERMARK_US in df.columns else F.lit(None)
+    return df.select(
+        F.lit(pipeline).alias("pipeline"),
+        F.lit(phase).alias("phase"),
+        F.lit(batch_id).cast("long").alias("batch_id"),
+        F.col(VERSION).cast("long").alias("source_version"),
+        (F.lit(reason) if reason is not None else F.col("_reason")).alias("reason"),
+        F.col(event_time).cast("timestamp").alias("event_time"),
+        wm.cast("timestamp").alias("watermark"),
+        F.to_json(F.struct(*[F.col(c) for c in user_cols])).alias("record"),
+    )
+
+
+def ensure(spark: SparkSession, path: str) -> None:
+    tables.ensure(spark, path, SCHEMA)
+
+
+def replace_backlog(spark: SparkSession, path: str, pipeline: str, quarantined: DataFrame) -> None:
+    """Replaces this pipeline's backlog rows atomically, so a re-run backlog never duplicates them."""
+    ensure(spark, path)
+    (
+        quarantined.write.format("delta")
+        .mode("overwrite")
+        .option("replaceWhere", f"pipeline = '{pipeline}' AND phase = 'backlog'")
+        .save(path)
+    )
+
+
+def count(spark: SparkSession, path: str, pipeline: str, phase: str | None = None) -> int:
+    if not tables.exists(spark, path):
+        return 0
+    df = spark.read.format("delta").load(path).filter(F.col("pipeline") == pipeline)
+    if phase is not None:
+        df = df.filter(F.col("phase") == phase)
+    return df.count()

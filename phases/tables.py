@@ -1,0 +1,41 @@
+"""Small Delta helpers shared by the runners: create-if-missing, idempotent appends, versions."""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    return DeltaTable.isDeltaTable(spark, path)
+
+
+def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: str) -> None:
+    """Creates an empty Delta table with ``schema`` at ``path`` unless one is there."""
+    if exists(spark, path):
+        return
+    writer = spark.createDataFrame([], schema).write.format("delta").mode("ignore")
+    for key, value in properties.items():
+        writer = writer.option(key, value)
+    writer.save(path)
+
+
+def version(spark: SparkSession, path: str) -> int:
+    """The table's latest committed version."""
+    return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+
+
+def append_once(df: DataFrame, path: str, app_id: str, txn_version: int) -> None:
+    """Appends ``df`` unless a commit with (app_id, txn_version) or a later one is already in the table.
+
+    Delta records the pair in the commit, so re-running a micro-batch after a crash never duplicates.
+    """
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", txn_version)
+        .option("mergeSchema", "false")
+        .save(path)
+    )
