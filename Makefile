@@ -1,0 +1,17 @@
+# The two commands a new user runs: `make demo` and `make test`. Each sets itself up first (idempotent).
+.PHONY: setup demo test lint format
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/python -m scripts.demo $(ARGS)
+
+test: setup
+	.venv/bin/python -m pytest $(ARGS)
+
+lint: setup
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+format: setup
+	.venv/bin/ruff format . && .venv/bin/ruff check --fix .

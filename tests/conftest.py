@@ -1,0 +1,45 @@
+"""One SparkSession per test session, small shuffle partitions; helpers to build pipelines on tmp dirs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from pyspark.sql import SparkSession
+
+from phases.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
+from phases.session import SparkSettings, build_session
+
+AGGREGATIONS = [
+    Aggregation(name="n", kind="count"),
+    Aggregation(name="n_value", kind="count", column="value"),
+    Aggregation(name="total", kind="sum", column="value"),
+    Aggregation(name="lo", kind="min", column="value"),
+    Aggregation(name="hi", kind="max", column="value"),
+    Aggregation(name="mean", kind="avg", column="value"),
+    Aggregation(name="xor", kind="reduce", column="value", reduce="acc ^ x"),
+]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = build_session(SparkSettings(shuffle_partitions=2, app_name="two-phase-tests"))
+    yield session
+    session.stop()
+
+
+def make_pipeline(source: str, root: str, *, delay_s: int = 15, **overrides) -> Pipeline:
+    fields = dict(
+        name="events",
+        source=DeltaSource(path=source),
+        key_columns=["key"],
+        event_time="ts",
+        watermark_delay=timedelta(seconds=delay_s),
+        operator=KeyedAggregate(aggregations=AGGREGATIONS),
+        sink=DeltaSink(path=f"{root}/sink"),
+        locations=Locations(root=root),
+        checkpoint_interval=timedelta(milliseconds=500),
+    )
+    fields.update(overrides)
+    return Pipeline(**fields)

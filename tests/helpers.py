@@ -1,0 +1,64 @@
+"""Test helpers: write event versions to a source table, read sinks and quarantine back as Python."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import SparkSession
+
+from phases import synthetic
+from tests.reference import Row
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def ts(us: int | None) -> datetime | None:
+    return None if us is None else EPOCH + timedelta(microseconds=us)
+
+
+def us_of(value: datetime | str | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - EPOCH) // timedelta(microseconds=1)
+
+
+def create_source(spark: SparkSession, path: str) -> None:
+    synthetic.create_source(spark, path)
+
+
+def append_version(spark: SparkSession, path: str, rows: list[Row]) -> None:
+    data = [(k, ts(t), v) for k, t, v in rows]
+    synthetic.append(spark, path, spark.createDataFrame(data, synthetic.EVENT_SCHEMA))
+
+
+def sink_rows(spark: SparkSession, path: str) -> dict[str, dict]:
+    out = {}
+    for r in spark.read.format("delta").load(path).collect():
+        d = r.asDict()
+        out[d.pop("key")] = d
+    return out
+
+
+def quarantine_rows(spark: SparkSession, root: str) -> list[tuple[int, Row, str]]:
+    """(source version, (key, ts µs, value), reason) of every quarantined record, sorted."""
+    rows = []
+    for r in spark.read.format("delta").load(f"{root}/quarantine").collect():
+        rec = json.loads(r["record"])
+        rows.append((r["source_version"], (rec.get("key"), us_of(rec.get("ts")), rec.get("value")), r["reason"]))
+    return sorted(rows, key=repr)
+
+
+def assert_results_equal(actual: dict[str, dict], expected: dict[str, dict]) -> None:
+    assert set(actual) == set(expected), f"keys differ: {set(actual) ^ set(expected)}"
+    for key, want in expected.items():
+        got = actual[key]
+        for col, value in want.items():
+            if isinstance(value, float):
+                assert got[col] is not None and abs(got[col] - value) < 1e-9, (key, col, got[col], value)
+            else:
+                assert got[col] == value, (key, col, got[col], value)
