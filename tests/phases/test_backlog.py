@@ -1,0 +1,121 @@
+"""The backlog phase: a blocking batch job with no streaming checkpoint, grouped by key, crash-safe."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pyspark.sql import functions as F
+
+from phases import manifest, synthetic
+from phases.backlog import BacklogRunner, sorted_backlog_input
+from phases.definition import Aggregation, KeyedAggregate
+from phases.errors import DefinitionError, ManifestError, PhaseStateError, SourceError
+from phases.live import LiveRunner
+from tests import reference
+from tests.conftest import make_pipeline
+from tests.helpers import append_version, assert_results_equal, create_source, quarantine_rows, sink_rows
+
+S = 1_000_000
+VERSIONS = {
+    1: [("a", 10 * S, 1), ("b", 12 * S, 2), ("a", 11 * S, 3), (None, 12 * S, 4)],
+    2: [("c", 40 * S, 5), ("a", 2 * S, 6), ("b", 39 * S, None)],  # ("a", 2s) is late: W = 12 - 5 = 7 s
+    3: [("a", 60 * S, 7), ("d", 45 * S, 8), ("c", 30 * S, 9)],  # ("c", 30s) is late: W = 40 - 5 = 35 s
+}
+DELAY_S = 5
+
+
+@pytest.fixture
+def source(spark, tmp_path):
+    path = str(tmp_path / "source")
+    create_source(spark, path)
+    for v in sorted(VERSIONS):
+        append_version(spark, path, VERSIONS[v])
+    return path
+
+
+def test_backlog_results_match_the_reference_and_take_no_streaming_checkpoint(spark, tmp_path, source):
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    handoff = BacklogRunner(spark, p).run()
+    expected, expected_q = reference.run(VERSIONS, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    assert quarantine_rows(spark, p.locations.root) == sorted(expected_q, key=repr)
+    assert not os.path.exists(p.locations.checkpoints)
+    assert (handoff.source_version, handoff.state_rows, handoff.late_rows, handoff.invalid_rows) == (3, 4, 2, 1)
+    assert handoff.backlog_max_event_time_us is not None
+    assert handoff.final_watermark_us == handoff.backlog_max_event_time_us - DELAY_S * S
+
+
+def test_backlog_output_is_grouped_by_key(spark, tmp_path):
+    path = str(tmp_path / "source")
+    create_source(spark, path)
+    synthetic.append(spark, path, synthetic.event_batch(spark, rows=3000, keys=97, batch_index=0))
+    p = make_pipeline(path, str(tmp_path / "run"))
+    on_time = spark.read.format("delta").load(path)
+    partitions = sorted_backlog_input(spark, p, on_time).select("key").rdd.glom().collect()
+    owner: dict[str, int] = {}
+    for index, rows in enumerate(partitions):
+        keys = [r["key"] for r in rows]
+        runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+        assert len(runs) == len(set(runs)), f"partition {index}: a key appears in two runs"
+        for k in runs:
+            assert owner.setdefault(k, index) == index, f"key {k} in partitions {owner[k]} and {index}"
+    BacklogRunner(spark, p).run()
+    state = spark.read.format("delta").load(manifest.latest(spark, p.locations.manifests, p.name).state_path)
+    assert state.count() == state.select("key").distinct().count() == 97
+
+
+def test_crash_before_the_manifest_leaves_none_and_a_rerun_does_not_duplicate(spark, tmp_path, source, monkeypatch):
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("crash before the manifest")
+
+    monkeypatch.setattr(manifest, "write", crash)
+    with pytest.raises(RuntimeError, match="crash before the manifest"):
+        BacklogRunner(spark, p).run()
+    monkeypatch.undo()
+    with pytest.raises(ManifestError, match="run the backlog"):
+        LiveRunner.from_manifest(spark, p)
+    BacklogRunner(spark, p).run()
+    expected, expected_q = reference.run(VERSIONS, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    assert spark.read.format("delta").load(p.sink.path).count() == len(expected)
+    assert quarantine_rows(spark, p.locations.root) == sorted(expected_q, key=repr)
+
+
+def test_backlog_refuses_to_run_again_after_the_switch_unless_reset(spark, tmp_path, source):
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    BacklogRunner(spark, p).run()
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    with pytest.raises(PhaseStateError, match="already switched to live"):
+        BacklogRunner(spark, p).run()
+    BacklogRunner(spark, p).run(reset=True)
+    expected, _ = reference.run(VERSIONS, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+
+
+def test_backlog_cut_off_at_an_earlier_version(spark, tmp_path, source):
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    handoff = BacklogRunner(spark, p).run(end_version=2)
+    expected, _ = reference.run({v: r for v, r in VERSIONS.items() if v <= 2}, DELAY_S * S)
+    assert handoff.source_version == 2
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    with pytest.raises(SourceError, match="outside the source's versions 0..3"):
+        BacklogRunner(spark, p).run(end_version=9)
+
+
+def test_configuration_errors_name_the_column_and_the_rule(spark, tmp_path, source):
+    root = str(tmp_path / "run")
+    bad_col = KeyedAggregate(aggregations=[Aggregation(name="s", kind="sum", column="amount")])
+    with pytest.raises(DefinitionError, match="column 'amount' is not in the source"):
+        BacklogRunner(spark, make_pipeline(source, root, operator=bad_col)).run()
+    bad_type = KeyedAggregate(aggregations=[Aggregation(name="s", kind="sum", column="key")])
+    with pytest.raises(DefinitionError, match="column 'key' is string; sum needs one of"):
+        BacklogRunner(spark, make_pipeline(source, root, operator=bad_type)).run()
+    with pytest.raises(DefinitionError, match="event_time column 'value' must be a timestamp"):
+        BacklogRunner(spark, make_pipeline(source, root, event_time="value")).run()
+    plain = str(tmp_path / "no_cdf")
+    spark.range(3).withColumn("ts", F.current_timestamp()).write.format("delta").save(plain)
+    with pytest.raises(SourceError, match="change data feed"):
+        BacklogRunner(spark, make_pipeline(plain, root)).run()

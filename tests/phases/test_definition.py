@@ -1,0 +1,77 @@
+"""Invalid definitions fail at construction with the field and the valid values; the fingerprint covers
+exactly what shapes the state."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from phases.definition import Aggregation, DeltaSink, KeyedAggregate
+from tests.conftest import make_pipeline
+
+
+def test_backlog_checkpoint_interval_must_be_zero_or_at_least_the_live_interval():
+    with pytest.raises(ValidationError) as err:
+        make_pipeline(
+            "/src", "/root", checkpoint_interval=timedelta(seconds=10),
+            checkpoint_interval_during_backlog=timedelta(seconds=3),
+        )
+    msg = str(err.value)
+    assert "checkpoint_interval_during_backlog (3.0s)" in msg and "checkpoint_interval (10.0s)" in msg
+
+
+@pytest.mark.parametrize("backlog_s", [0, 10, 60])
+def test_valid_backlog_checkpoint_intervals_are_accepted(backlog_s):
+    p = make_pipeline(
+        "/src", "/root", checkpoint_interval=timedelta(seconds=10),
+        checkpoint_interval_during_backlog=timedelta(seconds=backlog_s),
+    )
+    assert p.checkpoint_interval_during_backlog == timedelta(seconds=backlog_s)
+
+
+def test_unknown_aggregation_kind_lists_the_valid_kinds():
+    with pytest.raises(ValidationError) as err:
+        Aggregation(name="m", kind="median", column="value")
+    assert "'count', 'sum', 'min', 'max', 'avg' or 'reduce'" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        (dict(name="s", kind="sum"), "kind 'sum' needs a 'column'"),
+        (dict(name="r", kind="reduce", column="value"), "needs 'reduce'"),
+        (dict(name="r", kind="reduce", column="value", reduce="acc * 2"), "uses both `acc` and `x`"),
+        (dict(name="c", kind="count", reduce="acc + x"), "only valid with kind 'reduce'"),
+        (dict(name="1bad", kind="count"), "not a column identifier"),
+        (dict(name="_hidden", kind="count"), "reserved for engine columns"),
+    ],
+)
+def test_aggregation_rules_name_the_field(fields, fragment):
+    with pytest.raises(ValidationError) as err:
+        Aggregation(**fields)
+    assert fragment in str(err.value)
+
+
+def test_duplicate_aggregation_names_are_rejected():
+    with pytest.raises(ValidationError, match="repeated: \\['n'\\]"):
+        KeyedAggregate(aggregations=[Aggregation(name="n", kind="count"), Aggregation(name="n", kind="count")])
+
+
+def test_keys_events_and_outputs_may_not_clash():
+    with pytest.raises(ValidationError, match="clash with key columns"):
+        make_pipeline("/src", "/root", operator=KeyedAggregate(aggregations=[Aggregation(name="key", kind="count")]))
+    with pytest.raises(ValidationError, match="cannot also be a key column"):
+        make_pipeline("/src", "/root", key_columns=["key", "ts"])
+    with pytest.raises(ValidationError, match="watermark_delay must be >= 0"):
+        make_pipeline("/src", "/root", watermark_delay=timedelta(seconds=-1))
+
+
+def test_fingerprint_changes_with_state_shape_only():
+    base = make_pipeline("/src", "/root")
+    assert base.fingerprint() == make_pipeline("/src", "/root").fingerprint()
+    assert base.fingerprint() == make_pipeline("/src", "/elsewhere", sink=DeltaSink(path="/other")).fingerprint()
+    assert base.fingerprint() != make_pipeline("/src", "/root", delay_s=16).fingerprint()
+    other_ops = KeyedAggregate(aggregations=[Aggregation(name="n", kind="count")])
+    assert base.fingerprint() != make_pipeline("/src", "/root", operator=other_ops).fingerprint()
