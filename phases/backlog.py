@@ -105,9 +105,9 @@ class BacklogRunner:
         t = time.perf_counter()
         state_table = self.spark.read.format("delta").load(state_path)
         stats = state_table.agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows")).collect()[0]
-        logic.finalize(state_table).write.format("delta").mode("overwrite").option(
-            "overwriteSchema", "true"
-        ).save(p.sink.path)
+        logic.finalize(state_table).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(
+            p.sink.path
+        )
         self.timings["sink_s"] = time.perf_counter() - t
 
         t = time.perf_counter()

@@ -30,12 +30,7 @@ WATERMARK_US = "_watermark_us"
 
 def version_maxima(valid: DataFrame, event_time: str) -> list[tuple[int, int]]:
     """(version, max event time in microseconds) for each version present in ``valid``, in order."""
-    rows = (
-        valid.groupBy(VERSION)
-        .agg(F.max(F.unix_micros(F.col(event_time))).alias("m"))
-        .orderBy(VERSION)
-        .collect()
-    )
+    rows = valid.groupBy(VERSION).agg(F.max(F.unix_micros(F.col(event_time))).alias("m")).orderBy(VERSION).collect()
     return [(int(r[VERSION]), int(r["m"])) for r in rows if r["m"] is not None]
 
 

@@ -79,9 +79,7 @@ class LiveRunner:
         self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
         self.live_input = str(PurePosixPath(loc.live_input) / self.run_name)
         self.progress = str(PurePosixPath(loc.live_progress) / self.run_name)
-        self.state_path = (
-            handoff.state_path if handoff else str(PurePosixPath(loc.state_root) / STREAMING_ONLY)
-        )
+        self.state_path = handoff.state_path if handoff else str(PurePosixPath(loc.state_root) / STREAMING_ONLY)
         self.tagger: StreamingQuery | None = None
         self.aggregate: StreamingQuery | None = None
 

@@ -105,9 +105,7 @@ def latest(spark: SparkSession, path: str, pipeline: str) -> HandoffManifest:
     optional = {"backlog_max_event_time_us", "final_watermark_us"}
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:
-        raise ManifestError(
-            f"partial handoff manifest {data.get('manifest_id')!r} in {path}: missing {missing}"
-        )
+        raise ManifestError(f"partial handoff manifest {data.get('manifest_id')!r} in {path}: missing {missing}")
     return HandoffManifest(**data)
 
 
@@ -140,9 +138,7 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
             if old.get(key) != new.get(key):
                 problems.append(f"{key}: manifest {old.get(key)!r}, pipeline {new.get(key)!r}")
         if not problems:
-            problems.append(
-                f"fingerprint: manifest {manifest.fingerprint}, pipeline {pipeline.fingerprint()}"
-            )
+            problems.append(f"fingerprint: manifest {manifest.fingerprint}, pipeline {pipeline.fingerprint()}")
     if not problems:
         if not tables.exists(spark, manifest.state_path):
             problems.append(f"state table {manifest.state_path} is missing")
@@ -156,6 +152,5 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
                 )
     if problems:
         raise ManifestError(
-            f"handoff manifest {manifest.manifest_id} does not match pipeline {pipeline.name!r}: "
-            + "; ".join(problems)
+            f"handoff manifest {manifest.manifest_id} does not match pipeline {pipeline.name!r}: " + "; ".join(problems)
         )

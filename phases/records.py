@@ -22,9 +22,7 @@ def rejection_reason(pipeline: Pipeline) -> Column:
     )
     for key in pipeline.key_columns:
         reason = reason.when(F.col(key).isNull(), F.lit(f"null key column '{key}'"))
-    return reason.when(
-        F.col(pipeline.event_time).isNull(), F.lit(f"null event time column '{pipeline.event_time}'")
-    )
+    return reason.when(F.col(pipeline.event_time).isNull(), F.lit(f"null event time column '{pipeline.event_time}'"))
 
 
 def split_invalid(changes: DataFrame, pipeline: Pipeline) -> tuple[DataFrame, DataFrame]:

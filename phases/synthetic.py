@@ -20,9 +20,7 @@ BASE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 
 def create_source(spark: SparkSession, path: str, schema: T.StructType = EVENT_SCHEMA) -> None:
     """An empty append-only source table with the change data feed on from version 0."""
-    spark.createDataFrame([], schema).write.format("delta").option("delta.enableChangeDataFeed", "true").save(
-        path
-    )
+    spark.createDataFrame([], schema).write.format("delta").option("delta.enableChangeDataFeed", "true").save(path)
 
 
 def append(spark: SparkSession, path: str, df: DataFrame) -> None:
@@ -46,7 +44,8 @@ def event_batch(
     start = int(BASE_TIME.timestamp()) + batch_index * seconds_per_batch
     h = F.xxhash64(F.col("id"), F.lit(batch_index), F.lit(seed))
     u = (F.abs(h) % 1_000_000) / 1_000_000.0
-    key = F.concat(F.lit("k"), F.lpad((F.abs(F.xxhash64(F.col("id"), F.lit(seed + 1))) % keys).cast("string"), 7, "0"))
+    key_hash = F.xxhash64(F.col("id"), F.lit(batch_index), F.lit(seed + 1))
+    key = F.concat(F.lit("k"), F.lpad((F.abs(key_hash) % keys).cast("string"), 7, "0"))
     offset = F.floor(F.rand(seed + batch_index) * seconds_per_batch) - F.floor(u * jitter_seconds)
     late = F.when(u < late_fraction, F.lit(late_seconds)).otherwise(F.lit(0))
     ts = F.timestamp_seconds(F.lit(start) + offset - late)

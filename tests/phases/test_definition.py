@@ -15,7 +15,9 @@ from tests.conftest import make_pipeline
 def test_backlog_checkpoint_interval_must_be_zero_or_at_least_the_live_interval():
     with pytest.raises(ValidationError) as err:
         make_pipeline(
-            "/src", "/root", checkpoint_interval=timedelta(seconds=10),
+            "/src",
+            "/root",
+            checkpoint_interval=timedelta(seconds=10),
             checkpoint_interval_during_backlog=timedelta(seconds=3),
         )
     msg = str(err.value)
@@ -25,7 +27,9 @@ def test_backlog_checkpoint_interval_must_be_zero_or_at_least_the_live_interval(
 @pytest.mark.parametrize("backlog_s", [0, 10, 60])
 def test_valid_backlog_checkpoint_intervals_are_accepted(backlog_s):
     p = make_pipeline(
-        "/src", "/root", checkpoint_interval=timedelta(seconds=10),
+        "/src",
+        "/root",
+        checkpoint_interval=timedelta(seconds=10),
         checkpoint_interval_during_backlog=timedelta(seconds=backlog_s),
     )
     assert p.checkpoint_interval_during_backlog == timedelta(seconds=backlog_s)

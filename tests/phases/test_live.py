@@ -94,9 +94,7 @@ def test_late_and_invalid_live_records_are_quarantined_with_reason_and_watermark
     for v in sorted(LIVE):
         append_version(spark, started.source.path, LIVE[v])
     LiveRunner.from_manifest(spark, started).start(available_now=True)
-    rows = (
-        spark.read.format("delta").load(started.locations.quarantine).filter(F.col("phase") == "live").collect()
-    )
+    rows = spark.read.format("delta").load(started.locations.quarantine).filter(F.col("phase") == "live").collect()
     by_reason = {r["reason"]: r for r in rows}
     assert set(by_reason) == {"late: event time <= watermark", "null key column 'key'"}
     late = by_reason["late: event time <= watermark"]
