@@ -1,0 +1,1 @@
+"""Dagster definitions built from pipeline definitions (thin in the engine slice)."""

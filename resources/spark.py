@@ -1,0 +1,38 @@
+"""A SparkSession as a swappable Dagster resource: built lazily, stopped after the run."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import PrivateAttr
+from pyspark.sql import SparkSession
+
+from phases.session import SparkSettings, build_session
+
+
+class SparkResource(dg.ConfigurableResource):
+    """Local Spark by default; ``master`` takes a cluster URL. Use with the in-process executor."""
+
+    master: str = "local[2]"
+    shuffle_partitions: int = 8
+    driver_memory: str = "2g"
+    state_store: str = "rocksdb"
+
+    _session: SparkSession | None = PrivateAttr(default=None)
+
+    def settings(self) -> SparkSettings:
+        return SparkSettings(
+            master=self.master,
+            shuffle_partitions=self.shuffle_partitions,
+            driver_memory=self.driver_memory,
+            state_store=self.state_store,
+        )
+
+    def session(self) -> SparkSession:
+        if self._session is None:
+            self._session = build_session(self.settings())
+        return self._session
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
