@@ -111,17 +111,8 @@ class BacklogRunner:
         self.timings["sink_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        q_rows = quarantine.rows(
-            invalid, pipeline=p.name, phase="backlog", event_time=p.event_time, reason=None, batch_id=None
-        ).unionByName(
-            quarantine.rows(
-                late,
-                pipeline=p.name,
-                phase="backlog",
-                event_time=p.event_time,
-                reason=quarantine.LATE_REASON,
-                batch_id=None,
-            )
+        q_rows = quarantine.invalid_and_late(
+            invalid, late, pipeline=p.name, phase="backlog", event_time=p.event_time, batch_id=None
         )
         quarantine.replace_backlog(self.spark, p.locations.quarantine, p.name, q_rows)
         q_stats = (

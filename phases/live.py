@@ -145,22 +145,8 @@ class LiveRunner:
                 *user_cols, F.col(lateness.VERSION).cast("long"), F.lit(batch_id).cast("long").alias(BATCH_ID)
             )
             tables.append_once(accepted, self.live_input, self._app_id("input"), batch_id)
-            q_rows = quarantine.rows(
-                invalid,
-                pipeline=p.name,
-                phase="live",
-                event_time=p.event_time,
-                reason=None,
-                batch_id=batch_id,
-            ).unionByName(
-                quarantine.rows(
-                    late,
-                    pipeline=p.name,
-                    phase="live",
-                    event_time=p.event_time,
-                    reason=quarantine.LATE_REASON,
-                    batch_id=batch_id,
-                )
+            q_rows = quarantine.invalid_and_late(
+                invalid, late, pipeline=p.name, phase="live", event_time=p.event_time, batch_id=batch_id
             )
             tables.append_once(q_rows, p.locations.quarantine, self._app_id("quarantine"), batch_id)
             progress = spark.createDataFrame([(batch_id, v, m) for v, m in in_batch], PROGRESS_SCHEMA)

@@ -43,6 +43,14 @@ def rows(
     )
 
 
+def invalid_and_late(
+    invalid: DataFrame, late: DataFrame, *, pipeline: str, phase: str, event_time: str, batch_id: int | None
+) -> DataFrame:
+    """Quarantine rows for the invalid records (their own reasons) and the late ones."""
+    common = dict(pipeline=pipeline, phase=phase, event_time=event_time, batch_id=batch_id)
+    return rows(invalid, reason=None, **common).unionByName(rows(late, reason=LATE_REASON, **common))
+
+
 def ensure(spark: SparkSession, path: str) -> None:
     tables.ensure(spark, path, SCHEMA)
 
