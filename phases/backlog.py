@@ -4,10 +4,14 @@ Records are validated, tagged late by the version watermark (:mod:`phases.latene
 key and sorted by key and event time, lifted into aggregation buffers and merged per key. No streaming
 checkpoint is taken (FLIP-327 with ``checkpoint_interval_during_backlog == 0``). Writes, in order:
 
-1. the per-key state to a fresh Delta table ``state/<manifest_id>`` (one commit);
-2. the results to the sink (overwrite: a re-run replaces, never duplicates);
-3. the quarantined records (replacing this pipeline's earlier backlog rows);
+1. the quarantined records (replacing this pipeline's earlier backlog rows of the same versions);
+2. the per-key state to a fresh Delta table ``state/<manifest_id>`` (one commit);
+3. the results to the sink (overwrite: a re-run replaces, never duplicates);
 4. last, the handoff manifest (one atomic Delta append).
+
+Every aggregation is a monoid, so the state of versions 0..V can also be built from pieces: a catch-up
+increment merges versions V+1..V' into the last handoff's state (:meth:`BacklogRunner.run_increment`),
+and daily slices merge their partial states (:mod:`phases.slices`).
 
 A crash before step 4 leaves no manifest; the live phase cannot start, and a re-run starts over
 idempotently. An orphaned ``state/<id>`` table of a crashed run is never referenced.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePosixPath
 
@@ -41,14 +46,59 @@ def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> b
     return fs.exists(spark, f"{live_checkpoint_root(pipeline, manifest_id)}/aggregate/commits/0")
 
 
+@dataclass(frozen=True)
+class Partial:
+    """What a version range lo..hi contributes: per-key merged buffers, quarantine rows, maxima."""
+
+    buffers: DataFrame  # keys + buffer columns, one row per key
+    quarantine: DataFrame
+    range_max_us: int | None  # max event time of the range's valid records
+    running_max_us: int | None  # max event time of all valid records in versions 0..hi
+
+
+def version_range_partial(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    source: DeltaTableSource,
+    logic: KeyedAggregationLogic,
+    versions: tuple[int, int],
+    prior_max_us: int | None,
+    timings: dict[str, float] | None = None,
+) -> Partial:
+    """Validates, tags late records and merges per key the changes of versions lo..hi (inclusive).
+
+    ``prior_max_us`` is the max event time of the valid records of all versions before ``lo``: it
+    continues the version watermark, so a range's late records are the same whether it runs alone, as a
+    slice, as a catch-up increment or as part of one backlog job.
+    """
+    timings = {} if timings is None else timings
+    lo, hi = versions
+    valid, invalid = split_invalid(source.read_backlog(hi, lo), pipeline)
+    t = time.perf_counter()
+    maxima = lateness.version_maxima(valid, pipeline.event_time)
+    marks, running = lateness.version_watermarks(maxima, prior_max_us, pipeline.delay_us)
+    on_time, late = lateness.split_late(spark, valid, marks, pipeline.event_time)
+    timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
+    buffers = logic.merge(logic.lift(sorted_backlog_input(spark, pipeline, on_time)))
+    q_rows = quarantine.invalid_and_late(
+        invalid, late, pipeline=pipeline.name, phase="backlog", event_time=pipeline.event_time, batch_id=None
+    )
+    range_max = max((m for _, m in maxima), default=None)
+    return Partial(buffers, q_rows, range_max, running)
+
+
 class BacklogRunner:
+    """Runs the backlog phase and writes the handoff: whole (:meth:`run`), as a catch-up increment on top
+    of the last handoff (:meth:`run_increment`), or from daily slices (:mod:`phases.slices`)."""
+
     def __init__(self, spark: SparkSession, pipeline: Pipeline):
         self.spark = spark
         self.pipeline = pipeline
         self.source = DeltaTableSource(spark, pipeline.source)
         self.timings: dict[str, float] = {}
 
-    def _refuse_after_switch(self, reset: bool) -> None:
+    def refuse_after_switch(self, reset: bool) -> None:
+        """Raises PhaseStateError once the live phase of the latest manifest has started (unless reset)."""
         p = self.pipeline
         try:
             current = manifest.latest(self.spark, p.locations.manifests, p.name)
@@ -68,8 +118,7 @@ class BacklogRunner:
                 f"DELETE FROM delta.`{p.locations.quarantine}` WHERE pipeline = '{p.name}' AND phase = 'live'"
             )
 
-    def run(self, end_version: int | None = None, *, reset: bool = False) -> manifest.HandoffManifest:
-        """Runs the backlog over versions 0..end_version (default: the head now) and hands off."""
+    def _refuse_stream_mode(self) -> None:
         p = self.pipeline
         if p.checkpoint_interval_during_backlog != timedelta(0):
             raise PhaseStateError(
@@ -78,27 +127,79 @@ class BacklogRunner:
                 "(checkpoint_interval_during_backlog = 0). Set it to 0, or run the pipeline with the live "
                 "runner from the first version (LiveRunner.streaming_only)."
             )
-        started = time.perf_counter()
-        self._refuse_after_switch(reset)
+
+    def logic(self) -> KeyedAggregationLogic:
+        return KeyedAggregationLogic(self.pipeline, self.source.schema())
+
+    def _end_version(self, end_version: int | None) -> int:
         head = self.source.head_version()
         v = head if end_version is None else end_version
         if not 0 <= v <= head:
             raise SourceError(f"end_version {end_version} is outside the source's versions 0..{head}")
-        logic = KeyedAggregationLogic(p, self.source.schema())
+        return v
+
+    def run(self, end_version: int | None = None, *, reset: bool = False) -> manifest.HandoffManifest:
+        """Runs the backlog over versions 0..end_version (default: the head now) and hands off."""
+        self._refuse_stream_mode()
+        started = time.perf_counter()
+        self.refuse_after_switch(reset)
+        v = self._end_version(end_version)
+        logic = self.logic()
+        part = version_range_partial(self.spark, self.pipeline, self.source, logic, (0, v), None, self.timings)
+        t = time.perf_counter()
+        quarantine.replace_backlog(self.spark, self.pipeline.locations.quarantine, self.pipeline.name, part.quarantine)
+        self.timings["quarantine_s"] = time.perf_counter() - t
+        return self.hand_off(part.buffers, logic, v, part.running_max_us, started=started, kind="full")
+
+    def run_increment(self, end_version: int | None = None) -> manifest.HandoffManifest:
+        """Catch-up: merges versions V+1..end_version (default: the head) into the last handoff's state and
+        hands off again, without re-reading versions 0..V. Returns the last handoff when nothing is new."""
+        self._refuse_stream_mode()
+        started = time.perf_counter()
+        p = self.pipeline
+        base = manifest.latest(self.spark, p.locations.manifests, p.name)
+        manifest.check_matches(self.spark, base, p)
+        if live_started(self.spark, p, base.manifest_id):
+            raise PhaseStateError(
+                f"pipeline {p.name!r} already switched to live from manifest {base.manifest_id}; the live phase "
+                "reads every version after it, a catch-up increment would count them twice"
+            )
+        v = self._end_version(end_version)
+        if v <= base.source_version:
+            return base
+        logic = self.logic()
+        lo = base.source_version + 1
+        part = version_range_partial(
+            self.spark, p, self.source, logic, (lo, v), base.backlog_max_event_time_us, self.timings
+        )
+        t = time.perf_counter()
+        quarantine.replace_backlog(self.spark, p.locations.quarantine, p.name, part.quarantine, (lo, v))
+        self.timings["quarantine_s"] = time.perf_counter() - t
+        previous = self.spark.read.format("delta").load(base.state_path).select(*part.buffers.columns)
+        state = logic.merge(previous.unionByName(part.buffers))
+        return self.hand_off(
+            state, logic, v, part.running_max_us, started=started, kind="increment", base=base.manifest_id
+        )
+
+    def hand_off(
+        self,
+        state: DataFrame,
+        logic: KeyedAggregationLogic,
+        source_version: int,
+        max_us: int | None,
+        *,
+        started: float,
+        kind: str,
+        base: str | None = None,
+    ) -> manifest.HandoffManifest:
+        """Writes the state to a fresh table, the sink (overwrite) and, last, the manifest.
+
+        The quarantine rows of versions 0..source_version must already be written.
+        """
+        p = self.pipeline
         manifest_id = uuid.uuid4().hex
         state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
-
-        changes = self.source.read_backlog(v)
-        valid, invalid = split_invalid(changes, p)
-
         t = time.perf_counter()
-        maxima = lateness.version_maxima(valid, p.event_time)
-        marks, max_us = lateness.version_watermarks(maxima, None, p.delay_us)
-        on_time, late = lateness.split_late(self.spark, valid, marks, p.event_time)
-        self.timings["watermarks_s"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        state = logic.merge(logic.lift(sorted_backlog_input(self.spark, p, on_time)))
         state.write.format("delta").mode("errorifexists").save(state_path)
         self.timings["state_s"] = time.perf_counter() - t
 
@@ -110,42 +211,28 @@ class BacklogRunner:
         )
         self.timings["sink_s"] = time.perf_counter() - t
 
-        t = time.perf_counter()
-        q_rows = quarantine.invalid_and_late(
-            invalid, late, pipeline=p.name, phase="backlog", event_time=p.event_time, batch_id=None
-        )
-        quarantine.replace_backlog(self.spark, p.locations.quarantine, p.name, q_rows)
-        q_stats = (
-            self.spark.read.format("delta")
-            .load(p.locations.quarantine)
-            .filter((F.col("pipeline") == p.name) & (F.col("phase") == "backlog"))
-            .agg(
-                F.count(F.lit(1)).alias("all"),
-                F.count(F.when(F.col("reason") == quarantine.LATE_REASON, 1)).alias("late"),
-            )
-            .collect()[0]
-        )
-        self.timings["quarantine_s"] = time.perf_counter() - t
-
+        late, invalid = quarantine.backlog_counts(self.spark, p.locations.quarantine, p.name, source_version)
         aggregated = int(stats["rows"] or 0)
         handoff = manifest.HandoffManifest(
             manifest_id=manifest_id,
             pipeline=p.name,
+            kind=kind,
+            base_manifest_id=base,
             fingerprint=p.fingerprint(),
             state_spec=json.dumps(p.state_spec(), sort_keys=True),
             state_schema_version=STATE_SCHEMA_VERSION,
             operator_version=OPERATOR_VERSION,
             source_path=p.source.path,
-            source_version=v,
+            source_version=source_version,
             backlog_max_event_time_us=max_us,
             final_watermark_us=None if max_us is None else max_us - p.delay_us,
             state_path=state_path,
             state_table_version=tables.version(self.spark, state_path),
             state_rows=int(stats["keys"]),
-            input_rows=aggregated + int(q_stats["all"]),
+            input_rows=aggregated + late + invalid,
             aggregated_rows=aggregated,
-            late_rows=int(q_stats["late"]),
-            invalid_rows=int(q_stats["all"]) - int(q_stats["late"]),
+            late_rows=late,
+            invalid_rows=invalid,
             sink_version=tables.version(self.spark, p.sink.path),
             backlog_seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,

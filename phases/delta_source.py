@@ -6,8 +6,12 @@ Both reads go through the change data feed so that every record carries its comm
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases import tables
@@ -42,20 +46,27 @@ class DeltaTableSource:
     def schema(self) -> T.StructType:
         return self.spark.read.format("delta").load(self.path).schema
 
-    def read_backlog(self, end_version: int) -> DataFrame:
-        """All changes of versions 0..end_version (inclusive), with their commit versions."""
+    def read_backlog(self, end_version: int, start_version: int = 0) -> DataFrame:
+        """All changes of versions start_version..end_version (inclusive), with their commit versions."""
         try:
             return (
                 self.spark.read.format("delta")
                 .option("readChangeFeed", "true")
-                .option("startingVersion", 0)
+                .option("startingVersion", start_version)
                 .option("endingVersion", end_version)
                 .load(self.path)
             )
         except AnalysisException as exc:
             raise SourceError(
-                f"cannot read the change feed of {self.path} for versions 0..{end_version}: {exc}"
+                f"cannot read the change feed of {self.path} for versions {start_version}..{end_version}: {exc}"
             ) from exc
+
+    def commit_times(self) -> list[tuple[int, datetime]]:
+        """(version, commit timestamp in UTC) of every version still in the table's history, oldest first."""
+        self.check()
+        history = DeltaTable.forPath(self.spark, self.path).history()
+        rows = history.select("version", F.unix_micros("timestamp").alias("us")).collect()
+        return sorted((int(r["version"]), datetime.fromtimestamp(r["us"] / 1e6, tz=UTC)) for r in rows)
 
     def read_live(self, after_version: int | None, max_files_per_trigger: int | None = None) -> DataFrame:
         """A stream of the changes of the versions after ``after_version`` (all versions if None).

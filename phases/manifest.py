@@ -26,6 +26,8 @@ class HandoffManifest(BaseModel):
 
     manifest_id: str
     pipeline: str
+    kind: str = "full"  # full | increment (catch-up from base_manifest_id) | slices (combined daily slices)
+    base_manifest_id: str | None = None
     fingerprint: str
     state_spec: str  # JSON of Pipeline.state_spec(), kept to say *what* differs on a mismatch
     state_schema_version: int
@@ -80,9 +82,8 @@ SCHEMA = _schema()
 def write(spark: SparkSession, path: str, manifest: HandoffManifest) -> None:
     tables.ensure(spark, path, SCHEMA)
     row = manifest.model_dump()
-    spark.createDataFrame([tuple(row[f.name] for f in SCHEMA.fields)], SCHEMA).write.format("delta").mode(
-        "append"
-    ).save(path)
+    df = spark.createDataFrame([tuple(row[f.name] for f in SCHEMA.fields)], SCHEMA)
+    df.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
 
 def latest(spark: SparkSession, path: str, pipeline: str) -> HandoffManifest:
@@ -102,7 +103,7 @@ def latest(spark: SparkSession, path: str, pipeline: str) -> HandoffManifest:
     if not rows:
         raise ManifestError(f"no handoff manifest for pipeline {pipeline!r} in {path}; run the backlog first")
     data = rows[0].asDict()
-    optional = {"backlog_max_event_time_us", "final_watermark_us"}
+    optional = {"backlog_max_event_time_us", "final_watermark_us", "base_manifest_id"}
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:
         raise ManifestError(f"partial handoff manifest {data.get('manifest_id')!r} in {path}: missing {missing}")

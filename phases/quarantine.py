@@ -55,15 +55,38 @@ def ensure(spark: SparkSession, path: str) -> None:
     tables.ensure(spark, path, SCHEMA)
 
 
-def replace_backlog(spark: SparkSession, path: str, pipeline: str, quarantined: DataFrame) -> None:
-    """Replaces this pipeline's backlog rows atomically, so a re-run backlog never duplicates them."""
+def replace_backlog(
+    spark: SparkSession,
+    path: str,
+    pipeline: str,
+    quarantined: DataFrame,
+    versions: tuple[int, int] | None = None,
+) -> None:
+    """Replaces this pipeline's backlog rows (of source ``versions`` lo..hi, or all) in one commit, so a
+    re-run backlog, increment or slice never duplicates them."""
     ensure(spark, path)
-    (
-        quarantined.write.format("delta")
-        .mode("overwrite")
-        .option("replaceWhere", f"pipeline = '{pipeline}' AND phase = 'backlog'")
-        .save(path)
+    where = f"pipeline = '{pipeline}' AND phase = 'backlog'"
+    if versions is not None:
+        where += f" AND source_version >= {versions[0]} AND source_version <= {versions[1]}"
+    quarantined.write.format("delta").mode("overwrite").option("replaceWhere", where).save(path)
+
+
+def backlog_counts(spark: SparkSession, path: str, pipeline: str, up_to_version: int) -> tuple[int, int]:
+    """(late, invalid) backlog rows of ``pipeline`` for source versions <= ``up_to_version``."""
+    if not tables.exists(spark, path):
+        return 0, 0
+    row = (
+        spark.read.format("delta")
+        .load(path)
+        .filter((F.col("pipeline") == pipeline) & (F.col("phase") == "backlog"))
+        .filter(F.col("source_version") <= up_to_version)
+        .agg(
+            F.count(F.lit(1)).alias("all"),
+            F.count(F.when(F.col("reason") == LATE_REASON, 1)).alias("late"),
+        )
+        .collect()[0]
     )
+    return int(row["late"]), int(row["all"]) - int(row["late"])
 
 
 def count(spark: SparkSession, path: str, pipeline: str, phase: str | None = None) -> int:

@@ -61,5 +61,9 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
     for key, value in s.extra_conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    # The backlog reads the source's change feed from version 0, which Delta counts as time travel and by
+    # default refuses beyond delta.deletedFileRetentionDuration (7 days). An append-only source removes no
+    # files, so its old versions stay readable; a vacuumed-away file still fails the read, loudly.
+    spark.conf.set("spark.databricks.delta.vacuum.enforceTimeTravelWithinDeletedFileRetentionDuration", "false")
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -62,3 +62,16 @@ def assert_results_equal(actual: dict[str, dict], expected: dict[str, dict]) -> 
                 assert got[col] is not None and abs(got[col] - value) < 1e-9, (key, col, got[col], value)
             else:
                 assert got[col] == value, (key, col, got[col], value)
+
+
+def backdate_commits(path: str, when: dict[int, datetime]) -> None:
+    """Gives source versions the commit times ``when`` (test data spread over several days).
+
+    Without in-commit timestamps (off by default), Delta takes a commit's time from its log file's
+    modification time, so setting that time is how a table written over days looks.
+    """
+    import os
+
+    for version, at in when.items():
+        stamp = at.timestamp()
+        os.utime(f"{path}/_delta_log/{version:020d}.json", (stamp, stamp))
