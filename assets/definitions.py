@@ -1,41 +1,20 @@
-"""The Definitions object workspace.yaml loads: the demo pipeline's backlog phase as an asset.
+"""The Definitions object workspace.yaml loads: every pipeline of assets/pipelines.py, orchestrated.
 
-The engine slice keeps this thin; the Dagster orchestration issue adds the switch sensor, the live job,
-partitioned backfills and asset checks.
+Adding a pipeline is one line in the merge below (plus its definition in assets/pipelines.py).
 """
 
 import os
-from pathlib import Path
 
 import dagster as dg
 
-from phases.backlog import BacklogRunner
-from resources.spark import SparkResource
-from scripts.demo import pipeline
+from assets.factory import default_resources, pipeline_definitions
+from assets.pipelines import DEMO
+from assets.settings import Orchestration, SwitchPolicy
 
-DATA_ROOT = Path(os.environ.get("PHASES_DATA_ROOT", Path(__file__).resolve().parent.parent / ".data" / "dagster"))
-DEMO = pipeline(DATA_ROOT)
+# The demo's sensor evaluates often so that the demo does not wait; production keeps the default (30 s).
+DEMO_SWITCH = SwitchPolicy(minimum_interval_seconds=int(os.environ.get("PHASES_SENSOR_INTERVAL_S", "5")))
 
-
-@dg.asset(name=f"{DEMO.name}_backlog", kinds={"spark", "delta"}, description="Backlog phase + handoff manifest.")
-def demo_backlog(context: dg.AssetExecutionContext, spark: SparkResource) -> dg.MaterializeResult:
-    handoff = BacklogRunner(spark.session(), DEMO).run()
-    return dg.MaterializeResult(
-        metadata={
-            "manifest_id": handoff.manifest_id,
-            "source_version": handoff.source_version,
-            "input_rows": handoff.input_rows,
-            "keys": handoff.state_rows,
-            "late_rows": handoff.late_rows,
-            "invalid_rows": handoff.invalid_rows,
-            "final_watermark": str(handoff.final_watermark),
-            "duration_s": handoff.backlog_seconds,
-        }
-    )
-
-
-defs = dg.Definitions(
-    assets=[demo_backlog],
-    resources={"spark": SparkResource()},
-    executor=dg.in_process_executor,
+defs = dg.Definitions.merge(
+    pipeline_definitions(DEMO, Orchestration(switch=DEMO_SWITCH)),
+    dg.Definitions(resources=default_resources(), executor=dg.in_process_executor),
 )

@@ -20,6 +20,7 @@ state: one streaming job over all the data, the reference the two-phase result m
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -84,9 +85,12 @@ class LiveRunner:
         self.aggregate: StreamingQuery | None = None
 
     @classmethod
-    def from_manifest(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
-        """The live phase of the newest handoff; refuses a missing, partial or mismatched manifest."""
-        handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name)
+    def from_manifest(
+        cls, spark: SparkSession, pipeline: Pipeline, manifest_id: str | None = None, **kwargs
+    ) -> LiveRunner:
+        """The live phase of the newest handoff (which must be ``manifest_id`` when given); refuses a
+        missing, partial, superseded or mismatched manifest."""
+        handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
         manifest.check_matches(spark, handoff, pipeline)
         return cls(spark, pipeline, handoff, **kwargs)
 
@@ -248,6 +252,16 @@ class LiveRunner:
             if q is not None and q.isActive:
                 q.stop()
 
+    def raise_if_failed(self) -> None:
+        """Raises PhaseStateError when a started query has stopped (with the query's own error)."""
+        for label, q in (("tagger", self.tagger), ("aggregate", self.aggregate)):
+            if q is not None and not q.isActive:
+                exc = q.exception()
+                raise PhaseStateError(
+                    f"the live phase's {label} query of {self.pipeline.name!r} stopped"
+                    + (f": {exc}" if exc is not None else " without an error (stopped from outside)")
+                )
+
     @staticmethod
     def _raise_if_failed(q: StreamingQuery) -> None:
         exc = q.exception()
@@ -265,5 +279,20 @@ class LiveRunner:
                 "input_rows_per_second": prog.get("inputRowsPerSecond") if prog else None,
                 "processed_rows_per_second": prog.get("processedRowsPerSecond") if prog else None,
                 "watermark": (prog.get("eventTime") or {}).get("watermark") if prog else None,
+                "source_version": _end_version(prog) if prog else None,
             }
         return out
+
+
+def _end_version(progress: dict) -> int | None:
+    """The Delta source version a query's last micro-batch read up to (from its progress report)."""
+    for src in progress.get("sources") or []:
+        end = src.get("endOffset")
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                continue
+        if isinstance(end, dict) and "reservoirVersion" in end:
+            return int(end["reservoirVersion"])
+    return None

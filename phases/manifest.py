@@ -86,8 +86,9 @@ def write(spark: SparkSession, path: str, manifest: HandoffManifest) -> None:
     df.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
 
-def latest(spark: SparkSession, path: str, pipeline: str) -> HandoffManifest:
-    """The newest manifest of ``pipeline``; ManifestError when there is none or it is partial."""
+def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | None = None) -> HandoffManifest:
+    """The newest manifest of ``pipeline`` (or the one with ``manifest_id``); ManifestError when there is
+    none, it is partial, or a newer manifest superseded the requested one."""
     if not tables.exists(spark, path):
         raise ManifestError(
             f"no handoff manifest for pipeline {pipeline!r}: {path} does not exist; run the backlog phase first"
@@ -102,6 +103,11 @@ def latest(spark: SparkSession, path: str, pipeline: str) -> HandoffManifest:
     )
     if not rows:
         raise ManifestError(f"no handoff manifest for pipeline {pipeline!r} in {path}; run the backlog first")
+    if manifest_id is not None and rows[0]["manifest_id"] != manifest_id:
+        raise ManifestError(
+            f"handoff manifest {manifest_id!r} of pipeline {pipeline!r} is not the newest one in {path} "
+            f"(newest: {rows[0]['manifest_id']!r}); the live phase starts only from the newest handoff"
+        )
     data = rows[0].asDict()
     optional = {"backlog_max_event_time_us", "final_watermark_us", "base_manifest_id"}
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)

@@ -1,5 +1,6 @@
-"""Dagster resources (thin in the engine slice; the Dagster issue fills this in)."""
+"""Dagster resources: the Spark session and the storage root of the Delta tables."""
 
 from resources.spark import SparkResource
+from resources.storage import StorageResource
 
-__all__ = ["SparkResource"]
+__all__ = ["SparkResource", "StorageResource"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
 from phases.session import SparkSettings, build_session
@@ -16,6 +16,11 @@ class SparkResource(dg.ConfigurableResource):
     shuffle_partitions: int = 8
     driver_memory: str = "2g"
     state_store: str = "rocksdb"
+    ui_enabled: bool = False
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
+    stop_after_run: bool = Field(
+        True, description="Stop the session when the run ends (False: leave a shared session, e.g. in tests)."
+    )
 
     _session: SparkSession | None = PrivateAttr(default=None)
 
@@ -25,6 +30,8 @@ class SparkResource(dg.ConfigurableResource):
             shuffle_partitions=self.shuffle_partitions,
             driver_memory=self.driver_memory,
             state_store=self.state_store,
+            ui_enabled=self.ui_enabled,
+            extra_conf=dict(self.conf),
         )
 
     def session(self) -> SparkSession:
@@ -33,6 +40,6 @@ class SparkResource(dg.ConfigurableResource):
         return self._session
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        if self._session is not None:
+        if self._session is not None and self.stop_after_run:
             self._session.stop()
             self._session = None

@@ -1,0 +1,26 @@
+"""The pipelines this code location serves. Paths are relative to the storage resource's root."""
+
+from datetime import timedelta
+
+from phases.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
+
+DEMO = Pipeline(
+    name="demo_events",
+    source=DeltaSource(path="demo_events/source"),
+    key_columns=["key"],
+    event_time="ts",
+    watermark_delay=timedelta(seconds=120),
+    operator=KeyedAggregate(
+        aggregations=[
+            Aggregation(name="events", kind="count"),
+            Aggregation(name="total", kind="sum", column="value"),
+            Aggregation(name="smallest", kind="min", column="value"),
+            Aggregation(name="largest", kind="max", column="value"),
+            Aggregation(name="mean", kind="avg", column="value"),
+            Aggregation(name="checksum", kind="reduce", column="value", reduce="acc ^ x"),
+        ]
+    ),
+    sink=DeltaSink(path="demo_events/sink"),
+    locations=Locations(root="demo_events/engine"),
+    checkpoint_interval=timedelta(seconds=2),
+)

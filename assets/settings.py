@@ -1,0 +1,73 @@
+"""Settings of a pipeline's Dagster definitions (pydantic, validated when the definitions are built)."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from phases.definition import Pipeline
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SwitchPolicy(_Model):
+    """When the switch sensor hands the backlog over to the live phase (FLIP-309's watermark-lag rule)."""
+
+    lag_threshold: timedelta = Field(
+        timedelta(minutes=10),
+        description="Caught up when now - final backlog watermark <= this (or the source has no newer version).",
+    )
+    minimum_interval_seconds: int = Field(30, ge=1, description="How often the daemon evaluates the sensor.")
+    running_by_default: bool = Field(True, description="Start the sensor with the daemon, no click needed.")
+
+    @field_validator("lag_threshold")
+    @classmethod
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v < timedelta(0):
+            raise ValueError(f"lag_threshold must be >= 0; got {v}")
+        return v
+
+
+class CheckPolicy(_Model):
+    max_quarantine_fraction: float = Field(
+        0.01, ge=0.0, le=1.0, description="Blocking check: quarantined / input rows of the backlog at most this."
+    )
+
+
+class DailyBackfill(_Model):
+    """Backlog slices by commit day (UTC), materialized by a daily schedule and by partition backfills."""
+
+    start_date: date = Field(description="First slice; it also takes every source version committed before it.")
+    hour_of_day: int = Field(1, ge=0, le=23, description="When the schedule runs the previous day's slice (UTC).")
+
+
+class LiveReporting(_Model):
+    report_interval_seconds: float = Field(10.0, gt=0, description="Progress events and observations cadence.")
+
+
+class Orchestration(_Model):
+    switch: SwitchPolicy = SwitchPolicy()
+    checks: CheckPolicy = CheckPolicy()
+    backfill: DailyBackfill | None = Field(None, description="None: one unpartitioned backlog asset.")
+    live: LiveReporting = LiveReporting()
+
+
+class Names:
+    """Dagster names of one pipeline's definitions (asset keys, jobs, sensor, schedule)."""
+
+    def __init__(self, pipeline: Pipeline):
+        n = pipeline.name
+        self.group = n
+        self.backlog = f"{n}_backlog"
+        self.slices = f"{n}_backlog_slices"
+        self.live_asset = f"{n}_live"
+        self.backlog_job = f"{n}_backlog_job"
+        self.slices_job = f"{n}_backlog_slices_job"
+        self.live_job = f"{n}_live_job"
+        self.live_op = f"{n}_live_phase"
+        self.switch = f"{n}_switch"
+        self.schedule = f"{n}_daily_backfill"
+        self.checks = f"{n}_backlog_checks"

@@ -1,0 +1,32 @@
+"""Where a pipeline's Delta tables live, as a swappable Dagster resource.
+
+Pipeline definitions may use relative paths (source, sink, engine locations); the storage resource
+resolves them under its ``root``, which defaults to the project's ``.data/dagster`` folder (or the
+``PHASES_DATA_ROOT`` environment variable). Absolute paths and URIs are kept as they are.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from phases.definition import Pipeline
+from phases.resolve import resolve_paths
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_root() -> str:
+    return os.environ.get("PHASES_DATA_ROOT") or str(PROJECT_ROOT / ".data" / "dagster")
+
+
+class StorageResource(dg.ConfigurableResource):
+    """Root of the Delta tables (sink, state, manifests, quarantine, checkpoints) of every pipeline."""
+
+    root: str = Field(default_factory=default_root, description="Folder or URI relative paths resolve under.")
+
+    def resolve(self, pipeline: Pipeline) -> Pipeline:
+        return resolve_paths(pipeline, self.root)

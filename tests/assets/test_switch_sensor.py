@@ -1,0 +1,136 @@
+"""The backlog asset, its blocking checks and the switch sensor, scenario by scenario (real instance,
+real Delta tables; the sensor evaluated with build_sensor_context)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+import pytest
+
+from assets.checks import CHECK_NAMES
+from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
+from assets.switch import Handoff, decide
+from phases import manifest
+from resources.storage import StorageResource
+from tests import reference
+from tests.assets.conftest import definitions, relative_pipeline
+from tests.helpers import append_version, assert_results_equal, create_source, sink_rows
+from tests.phases.test_backlog import DELAY_S, VERSIONS, S
+
+LENIENT = Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.5))
+
+
+@pytest.fixture
+def root(spark, tmp_path) -> str:
+    create_source(spark, str(tmp_path / "src"))
+    for v in sorted(VERSIONS):
+        append_version(spark, str(tmp_path / "src"), VERSIONS[v])
+    return str(tmp_path)
+
+
+def _tick(defs: dg.Definitions, instance, root: str, name: str, cursor: str | None = None):
+    sensor = defs.resolve_sensor_def(name)
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"storage": StorageResource(root=root)})
+    return sensor.evaluate_tick(ctx)
+
+
+def _materialize(defs, instance, names: Names, run_config: dict | None = None, ok: bool = True):
+    result = defs.resolve_job_def(names.backlog_job).execute_in_process(
+        instance=instance, run_config=run_config or {}, raise_on_error=False
+    )
+    assert result.success is ok
+    return result
+
+
+def test_backlog_asset_reports_the_handoff_and_its_checks_pass(spark, instance, root):
+    p = relative_pipeline(delay_s=DELAY_S)
+    names, defs = Names(p), definitions(spark, root, p, LENIENT)
+    result = _materialize(defs, instance, names)
+    meta = result.asset_materializations_for_node(names.backlog)[0].metadata
+    assert {k: meta[k].value for k in ("source_version", "input_rows", "keys", "late_rows", "invalid_rows")} == {
+        "source_version": 3,
+        "input_rows": 10,
+        "keys": 4,
+        "late_rows": 2,
+        "invalid_rows": 1,
+    }
+    assert meta["quarantined_rows"].value == 3 and meta["rows_per_s"].value > 0 and meta["duration_s"].value > 0
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(evaluations) == set(CHECK_NAMES)
+    assert all(e.passed for e in evaluations.values()), {n: e.metadata for n, e in evaluations.items()}
+    handoff = manifest.latest(spark, f"{root}/engine/manifests", p.name)
+    assert meta["manifest_id"].value == handoff.manifest_id
+    assert meta["final_watermark_us"].value == handoff.final_watermark_us
+
+
+def test_sensor_skips_when_nothing_is_materialized(spark, instance, root):
+    p = relative_pipeline(delay_s=DELAY_S)
+    data = _tick(definitions(spark, root, p, LENIENT), instance, root, Names(p).switch)
+    assert not data.run_requests and "no backlog materialization" in data.skip_message
+
+
+def test_sensor_launches_live_once_when_caught_up(spark, instance, root):
+    p = relative_pipeline(delay_s=DELAY_S)
+    names, defs = Names(p), definitions(spark, root, p, LENIENT)
+    _materialize(defs, instance, names)
+    mid = manifest.latest(spark, f"{root}/engine/manifests", p.name).manifest_id
+    data = _tick(defs, instance, root, names.switch)
+    [req] = data.run_requests
+    assert (req.job_name, req.run_key) == (names.live_job, f"live:{mid}")
+    assert req.run_config["ops"][names.live_op]["config"]["manifest_id"] == mid
+    assert json.loads(data.cursor)["launched"] == mid
+    again = _tick(defs, instance, root, names.switch, cursor=data.cursor)  # already launched
+    assert not again.run_requests and "already launched" in again.skip_message
+
+
+def test_sensor_requests_a_catch_up_increment_then_switches(spark, instance, root):
+    p = relative_pipeline(delay_s=DELAY_S)
+    names, defs = Names(p), definitions(spark, root, p, LENIENT)
+    _materialize(defs, instance, names)
+    first = manifest.latest(spark, f"{root}/engine/manifests", p.name)
+    extra = [("a", 70 * S, 10), ("e", 50 * S, 11), ("b", 3 * S, 12)]  # ("b", 3 s) is late
+    append_version(spark, f"{root}/src", extra)
+    data = _tick(defs, instance, root, names.switch)  # event times of 2026-01-01: far behind now
+    [req] = data.run_requests
+    assert (req.job_name, req.run_key) == (names.backlog_job, f"catch-up:{first.manifest_id}")
+    _materialize(defs, instance, names, req.run_config)
+    second = manifest.latest(spark, f"{root}/engine/manifests", p.name)
+    assert (second.kind, second.base_manifest_id, second.source_version) == ("increment", first.manifest_id, 4)
+    expected, _ = reference.run({**VERSIONS, 4: extra}, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, f"{root}/engine/sink"), expected)
+    [live] = _tick(defs, instance, root, names.switch).run_requests
+    assert live.run_key == f"live:{second.manifest_id}"
+
+
+def test_sensor_refuses_a_manifest_whose_blocking_checks_failed(spark, instance, root):
+    p = relative_pipeline(delay_s=DELAY_S)  # 3 of 10 rows quarantined > the default bound of 1 %
+    names, defs = Names(p), definitions(spark, root, p)
+    result = _materialize(defs, instance, names, ok=False)
+    failed = {e.check_name for e in result.get_asset_check_evaluations() if not e.passed}
+    assert failed == {"quarantine_within_bound"}
+    data = _tick(defs, instance, root, names.switch)
+    assert not data.run_requests
+    assert "invalid" in data.skip_message and "quarantine_within_bound" in data.skip_message
+
+
+def test_sensor_refuses_a_manifest_made_by_another_definition(spark, instance, root):
+    p = relative_pipeline(delay_s=DELAY_S)
+    names = Names(p)
+    _materialize(definitions(spark, root, p, LENIENT), instance, names)
+    changed = relative_pipeline(delay_s=DELAY_S + 1)
+    data = _tick(definitions(spark, root, changed, LENIENT), instance, root, names.switch)
+    assert not data.run_requests and "fingerprint" in data.skip_message
+
+
+def test_switch_rule_uses_the_watermark_lag_when_the_source_moved_on():
+    now = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    handoff = Handoff("m1", "f", 10, int((now - timedelta(minutes=3)).timestamp() * 1e6), "run")
+    common = dict(handoff=handoff, fingerprint="f", failed_checks=[], source_head=12, now=now, launched_manifest=None)
+    assert decide(lag_threshold=timedelta(minutes=5), **common).action == "live"
+    behind = decide(lag_threshold=timedelta(minutes=1), **common)
+    assert behind.action == "catch_up" and "versions 11..12" in behind.reason
+    assert decide(lag_threshold=timedelta(0), **{**common, "source_head": 10}).action == "live"
+    assert decide(lag_threshold=timedelta(0), **{**common, "source_head": None}).action == "skip"
+    assert SwitchPolicy().lag_threshold == timedelta(minutes=10)
