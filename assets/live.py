@@ -26,7 +26,9 @@ class LiveConfig(dg.Config):
     )
     report_interval_seconds: float | None = Field(None, gt=0, description="Default: the pipeline's setting.")
     max_runtime_seconds: float | None = Field(
-        None, gt=0, description="Stop cleanly after this long (default: run until terminated)."
+        None,
+        gt=0,
+        description="After this long, process what is available and stop (default: run until terminated).",
     )
 
 
@@ -64,9 +66,9 @@ def build_live_job(pipeline: Pipeline, settings: Orchestration) -> dg.JobDefinit
         interval = config.report_interval_seconds or settings.live.report_interval_seconds
         runner = LiveRunner.from_manifest(spark.session(), p, config.manifest_id)
         context.log.info(f"starting the live phase of {p.name!r} from manifest {runner.run_name}")
-        started = time.monotonic()
         try:
             start = runner.start()
+            started = time.monotonic()
             context.log.info(
                 f"live phase running: first checkpoint committed {start.start_seconds:.1f} s after the queries "
                 f"started (state replay of manifest {runner.run_name}); reporting every {interval:g} s"
@@ -86,7 +88,13 @@ def build_live_job(pipeline: Pipeline, settings: Orchestration) -> dg.JobDefinit
                 )
                 context.log_event(dg.AssetObservation(asset_key=asset_key, metadata={"event": "progress", **meta}))
                 if config.max_runtime_seconds is not None and time.monotonic() - started >= config.max_runtime_seconds:
-                    context.log.info(f"max_runtime_seconds={config.max_runtime_seconds:g} reached; stopping")
+                    context.log.info(
+                        f"max_runtime_seconds={config.max_runtime_seconds:g} reached; processing what is "
+                        "available, then stopping"
+                    )
+                    runner.process_available()
+                    meta = progress_metadata(runner.status(), delta_log.head_version(p.source.path))
+                    context.log_event(dg.AssetObservation(asset_key=asset_key, metadata={"event": "stopped", **meta}))
                     break
         except BaseException as exc:  # termination arrives as KeyboardInterrupt / DagsterExecutionInterruptedError
             context.log.info(f"live phase stopping on {type(exc).__name__}")

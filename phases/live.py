@@ -20,7 +20,7 @@ state: one streaming job over all the data, the reference the two-phase result m
 
 from __future__ import annotations
 
-import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -285,14 +285,10 @@ class LiveRunner:
 
 
 def _end_version(progress: dict) -> int | None:
-    """The Delta source version a query's last micro-batch read up to (from its progress report)."""
+    """The last source version a query has fully read, from its progress report's Delta end offset
+    (``reservoirVersion`` is the next version to read; ``index`` -1 means none of it yet)."""
     for src in progress.get("sources") or []:
-        end = src.get("endOffset")
-        if isinstance(end, str):
-            try:
-                end = json.loads(end)
-            except ValueError:
-                continue
-        if isinstance(end, dict) and "reservoirVersion" in end:
-            return int(end["reservoirVersion"])
+        match = re.search(r'"reservoirVersion"\s*:\s*(\d+)', str(src.get("endOffset")))
+        if match:
+            return int(match.group(1)) - 1
     return None
