@@ -20,3 +20,10 @@ def delete(spark: SparkSession, path: str) -> None:
     fs, p = _fs_path(spark, path)
     if fs.exists(p):
         fs.delete(p, True)
+
+
+def has_files(spark: SparkSession, pattern: str) -> bool:
+    """True when the glob ``pattern`` matches at least one file."""
+    fs, p = _fs_path(spark, pattern)
+    found = fs.globStatus(p)
+    return found is not None and len(found) > 0

@@ -6,9 +6,17 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from phases import fs
+
 
 def exists(spark: SparkSession, path: str) -> bool:
-    return DeltaTable.isDeltaTable(spark, path)
+    """True when ``path`` holds a Delta table with at least one commit.
+
+    Looks at the log folder itself: ``DeltaTable.isDeltaTable`` answers from the session's cached
+    ``DeltaLog`` snapshot, which stays "no table" after a first miss even once another process (a
+    Dagster run, a backfill) has created the table.
+    """
+    return fs.has_files(spark, f"{path.rstrip('/')}/_delta_log/*.json")
 
 
 def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: str) -> None:

@@ -1,0 +1,115 @@
+"""Daily backlog slices through Dagster: a backfill killed mid-way is resumed by re-running the range,
+which executes only the days that did not finish (FLIP-383's batch job recovery), and the combined
+handoff equals one backlog job over the whole source."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import dagster as dg
+from pyspark.sql import functions as F
+
+from assets.settings import Names
+from phases import manifest, tables
+from resources.spark import SparkResource
+from tests import reference
+from tests.assets import backfill_child as child
+from tests.helpers import append_version, assert_results_equal, backdate_commits, create_source, sink_rows
+
+S = 1_000_000
+DAYS = 6
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+def _versions() -> dict[int, list]:
+    out = {}
+    for v in range(1, DAYS + 1):
+        base = v * 100 * S
+        out[v] = [(f"k{(v * 7 + i) % 5}", base + i * S, v * 10 + i) for i in range(6)]
+        out[v].append((f"k{v % 5}", base - 60 * S, 99))  # older than the watermark: late
+    return out
+
+
+def _finished(spark, log_path: str) -> set[str]:
+    if not tables.exists(spark, log_path):
+        return set()
+    return {r["slice"] for r in spark.read.format("delta").load(log_path).select("slice").collect()}
+
+
+def test_killed_backfill_resumes_only_unfinished_days_and_combines_to_the_whole_backlog(spark, tmp_path):
+    root = str(tmp_path / "data")
+    versions = _versions()
+    create_source(spark, f"{root}/src")
+    for v in sorted(versions):
+        append_version(spark, f"{root}/src", versions[v])
+    days = [child.START + timedelta(days=i) for i in range(DAYS)]
+    backdate_commits(
+        f"{root}/src",
+        {0: datetime.combine(days[0], datetime.min.time(), tzinfo=UTC)}
+        | {v: datetime.combine(days[v - 1], datetime.min.time(), tzinfo=UTC) + timedelta(hours=6) for v in versions},
+    )
+    first, last = days[0].isoformat(), days[-1].isoformat()
+    log_path = f"{root}/engine/slices/log"
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"), "PYTHONPATH": str(PROJECT)}
+    (tmp_path / "dagster_home").mkdir()
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.assets.backfill_child", root, first, last],
+        cwd=PROJECT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not _finished(spark, log_path):
+            assert proc.poll() is None, "the backfill run ended before any slice finished"
+            assert time.monotonic() < deadline, "no slice finished within 300 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)  # a crash: no cleanup, no Dagster failure event
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done_at_kill = _finished(spark, log_path)
+    assert 1 <= len(done_at_kill) < DAYS, f"kill landed after {len(done_at_kill)} of {DAYS} slices"
+
+    os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
+    try:
+        defs = child.definitions(root, SparkResource(shuffle_partitions=2, stop_after_run=False))
+        names = Names(child.PIPELINE)
+        with dg.DagsterInstance.get() as instance:
+            killed = instance.get_runs(dg.RunsFilter(job_name=names.slices_job))
+            assert [r.status for r in killed] == [dg.DagsterRunStatus.STARTED]  # died without a failure event
+            rerun = defs.resolve_job_def(names.slices_job).execute_in_process(
+                instance=instance, tags=child.range_tags(first, last)
+            )
+            assert rerun.success
+            meta = rerun.asset_materializations_for_node(names.slices)[0].metadata
+            executed = set(meta["executed"].value.split(", "))
+            recovered = set(meta["recovered"].value.split(", "))
+            assert recovered == done_at_kill and executed == {d.isoformat() for d in days} - done_at_kill
+            assert defs.resolve_job_def(names.backlog_job).execute_in_process(instance=instance).success
+    finally:
+        os.environ.pop("DAGSTER_HOME", None)
+
+    handoff = manifest.latest(spark, f"{root}/engine/manifests", child.PIPELINE.name)
+    assert (handoff.kind, handoff.source_version) == ("slices", DAYS)
+    expected, expected_q = reference.run(versions, 5 * S)
+    assert_results_equal(sink_rows(spark, f"{root}/engine/sink"), expected)
+    late = spark.read.format("delta").load(f"{root}/engine/quarantine").filter(F.col("phase") == "backlog").count()
+    assert late == len(expected_q) == handoff.quarantined_rows
+
+
+def test_daily_schedule_requests_the_previous_days_slice():
+    defs = child.definitions("/unused", SparkResource())
+    schedule = defs.resolve_schedule_def(Names(child.PIPELINE).schedule)
+    ctx = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 3, 5, 1, tzinfo=UTC))
+    [req] = schedule.evaluate_tick(ctx).run_requests
+    assert req.partition_key == "2026-03-04"
