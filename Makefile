@@ -1,5 +1,5 @@
 # The two commands a new user runs: `make demo` and `make test`. Each sets itself up first (idempotent).
-.PHONY: setup demo test lint format
+.PHONY: setup demo test ui lint format
 
 setup:
 	@bash scripts/setup.sh
@@ -9,6 +9,9 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest $(ARGS)
+
+ui: setup
+	.venv/bin/python -m scripts.ui $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

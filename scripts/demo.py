@@ -1,8 +1,10 @@
-"""End-to-end demo of the engine slice on embedded defaults (local Spark, local Delta tables).
+"""End-to-end demo through Dagster on embedded defaults (local Spark, local Delta tables, a local Dagster
+instance with its webserver and daemon on 127.0.0.1).
 
-Generates a synthetic keyed event table, runs the backlog as a sorted batch job, switches to the seeded
-live phase, appends live data while it runs, stops it, and checks the sink against a reference computed
-independently with pandas (no Spark aggregation, no engine code).
+Generates a synthetic keyed event table, starts ``dagster dev``, materializes the backlog asset over
+GraphQL (backlog phase + blocking checks), lets the switch sensor launch the live run, appends live data
+while it runs, waits for the sink to show it, terminates the live run, and checks the sink against a
+reference computed independently with pandas (no Spark aggregation, no engine code).
 """
 
 from __future__ import annotations
@@ -10,43 +12,18 @@ from __future__ import annotations
 import argparse
 import shutil
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from pyspark.sql import functions as F
 
+from assets.pipelines import DEMO
+from assets.settings import Names
 from phases import synthetic
-from phases.backlog import BacklogRunner
-from phases.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
-from phases.live import LiveRunner
 from phases.session import SparkSettings, build_session
-
-DELAY = timedelta(seconds=120)
-
-
-def pipeline(root: Path) -> Pipeline:
-    return Pipeline(
-        name="demo_events",
-        source=DeltaSource(path=str(root / "source")),
-        key_columns=["key"],
-        event_time="ts",
-        watermark_delay=DELAY,
-        operator=KeyedAggregate(
-            aggregations=[
-                Aggregation(name="events", kind="count"),
-                Aggregation(name="total", kind="sum", column="value"),
-                Aggregation(name="smallest", kind="min", column="value"),
-                Aggregation(name="largest", kind="max", column="value"),
-                Aggregation(name="mean", kind="avg", column="value"),
-                Aggregation(name="checksum", kind="reduce", column="value", reduce="acc ^ x"),
-            ]
-        ),
-        sink=DeltaSink(path=str(root / "sink")),
-        locations=Locations(root=str(root / "pipeline")),
-        checkpoint_interval=timedelta(seconds=2),
-    )
+from resources.storage import StorageResource
+from scripts.dagster_stack import DagsterStack, screenshot
 
 
 def pandas_reference(changes: pd.DataFrame, delay_us: int) -> tuple[pd.DataFrame, int]:
@@ -71,6 +48,10 @@ def pandas_reference(changes: pd.DataFrame, delay_us: int) -> tuple[pd.DataFrame
     return out.sort_index(), int(late.sum())
 
 
+def _line(label: str, value: str) -> None:
+    print(f"{label:>22}: {value}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=3_000_000, help="backlog records")
@@ -78,12 +59,16 @@ def main() -> None:
     ap.add_argument("--backlog-versions", type=int, default=12)
     ap.add_argument("--live-versions", type=int, default=3)
     ap.add_argument("--live-rows", type=int, default=50_000, help="records per live version")
-    ap.add_argument("--root", default=".data/demo")
+    ap.add_argument("--root", default=".data/demo", help="wiped and rebuilt: Delta tables + Dagster instance")
+    ap.add_argument("--port", type=int, default=None, help="webserver port (default: a free one)")
+    ap.add_argument("--keep-ui", action="store_true", help="leave the Dagster UI running at the end (Ctrl-C stops)")
     args = ap.parse_args()
 
     root = Path(args.root).resolve()
     shutil.rmtree(root, ignore_errors=True)
-    p = pipeline(root)
+    data, home = root / "tables", root / "dagster_home"
+    p = StorageResource(root=str(data)).resolve(DEMO)
+    names = Names(DEMO)
     spark = build_session(SparkSettings())
     figures: dict[str, str] = {}
 
@@ -94,67 +79,114 @@ def main() -> None:
         batch = synthetic.event_batch(spark, rows=per_version, keys=args.keys, batch_index=i)
         synthetic.append(spark, p.source.path, batch)
     figures["generate backlog"] = f"{time.perf_counter() - t:.1f} s ({per_version * args.backlog_versions:,} rows)"
-    print(f"generated {per_version * args.backlog_versions:,} rows in {args.backlog_versions} versions")
+    _line("generated", f"{per_version * args.backlog_versions:,} rows in {args.backlog_versions} versions")
 
-    backlog = BacklogRunner(spark, p)
-    handoff = backlog.run()
-    rate = handoff.input_rows / handoff.backlog_seconds
-    figures["backlog phase"] = (
-        f"{handoff.backlog_seconds:.1f} s ({rate:,.0f} rows/s; "
-        + ", ".join(f"{k} {v:.1f}" for k, v in backlog.timings.items() if k != "total_s")
-        + ")"
-    )
-    print(
-        f"backlog: V={handoff.source_version} keys={handoff.state_rows:,} aggregated={handoff.aggregated_rows:,} "
-        f"late={handoff.late_rows:,} invalid={handoff.invalid_rows:,} final watermark={handoff.final_watermark}"
-    )
-
-    live = LiveRunner.from_manifest(spark, p)
-    start = live.start()
-    switch_latency = (start.first_checkpoint_at_us - handoff.created_at_us) / 1e6
-    figures["switch latency"] = (
-        f"{switch_latency:.1f} s (manifest committed -> first live checkpoint, {handoff.state_rows:,} keys; "
-        f"queries start -> checkpoint {start.start_seconds:.1f} s)"
-    )
-    print(f"live: started, first checkpoint committed; watermark {live.status()['aggregate']['watermark']}")
-
-    t = time.perf_counter()
-    for i in range(args.live_versions):
-        batch = synthetic.event_batch(
-            spark, rows=args.live_rows, keys=args.keys, batch_index=args.backlog_versions + i, seed=11
+    stack = DagsterStack(home, data, port=args.port, sensor_interval_s=2)
+    loaded = stack.start()
+    _line("dagster dev", f"{stack.url} (DAGSTER_HOME={home}; loaded in {loaded:.1f} s)")
+    try:
+        t = time.perf_counter()
+        backlog_run = stack.launch(names.backlog_job)
+        _line("launched", f"{names.backlog_job} run {backlog_run} over GraphQL")
+        stack.wait_run(backlog_run, {"SUCCESS"}, timeout_s=3600)
+        backlog_done = time.perf_counter()
+        figures["backlog run"] = f"{backlog_done - t:.1f} s (Dagster run incl. its JVM start + 5 blocking checks)"
+        meta = stack.latest_materialization(names.backlog)
+        figures["backlog phase"] = (
+            f"{meta['duration_s']:.1f} s ({meta['rows_per_s']:,.0f} rows/s; "
+            + ", ".join(f"{k[len('timing_') :]} {v:.1f}" for k, v in meta.items() if k.startswith("timing_"))
+            + ")"
         )
-        synthetic.append(spark, p.source.path, batch)
-    live.process_available()
-    figures["live catch-up"] = f"{time.perf_counter() - t:.1f} s ({args.live_versions * args.live_rows:,} rows)"
-    print(f"live status: {live.status()}")
-    live.stop()
+        _line(
+            "materialized",
+            f"{names.backlog}: V={meta['source_version']} keys={meta['keys']:,} input={meta['input_rows']:,} "
+            f"late={meta['late_rows']:,} invalid={meta['invalid_rows']:,} final watermark {meta['final_watermark']}",
+        )
+        checks = stack.check_results(backlog_run)
+        _line("checks", ", ".join(f"{k} {'passed' if v else 'FAILED'}" for k, v in checks.items()))
 
-    t = time.perf_counter()
-    changes = (
-        spark.read.format("delta")
-        .option("readChangeFeed", "true")
-        .option("startingVersion", 0)
-        .load(p.source.path)
-        .select("key", F.unix_micros("ts").alias("ts_us"), "value", "_commit_version")
-        .toPandas()
-    )
-    expected, expected_late = pandas_reference(changes, p.delay_us)
-    actual = spark.read.format("delta").load(p.sink.path).toPandas().set_index("key").sort_index()
-    late = spark.read.format("delta").load(p.locations.quarantine).filter(F.col("reason").startswith("late")).count()
-    same = (
-        actual.index.equals(expected.index)
-        and all((actual[c] == expected[c]).all() for c in ["events", "total", "smallest", "largest", "checksum"])
-        and np.allclose(actual["mean"], expected["mean"])
-        and late == expected_late
-    )
-    figures["reference check"] = f"{time.perf_counter() - t:.1f} s"
+        live = stack.wait_for_run_of(names.live_job, timeout_s=120)
+        tags = {tag["key"]: tag["value"] for tag in live["tags"]}
+        _line("sensor", f"{names.switch} launched {names.live_job} run {live['runId']} ({tags.get('dagster/run_key')})")
+        stack.wait_for_message(live["runId"], "live phase running", timeout_s=1800)
+        started = next(o for o in stack.observations(names.live_asset) if o.get("event") == "started")
+        figures["switch"] = (
+            f"{time.perf_counter() - backlog_done:.1f} s (backlog run done -> sensor tick -> live run's first "
+            f"checkpoint, {meta['keys']:,} keys; queries start -> checkpoint {started['start_s']:.1f} s)"
+        )
+        _line("live", "running; the state replay is checkpointed")
 
-    print("\n=== two-phase demo ===")
-    for k, v in figures.items():
-        print(f"{k:>18}: {v}")
-    print(f"{'rows':>18}: source {len(changes):,}, sink keys {len(actual):,}, late quarantined {late:,}")
-    print(f"{'equals reference':>18}: {same}")
-    spark.stop()
+        t = time.perf_counter()
+        for i in range(args.live_versions):
+            batch = synthetic.event_batch(
+                spark, rows=args.live_rows, keys=args.keys, batch_index=args.backlog_versions + i, seed=11
+            )
+            synthetic.append(spark, p.source.path, batch)
+        _line("appended", f"{args.live_versions} versions x {args.live_rows:,} rows while the live run runs")
+        changes = (
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", 0)
+            .load(p.source.path)
+            .select("key", F.unix_micros("ts").alias("ts_us"), "value", "_commit_version")
+            .toPandas()
+        )
+        expected, expected_late = pandas_reference(changes, p.delay_us)
+        want = int(expected["events"].sum())
+        deadline = time.monotonic() + 1800
+        got = None
+        while time.monotonic() < deadline:
+            got = spark.read.format("delta").load(p.sink.path).agg(F.sum("events")).collect()[0][0]
+            if got == want:
+                break
+            time.sleep(2)
+        figures["live catch-up"] = (
+            f"{time.perf_counter() - t:.1f} s ({args.live_versions * args.live_rows:,} rows appended -> in the sink; "
+            "includes the pandas reference)"
+        )
+        progress = [o for o in stack.observations(names.live_asset) if o.get("event") == "progress"]
+        if progress:
+            last = progress[0]
+            _line(
+                "live progress",
+                ", ".join(f"{k}={last[k]}" for k in ("batch_id", "watermark", "versions_behind") if k in last),
+            )
+
+        t = time.perf_counter()
+        stack.terminate(live["runId"])
+        status = stack.wait_run(live["runId"], {"CANCELED"}, timeout_s=300)
+        _line("terminated", f"live run {status.lower()} in {time.perf_counter() - t:.1f} s (queries stopped)")
+
+        actual = spark.read.format("delta").load(p.sink.path).toPandas().set_index("key").sort_index()
+        late = (
+            spark.read.format("delta").load(p.locations.quarantine).filter(F.col("reason").startswith("late")).count()
+        )
+        same = (
+            got == want
+            and actual.index.equals(expected.index)
+            and all((actual[c] == expected[c]).all() for c in ["events", "total", "smallest", "largest", "checksum"])
+            and np.allclose(actual["mean"], expected["mean"])
+            and late == expected_late
+        )
+        shot = root / "asset_graph.png"
+        screenshot(f"{stack.url}/asset-groups", shot)
+
+        print("\n=== two-phase demo through Dagster ===")
+        for k, v in figures.items():
+            _line(k, v)
+        _line("rows", f"source {len(changes):,}, sink keys {len(actual):,}, late quarantined {late:,}")
+        _line("equals reference", str(same))
+        _line("asset graph", str(shot))
+        if args.keep_ui:
+            print(f"Dagster UI at {stack.url} (Ctrl-C to stop)", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        stack.stop()
+        spark.stop()
     if not same:
         raise SystemExit("the two-phase result differs from the reference")
 
