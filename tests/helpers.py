@@ -75,3 +75,10 @@ def backdate_commits(path: str, when: dict[int, datetime]) -> None:
     for version, at in when.items():
         stamp = at.timestamp()
         os.utime(f"{path}/_delta_log/{version:020d}.json", (stamp, stamp))
+
+
+def write_source(spark: SparkSession, path: str, versions: dict[int, list[Row]]) -> None:
+    """A fresh source table whose versions 1..n hold ``versions`` (version 0 is the empty table)."""
+    create_source(spark, path)
+    for v in sorted(versions):
+        append_version(spark, path, versions[v])

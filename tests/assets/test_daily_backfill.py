@@ -20,7 +20,7 @@ from phases import manifest, tables
 from resources.spark import SparkResource
 from tests import reference
 from tests.assets import backfill_child as child
-from tests.helpers import append_version, assert_results_equal, backdate_commits, create_source, sink_rows
+from tests.helpers import assert_results_equal, backdate_commits, sink_rows, write_source
 
 S = 1_000_000
 DAYS = 6
@@ -45,9 +45,7 @@ def _finished(spark, log_path: str) -> set[str]:
 def test_killed_backfill_resumes_only_unfinished_days_and_combines_to_the_whole_backlog(spark, tmp_path):
     root = str(tmp_path / "data")
     versions = _versions()
-    create_source(spark, f"{root}/src")
-    for v in sorted(versions):
-        append_version(spark, f"{root}/src", versions[v])
+    write_source(spark, f"{root}/src", versions)
     days = [child.START + timedelta(days=i) for i in range(DAYS)]
     backdate_commits(
         f"{root}/src",

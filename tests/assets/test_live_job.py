@@ -11,7 +11,7 @@ from assets.settings import CheckPolicy, Names, Orchestration
 from phases import manifest
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline
-from tests.helpers import append_version, assert_results_equal, create_source, sink_rows
+from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
 from tests.phases.test_backlog import DELAY_S, VERSIONS, S
 
 LENIENT = Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.5))
@@ -23,9 +23,7 @@ def _commits(path: str) -> list[int]:
 
 def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_path):
     root = str(tmp_path)
-    create_source(spark, f"{root}/src")
-    for v in sorted(VERSIONS):
-        append_version(spark, f"{root}/src", VERSIONS[v])
+    write_source(spark, f"{root}/src", VERSIONS)
     p = relative_pipeline(delay_s=DELAY_S)
     names, defs = Names(p), definitions(spark, root, p, LENIENT)
     with dg.instance_for_test() as instance:

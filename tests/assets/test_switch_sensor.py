@@ -16,7 +16,7 @@ from phases import manifest
 from resources.storage import StorageResource
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline
-from tests.helpers import append_version, assert_results_equal, create_source, sink_rows
+from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
 from tests.phases.test_backlog import DELAY_S, VERSIONS, S
 
 LENIENT = Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.5))
@@ -24,9 +24,7 @@ LENIENT = Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.5))
 
 @pytest.fixture
 def root(spark, tmp_path) -> str:
-    create_source(spark, str(tmp_path / "src"))
-    for v in sorted(VERSIONS):
-        append_version(spark, str(tmp_path / "src"), VERSIONS[v])
+    write_source(spark, str(tmp_path / "src"), VERSIONS)
     return str(tmp_path)
 
 

@@ -14,7 +14,7 @@ from phases.errors import DefinitionError, ManifestError, PhaseStateError, Sourc
 from phases.live import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
-from tests.helpers import append_version, assert_results_equal, create_source, quarantine_rows, sink_rows
+from tests.helpers import assert_results_equal, create_source, quarantine_rows, sink_rows, write_source
 
 S = 1_000_000
 VERSIONS = {
@@ -28,9 +28,7 @@ DELAY_S = 5
 @pytest.fixture
 def source(spark, tmp_path):
     path = str(tmp_path / "source")
-    create_source(spark, path)
-    for v in sorted(VERSIONS):
-        append_version(spark, path, VERSIONS[v])
+    write_source(spark, path, VERSIONS)
     return path
 
 

@@ -17,9 +17,9 @@ from tests.helpers import (
     append_version,
     assert_results_equal,
     backdate_commits,
-    create_source,
     quarantine_rows,
     sink_rows,
+    write_source,
 )
 from tests.phases.test_backlog import DELAY_S, VERSIONS, S
 
@@ -34,9 +34,7 @@ def _at(day: date, hour: int = 12) -> datetime:
 @pytest.fixture
 def source(spark, tmp_path):
     path = str(tmp_path / "source")
-    create_source(spark, path)
-    for v in sorted(VERSIONS):
-        append_version(spark, path, VERSIONS[v])
+    write_source(spark, path, VERSIONS)
     # v0 (table creation) the day before DAY0, v1 on DAY0, nothing on DAY0+1, v2 and v3 on DAY0+2.
     backdate_commits(
         path,
