@@ -30,10 +30,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from phases import fs, lateness, manifest, quarantine, tables
-from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
+from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, WINDOW_END, Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.errors import ManifestError, PhaseStateError, SourceError
-from phases.keyed_aggregate import ROWS, KeyedAggregationLogic
+from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic, logic_for
 from phases.records import split_invalid
 
 
@@ -129,7 +129,7 @@ class BacklogRunner:
             )
 
     def logic(self) -> KeyedAggregationLogic:
-        return KeyedAggregationLogic(self.pipeline, self.source.schema())
+        return logic_for(self.pipeline, self.source.schema())
 
     def _end_version(self, end_version: int | None) -> int:
         head = self.source.head_version()
@@ -177,9 +177,7 @@ class BacklogRunner:
         self.timings["quarantine_s"] = time.perf_counter() - t
         previous = self.spark.read.format("delta").load(base.state_path).select(*part.buffers.columns)
         state = logic.merge(previous.unionByName(part.buffers))
-        return self.hand_off(
-            state, logic, v, part.running_max_us, started=started, kind="increment", base=base.manifest_id
-        )
+        return self.hand_off(state, logic, v, part.running_max_us, started=started, kind="increment", base=base)
 
     def hand_off(
         self,
@@ -190,34 +188,67 @@ class BacklogRunner:
         *,
         started: float,
         kind: str,
-        base: str | None = None,
+        base: manifest.HandoffManifest | None = None,
     ) -> manifest.HandoffManifest:
-        """Writes the state to a fresh table, the sink (overwrite) and, last, the manifest.
+        """Writes the state to a fresh table, the sink and, last, the manifest.
 
-        The quarantine rows of versions 0..source_version must already be written.
+        Keyed aggregation: the state is every key's buffers; the sink is overwritten with all keys.
+        Windowed aggregation: windows whose end is <= the final watermark are emitted to the sink (an
+        increment replaces just the windows that closed since ``base``, so a re-run never duplicates) and
+        only the open windows are handed over. The quarantine rows of versions 0..source_version must already
+        be written.
         """
         p = self.pipeline
         manifest_id = uuid.uuid4().hex
         state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
+        watermark = None if max_us is None else max_us - p.delay_us
+        windowed = isinstance(logic, WindowedAggregationLogic)
         t = time.perf_counter()
-        state.write.format("delta").mode("errorifexists").save(state_path)
-        self.timings["state_s"] = time.perf_counter() - t
+        merged = state.persist() if windowed else state
+        try:
+            rows_merged, writer = 0, None
+            if windowed:
+                rows_merged = int(merged.agg(F.sum(ROWS)).collect()[0][0] or 0)
+                merged = merged.filter(~logic.closed(merged, watermark))
+            merged.write.format("delta").mode("errorifexists").save(state_path)
+            self.timings["state_s"] = time.perf_counter() - t
 
-        t = time.perf_counter()
-        state_table = self.spark.read.format("delta").load(state_path)
-        stats = state_table.agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows")).collect()[0]
-        logic.finalize(state_table).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(
-            p.sink.path
-        )
+            t = time.perf_counter()
+            state_table = self.spark.read.format("delta").load(state_path)
+            stats = state_table.agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows")).collect()[0]
+            if not windowed:
+                rows_merged = int(stats["rows"] or 0)
+                out = logic.finalize(state_table)
+            else:
+                out = logic.finalize(state.filter(logic.closed(state, watermark)))
+                lower = base.final_watermark_us if (kind == "increment" and base is not None) else None
+                if lower is not None:
+                    where = f"{WINDOW_END} > timestamp_micros({lower})"
+                    where += f" AND {WINDOW_END} <= timestamp_micros({watermark})" if watermark is not None else ""
+                    tables.ensure(self.spark, p.sink.path, logic.output_schema)
+                    writer = out.write.format("delta").mode("overwrite").option("replaceWhere", where)
+            if writer is None:
+                writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+            writer.save(p.sink.path)
+        finally:
+            if windowed:
+                state.unpersist()
         self.timings["sink_s"] = time.perf_counter() - t
+        sink_rows = self.spark.read.format("delta").load(p.sink.path).count()
 
+        # Rows aggregated: a record counts once per window it falls into.
+        before_rows, before_state_rows = 0, 0
+        if kind == "increment" and base is not None:
+            before_rows = base.aggregated_rows
+            base_state = self.spark.read.format("delta").load(base.state_path)
+            before_state_rows = int(base_state.agg(F.sum(ROWS)).collect()[0][0] or 0)
+        aggregated = before_rows + (rows_merged - before_state_rows) // logic.windows_per_record
         late, invalid = quarantine.backlog_counts(self.spark, p.locations.quarantine, p.name, source_version)
-        aggregated = int(stats["rows"] or 0)
         handoff = manifest.HandoffManifest(
             manifest_id=manifest_id,
             pipeline=p.name,
             kind=kind,
-            base_manifest_id=base,
+            base_manifest_id=base.manifest_id if base is not None else None,
             fingerprint=p.fingerprint(),
             state_spec=json.dumps(p.state_spec(), sort_keys=True),
             state_schema_version=STATE_SCHEMA_VERSION,
@@ -225,7 +256,7 @@ class BacklogRunner:
             source_path=p.source.path,
             source_version=source_version,
             backlog_max_event_time_us=max_us,
-            final_watermark_us=None if max_us is None else max_us - p.delay_us,
+            final_watermark_us=watermark,
             state_path=state_path,
             state_table_version=tables.version(self.spark, state_path),
             state_rows=int(stats["keys"]),
@@ -234,6 +265,7 @@ class BacklogRunner:
             late_rows=late,
             invalid_rows=invalid,
             sink_version=tables.version(self.spark, p.sink.path),
+            sink_rows=sink_rows,
             backlog_seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )

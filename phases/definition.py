@@ -93,6 +93,75 @@ class KeyedAggregate(_Model):
         return v
 
 
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
+
+
+class Window(_Model):
+    """An event-time window: tumbling (``slide`` None) or sliding (``slide`` < ``size``).
+
+    Windows are aligned to the Unix epoch like Spark's ``window()``: ``[k*slide, k*slide + size)``. A record
+    belongs to every window that contains its event time (``size / slide`` of them when sliding).
+    """
+
+    size: timedelta
+    slide: timedelta | None = None
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError(f"window size must be > 0; got {v}")
+        if v % timedelta(milliseconds=1):
+            raise ValueError(f"window size must be a whole number of milliseconds; got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _slide(self) -> Window:
+        if self.slide is not None:
+            if self.slide <= timedelta(0) or self.slide > self.size:
+                raise ValueError(f"window slide must be > 0 and <= size ({self.size}); got {self.slide}")
+            if self.size % self.slide:
+                raise ValueError(
+                    f"window size ({self.size}) must be a whole multiple of slide ({self.slide}), so that every "
+                    "record falls into the same number of windows"
+                )
+        return self
+
+    @property
+    def effective_slide(self) -> timedelta:
+        return self.slide or self.size
+
+    def spark_duration(self, value: timedelta) -> str:
+        return f"{int(value / timedelta(milliseconds=1))} milliseconds"
+
+
+class WindowedAggregate(_Model):
+    """Aggregations per key and event-time window; a window's row is emitted once, when the watermark
+    passes its end (append semantics, like Structured Streaming's append mode).
+
+    During the backlog no watermark advances per record; at the end of the backlog the windows whose end
+    is <= the final backlog watermark are emitted (FLIP-327: event-time timers fire up to the last backlog
+    watermark) and the open windows are handed over as state; they close in the live phase.
+    """
+
+    kind: Literal["window_aggregate"] = "window_aggregate"
+    window: Window
+    aggregations: list[Aggregation] = Field(min_length=1)
+
+    @field_validator("aggregations")
+    @classmethod
+    def _unique_names(cls, v: list[Aggregation]) -> list[Aggregation]:
+        names = [a.name for a in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"aggregation names must be unique; repeated: {dupes}")
+        clash = sorted(set(names) & {WINDOW_START, WINDOW_END})
+        if clash:
+            raise ValueError(f"aggregation names {clash} are reserved for the window's bounds")
+        return v
+
+
 class DeltaSource(_Model):
     """A Delta table read as backlog (snapshot at version V) then live (versions V+1, V+2, ...).
 
@@ -153,7 +222,7 @@ class Pipeline(_Model):
     key_columns: list[str] = Field(min_length=1)
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
-    operator: KeyedAggregate
+    operator: KeyedAggregate | WindowedAggregate = Field(discriminator="kind")
     sink: DeltaSink
     locations: Locations
     checkpoint_interval: timedelta = Field(
@@ -215,6 +284,10 @@ class Pipeline(_Model):
         clash = sorted(set(outputs) & set(self.key_columns))
         if clash:
             raise ValueError(f"aggregation names {clash} clash with key columns {self.key_columns}")
+        if isinstance(self.operator, WindowedAggregate):
+            clash = sorted(set(self.key_columns) & {WINDOW_START, WINDOW_END})
+            if clash:
+                raise ValueError(f"key columns {clash} are reserved for the window's bounds")
         if self.event_time in self.key_columns:
             raise ValueError(f"event_time {self.event_time!r} cannot also be a key column")
         return self

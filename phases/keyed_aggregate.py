@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.definition import AggKind, Aggregation, Pipeline
+from phases.definition import WINDOW_END, WINDOW_START, AggKind, Aggregation, Pipeline, WindowedAggregate
 from phases.errors import DefinitionError
 
 MAX_TS = "_max_ts"  # buffer: the key's greatest event time (drives the live watermark after the switch)
@@ -66,6 +66,9 @@ class KeyedAggregationLogic:
         ts = F.col(pipeline.event_time)
         self._buffers.append(_Buffer(MAX_TS, T.TimestampType(), ts, F.max(MAX_TS)))
         self._buffers.append(_Buffer(ROWS, T.LongType(), F.lit(1).cast("long"), F.sum(ROWS)))
+
+    #: how many state rows one record is merged into (sliding windows: size / slide)
+    windows_per_record = 1
 
     @staticmethod
     def _buffers_for(agg: Aggregation, fields: dict[str, T.DataType]) -> list[_Buffer]:
@@ -167,3 +170,48 @@ class KeyedAggregationLogic:
             dtype = T.DoubleType() if agg.kind is AggKind.AVG else b.dtype
             fields.append(T.StructField(agg.name, dtype, True))
         return T.StructType(fields)
+
+
+class WindowedAggregationLogic(KeyedAggregationLogic):
+    """The same buffers per (key, event-time window): ``lift`` first assigns each record to its windows
+    (Spark's ``window()``, so batch and streaming assign identically); the window bounds join the keys."""
+
+    def __init__(self, pipeline: Pipeline, source_schema: T.StructType):
+        super().__init__(pipeline, source_schema)
+        self.window = pipeline.operator.window
+        self.group_keys = list(pipeline.key_columns)
+        self.keys = [*self.group_keys, WINDOW_START, WINDOW_END]
+        self.key_types = {**self.key_types, WINDOW_START: T.TimestampType(), WINDOW_END: T.TimestampType()}
+        self.windows_per_record = int(self.window.size / self.window.effective_slide)
+
+    def with_windows(self, records: DataFrame) -> DataFrame:
+        w = self.window
+        ts = F.col(self.pipeline.event_time)
+        spec = (
+            F.window(ts, w.spark_duration(w.size))
+            if w.slide is None
+            else F.window(ts, w.spark_duration(w.size), w.spark_duration(w.slide))
+        )
+        return (
+            records.withColumn("_window", spec)
+            .withColumn(WINDOW_START, F.col("_window.start"))
+            .withColumn(WINDOW_END, F.col("_window.end"))
+            .drop("_window")
+        )
+
+    def lift(self, records: DataFrame) -> DataFrame:
+        return super().lift(self.with_windows(records))
+
+    @staticmethod
+    def closed(state: DataFrame, watermark_us: int | None) -> Column:
+        """Windows whose end is <= the watermark: final, emitted once."""
+        if watermark_us is None:
+            return F.lit(False)
+        return F.col(WINDOW_END) <= F.timestamp_micros(F.lit(watermark_us))
+
+
+def logic_for(pipeline: Pipeline, source_schema: T.StructType) -> KeyedAggregationLogic:
+    """The operator logic of ``pipeline`` (keyed or windowed aggregation)."""
+    if isinstance(pipeline.operator, WindowedAggregate):
+        return WindowedAggregationLogic(pipeline, source_schema)
+    return KeyedAggregationLogic(pipeline, source_schema)

@@ -20,9 +20,12 @@ state: one streaming job over all the data, the reference the two-phase result m
 
 from __future__ import annotations
 
+import operator
 import re
 import time
 from dataclasses import dataclass
+from datetime import timedelta
+from functools import reduce
 from pathlib import PurePosixPath
 
 from delta.tables import DeltaTable
@@ -33,10 +36,10 @@ from pyspark.sql.streaming import StreamingQuery
 
 from phases import lateness, manifest, quarantine, tables
 from phases.backlog import live_checkpoint_root
-from phases.definition import Pipeline
+from phases.definition import WINDOW_END, Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.errors import PhaseStateError
-from phases.keyed_aggregate import LIVE_ROWS, MAX_TS, TS, KeyedAggregationLogic
+from phases.keyed_aggregate import LIVE_ROWS, MAX_TS, TS, WindowedAggregationLogic, logic_for
 from phases.records import split_invalid
 
 STREAMING_ONLY = "streaming-only"
@@ -74,7 +77,7 @@ class LiveRunner:
         self.handoff = handoff
         self.max_files_per_trigger = max_files_per_trigger
         self.source = DeltaTableSource(spark, pipeline.source)
-        self.logic = KeyedAggregationLogic(pipeline, self.source.schema())
+        self.logic = logic_for(pipeline, self.source.schema())
         self.run_name = handoff.manifest_id if handoff else STREAMING_ONLY
         loc = pipeline.locations
         self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
@@ -176,6 +179,44 @@ class LiveRunner:
         finally:
             changed.unpersist()
 
+    def _append_windows(self, batch: DataFrame, batch_id: int) -> None:
+        """Appends the windows Spark closed in this batch (carrier groups have null keys) exactly once."""
+        logic = self.logic
+        real = batch.filter(reduce(operator.and_, [F.col(k).isNotNull() for k in logic.group_keys]))
+        tables.append_once(logic.finalize(real), self.pipeline.sink.path, self._app_id("sink"), batch_id)
+
+    def _window_stream(self) -> DataFrame:
+        """Open windows (seed) + live records' windows, aggregated in append mode.
+
+        Spark can only evict (and emit) a window by a watermark on a grouping column, so the watermark is
+        set on ``window_end``. To make Spark's watermark equal the pipeline's (max event time - delay), every
+        live record also sends a *carrier* row (null key) with ``window_end = event time + size`` and the
+        delay is raised by ``size``: a record's window ends never exceed its carrier, so
+        ``max(window_end) - (delay + size) = max(event time) - delay``. Carrier groups are never written.
+        """
+        logic, spark = self.logic, self.spark
+        size_us = int(logic.window.size / timedelta(microseconds=1))
+        buffers = [*logic.keys, *logic.buffer_names]
+        seed = spark.readStream.format("delta").load(self.state_path).select(*buffers)
+        live = logic.lift(spark.readStream.format("delta").load(self.live_input)).select(*buffers)
+        types = {f.name: f.dataType for f in logic.buffer_schema.fields}
+        carrier_cols = []
+        for name in buffers:
+            if name == WINDOW_END:
+                shifted = F.timestamp_micros(F.unix_micros(F.col(self.pipeline.event_time)) + F.lit(size_us))
+                carrier_cols.append(shifted.alias(WINDOW_END))
+            else:
+                carrier_cols.append(F.lit(None).cast(types[name]).alias(name))
+        carriers = spark.readStream.format("delta").load(self.live_input).select(*carrier_cols)
+        delay_ms = (self.pipeline.delay_us + size_us) // 1000
+        return (
+            seed.unionByName(live)
+            .unionByName(carriers)
+            .withWatermark(WINDOW_END, f"{delay_ms} milliseconds")
+            .groupBy(*logic.keys)
+            .agg(*logic.merge_columns())
+        )
+
     def _aggregate_stream(self) -> DataFrame:
         logic, spark = self.logic, self.spark
         buffers = [*logic.keys, *logic.buffer_names]
@@ -224,11 +265,12 @@ class LiveRunner:
         if available_now:
             self.tagger.awaitTermination()
             self._raise_if_failed(self.tagger)
+        windowed = isinstance(self.logic, WindowedAggregationLogic)
+        stream = self._window_stream() if windowed else self._aggregate_stream()
         self.aggregate = (
-            self._aggregate_stream()
-            .writeStream.queryName(f"{name}_aggregate")
-            .outputMode("update")
-            .foreachBatch(self._upsert_sink)
+            stream.writeStream.queryName(f"{name}_aggregate")
+            .outputMode("append" if windowed else "update")
+            .foreachBatch(self._append_windows if windowed else self._upsert_sink)
             .option("checkpointLocation", f"{self.checkpoints}/aggregate")
             .trigger(**self._trigger(available_now))
             .start()

@@ -44,6 +44,7 @@ class HandoffManifest(BaseModel):
     late_rows: int
     invalid_rows: int
     sink_version: int
+    sink_rows: int | None = None  # rows in the sink after the handoff (keys, or emitted windows)
     backlog_seconds: float
     created_at_us: int
 
@@ -109,7 +110,7 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
             f"(newest: {rows[0]['manifest_id']!r}); the live phase starts only from the newest handoff"
         )
     data = rows[0].asDict()
-    optional = {"backlog_max_event_time_us", "final_watermark_us", "base_manifest_id"}
+    optional = {"backlog_max_event_time_us", "final_watermark_us", "base_manifest_id", "sink_rows"}
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:
         raise ManifestError(f"partial handoff manifest {data.get('manifest_id')!r} in {path}: missing {missing}")

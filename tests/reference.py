@@ -49,3 +49,43 @@ def run(versions: dict[int, list[Row]], delay_us: int) -> tuple[dict[str, dict],
             "xor": reduce(lambda a, b: a ^ b, present) if present else None,
         }
     return results, quarantined
+
+
+def windows_of(ts: int, size_us: int, slide_us: int) -> list[tuple[int, int]]:
+    """The [start, end) windows holding ``ts``: epoch-aligned, ``size / slide`` of them."""
+    last_start = ts - ts % slide_us
+    return [(s, s + size_us) for s in range(last_start - size_us + slide_us, last_start + 1, slide_us)]
+
+
+def run_windows(
+    versions: dict[int, list[Row]], delay_us: int, size_us: int, slide_us: int
+) -> tuple[dict[tuple[str, int, int], dict], int | None]:
+    """(emitted windows -> {n, total, hi}, final watermark): a window is emitted once the final watermark
+    (max valid event time - delay) reaches its end; lateness as in :func:`run`."""
+    running: int | None = None
+    values: dict[tuple[str, int, int], list[int | None]] = defaultdict(list)
+    for version in sorted(versions):
+        mark = None if running is None else running - delay_us
+        vmax = None
+        for key, ts, value in versions[version]:
+            if key is None or ts is None:
+                continue
+            vmax = ts if vmax is None else max(vmax, ts)
+            if mark is not None and ts <= mark:
+                continue
+            for start, end in windows_of(ts, size_us, slide_us):
+                values[(key, start, end)].append(value)
+        if vmax is not None:
+            running = vmax if running is None else max(running, vmax)
+    final = None if running is None else running - delay_us
+    emitted = {}
+    for (key, start, end), vals in values.items():
+        if final is None or end > final:
+            continue
+        present = [v for v in vals if v is not None]
+        emitted[(key, start, end)] = {
+            "n": len(vals),
+            "total": sum(present) if present else None,
+            "hi": max(present) if present else None,
+        }
+    return emitted, final
