@@ -30,7 +30,8 @@ _DESCRIPTIONS = {
     KEYS_UNIQUE: "Each key appears once in the handed-over state.",
     WATERMARK_BOUND: "Final watermark <= max event time, and that max equals the state's max event time.",
     QUARANTINE_BOUND: "Quarantined (late + invalid) rows are within the configured fraction of the input.",
-    SINK_CONSISTENT: "The sink holds one row per key of the state.",
+    SINK_CONSISTENT: "The sink holds the rows the manifest recorded (keyed: one per key of the state; windowed: "
+    "the emitted windows).",
 }
 
 
@@ -69,7 +70,7 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
             )
 
         state = session.read.format("delta").load(handoff.state_path)
-        keys = p.key_columns
+        keys = p.state_keys
         row = state.agg(
             F.count(F.lit(1)).alias("rows"),
             F.count_distinct(*[F.col(k) for k in keys]).alias("distinct"),
@@ -114,14 +115,16 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
             },
         )
 
+        # Keyed: one sink row per key of the state. Windowed: the emitted windows the manifest counted.
+        expected_sink = handoff.sink_rows if handoff.sink_rows is not None else handoff.state_rows
         sink_rows = -1
         if tables.exists(session, p.sink.path):
             sink_rows = session.read.format("delta").load(p.sink.path).count()
         yield dg.AssetCheckResult(
             asset_key=key,
             check_name=SINK_CONSISTENT,
-            passed=sink_rows == handoff.state_rows,
-            metadata={"sink_rows": sink_rows, "state_keys": handoff.state_rows},
+            passed=sink_rows == expected_sink,
+            metadata={"sink_rows": sink_rows, "expected_sink_rows": expected_sink, "state_rows": handoff.state_rows},
         )
 
     return backlog_checks

@@ -293,6 +293,13 @@ class Pipeline(_Model):
         return self
 
     @property
+    def state_keys(self) -> list[str]:
+        """Columns that identify a row of the state (and of the sink): the keys, plus the window bounds."""
+        if isinstance(self.operator, WindowedAggregate):
+            return [*self.key_columns, WINDOW_START, WINDOW_END]
+        return list(self.key_columns)
+
+    @property
     def delay_us(self) -> int:
         return int(self.watermark_delay / timedelta(microseconds=1))
 
