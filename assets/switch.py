@@ -52,6 +52,7 @@ def decide(
     now: datetime,
     lag_threshold: timedelta,
     launched_manifest: str | None,
+    can_catch_up: bool = True,
 ) -> Decision:
     """The switch rule, as a pure function of what the sensor read."""
     if handoff is None:
@@ -79,6 +80,13 @@ def decide(
         lag_text = f"watermark lag {lag} > {lag_threshold}"
     else:
         lag_text = "no watermark yet"
+    if not can_catch_up:
+        return Decision(
+            "live",
+            f"switching although not caught up ({lag_text}): the pipeline's end-of-stream steps rule out catch-up "
+            f"increments; the live phase reads versions {handoff.source_version + 1}..{source_head}",
+            mid,
+        )
     return Decision(
         "catch_up",
         f"not caught up ({lag_text}; source head {source_head} > handoff version {handoff.source_version}): "
@@ -148,6 +156,7 @@ def build_switch_sensor(
             now=datetime.now(UTC),
             lag_threshold=policy.lag_threshold,
             launched_manifest=cursor.get("launched"),
+            can_catch_up=not pipeline.end_of_stream,
         )
         context.log.info(decision.reason)
         if decision.action == "skip":

@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 from phases import fs, lateness, manifest, quarantine, tables
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, WINDOW_END, Pipeline
 from phases.delta_source import DeltaTableSource
+from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import ManifestError, PhaseStateError, SourceError
 from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic, logic_for
 from phases.records import split_invalid
@@ -79,7 +80,8 @@ def version_range_partial(
     marks, running = lateness.version_watermarks(maxima, prior_max_us, pipeline.delay_us)
     on_time, late = lateness.split_late(spark, valid, marks, pipeline.event_time)
     timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
-    buffers = logic.merge(logic.lift(sorted_backlog_input(spark, pipeline, on_time)))
+    prepared = prepare(on_time, pipeline, spark)
+    buffers = logic.merge(logic.lift(sorted_backlog_input(spark, pipeline, prepared)))
     q_rows = quarantine.invalid_and_late(
         invalid, late, pipeline=pipeline.name, phase="backlog", event_time=pipeline.event_time, batch_id=None
     )
@@ -129,7 +131,16 @@ class BacklogRunner:
             )
 
     def logic(self) -> KeyedAggregationLogic:
-        return logic_for(self.pipeline, self.source.schema())
+        """The operator logic over the records as the operator sees them (after steps and enrichment)."""
+        return logic_for(self.pipeline, prepared_schema(self.spark, self.pipeline, self.source.schema()))
+
+    def refuse_pieces(self, what: str) -> None:
+        if self.pipeline.end_of_stream:
+            raise PhaseStateError(
+                f"{what} is not available for pipeline {self.pipeline.name!r}: its end_of_stream steps "
+                f"({[s.name for s in self.pipeline.end_of_stream]}) consume the whole backlog 0..V in one run; "
+                "run the full backlog instead"
+            )
 
     def _end_version(self, end_version: int | None) -> int:
         head = self.source.head_version()
@@ -144,6 +155,10 @@ class BacklogRunner:
         started = time.perf_counter()
         self.refuse_after_switch(reset)
         v = self._end_version(end_version)
+        if self.pipeline.end_of_stream:
+            t = time.perf_counter()
+            EndOfStreamRunner(self.spark, self.pipeline).run_all(v)  # blocking, before the stream operator
+            self.timings["end_of_stream_s"] = time.perf_counter() - t
         logic = self.logic()
         part = version_range_partial(self.spark, self.pipeline, self.source, logic, (0, v), None, self.timings)
         t = time.perf_counter()
@@ -155,6 +170,7 @@ class BacklogRunner:
         """Catch-up: merges versions V+1..end_version (default: the head) into the last handoff's state and
         hands off again, without re-reading versions 0..V. Returns the last handoff when nothing is new."""
         self._refuse_stream_mode()
+        self.refuse_pieces("a catch-up increment")
         started = time.perf_counter()
         p = self.pipeline
         base = manifest.latest(self.spark, p.locations.manifests, p.name)

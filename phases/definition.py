@@ -162,6 +162,127 @@ class WindowedAggregate(_Model):
         return v
 
 
+# --- steps before the stream operator, and end-of-stream (backlog-only) steps -------------------------
+
+
+class Filter(_Model):
+    """Keeps the records for which a Spark SQL condition holds (runs in both phases)."""
+
+    kind: Literal["filter"] = "filter"
+    condition: str = Field(min_length=1)
+
+
+class Derive(_Model):
+    """Adds (or replaces) a column computed by a Spark SQL expression over the record (both phases)."""
+
+    kind: Literal["derive"] = "derive"
+    name: str
+    expression: str = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _IDENTIFIER.match(v) or v.startswith(RESERVED_PREFIX):
+            raise ValueError(f"derived column {v!r} is not a column identifier without a leading '_'")
+        return v
+
+
+class MapPartition(_Model):
+    """FLIP-380 ``mapPartition``: a function over all records of a partition at once (a pandas DataFrame in,
+    a DataFrame with ``output_schema`` out), called once per partition after its input ended."""
+
+    kind: Literal["map_partition"] = "map_partition"
+    function: str = Field(description="Import path 'package.module:function'.")
+    output_schema: str = Field(description="Spark DDL of the output, e.g. 'key string, n long'.")
+
+    @field_validator("function")
+    @classmethod
+    def _import_path(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
+            raise ValueError(f"function {v!r} is not an import path like 'package.module:function'")
+        return v
+
+
+class SortPartition(_Model):
+    """FLIP-380 ``sortPartition``: sorts each partition by columns or by a key function (one of the two)."""
+
+    kind: Literal["sort_partition"] = "sort_partition"
+    by: list[str] | None = None
+    key: str | None = Field(None, description="Import path of a function row(dict) -> sort key.")
+    descending: bool = False
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SortPartition:
+        if (self.by is None) == (self.key is None):
+            raise ValueError("sort_partition needs exactly one of 'by' (columns) and 'key' (a key function)")
+        if self.by is not None and not self.by:
+            raise ValueError("sort_partition 'by' needs at least one column")
+        return self
+
+
+class AggregatePartition(_Model):
+    """FLIP-380 ``aggregate``: the aggregations over each whole partition: one row per partition."""
+
+    kind: Literal["aggregate_partition"] = "aggregate_partition"
+    aggregations: list[Aggregation] = Field(min_length=1)
+
+
+class ReducePartition(_Model):
+    """FLIP-380 ``reduce``: folds one column of each partition with an associative, commutative expression."""
+
+    kind: Literal["reduce_partition"] = "reduce_partition"
+    name: str
+    column: str
+    reduce: str
+
+    def as_aggregation(self) -> Aggregation:
+        return Aggregation(name=self.name, kind=AggKind.REDUCE, column=self.column, reduce=self.reduce)
+
+
+PartitionOperator = MapPartition | SortPartition | AggregatePartition | ReducePartition
+FULL_PARTITION_KINDS = ("map_partition", "sort_partition", "aggregate_partition", "reduce_partition")
+
+
+class EndOfStreamStep(_Model):
+    """An end-of-stream ("full dam", FLIP-331) step: emits only after its input ended, so it runs as a
+    blocking batch step over the backlog (versions 0..V) and writes a Delta table. Its operators run over
+    each of ``partitions`` partitions of the valid backlog records (hash of ``partition_by``, default all
+    columns), in order (FLIP-380 full-partition processing)."""
+
+    name: str
+    operators: list[PartitionOperator] = Field(min_length=1)
+    partitions: int = Field(1, ge=1, le=10_000)
+    partition_by: list[str] | None = None
+    output: DeltaSink
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _IDENTIFIER.match(v):
+            raise ValueError(f"{v!r} is not a valid step name (letters, digits, '_'; not a digit first)")
+        return v
+
+    @field_validator("operators")
+    @classmethod
+    def _aggregate_last(cls, v: list) -> list:
+        for i, op in enumerate(v[:-1]):
+            if op.kind in ("aggregate_partition", "reduce_partition"):
+                raise ValueError(
+                    f"operator {i} ({op.kind}) reduces each partition to one row; it must be the step's last operator"
+                )
+        return v
+
+
+class Enrichment(_Model):
+    """Joins every record the stream operator sees (backlog and live) with an end-of-stream step's output
+    on ``on`` (left join), adding ``columns``. The live phase starts only after that step finished at the
+    handoff's source version."""
+
+    step: str
+    on: list[str] = Field(min_length=1)
+    columns: list[str] = Field(min_length=1)
+
+
 class DeltaSource(_Model):
     """A Delta table read as backlog (snapshot at version V) then live (versions V+1, V+2, ...).
 
@@ -223,6 +344,13 @@ class Pipeline(_Model):
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
     operator: KeyedAggregate | WindowedAggregate = Field(discriminator="kind")
+    steps: list[Filter | Derive | PartitionOperator] = Field(
+        default_factory=list, description="Record steps before the operator; they run in both phases."
+    )
+    end_of_stream: list[EndOfStreamStep] = Field(
+        default_factory=list, description="Backlog-only blocking steps (full dam / full partition)."
+    )
+    enrich: Enrichment | None = None
     sink: DeltaSink
     locations: Locations
     checkpoint_interval: timedelta = Field(
@@ -284,6 +412,19 @@ class Pipeline(_Model):
         clash = sorted(set(outputs) & set(self.key_columns))
         if clash:
             raise ValueError(f"aggregation names {clash} clash with key columns {self.key_columns}")
+        for i, step in enumerate(self.steps):
+            if step.kind in FULL_PARTITION_KINDS:
+                raise ValueError(
+                    f"steps[{i}] ({step.kind}) is a full-partition operator: it emits only after its input "
+                    "ends, and the live phase's input never ends. Run it in an end_of_stream step (backlog "
+                    "only) and join its output with 'enrich'."
+                )
+        names = [s.name for s in self.end_of_stream]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"end_of_stream step names must be unique; repeated: {dupes}")
+        if self.enrich is not None and self.enrich.step not in names:
+            raise ValueError(f"enrich.step {self.enrich.step!r} is not an end_of_stream step; steps: {names}")
         if isinstance(self.operator, WindowedAggregate):
             clash = sorted(set(self.key_columns) & {WINDOW_START, WINDOW_END})
             if clash:
@@ -312,6 +453,14 @@ class Pipeline(_Model):
             "event_time": self.event_time,
             "watermark_delay_us": self.delay_us,
             "operator": self.operator.model_dump(mode="json"),
+            # Only when used, so that pipelines without them keep their fingerprint.
+            **({"steps": [step.model_dump(mode="json") for step in self.steps]} if self.steps else {}),
+            **(
+                {"end_of_stream": [step.model_dump(mode="json") for step in self.end_of_stream]}
+                if self.end_of_stream
+                else {}
+            ),
+            **({"enrich": self.enrich.model_dump(mode="json")} if self.enrich else {}),
             "state_schema_version": STATE_SCHEMA_VERSION,
             "operator_version": OPERATOR_VERSION,
         }

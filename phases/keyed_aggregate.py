@@ -33,6 +33,15 @@ _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _ORDERABLE = (*_NUMERIC, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType, T.BooleanType)
 
 
+def fold(column: str, dtype: T.DataType, reduce_sql: str) -> Column:
+    """An aggregate folding ``column``'s non-null values with ``reduce_sql`` over ``acc`` and ``x``."""
+    sql_type = dtype.simpleString()
+    return F.expr(
+        f"aggregate(collect_list(`{column}`), CAST(NULL AS {sql_type}), "
+        f"(acc, x) -> CASE WHEN acc IS NULL THEN x ELSE CAST(({reduce_sql}) AS {sql_type}) END)"
+    )
+
+
 @dataclass(frozen=True)
 class _Buffer:
     name: str
@@ -114,12 +123,7 @@ class KeyedAggregationLogic:
         # associative + commutative expression.
         need(_ORDERABLE, "reduce")
         b = f"{n}__acc"
-        sql_type = dtype.simpleString()
-        fold = F.expr(
-            f"aggregate(collect_list(`{b}`), CAST(NULL AS {sql_type}), "
-            f"(acc, x) -> CASE WHEN acc IS NULL THEN x ELSE CAST(({agg.reduce}) AS {sql_type}) END)"
-        )
-        return [_Buffer(b, dtype, col, fold)]
+        return [_Buffer(b, dtype, col, fold(b, dtype, agg.reduce))]
 
     # --- the three steps -------------------------------------------------------------------------
     @property

@@ -38,6 +38,7 @@ from phases import lateness, manifest, quarantine, tables
 from phases.backlog import live_checkpoint_root
 from phases.definition import WINDOW_END, Pipeline
 from phases.delta_source import DeltaTableSource
+from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import PhaseStateError
 from phases.keyed_aggregate import LIVE_ROWS, MAX_TS, TS, WindowedAggregationLogic, logic_for
 from phases.records import split_invalid
@@ -77,7 +78,12 @@ class LiveRunner:
         self.handoff = handoff
         self.max_files_per_trigger = max_files_per_trigger
         self.source = DeltaTableSource(spark, pipeline.source)
-        self.logic = logic_for(pipeline, self.source.schema())
+        if handoff is None and pipeline.enrich is not None:
+            raise PhaseStateError(
+                f"pipeline {pipeline.name!r} enriches with end-of-stream step {pipeline.enrich.step!r}, which emits "
+                "only after the backlog ends: it has no single-streaming-job form; start it from a handoff"
+            )
+        self.logic = logic_for(pipeline, prepared_schema(spark, pipeline, self.source.schema()))
         self.run_name = handoff.manifest_id if handoff else STREAMING_ONLY
         loc = pipeline.locations
         self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
@@ -95,6 +101,7 @@ class LiveRunner:
         missing, partial, superseded or mismatched manifest."""
         handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
         manifest.check_matches(spark, handoff, pipeline)
+        EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version)
         return cls(spark, pipeline, handoff, **kwargs)
 
     @classmethod
@@ -198,7 +205,8 @@ class LiveRunner:
         size_us = int(logic.window.size / timedelta(microseconds=1))
         buffers = [*logic.keys, *logic.buffer_names]
         seed = spark.readStream.format("delta").load(self.state_path).select(*buffers)
-        live = logic.lift(spark.readStream.format("delta").load(self.live_input)).select(*buffers)
+        live_records = prepare(spark.readStream.format("delta").load(self.live_input), self.pipeline, spark)
+        live = logic.lift(live_records).select(*buffers)
         types = {f.name: f.dataType for f in logic.buffer_schema.fields}
         carrier_cols = []
         for name in buffers:
@@ -225,9 +233,8 @@ class LiveRunner:
             .load(self.state_path)
             .select(*buffers, F.col(MAX_TS).alias(TS), F.lit(0).cast("long").alias(LIVE_ROWS))
         )
-        live = logic.lift(spark.readStream.format("delta").load(self.live_input)).withColumn(
-            LIVE_ROWS, F.lit(1).cast("long")
-        )
+        live_records = prepare(spark.readStream.format("delta").load(self.live_input), self.pipeline, spark)
+        live = logic.lift(live_records).withColumn(LIVE_ROWS, F.lit(1).cast("long"))
         delay_ms = self.pipeline.delay_us // 1000
         return (
             seed.unionByName(live)

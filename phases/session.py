@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +39,9 @@ class SparkSettings(BaseModel):
 def build_session(settings: SparkSettings | None = None) -> SparkSession:
     """Returns the active session configured by ``settings`` (or creates it)."""
     s = settings or SparkSettings()
+    # Python workers (mapInPandas, user functions) must run the driver's interpreter, with the project's
+    # packages; otherwise Spark starts whatever `python3` is first on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(s.master)
         .appName(s.app_name)

@@ -130,6 +130,7 @@ class SliceRunner:
                 "a slice runs once its day has ended, so that it never changes afterwards"
             )
         self.backlog.refuse_after_switch(reset=False)
+        self.backlog.refuse_pieces("a daily slice")
         started = time.perf_counter()
         p, spark = self.pipeline, self.spark
         logic = self.backlog.logic()
