@@ -1,5 +1,5 @@
 # The two commands a new user runs: `make demo` and `make test`. Each sets itself up first (idempotent).
-.PHONY: setup demo test ui lint format
+.PHONY: setup demo test ui bench bench-quick lint format
 
 setup:
 	@bash scripts/setup.sh
@@ -9,6 +9,12 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest $(ARGS)
+
+bench: setup
+	.venv/bin/python -m benchmarks.run $(ARGS)
+
+bench-quick: setup
+	.venv/bin/python -m benchmarks.run --quick $(ARGS)
 
 ui: setup
 	.venv/bin/python -m scripts.ui $(ARGS)

@@ -1,0 +1,1 @@
+"""Benchmarks: two-phase vs streaming over the backlog vs plain batch, on the same data, in one run."""

@@ -1,0 +1,28 @@
+"""Smoke run of the benchmark harness on tiny data: every variant runs, is checked equal to the plain batch
+job, and the JSON / Markdown / PNG reports are written (timings are not asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import data, report
+from benchmarks.run import run_workload
+
+
+def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_path):
+    results = {"started": "test", "machine": report.machine(), "workloads": {}}
+    results["workloads"]["keyed reduce"] = run_workload(
+        spark, "keyed_reduce", data.keyed_reduce_batch, 20_000, 2_000, 4, tmp_path, True
+    )
+    results["workloads"]["wordcount"] = run_workload(
+        spark, "wordcount", data.wordcount_batch, 20_000, 2_000, 4, tmp_path, False
+    )
+    js, md, png = report.write(results, tmp_path / "out")
+    loaded = json.loads(js.read_text())
+    timings = loaded["workloads"]["keyed reduce"]["timings"]
+    assert set(timings) == {"plain batch", "stream", "stream, one batch", "two-phase"}
+    assert all(t["equal"] for w in loaded["workloads"].values() for t in w["timings"].values())
+    assert timings["stream"]["detail"]["micro_batches"] >= 2
+    assert loaded["workloads"]["keyed reduce"]["seeding"]["keys"] > 1_900  # ~2,000 keys drawn by 20,000 rows
+    assert "| two-phase |" in md.read_text()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
