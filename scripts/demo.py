@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from assets.settings import Names
 from phases import synthetic
 from phases.session import SparkSettings, build_session
 from resources.storage import StorageResource
-from scripts.dagster_stack import DagsterStack, screenshot
+from scripts.dagster_stack import DagsterStack, StackError, screenshot
 
 
 def pandas_reference(changes: pd.DataFrame, delay_us: int) -> tuple[pd.DataFrame, int]:
@@ -168,8 +169,11 @@ def main() -> None:
             and np.allclose(actual["mean"], expected["mean"])
             and late == expected_late
         )
-        shot = root / "asset_graph.png"
-        screenshot(f"{stack.url}/asset-groups", shot)
+        shot: Path | str = root / "asset_graph.png"
+        try:
+            screenshot(f"{stack.url}/asset-groups", shot)
+        except (StackError, OSError, subprocess.SubprocessError) as exc:
+            shot = f"not taken ({exc})"
 
         print("\n=== two-phase demo through Dagster ===")
         for k, v in figures.items():
