@@ -9,6 +9,7 @@ from functools import reduce
 import dagster as dg
 from pyspark.sql import functions as F
 
+from assets.handoff_events import read_handoff
 from assets.settings import Names, Orchestration
 from phases import manifest, quarantine, tables
 from phases.definition import Pipeline
@@ -35,14 +36,6 @@ _DESCRIPTIONS = {
 }
 
 
-def latest_manifest_id(instance: dg.DagsterInstance, key: dg.AssetKey) -> str | None:
-    records = instance.fetch_materializations(key, limit=1).records
-    if not records:
-        return None
-    meta = records[0].asset_materialization.metadata
-    return meta["manifest_id"].value if "manifest_id" in meta else None
-
-
 def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.AssetChecksDefinition:
     names = Names(pipeline)
     key = dg.AssetKey(names.backlog)
@@ -53,7 +46,8 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
     def backlog_checks(context: dg.AssetCheckExecutionContext, spark: SparkResource, storage: StorageResource):
         p = storage.resolve(pipeline)
         session = spark.session()
-        manifest_id = latest_manifest_id(context.instance, key)
+        latest = read_handoff(context.instance, key)
+        manifest_id = latest.manifest_id if latest is not None else None
         try:
             handoff = manifest.latest(session, p.locations.manifests, p.name, manifest_id)
         except ManifestError as exc:

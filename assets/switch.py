@@ -19,21 +19,11 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 
 from assets.checks import CHECK_NAMES
+from assets.handoff_events import Handoff, read_handoff
 from assets.settings import Names, Orchestration
 from phases import delta_log
 from phases.definition import Pipeline
 from resources.storage import StorageResource
-
-
-@dataclass(frozen=True)
-class Handoff:
-    """What the sensor knows of the latest backlog materialization."""
-
-    manifest_id: str
-    fingerprint: str
-    source_version: int
-    final_watermark_us: int | None
-    run_id: str
 
 
 @dataclass(frozen=True)
@@ -92,23 +82,6 @@ def decide(
         f"not caught up ({lag_text}; source head {source_head} > handoff version {handoff.source_version}): "
         f"catch-up increment of versions {handoff.source_version + 1}..{source_head}",
         mid,
-    )
-
-
-def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | None:
-    records = instance.fetch_materializations(key, limit=1).records
-    if not records:
-        return None
-    meta = records[0].asset_materialization.metadata
-    if "manifest_id" not in meta:
-        return None
-    wm = meta["final_watermark_us"].value if "final_watermark_us" in meta else -1
-    return Handoff(
-        manifest_id=meta["manifest_id"].value,
-        fingerprint=meta["fingerprint"].value,
-        source_version=int(meta["source_version"].value),
-        final_watermark_us=None if wm is None or wm < 0 else int(wm),
-        run_id=records[0].run_id,
     )
 
 

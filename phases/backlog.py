@@ -250,7 +250,8 @@ class BacklogRunner:
             if windowed:
                 state.unpersist()
         self.timings["sink_s"] = time.perf_counter() - t
-        sink_rows = self.spark.read.format("delta").load(p.sink.path).count()
+        # Keyed: the sink was overwritten with one row per state key. Windowed: count the emitted windows.
+        sink_rows = self.spark.read.format("delta").load(p.sink.path).count() if windowed else int(stats["keys"])
 
         # Rows aggregated: a record counts once per window it falls into.
         before_rows, before_state_rows = 0, 0

@@ -77,6 +77,14 @@ class Aggregation(_Model):
         return self
 
 
+def _unique_names(aggregations: list[Aggregation]) -> list[Aggregation]:
+    names = [a.name for a in aggregations]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"aggregation names must be unique; repeated: {dupes}")
+    return aggregations
+
+
 class KeyedAggregate(_Model):
     """Keyed aggregation: one output row per key, updated as records arrive."""
 
@@ -85,12 +93,8 @@ class KeyedAggregate(_Model):
 
     @field_validator("aggregations")
     @classmethod
-    def _unique_names(cls, v: list[Aggregation]) -> list[Aggregation]:
-        names = [a.name for a in v]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"aggregation names must be unique; repeated: {dupes}")
-        return v
+    def _names(cls, v: list[Aggregation]) -> list[Aggregation]:
+        return _unique_names(v)
 
 
 WINDOW_START = "window_start"
@@ -151,12 +155,8 @@ class WindowedAggregate(_Model):
 
     @field_validator("aggregations")
     @classmethod
-    def _unique_names(cls, v: list[Aggregation]) -> list[Aggregation]:
-        names = [a.name for a in v]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"aggregation names must be unique; repeated: {dupes}")
-        clash = sorted(set(names) & {WINDOW_START, WINDOW_END})
+    def _names(cls, v: list[Aggregation]) -> list[Aggregation]:
+        clash = sorted({a.name for a in _unique_names(v)} & {WINDOW_START, WINDOW_END})
         if clash:
             raise ValueError(f"aggregation names {clash} are reserved for the window's bounds")
         return v
@@ -225,6 +225,11 @@ class AggregatePartition(_Model):
 
     kind: Literal["aggregate_partition"] = "aggregate_partition"
     aggregations: list[Aggregation] = Field(min_length=1)
+
+    @field_validator("aggregations")
+    @classmethod
+    def _names(cls, v: list[Aggregation]) -> list[Aggregation]:
+        return _unique_names(v)
 
 
 class ReducePartition(_Model):

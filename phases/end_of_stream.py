@@ -90,12 +90,7 @@ class EndOfStreamRunner:
             seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )
-        path = log_path(self.pipeline)
-        tables.ensure(self.spark, path, LOG_SCHEMA)
-        values = record.model_dump()
-        self.spark.createDataFrame([tuple(values[f.name] for f in LOG_SCHEMA.fields)], LOG_SCHEMA).write.format(
-            "delta"
-        ).mode("append").save(path)
+        tables.append_row(self.spark, log_path(self.pipeline), LOG_SCHEMA, record.model_dump())
         return record
 
     def latest(self, step: str) -> StepRecord | None:

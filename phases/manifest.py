@@ -81,10 +81,7 @@ SCHEMA = _schema()
 
 
 def write(spark: SparkSession, path: str, manifest: HandoffManifest) -> None:
-    tables.ensure(spark, path, SCHEMA)
-    row = manifest.model_dump()
-    df = spark.createDataFrame([tuple(row[f.name] for f in SCHEMA.fields)], SCHEMA)
-    df.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
+    tables.append_row(spark, path, SCHEMA, manifest.model_dump())
 
 
 def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | None = None) -> HandoffManifest:

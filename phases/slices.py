@@ -120,7 +120,13 @@ class SliceRunner:
         return out
 
     # --- running -------------------------------------------------------------------------------------
-    def run_slice(self, day: date, *, now: datetime | None = None) -> SliceRecord:
+    def run_slice(
+        self,
+        day: date,
+        *,
+        now: datetime | None = None,
+        commit_times: list[tuple[int, datetime]] | None = None,
+    ) -> SliceRecord:
         """Computes and commits the slice of ``day`` (which must be over), replacing any earlier attempt."""
         now = now or datetime.now(UTC)
         end = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(days=1)
@@ -134,7 +140,7 @@ class SliceRunner:
         started = time.perf_counter()
         p, spark = self.pipeline, self.spark
         logic = self.backlog.logic()
-        versions = self.day_versions(day)
+        versions = self.day_versions(day, commit_times)
         sid = day_id(day)
         keys = rows = quarantined = 0
         range_max: int | None = None
@@ -176,11 +182,7 @@ class SliceRunner:
             seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )
-        tables.ensure(spark, self.log_path, LOG_SCHEMA)
-        values = record.model_dump()
-        spark.createDataFrame([tuple(values[f.name] for f in LOG_SCHEMA.fields)], LOG_SCHEMA).write.format(
-            "delta"
-        ).mode("append").save(self.log_path)
+        tables.append_row(spark, self.log_path, LOG_SCHEMA, record.model_dump())
         return record
 
     def run_range(self, days: list[date], *, now: datetime | None = None, on_done=None) -> RangeResult:
@@ -195,7 +197,7 @@ class SliceRunner:
             if prior is not None and (prior.first_version, prior.last_version) == (versions or (None, None)):
                 recovered.append(sid)
                 continue
-            done[sid] = self.run_slice(day, now=now)
+            done[sid] = self.run_slice(day, now=now, commit_times=times)
             executed.append(sid)
             if on_done is not None:
                 on_done(done[sid])

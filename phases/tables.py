@@ -47,3 +47,14 @@ def append_once(df: DataFrame, path: str, app_id: str, txn_version: int) -> None
         .option("mergeSchema", "false")
         .save(path)
     )
+
+
+def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dict) -> None:
+    """Appends one row (``values`` by column name) to the table at ``path``, creating it with ``schema``.
+
+    The log tables (manifests, slice log, end-of-stream step log) are written this way: one atomic commit
+    per record, so a crash leaves the whole row or none.
+    """
+    ensure(spark, path, schema)
+    row = spark.createDataFrame([tuple(values[f.name] for f in schema.fields)], schema)
+    row.write.format("delta").mode("append").option("mergeSchema", "true").save(path)

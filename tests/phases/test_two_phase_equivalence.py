@@ -13,7 +13,7 @@ from phases.backlog import BacklogRunner
 from phases.live import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
-from tests.helpers import append_version, assert_results_equal, create_source, quarantine_rows, sink_rows
+from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source
 
 DELAY_S = 15
 SECOND = 1_000_000
@@ -46,12 +46,9 @@ def _materialize(raw: list[list[tuple]]) -> dict[int, list[reference.Row]]:
 def test_two_phase_equals_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut):
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
-    create_source(spark, source)
     versions = _materialize(raw)
     cutoff = min(cut, len(versions))
-    for v in sorted(versions):
-        if v <= cutoff:
-            append_version(spark, source, versions[v])
+    write_source(spark, source, {v: rows for v, rows in versions.items() if v <= cutoff})
 
     two_phase = make_pipeline(source, str(root / "two_phase"), delay_s=DELAY_S)
     handoff = BacklogRunner(spark, two_phase).run()

@@ -17,7 +17,7 @@ from phases.definition import Aggregation, Window, WindowedAggregate
 from phases.live import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
-from tests.helpers import append_version, create_source, quarantine_rows, us_of
+from tests.helpers import append_version, quarantine_rows, us_of, write_source
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 
 AGGS = [
@@ -49,12 +49,9 @@ def test_windows_two_phase_equal_a_single_streaming_job_for_any_cutoff(spark, tm
     size_s, slide_s = shape
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
-    create_source(spark, source)
     versions = _materialize(raw)
     cutoff = min(cut, len(versions))
-    for v in sorted(versions):
-        if v <= cutoff:
-            append_version(spark, source, versions[v])
+    write_source(spark, source, {v: rows for v, rows in versions.items() if v <= cutoff})
 
     two_phase = _pipeline(source, str(root / "two_phase"), size_s, slide_s)
     handoff = BacklogRunner(spark, two_phase).run()

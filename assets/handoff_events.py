@@ -1,0 +1,33 @@
+"""What Dagster's event log knows of a pipeline's latest handoff: the backlog materialization's metadata."""
+
+from dataclasses import dataclass
+
+import dagster as dg
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """The latest backlog materialization, as its metadata records it."""
+
+    manifest_id: str
+    fingerprint: str
+    source_version: int
+    final_watermark_us: int | None
+    run_id: str
+
+
+def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | None:
+    records = instance.fetch_materializations(key, limit=1).records
+    if not records:
+        return None
+    meta = records[0].asset_materialization.metadata
+    if "manifest_id" not in meta:
+        return None
+    wm = meta["final_watermark_us"].value if "final_watermark_us" in meta else -1
+    return Handoff(
+        manifest_id=meta["manifest_id"].value,
+        fingerprint=meta["fingerprint"].value,
+        source_version=int(meta["source_version"].value),
+        final_watermark_us=None if wm is None or wm < 0 else int(wm),
+        run_id=records[0].run_id,
+    )
