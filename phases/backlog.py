@@ -26,15 +26,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePosixPath
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from phases import fs, lateness, manifest, quarantine, tables
-from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, WINDOW_END, Pipeline
+from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, WINDOW_END, Pipeline, ProcessOperator
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import ManifestError, PhaseStateError, SourceError
 from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic, logic_for
+from phases.process_operator import ROWS as PROCESS_ROWS
+from phases.process_operator import ProcessLogic
 from phases.records import split_invalid
 
 
@@ -72,6 +75,30 @@ def version_range_partial(
     continues the version watermark, so a range's late records are the same whether it runs alone, as a
     slice, as a catch-up increment or as part of one backlog job.
     """
+    tagged = tag_version_range(spark, pipeline, source, versions, prior_max_us, timings)
+    buffers = logic.merge(logic.lift(sorted_backlog_input(spark, pipeline, tagged.prepared)))
+    return Partial(buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us)
+
+
+@dataclass(frozen=True)
+class TaggedRange:
+    """Versions lo..hi validated and tagged: on-time records as the operator sees them (with their
+    version and its watermark W(v)), quarantine rows, event-time maxima."""
+
+    prepared: DataFrame
+    quarantine: DataFrame
+    range_max_us: int | None
+    running_max_us: int | None
+
+
+def tag_version_range(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    source: DeltaTableSource,
+    versions: tuple[int, int],
+    prior_max_us: int | None,
+    timings: dict[str, float] | None = None,
+) -> TaggedRange:
     timings = {} if timings is None else timings
     lo, hi = versions
     valid, invalid = split_invalid(source.read_backlog(hi, lo), pipeline)
@@ -80,13 +107,11 @@ def version_range_partial(
     marks, running = lateness.version_watermarks(maxima, prior_max_us, pipeline.delay_us)
     on_time, late = lateness.split_late(spark, valid, marks, pipeline.event_time)
     timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
-    prepared = prepare(on_time, pipeline, spark)
-    buffers = logic.merge(logic.lift(sorted_backlog_input(spark, pipeline, prepared)))
     q_rows = quarantine.invalid_and_late(
         invalid, late, pipeline=pipeline.name, phase="backlog", event_time=pipeline.event_time, batch_id=None
     )
     range_max = max((m for _, m in maxima), default=None)
-    return Partial(buffers, q_rows, range_max, running)
+    return TaggedRange(prepare(on_time, pipeline, spark), q_rows, range_max, running)
 
 
 class BacklogRunner:
@@ -135,6 +160,12 @@ class BacklogRunner:
         return logic_for(self.pipeline, prepared_schema(self.spark, self.pipeline, self.source.schema()))
 
     def refuse_pieces(self, what: str) -> None:
+        if isinstance(self.pipeline.operator, ProcessOperator):
+            raise PhaseStateError(
+                f"{what} is not available for pipeline {self.pipeline.name!r}: its process operator "
+                f"({self.pipeline.operator.function}) keeps arbitrary per-key state that is not a mergeable "
+                "aggregate; run the full backlog instead"
+            )
         if self.pipeline.end_of_stream:
             raise PhaseStateError(
                 f"{what} is not available for pipeline {self.pipeline.name!r}: its end_of_stream steps "
@@ -159,6 +190,8 @@ class BacklogRunner:
             t = time.perf_counter()
             EndOfStreamRunner(self.spark, self.pipeline).run_all(v)  # blocking, before the stream operator
             self.timings["end_of_stream_s"] = time.perf_counter() - t
+        if isinstance(self.pipeline.operator, ProcessOperator):
+            return self._run_process(v, started)
         logic = self.logic()
         part = version_range_partial(self.spark, self.pipeline, self.source, logic, (0, v), None, self.timings)
         t = time.perf_counter()
@@ -260,6 +293,35 @@ class BacklogRunner:
             base_state = self.spark.read.format("delta").load(base.state_path)
             before_state_rows = int(base_state.agg(F.sum(ROWS)).collect()[0][0] or 0)
         aggregated = before_rows + (rows_merged - before_state_rows) // logic.windows_per_record
+        return self._write_manifest(
+            manifest_id=manifest_id,
+            kind=kind,
+            base=base,
+            source_version=source_version,
+            max_us=max_us,
+            state_path=state_path,
+            state_rows=int(stats["keys"]),
+            aggregated=aggregated,
+            sink_rows=sink_rows,
+            started=started,
+        )
+
+    def _write_manifest(
+        self,
+        *,
+        manifest_id: str,
+        kind: str,
+        base: manifest.HandoffManifest | None,
+        source_version: int,
+        max_us: int | None,
+        state_path: str,
+        state_rows: int,
+        aggregated: int,
+        sink_rows: int,
+        started: float,
+    ) -> manifest.HandoffManifest:
+        """Appends the handoff manifest, last: after it, the live phase may start."""
+        p = self.pipeline
         late, invalid = quarantine.backlog_counts(self.spark, p.locations.quarantine, p.name, source_version)
         handoff = manifest.HandoffManifest(
             manifest_id=manifest_id,
@@ -273,10 +335,10 @@ class BacklogRunner:
             source_path=p.source.path,
             source_version=source_version,
             backlog_max_event_time_us=max_us,
-            final_watermark_us=watermark,
+            final_watermark_us=None if max_us is None else max_us - p.delay_us,
             state_path=state_path,
             state_table_version=tables.version(self.spark, state_path),
-            state_rows=int(stats["keys"]),
+            state_rows=state_rows,
             input_rows=aggregated + late + invalid,
             aggregated_rows=aggregated,
             late_rows=late,
@@ -289,6 +351,48 @@ class BacklogRunner:
         manifest.write(self.spark, p.locations.manifests, handoff)
         self.timings["total_s"] = time.perf_counter() - started
         return handoff
+
+    def _run_process(self, v: int, started: float) -> manifest.HandoffManifest:
+        """The backlog of a process operator: one sorted pass (:mod:`phases.process_operator`) writes the
+        per-key state (JSON + pending timers) and the output rows; then the manifest."""
+        p, spark = self.pipeline, self.spark
+        tagged = tag_version_range(spark, p, self.source, (0, v), None, self.timings)
+        logic = ProcessLogic(spark, p, tagged.prepared.schema)
+        final_wm = None if tagged.running_max_us is None else tagged.running_max_us - p.delay_us
+        t = time.perf_counter()
+        quarantine.replace_backlog(spark, p.locations.quarantine, p.name, tagged.quarantine)
+        self.timings["quarantine_s"] = time.perf_counter() - t
+        manifest_id = uuid.uuid4().hex
+        state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
+        t = time.perf_counter()
+        passed = logic.backlog_pass(tagged.prepared, final_wm).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            logic.states(passed).write.format("delta").mode("errorifexists").save(state_path)
+            self.timings["state_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            out = logic.outputs(passed)
+            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(p.sink.path)
+            self.timings["sink_s"] = time.perf_counter() - t
+        finally:
+            passed.unpersist()
+        stats = (
+            spark.read.format("delta")
+            .load(state_path)
+            .agg(F.count(F.lit(1)).alias("keys"), F.sum(PROCESS_ROWS).alias("rows"))
+            .collect()[0]
+        )
+        return self._write_manifest(
+            manifest_id=manifest_id,
+            kind="full",
+            base=None,
+            source_version=v,
+            max_us=tagged.running_max_us,
+            state_path=state_path,
+            state_rows=int(stats["keys"]),
+            aggregated=int(stats["rows"] or 0),
+            sink_rows=spark.read.format("delta").load(p.sink.path).count(),
+            started=started,
+        )
 
 
 def sorted_backlog_input(spark: SparkSession, pipeline: Pipeline, on_time: DataFrame) -> DataFrame:

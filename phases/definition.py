@@ -162,6 +162,26 @@ class WindowedAggregate(_Model):
         return v
 
 
+class ProcessOperator(_Model):
+    """A keyed process function: user code with value/list/map state and event-time timers
+    (:class:`phases.process_function.KeyedProcessFunction`). Its output rows are appended to the sink.
+
+    The backlog runs it over partitions sorted by key, version and event time, one key at a time, firing a
+    key's timers up to the final backlog watermark at the end of the key (FLIP-140 / FLIP-327); the live
+    phase runs the same function inside ``transformWithState``, seeded with the handed-over state and timers.
+    """
+
+    kind: Literal["process"] = "process"
+    function: str = Field(description="Import path 'package.module:Class' of a KeyedProcessFunction subclass.")
+
+    @field_validator("function")
+    @classmethod
+    def _import_path(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
+            raise ValueError(f"function {v!r} is not an import path like 'package.module:Class'")
+        return v
+
+
 # --- steps before the stream operator, and end-of-stream (backlog-only) steps -------------------------
 
 
@@ -348,7 +368,7 @@ class Pipeline(_Model):
     key_columns: list[str] = Field(min_length=1)
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
-    operator: KeyedAggregate | WindowedAggregate = Field(discriminator="kind")
+    operator: KeyedAggregate | WindowedAggregate | ProcessOperator = Field(discriminator="kind")
     steps: list[Filter | Derive | PartitionOperator] = Field(
         default_factory=list, description="Record steps before the operator; they run in both phases."
     )
@@ -413,7 +433,7 @@ class Pipeline(_Model):
                 f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) must be 0 (no checkpoints "
                 f"during backlog) or >= checkpoint_interval ({live.total_seconds()}s)"
             )
-        outputs = [a.name for a in self.operator.aggregations]
+        outputs = [a.name for a in getattr(self.operator, "aggregations", [])]
         clash = sorted(set(outputs) & set(self.key_columns))
         if clash:
             raise ValueError(f"aggregation names {clash} clash with key columns {self.key_columns}")
@@ -434,6 +454,11 @@ class Pipeline(_Model):
             clash = sorted(set(self.key_columns) & {WINDOW_START, WINDOW_END})
             if clash:
                 raise ValueError(f"key columns {clash} are reserved for the window's bounds")
+        if isinstance(self.operator, ProcessOperator) and self.watermark_delay % timedelta(milliseconds=1):
+            raise ValueError(
+                f"watermark_delay must be a whole number of milliseconds for a process operator (timers and "
+                f"Spark's watermark have millisecond resolution); got {self.watermark_delay}"
+            )
         if self.event_time in self.key_columns:
             raise ValueError(f"event_time {self.event_time!r} cannot also be a key column")
         return self

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from pydantic import BaseModel, ConfigDict
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -133,8 +133,9 @@ class EndOfStreamRunner:
             )
 
 
-def prepare(df: DataFrame, pipeline: Pipeline, spark: SparkSession) -> DataFrame:
-    """The enrichment join, then the record steps: what the stream operator sees, in both phases."""
+def prepare(df: DataFrame, pipeline: Pipeline, spark: SparkSession, exempt: Column | None = None) -> DataFrame:
+    """The enrichment join, then the record steps: what the stream operator sees, in both phases
+    (``exempt``: see :func:`phases.partition_ops.apply_record_steps`)."""
     enrich = pipeline.enrich
     if enrich is not None:
         step = next(s for s in pipeline.end_of_stream if s.name == enrich.step)
@@ -149,7 +150,7 @@ def prepare(df: DataFrame, pipeline: Pipeline, spark: SparkSession) -> DataFrame
             raise DefinitionError(f"enrich.on {missing} are not columns of the records; columns: {df.columns}")
         lookup = table.select(*enrich.on, *enrich.columns)
         df = df.join(F.broadcast(lookup), on=enrich.on, how="left")
-    return apply_record_steps(df, pipeline.steps)
+    return apply_record_steps(df, pipeline.steps, exempt)
 
 
 def prepared_schema(spark: SparkSession, pipeline: Pipeline, source_schema: T.StructType) -> T.StructType:

@@ -53,13 +53,14 @@ def version_watermarks(
 def split_late(
     spark: SparkSession, valid: DataFrame, marks: dict[int, int], event_time: str
 ) -> tuple[DataFrame, DataFrame]:
-    """(on-time records, late records with ``_watermark_us``) of ``valid`` under ``marks``."""
+    """(on-time records, late records), both with ``_watermark_us`` = W(v) of their version (null before
+    the first watermark), of ``valid`` under ``marks``."""
     schema = T.StructType(
         [T.StructField(VERSION, T.LongType(), False), T.StructField(WATERMARK_US, T.LongType(), False)]
     )
     table = spark.createDataFrame(sorted(marks.items()), schema)
     tagged = valid.join(F.broadcast(table), on=VERSION, how="left")
     late_cond = F.col(WATERMARK_US).isNotNull() & (F.unix_micros(F.col(event_time)) <= F.col(WATERMARK_US))
-    on_time = tagged.filter(~late_cond).drop(WATERMARK_US)
+    on_time = tagged.filter(~late_cond)
     late = tagged.filter(late_cond)
     return on_time, late

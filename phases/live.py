@@ -41,6 +41,11 @@ from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import PhaseStateError
 from phases.keyed_aggregate import LIVE_ROWS, MAX_TS, TS, WindowedAggregationLogic, logic_for
+from phases.process_live import RECORD, SEED, LiveProcessor
+from phases.process_operator import KIND as PROCESS_KIND
+from phases.process_operator import STATE as PROCESS_STATE
+from phases.process_operator import TIMERS as PROCESS_TIMERS
+from phases.process_operator import process_logic_for
 from phases.records import split_invalid
 
 STREAMING_ONLY = "streaming-only"
@@ -83,7 +88,9 @@ class LiveRunner:
                 f"pipeline {pipeline.name!r} enriches with end-of-stream step {pipeline.enrich.step!r}, which emits "
                 "only after the backlog ends: it has no single-streaming-job form; start it from a handoff"
             )
-        self.logic = logic_for(pipeline, prepared_schema(spark, pipeline, self.source.schema()))
+        records = prepared_schema(spark, pipeline, self.source.schema())
+        self.process = process_logic_for(spark, pipeline, records)
+        self.logic = self.process or logic_for(pipeline, records)
         self.run_name = handoff.manifest_id if handoff else STREAMING_ONLY
         loc = pipeline.locations
         self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
@@ -117,6 +124,7 @@ class LiveRunner:
             [
                 *src.fields,
                 T.StructField(lateness.VERSION, T.LongType()),
+                T.StructField(lateness.WATERMARK_US, T.LongType()),  # W(v) of the record's version
                 T.StructField(BATCH_ID, T.LongType()),
             ]
         )
@@ -125,7 +133,8 @@ class LiveRunner:
         quarantine.ensure(spark, p.locations.quarantine)
         tables.ensure(spark, p.sink.path, self.logic.output_schema)
         if self.handoff is None:
-            tables.ensure(spark, self.state_path, self.logic.buffer_schema)
+            schema = self.process.state_schema if self.process else self.logic.buffer_schema
+            tables.ensure(spark, self.state_path, schema)
 
     def _app_id(self, what: str) -> str:
         return f"{self.pipeline.name}:{self.run_name}:{what}"
@@ -156,7 +165,10 @@ class LiveRunner:
             on_time, late = lateness.split_late(spark, valid, marks, p.event_time)
             user_cols = [c for c in batch.columns if not c.startswith("_")]
             accepted = on_time.select(
-                *user_cols, F.col(lateness.VERSION).cast("long"), F.lit(batch_id).cast("long").alias(BATCH_ID)
+                *user_cols,
+                F.col(lateness.VERSION).cast("long"),
+                F.col(lateness.WATERMARK_US).cast("long"),
+                F.lit(batch_id).cast("long").alias(BATCH_ID),
             )
             tables.append_once(accepted, self.live_input, self._app_id("input"), batch_id)
             q_rows = quarantine.invalid_and_late(
@@ -243,6 +255,54 @@ class LiveRunner:
             .agg(*logic.merge_columns(), F.sum(LIVE_ROWS).cast("long").alias(LIVE_ROWS))
         )
 
+    def _process_stream(self) -> DataFrame:
+        """Seed rows (handed-over state and timers) + live records through the process operator
+        (:mod:`phases.process_live`); the watermark is taken over both before any record step."""
+        logic, spark, p = self.process, self.spark, self.pipeline
+        source_fields = [f for f in self.source.schema().fields if f.name not in logic.keys]
+        max_us = self.handoff.backlog_max_event_time_us if self.handoff else None
+        seed = (
+            spark.readStream.format("delta")
+            .load(self.state_path)
+            .filter(F.col(PROCESS_STATE).isNotNull() | (F.size(PROCESS_TIMERS) > 0))
+            .select(
+                *logic.keys,
+                *(F.lit(None).cast(f.dataType).alias(f.name) for f in source_fields),
+                F.lit(SEED).alias(PROCESS_KIND),
+                F.lit(None).cast("long").alias(lateness.VERSION),
+                F.lit(None).cast("long").alias(lateness.WATERMARK_US),
+                F.col(PROCESS_STATE),
+                F.col(PROCESS_TIMERS),
+                F.timestamp_micros(F.lit(max_us).cast("long")).alias(TS),
+            )
+        )
+        live = (
+            spark.readStream.format("delta")
+            .load(self.live_input)
+            .select(
+                *logic.keys,
+                *(F.col(f.name) for f in source_fields),
+                F.lit(RECORD).alias(PROCESS_KIND),
+                F.col(lateness.VERSION),
+                F.col(lateness.WATERMARK_US),
+                F.lit(None).cast("string").alias(PROCESS_STATE),
+                F.lit(None).cast("array<long>").alias(PROCESS_TIMERS),
+                F.col(p.event_time).alias(TS),
+            )
+        )
+        both = seed.unionByName(live).withWatermark(TS, f"{p.delay_us // 1000} milliseconds")
+        exempt = (F.col(PROCESS_KIND) == SEED) | F.col(TS).isNull()
+        records = prepare(both, p, spark, exempt)
+        engine = [PROCESS_KIND, lateness.VERSION, lateness.WATERMARK_US, PROCESS_STATE, PROCESS_TIMERS]
+        return (
+            records.select(*logic.keys, *engine, *logic.encoded_columns())
+            .groupBy(*logic.keys)
+            .transformWithState(LiveProcessor(logic), logic.output_schema, "Append", "EventTime")
+        )
+
+    def _append_outputs(self, batch: DataFrame, batch_id: int) -> None:
+        tables.append_once(batch, self.pipeline.sink.path, self._app_id("sink"), batch_id)
+
     # --- running ---------------------------------------------------------------------------------
     def _trigger(self, available_now: bool) -> dict:
         if available_now:
@@ -273,11 +333,16 @@ class LiveRunner:
             self.tagger.awaitTermination()
             self._raise_if_failed(self.tagger)
         windowed = isinstance(self.logic, WindowedAggregationLogic)
-        stream = self._window_stream() if windowed else self._aggregate_stream()
+        if self.process is not None:
+            stream, mode, sink = self._process_stream(), "append", self._append_outputs
+        elif windowed:
+            stream, mode, sink = self._window_stream(), "append", self._append_windows
+        else:
+            stream, mode, sink = self._aggregate_stream(), "update", self._upsert_sink
         self.aggregate = (
             stream.writeStream.queryName(f"{name}_aggregate")
-            .outputMode("append" if windowed else "update")
-            .foreachBatch(self._append_windows if windowed else self._upsert_sink)
+            .outputMode(mode)
+            .foreachBatch(sink)
             .option("checkpointLocation", f"{self.checkpoints}/aggregate")
             .trigger(**self._trigger(available_now))
             .start()

@@ -40,11 +40,15 @@ def load_function(path: str) -> Callable:
         raise DefinitionError(f"cannot import {path!r}: {exc}") from exc
 
 
-def apply_record_steps(df: DataFrame, steps: list) -> DataFrame:
-    """Filter / derive steps, in order (the same in the backlog batch and in the live stream)."""
+def apply_record_steps(df: DataFrame, steps: list, exempt: Column | None = None) -> DataFrame:
+    """Filter / derive steps, in order (the same in the backlog batch and in the live stream).
+
+    ``exempt``: rows for which it holds pass every filter (engine rows riding along a stream). Referencing
+    the event-time column in it also keeps Spark from pushing the filter below the watermark.
+    """
     for step in steps:
         if isinstance(step, Filter):
-            df = df.filter(F.expr(step.condition))
+            df = df.filter(F.expr(step.condition) if exempt is None else (F.expr(step.condition) | exempt))
         elif isinstance(step, Derive):
             df = df.withColumn(step.name, F.expr(step.expression))
     return df

@@ -89,3 +89,61 @@ def run_windows(
             "hi": max(present) if present else None,
         }
     return emitted, final
+
+
+def run_process(versions: dict[int, list[Row]], delay_us: int, function, to_datetime) -> list[dict]:
+    """Output rows of a keyed process function under the documented rules, by plain iteration: per version,
+    for every key with on-time rows, its timers <= W(v) fire (earliest first, repeatedly), then ``process``
+    gets the key's rows ordered by (event time, row); at the end timers <= the final watermark fire.
+
+    Uses the user-facing state container (``ProcessContext``) but none of the engine's sequencing.
+    ``to_datetime`` maps the test's µs offsets to the datetimes records hold.
+    """
+    import json
+
+    from phases.process_function import ProcessContext, from_us, to_us
+
+    contexts: dict[str, ProcessContext] = {}
+    out: list[dict] = []
+
+    def emit(key: str, produced) -> None:
+        for row in produced or []:
+            out.append({"key": key, **row})
+
+    def fire(key: str, mark: int | None) -> None:
+        ctx = contexts[key]
+        while mark is not None and ctx.timer_ms and ctx.timer_ms[0] * 1000 <= mark:
+            ms = ctx.timer_ms.pop(0)
+            emit(key, function.on_timer((key,), from_us(ms * 1000), ctx))
+
+    running: int | None = None
+    for version in sorted(versions):
+        mark = None if running is None else running - delay_us
+        vmax, on_time = None, defaultdict(list)
+        for key, ts, value in versions[version]:
+            if key is None or ts is None:
+                continue
+            vmax = ts if vmax is None else max(vmax, ts)
+            if mark is not None and ts <= mark:
+                continue
+            on_time[key].append((key, ts, value))
+        # W(v) in Unix µs, the engine's clock
+        unix_mark = None if mark is None else to_us(to_datetime(0)) + mark
+        for key, rows in on_time.items():
+            contexts.setdefault(key, ProcessContext())
+            fire(key, unix_mark)
+
+            def order(r):
+                raw = {"key": r[0], "ts": to_us(to_datetime(r[1])), "value": r[2]}
+                return (raw["ts"], json.dumps(raw, sort_keys=True))
+
+            ordered = sorted(rows, key=order)
+            dicts = [{"key": k, "ts": to_datetime(t), "value": v} for k, t, v in ordered]
+            emit(key, function.process((key,), dicts, contexts[key]))
+        if vmax is not None:
+            running = vmax if running is None else max(running, vmax)
+    if running is not None:
+        final = to_us(to_datetime(0)) + running - delay_us
+        for key in contexts:
+            fire(key, final)
+    return out

@@ -1,0 +1,158 @@
+"""Keyed process functions with state and event-time timers in two phases: for any cut-off, the backlog
+(sorted, one key at a time, timers fired up to the final backlog watermark) plus the live phase
+(transformWithState seeded with the handed-over state and timers) emit exactly what one streaming job over
+all versions emits, and what a plain-Python run of the documented rules emits."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phases.backlog import BacklogRunner
+from phases.definition import ProcessOperator
+from phases.errors import DefinitionError, PhaseStateError
+from phases.live import LiveRunner
+from phases.process_function import ProcessFunctionError
+from phases.process_operator import KIND, OUT, ProcessLogic
+from tests import reference
+from tests.conftest import make_pipeline
+from tests.helpers import append_version, quarantine_rows, ts, us_of, write_source
+from tests.phases.process_functions import Sessions
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+
+SESSIONS = ProcessOperator(function="tests.phases.process_functions:Sessions")
+
+
+def _pipeline(source: str, root: str, operator: ProcessOperator = SESSIONS):
+    return make_pipeline(source, root, delay_s=DELAY_S, operator=operator)
+
+
+def _outputs(rows) -> list[tuple]:
+    out = []
+    for r in rows:
+        d = r if isinstance(r, dict) else r.asDict()
+        start, end = us_of(d["session_start"]), us_of(d["session_end"])
+        out.append((d["key"], start, end, d["events"], d["total"], d["distinct_values"]))
+    return sorted(out, key=repr)
+
+
+def _sink(spark, path: str) -> list[tuple]:
+    return _outputs(spark.read.format("delta").load(path).collect())
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=_versions, cut=st.integers(min_value=0, max_value=5))
+def test_process_function_two_phase_equals_a_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut):
+    root = tmp_path / uuid.uuid4().hex
+    source = str(root / "source")
+    versions = _materialize(raw)
+    cutoff = min(cut, len(versions))
+    backlog_versions = {v: rows for v, rows in versions.items() if v <= cutoff}
+    write_source(spark, source, backlog_versions)
+
+    two_phase = _pipeline(source, str(root / "two_phase"))
+    handoff = BacklogRunner(spark, two_phase).run()
+    # The backlog emits what the rules emit up to the final backlog watermark.
+    assert _sink(spark, two_phase.sink.path) == _outputs(
+        reference.run_process(backlog_versions, DELAY_S * SECOND, Sessions(), ts)
+    )
+    assert handoff.sink_rows == len(_sink(spark, two_phase.sink.path))
+    LiveRunner.from_manifest(spark, two_phase).start(available_now=True)
+    for v in sorted(versions):
+        if v > cutoff:
+            append_version(spark, source, versions[v])
+    LiveRunner.from_manifest(spark, two_phase).start(available_now=True)
+
+    single = _pipeline(source, str(root / "single"))
+    LiveRunner.streaming_only(spark, single, max_files_per_trigger=1).start(available_now=True)
+
+    expected = _outputs(reference.run_process(versions, DELAY_S * SECOND, Sessions(), ts))
+    assert _sink(spark, two_phase.sink.path) == expected
+    assert _sink(spark, single.sink.path) == expected
+    assert quarantine_rows(spark, str(root / "two_phase")) == quarantine_rows(spark, str(root / "single"))
+
+
+def test_backlog_output_is_grouped_by_key_and_state_holds_open_sessions(spark, tmp_path):
+    source = str(tmp_path / "source")
+    rows = [(k, i * SECOND, i) for i in range(0, 40, 3) for k in ("a", "b", "c", "d")]
+    rows += [("late_key", 100 * SECOND, 1)]  # pushes the watermark: most sessions close at the backlog's end
+    write_source(spark, source, {1: rows[:30], 2: rows[30:]})
+    p = _pipeline(source, str(tmp_path / "p"))
+    handoff = BacklogRunner(spark, p).run()
+    runner = BacklogRunner(spark, p)
+    from phases.backlog import tag_version_range
+
+    tagged = tag_version_range(spark, p, runner.source, (0, 2), None)
+    logic = ProcessLogic(spark, p, tagged.prepared.schema)
+    passed = logic.backlog_pass(tagged.prepared, handoff.final_watermark_us).collect()
+    keys = [r["key"] for r in passed]
+    runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+    assert len(runs) == len(set(keys)), f"a key appears in more than one run: {runs}"
+    assert sum(1 for r in passed if r[KIND] == OUT) == handoff.sink_rows
+    state = {r["key"]: r for r in spark.read.format("delta").load(handoff.state_path).collect()}
+    assert set(state) == {"a", "b", "c", "d", "late_key"}
+    assert state["late_key"]["_state"] is not None and state["late_key"]["_timers"]  # still open
+    assert state["a"]["_state"] is None and not state["a"]["_timers"]  # closed by the final watermark
+
+
+def test_process_function_errors_name_the_rule(spark, tmp_path):
+    source = str(tmp_path / "source")
+    write_source(spark, source, {1: [("a", SECOND, 1)]})
+    for function, match in [
+        ("tests.phases.process_functions:NotAFunction", "not a subclass of"),
+        ("tests.phases.process_functions:Missing", "cannot import"),
+    ]:
+        with pytest.raises(DefinitionError, match=match):
+            BacklogRunner(
+                spark, _pipeline(source, str(tmp_path / uuid.uuid4().hex), ProcessOperator(function=function))
+            ).run()
+    bad = _pipeline(source, str(tmp_path / "bad"), ProcessOperator(function="tests.phases.process_functions:BadOutput"))
+    with pytest.raises(Exception, match="yielded columns \\['surprise'\\] that are not in its output_schema"):
+        BacklogRunner(spark, bad).run()
+    p = _pipeline(source, str(tmp_path / "p"))
+    BacklogRunner(spark, p).run()
+    with pytest.raises(PhaseStateError, match="process operator"):
+        BacklogRunner(spark, p).run_increment()
+
+
+def test_state_values_must_be_json_like():
+    from phases.process_function import ProcessContext
+
+    ctx = ProcessContext()
+    with pytest.raises(ProcessFunctionError, match="not a valid state value"):
+        ctx.value("v").set(object())
+    with pytest.raises(ProcessFunctionError, match="valid key types"):
+        ctx.map("m").put((1, 2), 1)
+    ctx.value("when").set(ts(5))
+    ctx.map("m").put(3, [ts(1), {"a": None}])
+    ctx.register_timer(ts(2_500))
+    again = ProcessContext()
+    again.load_state(ctx.dump_state(), ctx.timer_ms)
+    assert again.value("when").get() == ts(5)
+    assert again.map("m").get(3) == [ts(1), {"a": None}]
+    assert again.timers() == [ts(2_000)]  # millisecond resolution
+
+
+def test_sessions_open_at_the_switch_close_in_the_live_phase_with_their_backlog_events(spark, tmp_path):
+    source = str(tmp_path / "source")
+    write_source(spark, source, {1: [("a", 0, 1), ("a", SECOND, 2), ("b", 0, 5)]})
+    p = _pipeline(source, str(tmp_path / "p"))
+    handoff = BacklogRunner(spark, p).run()
+    assert handoff.sink_rows == 0 and handoff.state_rows == 2  # both sessions still open at the switch
+    live = LiveRunner.from_manifest(spark, p)
+    live.start()
+    try:
+        append_version(spark, source, [("c", 30 * SECOND, 7)])  # W -> 15 s: a's (11 s) and b's (10 s) timers fire
+        live.process_available()
+        append_version(spark, source, [("a", 40 * SECOND, 3)])  # a new session of a
+        live.process_available()
+    finally:
+        live.stop()
+    got = _sink(spark, p.sink.path)
+    assert got == [("a", 0, 11 * SECOND, 2, 3, 2), ("b", 0, 10 * SECOND, 1, 5, 1)]
+    versions = {1: [("a", 0, 1), ("a", SECOND, 2), ("b", 0, 5)], 2: [("c", 30 * SECOND, 7)], 3: [("a", 40 * SECOND, 3)]}
+    assert got == _outputs(reference.run_process(versions, DELAY_S * SECOND, Sessions(), ts))
