@@ -129,7 +129,7 @@ def build_switch_sensor(
             now=datetime.now(UTC),
             lag_threshold=policy.lag_threshold,
             launched_manifest=cursor.get("launched"),
-            can_catch_up=not pipeline.end_of_stream,
+            can_catch_up=pipeline.supports_increments,
         )
         context.log.info(decision.reason)
         if decision.action == "skip":

@@ -39,6 +39,7 @@ from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregat
 from phases.process_operator import ROWS as PROCESS_ROWS
 from phases.process_operator import ProcessLogic
 from phases.records import split_invalid
+from phases.two_input import two_input_logic_for
 
 
 def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
@@ -166,6 +167,11 @@ class BacklogRunner:
                 f"({self.pipeline.operator.function}) keeps arbitrary per-key state that is not a mergeable "
                 "aggregate; run the full backlog instead"
             )
+        if self.pipeline.right_source is not None:
+            raise PhaseStateError(
+                f"{what} is not available for pipeline {self.pipeline.name!r}: its {self.pipeline.operator.kind} "
+                "operator reads two sources whose versions are not cut together; run the full backlog instead"
+            )
         if self.pipeline.end_of_stream:
             raise PhaseStateError(
                 f"{what} is not available for pipeline {self.pipeline.name!r}: its end_of_stream steps "
@@ -192,6 +198,8 @@ class BacklogRunner:
             self.timings["end_of_stream_s"] = time.perf_counter() - t
         if isinstance(self.pipeline.operator, ProcessOperator):
             return self._run_process(v, started)
+        if self.pipeline.right_source is not None:
+            return self._run_two_input(v, started)
         logic = self.logic()
         part = version_range_partial(self.spark, self.pipeline, self.source, logic, (0, v), None, self.timings)
         t = time.perf_counter()
@@ -319,8 +327,10 @@ class BacklogRunner:
         aggregated: int,
         sink_rows: int,
         started: float,
+        right: tuple[int, int | None] | None = None,
     ) -> manifest.HandoffManifest:
-        """Appends the handoff manifest, last: after it, the live phase may start."""
+        """Appends the handoff manifest, last: after it, the live phase may start. ``right``: the right
+        source's version and max event time (two-input operators)."""
         p = self.pipeline
         late, invalid = quarantine.backlog_counts(self.spark, p.locations.quarantine, p.name, source_version)
         handoff = manifest.HandoffManifest(
@@ -345,12 +355,55 @@ class BacklogRunner:
             invalid_rows=invalid,
             sink_version=tables.version(self.spark, p.sink.path),
             sink_rows=sink_rows,
+            right_source_version=right[0] if right else None,
+            right_max_event_time_us=right[1] if right else None,
             backlog_seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )
         manifest.write(self.spark, p.locations.manifests, handoff)
         self.timings["total_s"] = time.perf_counter() - started
         return handoff
+
+    def _run_two_input(self, v: int, started: float) -> manifest.HandoffManifest:
+        """The backlog of an interval join or co-group: both inputs tagged by their own versions, the
+        operator's batch plan (:mod:`phases.two_input`), its output and the rows/windows still open."""
+        p, spark = self.pipeline, self.spark
+        right_source = DeltaTableSource(spark, p.right_source)
+        v_right = right_source.head_version()
+        left = tag_version_range(spark, p, self.source, (0, v), None, self.timings)
+        right = tag_version_range(spark, p, right_source, (0, v_right), None, self.timings)
+        logic = two_input_logic_for(p, left.prepared.schema, right.prepared.schema)
+        right_q = right.quarantine.withColumn("reason", F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason")))
+        t = time.perf_counter()
+        quarantine.replace_backlog(spark, p.locations.quarantine, p.name, left.quarantine.unionByName(right_q))
+        self.timings["quarantine_s"] = time.perf_counter() - t
+        wm = [None if m is None else m - p.delay_us for m in (left.running_max_us, right.running_max_us)]
+        out, state = logic.backlog(left.prepared, right.prepared, wm[0], wm[1])
+        manifest_id = uuid.uuid4().hex
+        state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
+        t = time.perf_counter()
+        try:
+            state.write.format("delta").mode("errorifexists").save(state_path)
+            self.timings["state_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(p.sink.path)
+            self.timings["sink_s"] = time.perf_counter() - t
+        finally:
+            spark.catalog.clearCache()
+        on_time = left.prepared.count() + right.prepared.count()
+        return self._write_manifest(
+            manifest_id=manifest_id,
+            kind="full",
+            base=None,
+            source_version=v,
+            max_us=left.running_max_us,
+            state_path=state_path,
+            state_rows=spark.read.format("delta").load(state_path).count(),
+            aggregated=on_time,
+            sink_rows=spark.read.format("delta").load(p.sink.path).count(),
+            started=started,
+            right=(v_right, right.running_max_us),
+        )
 
     def _run_process(self, v: int, started: float) -> manifest.HandoffManifest:
         """The backlog of a process operator: one sorted pass (:mod:`phases.process_operator`) writes the

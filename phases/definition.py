@@ -182,6 +182,75 @@ class ProcessOperator(_Model):
         return v
 
 
+def _whole_ms(v: timedelta, what: str) -> timedelta:
+    if v % timedelta(milliseconds=1):
+        raise ValueError(f"{what} must be a whole number of milliseconds; got {v}")
+    return v
+
+
+class IntervalJoin(_Model):
+    """Inner interval join of the pipeline's source (left) with a second Delta source (``right``, with the
+    same key and event-time columns) on the keys: every pair with
+    ``left.ts + lower <= right.ts <= left.ts + upper`` is emitted once. Output: the keys, the left columns and
+    the right columns prefixed ``right_``. Each input's lateness follows its own versions (its own W(v)).
+
+    The backlog joins the on-time rows of both inputs and hands over the rows that can still match a future
+    row (left rows with ``ts + upper`` beyond the right's final watermark, and vice versa); the live phase
+    runs Spark's stream-stream join over those rows plus the live rows, skipping backlog-backlog pairs.
+    """
+
+    kind: Literal["interval_join"] = "interval_join"
+    right: DeltaSource
+    lower: timedelta = Field(description="right.ts >= left.ts + lower (may be negative).")
+    upper: timedelta = Field(description="right.ts <= left.ts + upper.")
+
+    @field_validator("lower", "upper")
+    @classmethod
+    def _ms(cls, v: timedelta) -> timedelta:
+        return _whole_ms(v, "interval bounds")
+
+    @model_validator(mode="after")
+    def _order(self) -> IntervalJoin:
+        if self.lower > self.upper:
+            raise ValueError(f"interval_join: lower ({self.lower}) must be <= upper ({self.upper})")
+        return self
+
+
+class CoGroup(_Model):
+    """Co-group of the pipeline's source (left) and a second Delta source (``right``) per key and tumbling
+    event-time window: once both inputs' watermarks passed a window's end, ``function(key, window_start,
+    window_end, left_rows, right_rows)`` is called once with all of the window's on-time rows of each input
+    (ordered by event time) and its rows (``output_schema``) are appended with the keys and window bounds.
+
+    The backlog calls it for the windows both final backlog watermarks closed and hands the open windows'
+    rows over; the live phase collects rows per window in Spark's state store (append mode) and calls the
+    same function when Spark closes the window.
+    """
+
+    kind: Literal["co_group"] = "co_group"
+    right: DeltaSource
+    window: Window
+    function: str = Field(description="Import path 'package.module:function'.")
+    output_schema: str = Field(description="Spark DDL of the function's output columns.")
+
+    @field_validator("window")
+    @classmethod
+    def _tumbling(cls, v: Window) -> Window:
+        if v.slide is not None and v.slide != v.size:
+            raise ValueError("co_group windows are tumbling: leave 'slide' unset")
+        return v
+
+    @field_validator("function")
+    @classmethod
+    def _import_path(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
+            raise ValueError(f"function {v!r} is not an import path like 'package.module:function'")
+        return v
+
+
+TWO_INPUT_KINDS = ("interval_join", "co_group")
+
+
 # --- steps before the stream operator, and end-of-stream (backlog-only) steps -------------------------
 
 
@@ -368,7 +437,9 @@ class Pipeline(_Model):
     key_columns: list[str] = Field(min_length=1)
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
-    operator: KeyedAggregate | WindowedAggregate | ProcessOperator = Field(discriminator="kind")
+    operator: KeyedAggregate | WindowedAggregate | ProcessOperator | IntervalJoin | CoGroup = Field(
+        discriminator="kind"
+    )
     steps: list[Filter | Derive | PartitionOperator] = Field(
         default_factory=list, description="Record steps before the operator; they run in both phases."
     )
@@ -450,14 +521,24 @@ class Pipeline(_Model):
             raise ValueError(f"end_of_stream step names must be unique; repeated: {dupes}")
         if self.enrich is not None and self.enrich.step not in names:
             raise ValueError(f"enrich.step {self.enrich.step!r} is not an end_of_stream step; steps: {names}")
-        if isinstance(self.operator, WindowedAggregate):
+        if isinstance(self.operator, (WindowedAggregate, CoGroup)):
             clash = sorted(set(self.key_columns) & {WINDOW_START, WINDOW_END})
             if clash:
                 raise ValueError(f"key columns {clash} are reserved for the window's bounds")
-        if isinstance(self.operator, ProcessOperator) and self.watermark_delay % timedelta(milliseconds=1):
+        if self.operator.kind in TWO_INPUT_KINDS:
+            used = [f for f in ("steps", "end_of_stream", "enrich") if getattr(self, f)]
+            if used:
+                raise ValueError(
+                    f"{self.operator.kind} has two inputs; {used} would apply to one of them only and are not "
+                    "supported with two-input operators. Prepare the inputs upstream."
+                )
+            if self.operator.right.path == self.source.path:
+                raise ValueError(f"{self.operator.kind}: right source is the pipeline's own source {self.source.path}")
+        needs_ms = isinstance(self.operator, ProcessOperator) or self.operator.kind in TWO_INPUT_KINDS
+        if needs_ms and self.watermark_delay % timedelta(milliseconds=1):
             raise ValueError(
-                f"watermark_delay must be a whole number of milliseconds for a process operator (timers and "
-                f"Spark's watermark have millisecond resolution); got {self.watermark_delay}"
+                f"watermark_delay must be a whole number of milliseconds for a {self.operator.kind} operator "
+                f"(Spark's watermark has millisecond resolution); got {self.watermark_delay}"
             )
         if self.event_time in self.key_columns:
             raise ValueError(f"event_time {self.event_time!r} cannot also be a key column")
@@ -466,9 +547,20 @@ class Pipeline(_Model):
     @property
     def state_keys(self) -> list[str]:
         """Columns that identify a row of the state (and of the sink): the keys, plus the window bounds."""
-        if isinstance(self.operator, WindowedAggregate):
+        if isinstance(self.operator, (WindowedAggregate, CoGroup)):
             return [*self.key_columns, WINDOW_START, WINDOW_END]
         return list(self.key_columns)
+
+    @property
+    def supports_increments(self) -> bool:
+        """Whether the backlog can be built from pieces (catch-up increments, daily slices): only when its
+        state is a mergeable aggregate and no end-of-stream step needs the whole backlog at once."""
+        return not self.end_of_stream and self.operator.kind in ("keyed_aggregate", "window_aggregate")
+
+    @property
+    def right_source(self) -> DeltaSource | None:
+        """The second input of a two-input operator."""
+        return self.operator.right if self.operator.kind in TWO_INPUT_KINDS else None
 
     @property
     def delay_us(self) -> int:

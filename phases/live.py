@@ -25,7 +25,7 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import reduce
+from functools import partial, reduce
 from pathlib import PurePosixPath
 
 from delta.tables import DeltaTable
@@ -36,7 +36,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from phases import lateness, manifest, quarantine, tables
 from phases.backlog import live_checkpoint_root
-from phases.definition import WINDOW_END, Pipeline
+from phases.definition import WINDOW_END, WINDOW_START, Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import PhaseStateError
@@ -47,6 +47,7 @@ from phases.process_operator import STATE as PROCESS_STATE
 from phases.process_operator import TIMERS as PROCESS_TIMERS
 from phases.process_operator import process_logic_for
 from phases.records import split_invalid
+from phases.two_input import CoGroupLogic, two_input_logic_for
 
 STREAMING_ONLY = "streaming-only"
 BATCH_ID = "_batch_id"
@@ -57,6 +58,22 @@ PROGRESS_SCHEMA = T.StructType(
         T.StructField("max_event_time_us", T.LongType(), False),
     ]
 )
+
+
+@dataclass(frozen=True)
+class LiveInput:
+    """One source of the live phase and the tables its tagger writes (the right input of a two-input
+    operator has its own: its versions, watermark and progress are its own)."""
+
+    label: str  # "" for the pipeline's source, "right" for a two-input operator's second source
+    source: DeltaTableSource
+    after_version: int | None  # the handoff's version of this source (None: from the first version)
+    base_max_us: int | None  # this source's backlog max event time
+    live_input: str
+    progress: str
+
+    def suffix(self, what: str) -> str:
+        return f"{what}_{self.label}" if self.label else what
 
 
 @dataclass(frozen=True)
@@ -89,16 +106,46 @@ class LiveRunner:
                 "only after the backlog ends: it has no single-streaming-job form; start it from a handoff"
             )
         records = prepared_schema(spark, pipeline, self.source.schema())
-        self.process = process_logic_for(spark, pipeline, records)
-        self.logic = self.process or logic_for(pipeline, records)
         self.run_name = handoff.manifest_id if handoff else STREAMING_ONLY
         loc = pipeline.locations
         self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
         self.live_input = str(PurePosixPath(loc.live_input) / self.run_name)
         self.progress = str(PurePosixPath(loc.live_progress) / self.run_name)
         self.state_path = handoff.state_path if handoff else str(PurePosixPath(loc.state_root) / STREAMING_ONLY)
-        self.tagger: StreamingQuery | None = None
+        self.inputs = [
+            LiveInput(
+                "",
+                self.source,
+                handoff.source_version if handoff else None,
+                handoff.backlog_max_event_time_us if handoff else None,
+                self.live_input,
+                self.progress,
+            )
+        ]
+        self.process = process_logic_for(spark, pipeline, records)
+        self.two_input = None
+        if pipeline.right_source is not None:
+            right = DeltaTableSource(spark, pipeline.right_source)
+            self.two_input = two_input_logic_for(pipeline, records, right.schema())
+            self.inputs.append(
+                LiveInput(
+                    "right",
+                    right,
+                    handoff.right_source_version if handoff else None,
+                    handoff.right_max_event_time_us if handoff else None,
+                    f"{self.live_input}__right",
+                    f"{self.progress}__right",
+                )
+            )
+            self.carriers = f"{self.live_input}__carriers"
+        self.logic = self.process or self.two_input or logic_for(pipeline, records)
+        self.taggers: list[StreamingQuery] = []
         self.aggregate: StreamingQuery | None = None
+
+    @property
+    def tagger(self) -> StreamingQuery | None:
+        """The pipeline source's tagger query."""
+        return self.taggers[0] if self.taggers else None
 
     @classmethod
     def from_manifest(
@@ -119,31 +166,43 @@ class LiveRunner:
     # --- set-up ----------------------------------------------------------------------------------
     def _prepare_tables(self) -> None:
         p, spark = self.pipeline, self.spark
-        src = self.source.schema()
-        input_schema = T.StructType(
-            [
-                *src.fields,
-                T.StructField(lateness.VERSION, T.LongType()),
-                T.StructField(lateness.WATERMARK_US, T.LongType()),  # W(v) of the record's version
-                T.StructField(BATCH_ID, T.LongType()),
-            ]
-        )
-        tables.ensure(spark, self.live_input, input_schema)
-        tables.ensure(spark, self.progress, PROGRESS_SCHEMA)
+        for inp in self.inputs:
+            input_schema = T.StructType(
+                [
+                    *inp.source.schema().fields,
+                    T.StructField(lateness.VERSION, T.LongType()),
+                    T.StructField(lateness.WATERMARK_US, T.LongType()),  # W(v) of the record's version
+                    T.StructField(BATCH_ID, T.LongType()),
+                ]
+            )
+            tables.ensure(spark, inp.live_input, input_schema)
+            tables.ensure(spark, inp.progress, PROGRESS_SCHEMA)
         quarantine.ensure(spark, p.locations.quarantine)
         tables.ensure(spark, p.sink.path, self.logic.output_schema)
         if self.handoff is None:
-            schema = self.process.state_schema if self.process else self.logic.buffer_schema
+            if self.process or self.two_input:
+                schema = (self.process or self.two_input).state_schema
+            else:
+                schema = self.logic.buffer_schema
             tables.ensure(spark, self.state_path, schema)
+        if self.two_input is not None:
+            left, right = (self._max_event_time_us(inp) for inp in self.inputs)
+            self.two_input.carriers(spark, left, right).write.format("delta").mode("append").save(self.carriers)
+
+    def _max_event_time_us(self, inp: LiveInput) -> int | None:
+        """The greatest valid event time of an input so far: backlog and tagged live versions."""
+        row = self.spark.read.format("delta").load(inp.progress).agg(F.max("max_event_time_us")).collect()[0]
+        found = [m for m in (inp.base_max_us, row[0]) if m is not None]
+        return max(found) if found else None
 
     def _app_id(self, what: str) -> str:
         return f"{self.pipeline.name}:{self.run_name}:{what}"
 
     # --- tagger ----------------------------------------------------------------------------------
-    def _prior_maxima(self, batch_id: int) -> list[tuple[int, int]]:
+    def _prior_maxima(self, inp: LiveInput, batch_id: int) -> list[tuple[int, int]]:
         rows = (
             self.spark.read.format("delta")
-            .load(self.progress)
+            .load(inp.progress)
             .filter(F.col("batch_id") < batch_id)
             .groupBy("version")
             .agg(F.max("max_event_time_us").alias("m"))
@@ -151,17 +210,16 @@ class LiveRunner:
         )
         return [(int(r["version"]), int(r["m"])) for r in rows]
 
-    def _tag_batch(self, batch: DataFrame, batch_id: int) -> None:
+    def _tag_batch(self, inp: LiveInput, batch: DataFrame, batch_id: int) -> None:
         p, spark = self.pipeline, batch.sparkSession
         batch = batch.persist()
         try:
             valid, invalid = split_invalid(batch, p)
             in_batch = lateness.version_maxima(valid, p.event_time)
             merged: dict[int, int] = {}
-            for version, max_us in [*self._prior_maxima(batch_id), *in_batch]:
+            for version, max_us in [*self._prior_maxima(inp, batch_id), *in_batch]:
                 merged[version] = max(max_us, merged.get(version, max_us))
-            base = self.handoff.backlog_max_event_time_us if self.handoff else None
-            marks, _ = lateness.version_watermarks(sorted(merged.items()), base, p.delay_us)
+            marks, _ = lateness.version_watermarks(sorted(merged.items()), inp.base_max_us, p.delay_us)
             on_time, late = lateness.split_late(spark, valid, marks, p.event_time)
             user_cols = [c for c in batch.columns if not c.startswith("_")]
             accepted = on_time.select(
@@ -170,13 +228,15 @@ class LiveRunner:
                 F.col(lateness.WATERMARK_US).cast("long"),
                 F.lit(batch_id).cast("long").alias(BATCH_ID),
             )
-            tables.append_once(accepted, self.live_input, self._app_id("input"), batch_id)
+            tables.append_once(accepted, inp.live_input, self._app_id(inp.suffix("input")), batch_id)
             q_rows = quarantine.invalid_and_late(
                 invalid, late, pipeline=p.name, phase="live", event_time=p.event_time, batch_id=batch_id
             )
-            tables.append_once(q_rows, p.locations.quarantine, self._app_id("quarantine"), batch_id)
+            if inp.label:
+                q_rows = q_rows.withColumn("reason", F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason")))
+            tables.append_once(q_rows, p.locations.quarantine, self._app_id(inp.suffix("quarantine")), batch_id)
             progress = spark.createDataFrame([(batch_id, v, m) for v, m in in_batch], PROGRESS_SCHEMA)
-            tables.append_once(progress, self.progress, self._app_id("progress"), batch_id)
+            tables.append_once(progress, inp.progress, self._app_id(inp.suffix("progress")), batch_id)
         finally:
             batch.unpersist()
 
@@ -300,6 +360,18 @@ class LiveRunner:
             .transformWithState(LiveProcessor(logic), logic.output_schema, "Append", "EventTime")
         )
 
+    def _two_input_stream(self) -> DataFrame:
+        spark = self.spark
+        seeds = spark.readStream.format("delta").load(self.state_path)
+        left, right = (spark.readStream.format("delta").load(inp.live_input) for inp in self.inputs)
+        carriers = spark.readStream.format("delta").load(self.carriers)
+        return self.two_input.live(seeds, left, right, carriers)
+
+    def _append_co_groups(self, batch: DataFrame, batch_id: int) -> None:
+        """Calls the co-group function on the windows Spark closed in this batch (not the carriers')."""
+        real = batch.filter(F.col(WINDOW_START).isNotNull())
+        tables.append_once(self.two_input.apply(real), self.pipeline.sink.path, self._app_id("sink"), batch_id)
+
     def _append_outputs(self, batch: DataFrame, batch_id: int) -> None:
         tables.append_once(batch, self.pipeline.sink.path, self._app_id("sink"), batch_id)
 
@@ -319,22 +391,28 @@ class LiveRunner:
         self._prepare_tables()
         started = time.perf_counter()
         name = f"{self.pipeline.name}_{self.run_name[:8]}".replace("-", "_")
-        tagger_src = self.source.read_live(
-            self.handoff.source_version if self.handoff else None, self.max_files_per_trigger
-        )
-        self.tagger = (
-            tagger_src.writeStream.queryName(f"{name}_tagger")
-            .foreachBatch(self._tag_batch)
-            .option("checkpointLocation", f"{self.checkpoints}/tagger")
-            .trigger(**self._trigger(available_now))
-            .start()
-        )
+        self.taggers = []
+        for inp in self.inputs:
+            tagger = (
+                inp.source.read_live(inp.after_version, self.max_files_per_trigger)
+                .writeStream.queryName(f"{name}_{inp.suffix('tagger')}")
+                .foreachBatch(partial(self._tag_batch, inp))
+                .option("checkpointLocation", f"{self.checkpoints}/{inp.suffix('tagger')}")
+                .trigger(**self._trigger(available_now))
+                .start()
+            )
+            self.taggers.append(tagger)
         if available_now:
-            self.tagger.awaitTermination()
-            self._raise_if_failed(self.tagger)
+            for tagger in self.taggers:
+                tagger.awaitTermination()
+                self._raise_if_failed(tagger)
         windowed = isinstance(self.logic, WindowedAggregationLogic)
         if self.process is not None:
             stream, mode, sink = self._process_stream(), "append", self._append_outputs
+        elif isinstance(self.two_input, CoGroupLogic):
+            stream, mode, sink = self._two_input_stream(), "append", self._append_co_groups
+        elif self.two_input is not None:
+            stream, mode, sink = self._two_input_stream(), "append", self._append_outputs
         elif windowed:
             stream, mode, sink = self._window_stream(), "append", self._append_windows
         else:
@@ -356,19 +434,24 @@ class LiveRunner:
 
     def process_available(self) -> None:
         """Blocks until every source version available now is tagged, aggregated and in the sink."""
-        if self.tagger is None or self.aggregate is None:
+        if not self.taggers or self.aggregate is None:
             raise PhaseStateError("the live phase is not running; call start() first")
-        self.tagger.processAllAvailable()
+        for tagger in self.taggers:
+            tagger.processAllAvailable()
         self.aggregate.processAllAvailable()
 
+    def _queries(self) -> list[tuple[str, StreamingQuery | None]]:
+        named = [(inp.suffix("tagger"), q) for inp, q in zip(self.inputs, self.taggers, strict=False)]
+        return [*(named or [("tagger", None)]), ("aggregate", self.aggregate)]
+
     def stop(self) -> None:
-        for q in (self.tagger, self.aggregate):
+        for _, q in self._queries():
             if q is not None and q.isActive:
                 q.stop()
 
     def raise_if_failed(self) -> None:
         """Raises PhaseStateError when a started query has stopped (with the query's own error)."""
-        for label, q in (("tagger", self.tagger), ("aggregate", self.aggregate)):
+        for label, q in self._queries():
             if q is not None and not q.isActive:
                 exc = q.exception()
                 raise PhaseStateError(
@@ -385,7 +468,7 @@ class LiveRunner:
     def status(self) -> dict:
         """Batch ids, input rates and the current watermark, for progress reports."""
         out: dict = {"run": self.run_name}
-        for label, q in (("tagger", self.tagger), ("aggregate", self.aggregate)):
+        for label, q in self._queries():
             prog = q.lastProgress if q is not None else None
             out[label] = {
                 "active": bool(q and q.isActive),

@@ -45,6 +45,8 @@ class HandoffManifest(BaseModel):
     invalid_rows: int
     sink_version: int
     sink_rows: int | None = None  # rows in the sink after the handoff (keys, or emitted windows)
+    right_source_version: int | None = None  # two-input operators: the right source's V (live: V+1..)
+    right_max_event_time_us: int | None = None  # ... and its max event time (W_right = this - delay)
     backlog_seconds: float
     created_at_us: int
 
@@ -107,7 +109,14 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
             f"(newest: {rows[0]['manifest_id']!r}); the live phase starts only from the newest handoff"
         )
     data = rows[0].asDict()
-    optional = {"backlog_max_event_time_us", "final_watermark_us", "base_manifest_id", "sink_rows"}
+    optional = {
+        "backlog_max_event_time_us",
+        "final_watermark_us",
+        "base_manifest_id",
+        "sink_rows",
+        "right_source_version",
+        "right_max_event_time_us",
+    }
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:
         raise ManifestError(f"partial handoff manifest {data.get('manifest_id')!r} in {path}: missing {missing}")

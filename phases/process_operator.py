@@ -24,13 +24,14 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from phases.definition import Pipeline, ProcessOperator
 from phases.errors import DefinitionError
+from phases.keyed_aggregate import MAX_TS
 from phases.lateness import VERSION, WATERMARK_US
 from phases.process_function import KeyDriver, group_runs, load_process_function, to_us
 
 KIND = "_kind"  # backlog pass output: 'out' (an output row) or 'state' (a key's state)
 STATE = "_state"  # the key's state as JSON (null: nothing held)
 TIMERS = "_timers"  # the key's pending timers, epoch milliseconds
-ROWS = "_rows"  # records the key processed in the backlog
+ROWS = "_rows"  # records the key processed in the backlog (its greatest event time: MAX_TS)
 OUT, STATE_ROW = "out", "state"
 _ARROW_CHUNK = 10_000
 
@@ -75,6 +76,7 @@ class ProcessLogic:
                 T.StructField(STATE, T.StringType(), True),
                 T.StructField(TIMERS, T.ArrayType(T.LongType(), False), True),
                 T.StructField(ROWS, T.LongType(), True),
+                T.StructField(MAX_TS, T.TimestampType(), True),
             ]
         )
         self.pass_schema = T.StructType(
@@ -134,7 +136,9 @@ class ProcessLogic:
                 for batch in batches:
                     yield from batch.to_pylist()
 
+            event_time = logic.pipeline.event_time
             for key, rows in group_runs(records(), lambda r: tuple(r[k] for k in keys)):
+                max_us = max(r[event_time] for r in rows)
                 driver.start(key, None, ())
                 for _, version_rows in group_runs(rows, lambda r: r[VERSION]):
                     watermark = version_rows[0][WATERMARK_US]
@@ -145,7 +149,7 @@ class ProcessLogic:
                 pending.extend({**empty, **logic.encode_row(o), KIND: OUT} for o in driver.fire_due(final_watermark_us))
                 state, timers = driver.state()
                 row = {**empty, **dict(zip(keys, key, strict=True)), KIND: STATE_ROW, STATE: state, TIMERS: timers}
-                pending.append({**row, ROWS: len(rows)})
+                pending.append({**row, ROWS: len(rows), MAX_TS: max_us})
                 if len(pending) >= _ARROW_CHUNK:
                     yield pa.RecordBatch.from_pylist(pending, schema=arrow_schema)
                     pending = []

@@ -23,6 +23,7 @@ SCHEMA = T.StructType(
 )
 
 LATE_REASON = "late: event time <= watermark"
+RIGHT_INPUT_REASON = "right input: "  # prefixes the reason of a two-input operator's right-source records
 
 
 def rows(
@@ -79,10 +80,11 @@ def backlog_counts(spark: SparkSession, path: str, pipeline: str, up_to_version:
         spark.read.format("delta")
         .load(path)
         .filter((F.col("pipeline") == pipeline) & (F.col("phase") == "backlog"))
-        .filter(F.col("source_version") <= up_to_version)
+        # A two-input operator's right-source rows carry the right source's versions (one full backlog run).
+        .filter((F.col("source_version") <= up_to_version) | F.col("reason").startswith(RIGHT_INPUT_REASON))
         .agg(
             F.count(F.lit(1)).alias("all"),
-            F.count(F.when(F.col("reason") == LATE_REASON, 1)).alias("late"),
+            F.count(F.when(F.col("reason").endswith(LATE_REASON), 1)).alias("late"),
         )
         .collect()[0]
     )

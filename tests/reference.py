@@ -147,3 +147,62 @@ def run_process(versions: dict[int, list[Row]], delay_us: int, function, to_date
         for key in contexts:
             fire(key, final)
     return out
+
+
+def on_time(versions: dict[int, list[Row]], delay_us: int) -> tuple[list[Row], int | None]:
+    """(valid on-time records in arrival order, final watermark) of one input, lateness as in :func:`run`."""
+    running: int | None = None
+    kept: list[Row] = []
+    for version in sorted(versions):
+        mark = None if running is None else running - delay_us
+        vmax = None
+        for key, ts, value in versions[version]:
+            if key is None or ts is None:
+                continue
+            vmax = ts if vmax is None else max(vmax, ts)
+            if mark is None or ts > mark:
+                kept.append((key, ts, value))
+        if vmax is not None:
+            running = vmax if running is None else max(running, vmax)
+    return kept, None if running is None else running - delay_us
+
+
+def run_interval_join(left: dict, right: dict, delay_us: int, lower_us: int, upper_us: int) -> list[tuple]:
+    """Every (key, left ts, left value, right ts, right value) of on-time records of each input with
+    ``left.ts + lower <= right.ts <= left.ts + upper``."""
+    lrows, _ = on_time(left, delay_us)
+    rrows, _ = on_time(right, delay_us)
+    return sorted(
+        (lk, lt, lv, rt, rv)
+        for lk, lt, lv in lrows
+        for rk, rt, rv in rrows
+        if lk == rk and lt + lower_us <= rt <= lt + upper_us
+    )
+
+
+def run_co_group(left: dict, right: dict, delay_us: int, size_us: int, function, to_datetime) -> list[dict]:
+    """The function's rows for every (key, tumbling window) whose end is <= both inputs' final watermarks,
+    with the window's on-time records of each input ordered by (event time, row)."""
+    import json
+
+    lrows, lwm = on_time(left, delay_us)
+    rrows, rwm = on_time(right, delay_us)
+    if lwm is None or rwm is None:
+        return []
+    closing = min(lwm, rwm)
+    windows: dict[tuple[str, int], tuple[list, list]] = defaultdict(lambda: ([], []))
+    for side, rows in ((0, lrows), (1, rrows)):
+        for key, ts, value in rows:
+            windows[(key, ts - ts % size_us)][side].append({"key": key, "ts": to_datetime(ts), "value": value})
+
+    def order(row: dict) -> tuple:
+        return (row["ts"], json.dumps(row, sort_keys=True, default=str))
+
+    out = []
+    for (key, start), (lefts, rights) in windows.items():
+        if start + size_us > closing:
+            continue
+        start_dt, end_dt = to_datetime(start), to_datetime(start + size_us)
+        for row in function((key,), start_dt, end_dt, sorted(lefts, key=order), sorted(rights, key=order)) or []:
+            out.append({"key": key, "window_start": start_dt, "window_end": end_dt, **row})
+    return out

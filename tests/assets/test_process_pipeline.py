@@ -1,0 +1,56 @@
+"""A process-function pipeline through the Dagster layer: the backlog job hands off (checks pass), the
+sensor switches without a catch-up increment (a process operator's state does not merge), and the live job
+closes the sessions the backlog left open."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import dagster as dg
+
+from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
+from phases import manifest
+from phases.definition import ProcessOperator
+from resources.storage import StorageResource
+from tests import reference
+from tests.assets.conftest import definitions, relative_pipeline
+from tests.helpers import append_version, ts, write_source
+from tests.phases.process_functions import Sessions
+from tests.phases.test_process_function import _outputs, _sink
+
+S = 1_000_000
+DELAY_S = 15
+VERSIONS = {1: [("a", 0, 1), ("a", S, 2), ("b", 0, 5)], 2: [("b", 2 * S, 3), ("c", 40 * S, 1)]}
+
+
+def test_process_pipeline_backlog_checks_switch_and_live_close_open_sessions(spark, tmp_path):
+    root = str(tmp_path)
+    write_source(spark, f"{root}/src", VERSIONS)
+    p = relative_pipeline(delay_s=DELAY_S, operator=ProcessOperator(function="tests.phases.process_functions:Sessions"))
+    settings = Orchestration(
+        checks=CheckPolicy(max_quarantine_fraction=0.5), switch=SwitchPolicy(lag_threshold=timedelta(0))
+    )
+    names, defs = Names(p), definitions(spark, root, p, settings)
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def(names.backlog_job).execute_in_process(instance=instance)
+        assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
+        handoff = manifest.latest(spark, f"{root}/engine/manifests", p.name)
+        # W = 40 - 15 = 25 s: a's (11 s) and b's (12 s) sessions closed in the backlog; c's is open.
+        assert _sink(spark, f"{root}/engine/sink") == [("a", 0, 11 * S, 2, 3, 2), ("b", 0, 12 * S, 2, 8, 2)]
+        assert handoff.state_rows == 3 and handoff.aggregated_rows == 5
+
+        append_version(spark, f"{root}/src", [("d", 70 * S, 4)])  # W -> 55 s: c's session (50 s) closes
+        sensor = defs.resolve_sensor_def(names.switch)
+        context = dg.build_sensor_context(instance=instance, resources={"storage": StorageResource(root=root)})
+        requests = sensor.evaluate_tick(context).run_requests  # not caught up (lag 0), yet no increment
+        assert [r.run_key for r in requests] == [f"live:{handoff.manifest_id}"]
+
+        config = {"manifest_id": handoff.manifest_id, "report_interval_seconds": 1.0, "max_runtime_seconds": 4.0}
+        live = defs.resolve_job_def(names.live_job)
+        assert live.execute_in_process(
+            instance=instance, run_config={"ops": {names.live_op: {"config": config}}}
+        ).success
+        expected = reference.run_process({**VERSIONS, 3: [("d", 70 * S, 4)]}, DELAY_S * S, Sessions(), ts)
+        got = _sink(spark, f"{root}/engine/sink")
+        assert ("c", 40 * S, 50 * S, 1, 1, 1) in got
+        assert got == _outputs(expected)

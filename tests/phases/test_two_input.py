@@ -1,0 +1,170 @@
+"""Two-input keyed operators (interval join, windowed co-group) in two phases: each input has its own
+versions and lateness; for any pair of cut-offs the backlog plus the live phase emit exactly what one
+streaming job over all versions of both inputs emits, and what a plain-Python reference emits."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from phases.backlog import BacklogRunner
+from phases.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
+from phases.live import LiveRunner
+from tests import reference
+from tests.conftest import make_pipeline
+from tests.helpers import append_version, quarantine_rows, ts, us_of, write_source
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+from tests.phases.two_input_functions import match_summary
+
+LOWER_S, UPPER_S, WINDOW_S = -5, 10, 10
+
+
+def _join(right: str) -> IntervalJoin:
+    return IntervalJoin(
+        right=DeltaSource(path=right), lower=timedelta(seconds=LOWER_S), upper=timedelta(seconds=UPPER_S)
+    )
+
+
+def _co_group(right: str) -> CoGroup:
+    return CoGroup(
+        right=DeltaSource(path=right),
+        window=Window(size=timedelta(seconds=WINDOW_S)),
+        function="tests.phases.two_input_functions:match_summary",
+        output_schema="left_n long, right_n long, left_total long, trace string",
+    )
+
+
+def _pairs(spark, path: str) -> list[tuple]:
+    rows = spark.read.format("delta").load(path).collect()
+    return sorted((r["key"], us_of(r["ts"]), r["value"], us_of(r["right_ts"]), r["right_value"]) for r in rows)
+
+
+def _groups(rows) -> list[tuple]:
+    out = []
+    for r in rows:
+        d = r if isinstance(r, dict) else r.asDict()
+        out.append(
+            (
+                d["key"],
+                us_of(d["window_start"]),
+                us_of(d["window_end"]),
+                d["left_n"],
+                d["right_n"],
+                d["left_total"],
+                d["trace"],
+            )
+        )
+    return sorted(out, key=repr)
+
+
+def _run_two_phase_and_single(spark, root, left_versions, right_versions, cut_left, cut_right, operator_for):
+    left_src, right_src = str(root / "left"), str(root / "right")
+    write_source(spark, left_src, {v: r for v, r in left_versions.items() if v <= cut_left})
+    write_source(spark, right_src, {v: r for v, r in right_versions.items() if v <= cut_right})
+    two_phase = make_pipeline(left_src, str(root / "two_phase"), delay_s=DELAY_S, operator=operator_for(right_src))
+    handoff = BacklogRunner(spark, two_phase).run()
+    assert handoff.source_version == cut_left and handoff.right_source_version == cut_right
+    backlog_sink = spark.read.format("delta").load(two_phase.sink.path).collect()
+    LiveRunner.from_manifest(spark, two_phase).start(available_now=True)
+    for path, versions, cut in ((left_src, left_versions, cut_left), (right_src, right_versions, cut_right)):
+        for v in sorted(versions):
+            if v > cut:
+                append_version(spark, path, versions[v])
+    LiveRunner.from_manifest(spark, two_phase).start(available_now=True)
+    single = make_pipeline(left_src, str(root / "single"), delay_s=DELAY_S, operator=operator_for(right_src))
+    LiveRunner.streaming_only(spark, single, max_files_per_trigger=1).start(available_now=True)
+    assert quarantine_rows(spark, str(root / "two_phase")) == quarantine_rows(spark, str(root / "single"))
+    return two_phase, single, backlog_sink
+
+
+@pytest.mark.slow
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    left=_versions,
+    right=_versions,
+    cut_left=st.integers(min_value=0, max_value=5),
+    cut_right=st.integers(min_value=0, max_value=5),
+)
+def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs(
+    spark, tmp_path, left, right, cut_left, cut_right
+):
+    lv, rv = _materialize(left), _materialize(right)
+    cl, cr = min(cut_left, len(lv)), min(cut_right, len(rv))
+    root = tmp_path / uuid.uuid4().hex
+    two_phase, single, backlog_sink = _run_two_phase_and_single(spark, root, lv, rv, cl, cr, _join)
+    bounds = (DELAY_S * SECOND, LOWER_S * SECOND, UPPER_S * SECOND)
+    before = reference.run_interval_join(
+        {v: r for v, r in lv.items() if v <= cl}, {v: r for v, r in rv.items() if v <= cr}, *bounds
+    )
+    assert (
+        sorted((r["key"], us_of(r["ts"]), r["value"], us_of(r["right_ts"]), r["right_value"]) for r in backlog_sink)
+        == before
+    )
+    expected = reference.run_interval_join(lv, rv, *bounds)
+    assert _pairs(spark, two_phase.sink.path) == expected
+    assert _pairs(spark, single.sink.path) == expected
+
+
+@pytest.mark.slow
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    left=_versions,
+    right=_versions,
+    cut_left=st.integers(min_value=0, max_value=5),
+    cut_right=st.integers(min_value=0, max_value=5),
+)
+def test_co_group_two_phase_equals_a_single_streaming_job_for_any_cutoffs(
+    spark, tmp_path, left, right, cut_left, cut_right
+):
+    lv, rv = _materialize(left), _materialize(right)
+    cl, cr = min(cut_left, len(lv)), min(cut_right, len(rv))
+    root = tmp_path / uuid.uuid4().hex
+    two_phase, single, backlog_sink = _run_two_phase_and_single(spark, root, lv, rv, cl, cr, _co_group)
+    args = (DELAY_S * SECOND, WINDOW_S * SECOND, match_summary, ts)
+    before = reference.run_co_group(
+        {v: r for v, r in lv.items() if v <= cl}, {v: r for v, r in rv.items() if v <= cr}, *args
+    )
+    assert _groups(backlog_sink) == _groups(before)
+    expected = _groups(reference.run_co_group(lv, rv, *args))
+    assert _groups(spark.read.format("delta").load(two_phase.sink.path).collect()) == expected
+    assert _groups(spark.read.format("delta").load(single.sink.path).collect()) == expected
+
+
+def test_co_group_waits_for_an_input_without_records(spark, tmp_path):
+    """Windows close only once both inputs have a watermark: an empty right input holds them open."""
+    rows = {1: [("a", 0, 1), ("a", 3 * SECOND, 2)], 2: [("b", 60 * SECOND, 5)]}
+    write_source(spark, str(tmp_path / "left"), rows)
+    write_source(spark, str(tmp_path / "right"), {})
+    p = make_pipeline(
+        str(tmp_path / "left"), str(tmp_path / "p"), delay_s=DELAY_S, operator=_co_group(str(tmp_path / "right"))
+    )
+    handoff = BacklogRunner(spark, p).run()
+    assert handoff.sink_rows == 0 and handoff.right_max_event_time_us is None
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    assert spark.read.format("delta").load(p.sink.path).count() == 0
+    append_version(spark, str(tmp_path / "right"), [("a", 70 * SECOND, 9)])  # right W -> none yet (first version)
+    append_version(spark, str(tmp_path / "right"), [("z", 80 * SECOND, 1)])  # right W -> 55 s: a's window closes
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    got = _groups(spark.read.format("delta").load(p.sink.path).collect())
+    assert got == [("a", 0, 10 * SECOND, 2, 0, 3, "1,2|")]
+
+
+def test_two_input_definitions_are_validated(tmp_path):
+    with pytest.raises(ValidationError, match="lower .* must be <= upper"):
+        IntervalJoin(right=DeltaSource(path="r"), lower=timedelta(seconds=5), upper=timedelta(seconds=1))
+    with pytest.raises(ValidationError, match="co_group windows are tumbling"):
+        CoGroup(
+            right=DeltaSource(path="r"),
+            window=Window(size=timedelta(seconds=10), slide=timedelta(seconds=5)),
+            function="m:f",
+            output_schema="n long",
+        )
+    with pytest.raises(ValidationError, match="not supported with two-input operators"):
+        make_pipeline("l", "root", operator=_join("r"), steps=[Filter(condition="value > 0")])
+    with pytest.raises(ValidationError, match="right source is the pipeline's own source"):
+        make_pipeline("l", "root", operator=_join("l"))
