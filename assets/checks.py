@@ -69,7 +69,7 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
             F.count(F.lit(1)).alias("rows"),
             F.count_distinct(*[F.col(k) for k in keys]).alias("distinct"),
             F.count(F.when(reduce(operator.or_, [F.col(k).isNull() for k in keys]), 1)).alias("null_keys"),
-            F.max(F.unix_micros(F.col(MAX_TS))).alias("max_us"),
+            (F.max(F.unix_micros(F.col(MAX_TS))) if MAX_TS in state.columns else F.lit(None)).alias("max_us"),
         ).collect()[0]
         # count_distinct skips keys with a null part; count those separately (the engine never aggregates them).
         dupes = int(row["rows"]) - int(row["distinct"]) - int(row["null_keys"])
@@ -81,9 +81,13 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
         )
 
         wm, max_us, state_max = handoff.final_watermark_us, handoff.backlog_max_event_time_us, row["max_us"]
-        # Filter steps may drop the records that set the maximum before they reach the state.
-        filtered = any(step.kind == "filter" for step in p.steps)
-        state_ok = state_max == max_us or (filtered and (state_max is None or state_max <= max_us))
+        # Filter steps may drop the records that set the maximum before they reach the state; a two-input
+        # operator keeps only the rows that can still match (and its manifest max is the left input's).
+        partial = any(step.kind == "filter" for step in p.steps) or p.right_source is not None
+        bound = max((m for m in (max_us, handoff.right_max_event_time_us) if m is not None), default=None)
+        state_ok = state_max == max_us or (
+            partial and (state_max is None or (bound is not None and state_max <= bound))
+        )
         ok = (wm is None and max_us is None and state_max is None) or (
             wm is not None and max_us is not None and wm <= max_us and state_ok
         )

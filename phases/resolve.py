@@ -13,11 +13,17 @@ def under(root: str, path: str) -> str:
 
 
 def resolve_paths(pipeline: Pipeline, root: str) -> Pipeline:
-    """The pipeline with its relative source, sink and locations paths placed under ``root``."""
-    return pipeline.model_copy(
-        update={
-            "source": pipeline.source.model_copy(update={"path": under(root, pipeline.source.path)}),
-            "sink": pipeline.sink.model_copy(update={"path": under(root, pipeline.sink.path)}),
-            "locations": pipeline.locations.model_copy(update={"root": under(root, pipeline.locations.root)}),
-        }
-    )
+    """The pipeline with its relative paths (sources, sink, locations, end-of-stream outputs) under ``root``."""
+
+    def moved(spec):
+        return spec.model_copy(update={"path": under(root, spec.path)})
+
+    update: dict = {
+        "source": moved(pipeline.source),
+        "sink": moved(pipeline.sink),
+        "locations": pipeline.locations.model_copy(update={"root": under(root, pipeline.locations.root)}),
+        "end_of_stream": [s.model_copy(update={"output": moved(s.output)}) for s in pipeline.end_of_stream],
+    }
+    if pipeline.right_source is not None:
+        update["operator"] = pipeline.operator.model_copy(update={"right": moved(pipeline.right_source)})
+    return pipeline.model_copy(update=update)

@@ -54,3 +54,26 @@ def test_process_pipeline_backlog_checks_switch_and_live_close_open_sessions(spa
         got = _sink(spark, f"{root}/engine/sink")
         assert ("c", 40 * S, 50 * S, 1, 1, 1) in got
         assert got == _outputs(expected)
+
+
+def test_two_input_pipelines_hand_off_through_dagster_with_passing_checks(spark, tmp_path):
+    from phases.definition import DeltaSource
+    from tests.phases.test_two_input import _co_group, _join
+
+    root = str(tmp_path)
+    write_source(spark, f"{root}/src", VERSIONS)
+    write_source(spark, f"{root}/other", {1: [("a", 4 * S, 7), ("c", 41 * S, 8)], 2: [("b", 60 * S, 9)]})
+    for make in (_join, _co_group):
+        operator = make("other")
+        assert isinstance(operator.right, DeltaSource)
+        p = relative_pipeline(delay_s=DELAY_S, operator=operator, name=f"two_input_{operator.kind}")
+        p = p.model_copy(update={"locations": p.locations.model_copy(update={"root": f"engine_{operator.kind}"})})
+        names, defs = (
+            Names(p),
+            definitions(spark, root, p, Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.5))),
+        )
+        with dg.instance_for_test() as instance:
+            result = defs.resolve_job_def(names.backlog_job).execute_in_process(instance=instance)
+            assert result.success and all(e.passed for e in result.get_asset_check_evaluations()), operator.kind
+            handoff = manifest.latest(spark, f"{root}/engine_{operator.kind}/manifests", p.name)
+            assert handoff.right_source_version == 2 and handoff.aggregated_rows == 8
