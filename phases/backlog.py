@@ -233,7 +233,7 @@ class BacklogRunner:
         quarantine.replace_backlog(self.spark, p.locations.quarantine, p.name, part.quarantine, (lo, v))
         self.timings["quarantine_s"] = time.perf_counter() - t
         previous = self.spark.read.format("delta").load(base.state_path).select(*part.buffers.columns)
-        state = logic.merge(previous.unionByName(part.buffers))
+        state = logic.merge_partials(previous.unionByName(part.buffers))
         return self.hand_off(state, logic, v, part.running_max_us, started=started, kind="increment", base=base)
 
     def hand_off(

@@ -162,6 +162,38 @@ class WindowedAggregate(_Model):
         return v
 
 
+class SessionAggregate(_Model):
+    """Aggregations per key and event-time *session*: a record opens ``[ts, ts + gap)`` and sessions that
+    touch or overlap merge (Spark's ``session_window``). A session's row is emitted once, when the watermark
+    passes its end (append semantics).
+
+    The backlog emits the sessions the final backlog watermark closed and hands over the open ones (bounds +
+    aggregation buffers); live, each open session re-enters Spark's session aggregation as one row whose
+    own gap spans the whole session, so it merges with the live records exactly as its records would have.
+    """
+
+    kind: Literal["session_aggregate"] = "session_aggregate"
+    gap: timedelta
+    aggregations: list[Aggregation] = Field(min_length=1)
+
+    @field_validator("gap")
+    @classmethod
+    def _gap(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError(f"session gap must be > 0; got {v}")
+        if v % timedelta(microseconds=1):
+            raise ValueError(f"session gap must be a whole number of microseconds; got {v}")
+        return v
+
+    @field_validator("aggregations")
+    @classmethod
+    def _names(cls, v: list[Aggregation]) -> list[Aggregation]:
+        clash = sorted({a.name for a in _unique_names(v)} & {WINDOW_START, WINDOW_END})
+        if clash:
+            raise ValueError(f"aggregation names {clash} are reserved for the session's bounds")
+        return v
+
+
 class ProcessOperator(_Model):
     """A keyed process function: user code with value/list/map state and event-time timers
     (:class:`phases.process_function.KeyedProcessFunction`). Its output rows are appended to the sink.
@@ -437,7 +469,7 @@ class Pipeline(_Model):
     key_columns: list[str] = Field(min_length=1)
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
-    operator: KeyedAggregate | WindowedAggregate | ProcessOperator | IntervalJoin | CoGroup = Field(
+    operator: KeyedAggregate | WindowedAggregate | SessionAggregate | ProcessOperator | IntervalJoin | CoGroup = Field(
         discriminator="kind"
     )
     steps: list[Filter | Derive | PartitionOperator] = Field(
@@ -521,7 +553,7 @@ class Pipeline(_Model):
             raise ValueError(f"end_of_stream step names must be unique; repeated: {dupes}")
         if self.enrich is not None and self.enrich.step not in names:
             raise ValueError(f"enrich.step {self.enrich.step!r} is not an end_of_stream step; steps: {names}")
-        if isinstance(self.operator, (WindowedAggregate, CoGroup)):
+        if isinstance(self.operator, (WindowedAggregate, SessionAggregate, CoGroup)):
             clash = sorted(set(self.key_columns) & {WINDOW_START, WINDOW_END})
             if clash:
                 raise ValueError(f"key columns {clash} are reserved for the window's bounds")
@@ -534,7 +566,7 @@ class Pipeline(_Model):
                 )
             if self.operator.right.path == self.source.path:
                 raise ValueError(f"{self.operator.kind}: right source is the pipeline's own source {self.source.path}")
-        needs_ms = isinstance(self.operator, ProcessOperator) or self.operator.kind in TWO_INPUT_KINDS
+        needs_ms = self.operator.kind in ("process", "session_aggregate", *TWO_INPUT_KINDS)
         if needs_ms and self.watermark_delay % timedelta(milliseconds=1):
             raise ValueError(
                 f"watermark_delay must be a whole number of milliseconds for a {self.operator.kind} operator "
@@ -547,7 +579,7 @@ class Pipeline(_Model):
     @property
     def state_keys(self) -> list[str]:
         """Columns that identify a row of the state (and of the sink): the keys, plus the window bounds."""
-        if isinstance(self.operator, (WindowedAggregate, CoGroup)):
+        if isinstance(self.operator, (WindowedAggregate, SessionAggregate, CoGroup)):
             return [*self.key_columns, WINDOW_START, WINDOW_END]
         return list(self.key_columns)
 
@@ -555,7 +587,11 @@ class Pipeline(_Model):
     def supports_increments(self) -> bool:
         """Whether the backlog can be built from pieces (catch-up increments, daily slices): only when its
         state is a mergeable aggregate and no end-of-stream step needs the whole backlog at once."""
-        return not self.end_of_stream and self.operator.kind in ("keyed_aggregate", "window_aggregate")
+        return not self.end_of_stream and self.operator.kind in (
+            "keyed_aggregate",
+            "window_aggregate",
+            "session_aggregate",
+        )
 
     @property
     def right_source(self) -> DeltaSource | None:

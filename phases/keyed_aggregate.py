@@ -15,12 +15,21 @@ micro-batch rebuilds the state in Spark's state store. Only state access differs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.definition import WINDOW_END, WINDOW_START, AggKind, Aggregation, Pipeline, WindowedAggregate
+from phases.definition import (
+    WINDOW_END,
+    WINDOW_START,
+    AggKind,
+    Aggregation,
+    Pipeline,
+    SessionAggregate,
+    WindowedAggregate,
+)
 from phases.errors import DefinitionError
 
 MAX_TS = "_max_ts"  # buffer: the key's greatest event time (drives the live watermark after the switch)
@@ -149,6 +158,10 @@ class KeyedAggregationLogic:
         """Buffers merged per key (batch)."""
         return buffers.groupBy(*self.keys).agg(*self.merge_columns())
 
+    def merge_partials(self, partials: DataFrame) -> DataFrame:
+        """Already merged buffers of several pieces (increments, slices) merged again."""
+        return self.merge(partials)
+
     def finalize(self, state: DataFrame) -> DataFrame:
         """Output rows (keys + one column per aggregation) from merged buffers."""
         cols = [F.col(k) for k in self.keys]
@@ -214,8 +227,61 @@ class WindowedAggregationLogic(KeyedAggregationLogic):
         return F.col(WINDOW_END) <= F.timestamp_micros(F.lit(watermark_us))
 
 
+SEED_GAP = "_seed_gap_us"  # session seeds: the gap that makes one row span its whole (open) session
+
+
+class SessionAggregationLogic(WindowedAggregationLogic):
+    """The same buffers per (key, session). Sessions are found by Spark's ``session_window`` when buffers
+    merge, not when records are lifted: ``lift`` keeps each record's event time, and an already merged
+    session re-enters a merge as one *seed* row at its start whose own gap reaches its end — so partial
+    results (increments, slices, the live seed) merge exactly like the records they came from."""
+
+    def __init__(self, pipeline: Pipeline, source_schema: T.StructType):
+        KeyedAggregationLogic.__init__(self, pipeline, source_schema)
+        self.gap_us = int(pipeline.operator.gap / timedelta(microseconds=1))
+        self.group_keys = list(pipeline.key_columns)
+        self.keys = [*self.group_keys, WINDOW_START, WINDOW_END]
+        self.key_types = {**self.key_types, WINDOW_START: T.TimestampType(), WINDOW_END: T.TimestampType()}
+        self.windows_per_record = 1
+
+    def lift(self, records: DataFrame) -> DataFrame:
+        """Group keys, buffers, the event time as ``_ts`` and no seed gap (records use the session gap)."""
+        cols = [F.col(k) for k in self.group_keys]
+        cols += [b.lift.cast(b.dtype).alias(b.name) for b in self._buffers]
+        ts = F.col(self.pipeline.event_time)
+        return records.select(*cols, ts.alias(TS), F.lit(None).cast("long").alias(SEED_GAP))
+
+    def seeds(self, sessions: DataFrame) -> DataFrame:
+        """Merged sessions as seed rows for another merge (same columns as :meth:`lift`)."""
+        span = F.unix_micros(F.col(WINDOW_END)) - F.unix_micros(F.col(WINDOW_START))
+        return sessions.select(
+            *self.group_keys, *self.buffer_names, F.col(WINDOW_START).alias(TS), span.cast("long").alias(SEED_GAP)
+        )
+
+    def session_column(self) -> Column:
+        gap = F.when(F.col(SEED_GAP).isNull(), F.lit(f"{self.gap_us} microseconds")).otherwise(
+            F.concat(F.col(SEED_GAP).cast("string"), F.lit(" microseconds"))
+        )
+        return F.session_window(F.col(TS), gap)
+
+    def merge(self, lifted: DataFrame) -> DataFrame:
+        """Lifted records and/or seed rows merged into sessions per key (batch or stream)."""
+        merged = lifted.groupBy(*self.group_keys, self.session_column().alias("_session")).agg(*self.merge_columns())
+        return merged.select(
+            *self.group_keys,
+            F.col("_session.start").alias(WINDOW_START),
+            F.col("_session.end").alias(WINDOW_END),
+            *self.buffer_names,
+        )
+
+    def merge_partials(self, partials: DataFrame) -> DataFrame:
+        return self.merge(self.seeds(partials))
+
+
 def logic_for(pipeline: Pipeline, source_schema: T.StructType) -> KeyedAggregationLogic:
-    """The operator logic of ``pipeline`` (keyed or windowed aggregation)."""
+    """The operator logic of ``pipeline`` (keyed, windowed or session aggregation)."""
     if isinstance(pipeline.operator, WindowedAggregate):
         return WindowedAggregationLogic(pipeline, source_schema)
+    if isinstance(pipeline.operator, SessionAggregate):
+        return SessionAggregationLogic(pipeline, source_schema)
     return KeyedAggregationLogic(pipeline, source_schema)

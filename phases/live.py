@@ -29,7 +29,7 @@ from functools import partial, reduce
 from pathlib import PurePosixPath
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
@@ -40,7 +40,15 @@ from phases.definition import WINDOW_END, WINDOW_START, Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import PhaseStateError
-from phases.keyed_aggregate import LIVE_ROWS, MAX_TS, TS, WindowedAggregationLogic, logic_for
+from phases.keyed_aggregate import (
+    LIVE_ROWS,
+    MAX_TS,
+    SEED_GAP,
+    TS,
+    SessionAggregationLogic,
+    WindowedAggregationLogic,
+    logic_for,
+)
 from phases.process_live import RECORD, SEED, LiveProcessor
 from phases.process_operator import KIND as PROCESS_KIND
 from phases.process_operator import STATE as PROCESS_STATE
@@ -297,6 +305,31 @@ class LiveRunner:
             .agg(*logic.merge_columns())
         )
 
+    def _session_stream(self) -> DataFrame:
+        """Open sessions (as seed rows spanning each session) + lifted live records, merged into sessions by
+        Spark in append mode with the watermark on the event time. Carrier rows (null key, no buffers) make
+        Spark's watermark the pipeline's: one per live record (before the record steps) and one per open
+        session at its last record's time (the backlog's max is the last record of an open session)."""
+        logic, spark, p = self.logic, self.spark, self.pipeline
+        cols = [*logic.group_keys, *logic.buffer_names, TS, SEED_GAP]
+        types = {f.name: f.dataType for f in logic.buffer_schema.fields}
+
+        def carriers(df: DataFrame, ts: Column) -> DataFrame:
+            nulls = [F.lit(None).cast(types[c]).alias(c) for c in [*logic.group_keys, *logic.buffer_names]]
+            return df.select(*nulls, ts.alias(TS), F.lit(None).cast("long").alias(SEED_GAP))
+
+        state = spark.readStream.format("delta").load(self.state_path)
+        raw = spark.readStream.format("delta").load(self.live_input)
+        last = F.timestamp_micros(F.unix_micros(F.col(WINDOW_END)) - F.lit(logic.gap_us))
+        unified = (
+            logic.seeds(state)
+            .select(*cols)
+            .unionByName(carriers(state, last))
+            .unionByName(logic.lift(prepare(raw, p, spark)).select(*cols))
+            .unionByName(carriers(raw, F.col(p.event_time)))
+        )
+        return logic.merge(unified.withWatermark(TS, f"{p.delay_us // 1000} milliseconds"))
+
     def _aggregate_stream(self) -> DataFrame:
         logic, spark = self.logic, self.spark
         buffers = [*logic.keys, *logic.buffer_names]
@@ -413,6 +446,8 @@ class LiveRunner:
             stream, mode, sink = self._two_input_stream(), "append", self._append_co_groups
         elif self.two_input is not None:
             stream, mode, sink = self._two_input_stream(), "append", self._append_outputs
+        elif isinstance(self.logic, SessionAggregationLogic):
+            stream, mode, sink = self._session_stream(), "append", self._append_windows
         elif windowed:
             stream, mode, sink = self._window_stream(), "append", self._append_windows
         else:

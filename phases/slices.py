@@ -242,5 +242,5 @@ class SliceRunner:
         partials = self.spark.read.format("delta").load(self.partials_path).filter(F.col(SLICE).isin(ids)).drop(SLICE)
         maxima = [r.max_event_time_us for r in chain if r.max_event_time_us is not None]
         return self.backlog.hand_off(
-            logic.merge(partials), logic, version, max(maxima, default=None), started=started, kind="slices"
+            logic.merge_partials(partials), logic, version, max(maxima, default=None), started=started, kind="slices"
         )

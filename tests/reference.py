@@ -206,3 +206,31 @@ def run_co_group(left: dict, right: dict, delay_us: int, size_us: int, function,
         for row in function((key,), start_dt, end_dt, sorted(lefts, key=order), sorted(rights, key=order)) or []:
             out.append({"key": key, "window_start": start_dt, "window_end": end_dt, **row})
     return out
+
+
+def run_sessions(versions: dict[int, list[Row]], delay_us: int, gap_us: int) -> dict[tuple[str, int, int], dict]:
+    """Emitted sessions (key, start, end) -> {n, total, hi}: a record opens [ts, ts + gap); sessions that
+    touch or overlap merge; a session is emitted once the final watermark reaches its end."""
+    rows, final = on_time(versions, delay_us)
+    by_key: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        by_key[row[0]].append(row)
+    emitted = {}
+    for key, records in by_key.items():
+        sessions: list[list] = []  # [start, end, values]
+        for _, ts, value in sorted(records, key=lambda r: r[1]):
+            if sessions and ts <= sessions[-1][1]:
+                sessions[-1][1] = max(sessions[-1][1], ts + gap_us)
+                sessions[-1][2].append(value)
+            else:
+                sessions.append([ts, ts + gap_us, [value]])
+        for start, end, values in sessions:
+            if final is None or end > final:
+                continue
+            present = [v for v in values if v is not None]
+            emitted[(key, start, end)] = {
+                "n": len(values),
+                "total": sum(present) if present else None,
+                "hi": max(present) if present else None,
+            }
+    return emitted
