@@ -84,9 +84,9 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
         # Filter steps may drop the records that set the maximum before they reach the state; a two-input
         # operator keeps only the rows that can still match (and its manifest max is the left input's).
         partial = any(step.kind == "filter" for step in p.steps) or p.right_source is not None
-        bound = max((m for m in (max_us, handoff.right_max_event_time_us) if m is not None), default=None)
+        inputs_max = max((m for m in (max_us, handoff.right_max_event_time_us) if m is not None), default=None)
         state_ok = state_max == max_us or (
-            partial and (state_max is None or (bound is not None and state_max <= bound))
+            partial and (state_max is None or (inputs_max is not None and state_max <= inputs_max))
         )
         ok = (wm is None and max_us is None and state_max is None) or (
             wm is not None and max_us is not None and wm <= max_us and state_ok
