@@ -42,8 +42,9 @@ def markdown(results: dict) -> str:
     for name, w in results["workloads"].items():
         lines += [f"### {name} ({w['rows']:,} rows, {w['keys']:,} keys, {w['versions']} versions)", ""]
         lines += [
-            "| variant | seconds | × plain batch | stream mode ÷ variant | results equal | detail |",
-            "|---|---|---|---|---|---|",
+            "| variant | seconds | × plain batch | stream mode ÷ variant | results equal | peak JVM / Python MiB "
+            "| detail |",
+            "|---|---|---|---|---|---|---|",
         ]
         plain = w["timings"]["plain batch"]["seconds"]
         stream = w["timings"].get("stream", {}).get("seconds")
@@ -51,7 +52,11 @@ def markdown(results: dict) -> str:
             ratio = t["seconds"] / plain if plain else float("nan")
             speed = f"{stream / t['seconds']:.1f}×" if stream else "–"
             detail = ", ".join(f"{k} {v}" for k, v in t.get("detail", {}).items())
-            lines.append(f"| {variant} | {t['seconds']:.1f} | {ratio:.2f}× | {speed} | {t['equal']} | {detail} |")
+            mem = t.get("memory") or {}
+            peak = f"{mem.get('jvm_peak_mib', '–')} / {mem.get('python_worker_peak_mib', '–')}"
+            lines.append(
+                f"| {variant} | {t['seconds']:.1f} | {ratio:.2f}× | {speed} | {t['equal']} | {peak} | {detail} |"
+            )
         if "seeding" in w:
             s = w["seeding"]
             lines += [
@@ -60,6 +65,32 @@ def markdown(results: dict) -> str:
                 f"{s['native_s']:.1f} s vs `transformWithState(initialState)` {s['initial_state_s']:.1f} s "
                 f"({s['initial_state_s'] / s['native_s']:.1f}× slower).",
             ]
+        lines.append("")
+    if "latency" in results:
+        lat = results["latency"]
+        if lat.get("measured"):
+            lines.append(
+                f"Live end-to-end latency (source commit → sink commit), {lat['measured']} versions of "
+                f"{lat['rows_per_version']:,} rows every {lat['interval_s']} s, trigger {lat['trigger_s']} s: "
+                f"p50 {lat['p50_s']} s, p99 {lat['p99_s']} s (mean {lat['mean_s']} s, max {lat['max_s']} s)."
+            )
+        else:
+            lines.append(f"Live latency: no probe reached the sink ({lat}).")
+        lines.append("")
+    if "spill" in results:
+        sp = results["spill"]
+        if sp.get("failed"):
+            lines.append(
+                f"Spill run (driver memory {sp['driver_memory']}): FAILED, exit {sp['exit_code']}: {sp['errors']}"
+            )
+        else:
+            lines.append(
+                f"Spill run: process-function backlog of {sp['rows']:,} rows / {sp['keys']:,} keys with "
+                f"{sp['driver_memory']} driver memory (execution memory ≈{sp['execution_memory_mib']} MiB, "
+                f"{sp['shuffle_partitions']} partitions, shuffle {sp['shuffle_write_mib']} MiB): {sp['backlog_s']} s, "
+                f"spilled {sp['memory_spilled_mib']} MiB from memory ({sp['disk_spilled_mib']} MiB on disk), "
+                f"output equal: {sp['equal']}."
+            )
         lines.append("")
     return "\n".join(lines)
 

@@ -6,45 +6,67 @@ plain batch job's. Writes benchmarks/results/results.{json,md,png}."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from delta.tables import DeltaTable
 
-from benchmarks import data, report, seeding, variants
+from benchmarks import data, latency, memory, process_variants, report, seeding, variants
 from phases.session import SparkSettings, build_session
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_workload(spark, name: str, make_batch, rows: int, keys: int, versions: int, work: Path, seed: bool) -> dict:
-    base = work / name
+def _generate(spark, base: Path, make_batch, rows: int, keys: int, versions: int, name: str) -> tuple[str, int]:
     shutil.rmtree(base, ignore_errors=True)
     source = str(base / "source")
     t = time.perf_counter()
     data.write_source(spark, source, make_batch, rows, keys, versions)
     files = int(DeltaTable.forPath(spark, source).detail().collect()[0]["numFiles"])
     print(f"[{name}] generated {rows:,} rows in {versions} versions ({files} files) in {time.perf_counter() - t:.1f} s")
-    timings: dict = {}
+    return source, files
 
-    def record(timing, out: str) -> None:
-        equal = variants.same_results(spark, str(base / "plain"), out) if timing.variant != "plain batch" else True
-        timings[timing.variant] = {"seconds": round(timing.seconds, 2), "equal": equal, "detail": timing.detail}
-        print(f"[{name}] {timing.variant}: {timing.seconds:.1f} s, equal={equal} {timing.detail}", flush=True)
+
+def _recorder(spark, name: str, timings: dict, same):
+    """Times a variant with its peak memory; checks its results equal the plain batch job's."""
+
+    def record(run, out: str | None) -> None:
+        memory.reset(spark)
+        timing = run()
+        peaks = memory.peaks(spark)
+        equal = same(out) if out is not None else True
+        timings[timing.variant] = {
+            "seconds": round(timing.seconds, 2),
+            "equal": equal,
+            "detail": timing.detail,
+            "memory": peaks,
+        }
+        print(f"[{name}] {timing.variant}: {timing.seconds:.1f} s, equal={equal} {timing.detail} {peaks}", flush=True)
         if not equal:
             raise SystemExit(f"{name}: {timing.variant} results differ from the plain batch job's")
 
-    record(variants.plain_batch(spark, source, str(base / "plain")), str(base / "plain"))
+    return record
+
+
+def run_workload(spark, name: str, make_batch, rows: int, keys: int, versions: int, work: Path, seed: bool) -> dict:
+    base = work / name
+    source, files = _generate(spark, base, make_batch, rows, keys, versions, name)
+    timings: dict = {}
+    record = _recorder(spark, name, timings, lambda out: variants.same_results(spark, str(base / "plain"), out))
+    record(lambda: variants.plain_batch(spark, source, str(base / "plain")), None)
     per_trigger = max(1, math.ceil(files / 20))
     out = str(base / "stream")
-    record(variants.stream(spark, source, out, str(base / "stream_ckpt"), per_trigger), out)
-    out = str(base / "stream_one")
-    record(variants.stream(spark, source, out, str(base / "stream_one_ckpt"), None), out)
-    timing, p = variants.two_phase(spark, source, str(base / "two_phase"))
-    record(timing, p.sink.path)
+    record(lambda: variants.stream(spark, source, out, str(base / "stream_ckpt"), per_trigger), out)
+    out_one = str(base / "stream_one")
+    record(lambda: variants.stream(spark, source, out_one, str(base / "stream_one_ckpt"), None), out_one)
+    p = variants.pipeline(source, str(base / "two_phase"))
+    record(lambda: variants.two_phase(spark, source, str(base / "two_phase"))[0], p.sink.path)
     result = {"rows": rows, "keys": keys, "versions": versions, "files": files, "timings": timings}
     if seed:
         from phases import manifest
@@ -64,6 +86,41 @@ def run_workload(spark, name: str, make_batch, rows: int, keys: int, versions: i
     return result
 
 
+def run_process_workload(spark, rows: int, keys: int, versions: int, work: Path) -> dict:
+    """The keyed process function (value state + one event-time timer per key) in the four variants; the
+    streaming ones run ``transformWithState`` through the framework's streaming path."""
+    name = "keyed_process"
+    base = work / name
+    source, files = _generate(spark, base, data.keyed_reduce_batch, rows, keys, versions, name)
+    timings: dict = {}
+    plain = str(base / "plain")
+    record = _recorder(spark, name, timings, lambda out: process_variants.same_outputs(spark, f"{plain}/sink", out))
+    record(lambda: process_variants.plain_batch(spark, source, plain), None)
+    per_trigger = max(1, math.ceil(files / 20))
+    record(lambda: process_variants.stream(spark, source, str(base / "stream"), per_trigger), f"{base}/stream/sink")
+    record(lambda: process_variants.stream(spark, source, str(base / "stream_one"), None), f"{base}/stream_one/sink")
+    record(lambda: process_variants.two_phase(spark, source, str(base / "two_phase")), f"{base}/two_phase/sink")
+    outputs = spark.read.format("delta").load(f"{plain}/sink").count()
+    return {"rows": rows, "keys": keys, "versions": versions, "files": files, "outputs": outputs, "timings": timings}
+
+
+def run_spill(spark, source: str, work: Path, driver_memory: str) -> dict:
+    """The process backlog over ``source`` in a separate JVM with ``driver_memory``; expected output from a
+    plain batch pass in this (large-memory) session."""
+    expected = work / "spill_expected"
+    process_variants.plain_batch(spark, source, str(expected))
+    cmd = [
+        sys.executable, "-m", "benchmarks.spill", "--source", source, "--expected", f"{expected}/sink",
+        "--work", str(work / "spill"), "--driver-memory", driver_memory,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    for line in done.stdout.splitlines():
+        if line.startswith("SPILL_RESULT "):
+            return json.loads(line.removeprefix("SPILL_RESULT "))
+    tail = [line for line in done.stderr.splitlines() if "Error" in line or "error" in line][-3:]
+    return {"driver_memory": driver_memory, "failed": True, "exit_code": done.returncode, "errors": tail}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small data (CI smoke run)")
@@ -72,6 +129,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=None, help="WordCount scale of 40M rows / 4M words (default 0.25)")
     ap.add_argument("--versions", type=int, default=20)
     ap.add_argument("--no-seeding", action="store_true", help="skip the initialState seeding comparison")
+    ap.add_argument("--process-rows", type=int, default=None, help="keyed process rows (default 1e6; quick 2e4)")
+    ap.add_argument("--spill-memory", default="1g", help="driver memory of the spill run ('' to skip it)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     rows = args.rows or (200_000 if args.quick else 10_000_000)
@@ -94,6 +153,15 @@ def main() -> None:
             work,
             False,
         )
+        process_rows = args.process_rows or (20_000 if args.quick else 1_000_000)
+        results["workloads"]["keyed process"] = run_process_workload(
+            spark, process_rows, max(1, process_rows // 10), args.versions, work
+        )
+        results["latency"] = latency.measure(spark, work, versions=10 if args.quick else 30)
+        print(f"[latency] {results['latency']}", flush=True)
+        if args.spill_memory:
+            results["spill"] = run_spill(spark, str(work / "keyed_reduce" / "source"), work, args.spill_memory)
+            print(f"[spill] {results['spill']}", flush=True)
     finally:
         spark.stop()
     out = Path(args.out) / ("quick" if args.quick else "")

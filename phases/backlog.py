@@ -418,7 +418,7 @@ class BacklogRunner:
         manifest_id = uuid.uuid4().hex
         state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
         t = time.perf_counter()
-        passed = logic.backlog_pass(tagged.prepared, final_wm).persist(StorageLevel.MEMORY_AND_DISK)
+        passed = logic.backlog_pass(tagged.prepared, final_wm).persist(StorageLevel.DISK_ONLY)
         try:
             logic.states(passed).write.format("delta").mode("errorifexists").save(state_path)
             self.timings["state_s"] = time.perf_counter() - t

@@ -1,12 +1,13 @@
-"""Smoke run of the benchmark harness on tiny data: every variant runs, is checked equal to the plain batch
-job, and the JSON / Markdown / PNG reports are written (timings are not asserted)."""
+"""Smoke run of the benchmark harness on tiny data: every variant of every workload runs, is checked equal to
+the plain batch job, the latency and spill runs report, and the JSON / Markdown / PNG reports are written
+(timings are not asserted)."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks import data, report
-from benchmarks.run import run_workload
+from benchmarks import data, latency, report
+from benchmarks.run import run_process_workload, run_spill, run_workload
 
 
 def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_path):
@@ -17,6 +18,9 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     results["workloads"]["wordcount"] = run_workload(
         spark, "wordcount", data.wordcount_batch, 20_000, 2_000, 4, tmp_path, False
     )
+    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 400, 4, tmp_path)
+    results["latency"] = latency.measure(spark, tmp_path, keys=200, versions=3, rows_per_version=100)
+    results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
     js, md, png = report.write(results, tmp_path / "out")
     loaded = json.loads(js.read_text())
     timings = loaded["workloads"]["keyed reduce"]["timings"]
@@ -24,5 +28,10 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert all(t["equal"] for w in loaded["workloads"].values() for t in w["timings"].values())
     assert timings["stream"]["detail"]["micro_batches"] >= 2
     assert loaded["workloads"]["keyed reduce"]["seeding"]["keys"] > 1_900  # ~2,000 keys drawn by 20,000 rows
-    assert "| two-phase |" in md.read_text()
+    process = loaded["workloads"]["keyed process"]
+    assert set(process["timings"]) == set(timings) and process["outputs"] > 0
+    assert all(t["memory"]["jvm_peak_mib"] > 0 for t in timings.values())
+    assert loaded["latency"]["measured"] == 3 and loaded["latency"]["p50_s"] > 0
+    assert loaded["spill"]["equal"] is True, loaded["spill"]
+    assert "| two-phase |" in md.read_text() and "p99" in md.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
