@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=20)
     ap.add_argument("--no-seeding", action="store_true", help="skip the initialState seeding comparison")
     ap.add_argument("--process-rows", type=int, default=None, help="keyed process rows (default 1e6; quick 2e4)")
-    ap.add_argument("--spill-memory", default="1g", help="driver memory of the spill run ('' to skip it)")
+    ap.add_argument("--spill-memory", default="512m", help="driver memory of the spill run ('' to skip it)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     rows = args.rows or (200_000 if args.quick else 10_000_000)
