@@ -173,10 +173,13 @@ def run_interval_join(left: dict, right: dict, delay_us: int, lower_us: int, upp
     lrows, _ = on_time(left, delay_us)
     rrows, _ = on_time(right, delay_us)
     return sorted(
-        (lk, lt, lv, rt, rv)
-        for lk, lt, lv in lrows
-        for rk, rt, rv in rrows
-        if lk == rk and lt + lower_us <= rt <= lt + upper_us
+        (
+            (lk, lt, lv, rt, rv)
+            for lk, lt, lv in lrows
+            for rk, rt, rv in rrows
+            if lk == rk and lt + lower_us <= rt <= lt + upper_us
+        ),
+        key=repr,
     )
 
 

@@ -40,8 +40,13 @@ def _co_group(right: str) -> CoGroup:
 
 
 def _pairs(spark, path: str) -> list[tuple]:
-    rows = spark.read.format("delta").load(path).collect()
-    return sorted((r["key"], us_of(r["ts"]), r["value"], us_of(r["right_ts"]), r["right_value"]) for r in rows)
+    return _pairs_of(spark.read.format("delta").load(path).collect())
+
+
+def _pairs_of(rows) -> list[tuple]:
+    return sorted(
+        ((r["key"], us_of(r["ts"]), r["value"], us_of(r["right_ts"]), r["right_value"]) for r in rows), key=repr
+    )
 
 
 def _groups(rows) -> list[tuple]:
@@ -101,10 +106,7 @@ def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs(
     before = reference.run_interval_join(
         {v: r for v, r in lv.items() if v <= cl}, {v: r for v, r in rv.items() if v <= cr}, *bounds
     )
-    assert (
-        sorted((r["key"], us_of(r["ts"]), r["value"], us_of(r["right_ts"]), r["right_value"]) for r in backlog_sink)
-        == before
-    )
+    assert _pairs_of(backlog_sink) == before
     expected = reference.run_interval_join(lv, rv, *bounds)
     assert _pairs(spark, two_phase.sink.path) == expected
     assert _pairs(spark, single.sink.path) == expected
