@@ -48,7 +48,9 @@ def stream(spark, source: str, root: str, files_per_trigger: int | None) -> Timi
     shutil.rmtree(root, ignore_errors=True)
     p = pipeline(source, root)
     t = time.perf_counter()
-    live = LiveRunner.streaming_only(spark, p, max_files_per_trigger=files_per_trigger)
+    # The tagger reads the source in ~20 micro-batches; the operator then reads the tagged records in as many.
+    batches = 20 if files_per_trigger else None
+    live = LiveRunner.streaming_only(spark, p, max_files_per_trigger=files_per_trigger, operator_batches=batches)
     live.start(available_now=True)
     batches = len(live.aggregate.recentProgress)
     return Timing(

@@ -39,6 +39,9 @@ def markdown(results: dict) -> str:
         f"{results['machine']['java']}, pyspark {results['machine']['pyspark']}; {results['started']}",
         "",
     ]
+    if results.get("reruns"):
+        reruns = ", ".join(f"{part} at {at}" for part, at in results["reruns"].items())
+        lines += [f"Re-run in a later process on the same machine (`--only`): {reruns}.", ""]
     for name, w in results["workloads"].items():
         lines += [f"### {name} ({w['rows']:,} rows, {w['keys']:,} keys, {w['versions']} versions)", ""]
         lines += [

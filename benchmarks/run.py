@@ -121,6 +121,9 @@ def run_spill(spark, source: str, work: Path, driver_memory: str) -> dict:
     return {"driver_memory": driver_memory, "failed": True, "exit_code": done.returncode, "errors": tail}
 
 
+PARTS = ("keyed reduce", "wordcount", "keyed process", "latency", "spill")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small data (CI smoke run)")
@@ -132,39 +135,56 @@ def main() -> None:
     ap.add_argument("--process-rows", type=int, default=None, help="keyed process rows (default 1e6; quick 2e4)")
     ap.add_argument("--spill-memory", default="512m", help="driver memory of the spill run ('' to skip it)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated parts to (re)run, merged into the existing results.json: {', '.join(PARTS)}",
+    )
     args = ap.parse_args()
+    only = set(PARTS) if args.only is None else {p.strip() for p in args.only.split(",")}
+    unknown = sorted(only - set(PARTS))
+    if unknown:
+        raise SystemExit(f"--only: unknown parts {unknown}; valid: {list(PARTS)}")
+    out = Path(args.out) / ("quick" if args.quick else "")
     rows = args.rows or (200_000 if args.quick else 10_000_000)
     keys = args.keys or (20_000 if args.quick else 1_000_000)
     scale = args.scale or (0.005 if args.quick else 0.25)
     work = ROOT / ".data" / "bench"
     spark = build_session(SparkSettings(shuffle_partitions=8, driver_memory="4g"))
-    results = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "machine": report.machine(), "workloads": {}}
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    results = {"started": now, "machine": report.machine(), "workloads": {}}
+    if args.only is not None and (out / "results.json").exists():
+        results = json.loads((out / "results.json").read_text())
+        results.setdefault("reruns", {}).update({part: now for part in sorted(only)})
     try:
-        results["workloads"]["keyed reduce"] = run_workload(
-            spark, "keyed_reduce", data.keyed_reduce_batch, rows, keys, args.versions, work, not args.no_seeding
-        )
-        results["workloads"]["wordcount"] = run_workload(
-            spark,
-            "wordcount",
-            data.wordcount_batch,
-            int(40_000_000 * scale),
-            int(4_000_000 * scale),
-            args.versions,
-            work,
-            False,
-        )
+        if "keyed reduce" in only:
+            results["workloads"]["keyed reduce"] = run_workload(
+                spark, "keyed_reduce", data.keyed_reduce_batch, rows, keys, args.versions, work, not args.no_seeding
+            )
+        if "wordcount" in only:
+            results["workloads"]["wordcount"] = run_workload(
+                spark,
+                "wordcount",
+                data.wordcount_batch,
+                int(40_000_000 * scale),
+                int(4_000_000 * scale),
+                args.versions,
+                work,
+                False,
+            )
         process_rows = args.process_rows or (20_000 if args.quick else 1_000_000)
-        results["workloads"]["keyed process"] = run_process_workload(
-            spark, process_rows, max(1, process_rows // 10), args.versions, work
-        )
-        results["latency"] = latency.measure(spark, work, versions=10 if args.quick else 30)
-        print(f"[latency] {results['latency']}", flush=True)
-        if args.spill_memory:
+        if "keyed process" in only:
+            results["workloads"]["keyed process"] = run_process_workload(
+                spark, process_rows, max(1, process_rows // 10), args.versions, work
+            )
+        if "latency" in only:
+            results["latency"] = latency.measure(spark, work, versions=10 if args.quick else 30)
+            print(f"[latency] {results['latency']}", flush=True)
+        if "spill" in only and args.spill_memory:
             results["spill"] = run_spill(spark, str(work / "keyed_reduce" / "source"), work, args.spill_memory)
             print(f"[spill] {results['spill']}", flush=True)
     finally:
         spark.stop()
-    out = Path(args.out) / ("quick" if args.quick else "")
     js, md, png = report.write(results, out)
     print("\n" + md.read_text())
     print(f"written: {js}, {md}, {png}")

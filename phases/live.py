@@ -101,12 +101,16 @@ class LiveRunner:
         handoff: manifest.HandoffManifest | None,
         *,
         max_files_per_trigger: int | None = None,
+        operator_batches: int | None = None,
     ):
-        """Use :meth:`from_manifest` or :meth:`streaming_only`."""
+        """Use :meth:`from_manifest` or :meth:`streaming_only`. ``max_files_per_trigger`` splits the source
+        reads into micro-batches; ``operator_batches`` also splits a process operator's reads of the tagged
+        records (available now) into about that many micro-batches (benchmarks of stream mode)."""
         self.spark = spark
         self.pipeline = pipeline
         self.handoff = handoff
         self.max_files_per_trigger = max_files_per_trigger
+        self.operator_batches = operator_batches
         self.source = DeltaTableSource(spark, pipeline.source)
         if handoff is None and pipeline.enrich is not None:
             raise PhaseStateError(
@@ -369,19 +373,19 @@ class LiveRunner:
                 F.timestamp_micros(F.lit(max_us).cast("long")).alias(TS),
             )
         )
-        live = (
-            spark.readStream.format("delta")
-            .load(self.live_input)
-            .select(
-                *logic.keys,
-                *(F.col(f.name) for f in source_fields),
-                F.lit(RECORD).alias(PROCESS_KIND),
-                F.col(lateness.VERSION),
-                F.col(lateness.WATERMARK_US),
-                F.lit(None).cast("string").alias(PROCESS_STATE),
-                F.lit(None).cast("array<long>").alias(PROCESS_TIMERS),
-                F.col(p.event_time).alias(TS),
-            )
+        reader = spark.readStream.format("delta")
+        if self.operator_batches:
+            files = int(spark.sql(f"DESCRIBE DETAIL delta.`{self.live_input}`").collect()[0]["numFiles"])
+            reader = reader.option("maxFilesPerTrigger", max(1, -(-files // self.operator_batches)))
+        live = reader.load(self.live_input).select(
+            *logic.keys,
+            *(F.col(f.name) for f in source_fields),
+            F.lit(RECORD).alias(PROCESS_KIND),
+            F.col(lateness.VERSION),
+            F.col(lateness.WATERMARK_US),
+            F.lit(None).cast("string").alias(PROCESS_STATE),
+            F.lit(None).cast("array<long>").alias(PROCESS_TIMERS),
+            F.col(p.event_time).alias(TS),
         )
         both = seed.unionByName(live).withWatermark(TS, f"{p.delay_us // 1000} milliseconds")
         exempt = (F.col(PROCESS_KIND) == SEED) | F.col(TS).isNull()
