@@ -27,7 +27,7 @@ from datetime import timedelta
 from pathlib import PurePosixPath
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from phases import fs, lateness, manifest, quarantine, tables
@@ -38,7 +38,7 @@ from phases.errors import ManifestError, PhaseStateError, SourceError
 from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic, logic_for
 from phases.process_operator import ROWS as PROCESS_ROWS
 from phases.process_operator import ProcessLogic
-from phases.records import split_invalid
+from phases.records import REASON, with_reason
 from phases.two_input import two_input_logic_for
 
 
@@ -102,17 +102,27 @@ def tag_version_range(
 ) -> TaggedRange:
     timings = {} if timings is None else timings
     lo, hi = versions
-    valid, invalid = split_invalid(source.read_backlog(hi, lo), pipeline)
+    tagged = with_reason(source.read_backlog(hi, lo), pipeline)
+    is_valid = F.col(REASON).isNull()
+    valid, invalid = tagged.filter(is_valid).drop(REASON), tagged.filter(~is_valid)
     t = time.perf_counter()
-    maxima = lateness.version_maxima(valid, pipeline.event_time)
+    stats = lateness.version_stats(tagged, is_valid, pipeline.event_time)
+    maxima = [(s.version, s.max_us) for s in stats if s.max_us is not None]
     marks, running = lateness.version_watermarks(maxima, prior_max_us, pipeline.delay_us)
     on_time, late = lateness.split_late(spark, valid, marks, pipeline.event_time)
     timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
+    # The quarantine reads only the versions that can hold such rows (a literal false prunes the scan).
+    late = late.filter(_in_versions(lateness.late_candidates(stats, marks)))
+    invalid = invalid.filter(_in_versions([s.version for s in stats if s.invalid]))
     q_rows = quarantine.invalid_and_late(
         invalid, late, pipeline=pipeline.name, phase="backlog", event_time=pipeline.event_time, batch_id=None
     )
     range_max = max((m for _, m in maxima), default=None)
     return TaggedRange(prepare(on_time, pipeline, spark), q_rows, range_max, running)
+
+
+def _in_versions(versions: list[int]) -> Column:
+    return F.col(lateness.VERSION).isin(versions) if versions else F.lit(False)
 
 
 class BacklogRunner:

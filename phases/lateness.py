@@ -20,7 +20,9 @@ watermark, which never exceeds ``W(v)``, drops nothing that this rule lets throu
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -32,6 +34,44 @@ def version_maxima(valid: DataFrame, event_time: str) -> list[tuple[int, int]]:
     """(version, max event time in microseconds) for each version present in ``valid``, in order."""
     rows = valid.groupBy(VERSION).agg(F.max(F.unix_micros(F.col(event_time))).alias("m")).orderBy(VERSION).collect()
     return [(int(r[VERSION]), int(r["m"])) for r in rows if r["m"] is not None]
+
+
+@dataclass(frozen=True)
+class VersionStats:
+    """What one pass over a range of change-feed rows tells about each version: the max and min event time
+    of its valid records (None when it has none) and how many of its rows are invalid."""
+
+    version: int
+    max_us: int | None
+    min_us: int | None
+    invalid: int
+
+
+def version_stats(changes: DataFrame, valid: Column, event_time: str) -> list[VersionStats]:
+    """Per-version statistics of ``changes`` in one aggregation (``valid`` marks the valid rows), in order.
+
+    The maxima give the version watermarks; the minima and invalid counts tell which versions can hold a
+    late or an invalid record at all, so the quarantine pass reads only those (none, usually)."""
+    us = F.unix_micros(F.col(event_time))
+    rows = (
+        changes.groupBy(VERSION)
+        .agg(
+            F.max(F.when(valid, us)).alias("max"),
+            F.min(F.when(valid, us)).alias("min"),
+            F.count(F.when(~valid, 1)).alias("invalid"),
+        )
+        .orderBy(VERSION)
+        .collect()
+    )
+    return [
+        VersionStats(int(r[VERSION]), None if r["max"] is None else int(r["max"]), r["min"], int(r["invalid"]))
+        for r in rows
+    ]
+
+
+def late_candidates(stats: list[VersionStats], marks: dict[int, int]) -> list[int]:
+    """Versions whose earliest valid record is at or before their watermark: only they hold late records."""
+    return [s.version for s in stats if s.min_us is not None and s.version in marks and s.min_us <= marks[s.version]]
 
 
 def version_watermarks(

@@ -25,7 +25,12 @@ def rejection_reason(pipeline: Pipeline) -> Column:
     return reason.when(F.col(pipeline.event_time).isNull(), F.lit(f"null event time column '{pipeline.event_time}'"))
 
 
+def with_reason(changes: DataFrame, pipeline: Pipeline) -> DataFrame:
+    """``changes`` with ``_reason`` (null for a valid record)."""
+    return changes.withColumn(REASON, rejection_reason(pipeline))
+
+
 def split_invalid(changes: DataFrame, pipeline: Pipeline) -> tuple[DataFrame, DataFrame]:
     """(valid records, invalid records with ``_reason``)."""
-    tagged = changes.withColumn(REASON, rejection_reason(pipeline))
+    tagged = with_reason(changes, pipeline)
     return tagged.filter(F.col(REASON).isNull()).drop(REASON), tagged.filter(F.col(REASON).isNotNull())

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+from datetime import UTC, datetime
 
-from phases.lateness import version_watermarks
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql import functions as F
+
+from phases.lateness import VERSION, late_candidates, version_stats, version_watermarks
 
 
 def test_no_watermark_before_the_first_record_then_max_of_earlier_versions_minus_delay():
@@ -41,3 +44,26 @@ def test_watermarks_do_not_depend_on_how_versions_are_grouped_into_batches(maxim
         seen.update(batch)
         start = bound
     assert batched == whole
+
+
+@given(
+    versions=st.lists(
+        st.lists(st.one_of(st.none(), st.integers(-1000, 1000)), min_size=1, max_size=6), min_size=1, max_size=8
+    ),
+    delay=st.integers(0, 300),
+)
+@settings(max_examples=15, deadline=None)
+def test_only_versions_named_by_the_statistics_hold_late_or_invalid_records(spark, versions, delay):
+    """One aggregation's per-version min/max/invalid count finds every version with a late or an invalid
+    record (None stands for an invalid record), so the quarantine pass may skip all others."""
+    rows = [(v, ts) for v, batch in enumerate(versions) for ts in batch]
+    df = spark.createDataFrame(
+        [(v, None if ts is None else datetime.fromtimestamp(ts / 1e6, tz=UTC)) for v, ts in rows],
+        f"{VERSION} long, ts timestamp",
+    )
+    stats = version_stats(df, F.col("ts").isNotNull(), "ts")
+    marks, _ = version_watermarks([(s.version, s.max_us) for s in stats if s.max_us is not None], None, delay)
+    late = {v for v, ts in rows if ts is not None and v in marks and ts <= marks[v]}
+    invalid = {v for v, ts in rows if ts is None}
+    assert set(late_candidates(stats, marks)) == late
+    assert {s.version for s in stats if s.invalid} == invalid
