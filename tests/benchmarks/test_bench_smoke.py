@@ -18,7 +18,8 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     results["workloads"]["wordcount"] = run_workload(
         spark, "wordcount", data.wordcount_batch, 20_000, 2_000, 4, tmp_path, False
     )
-    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path)  # ~2 rows a key: some go idle
+    # ~2 rows a key over 6 versions: some keys go idle and their timers fire
+    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path)
     results["latency"] = latency.measure(spark, tmp_path, keys=200, versions=3, rows_per_version=100)
     results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
     js, md, png = report.write(results, tmp_path / "out")
