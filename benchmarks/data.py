@@ -13,6 +13,13 @@ def keyed_reduce_batch(spark: SparkSession, rows: int, keys: int, index: int) ->
     return synthetic.event_batch(spark, rows=rows, keys=keys, batch_index=index, late_fraction=0.0, jitter_seconds=0)
 
 
+def right_batch(spark: SparkSession, rows: int, keys: int, index: int) -> DataFrame:
+    """The second input of the interval-join workload: the same shape and key space, other draws."""
+    return synthetic.event_batch(
+        spark, rows=rows, keys=keys, batch_index=index, late_fraction=0.0, jitter_seconds=0, seed=11
+    )
+
+
 def wordcount_batch(spark: SparkSession, rows: int, words: int, index: int) -> DataFrame:
     """WordCount's shape: string keys with a skewed (Zipf-like) frequency, value 1."""
     u = (F.abs(F.xxhash64(F.col("id"), F.lit(index), F.lit(3))) % 1_000_000 + 1) / 1_000_001.0

@@ -8,11 +8,11 @@ import shutil
 import time
 from datetime import timedelta
 
+from benchmarks import operator_variants
 from benchmarks.variants import Timing
-from phases.backlog import BacklogRunner, tag_version_range
+from phases.backlog import tag_version_range
 from phases.definition import DeltaSink, DeltaSource, Locations, Pipeline, ProcessOperator
 from phases.delta_source import DeltaTableSource
-from phases.live import LiveRunner
 from phases.process_operator import ProcessLogic
 
 FUNCTION = "benchmarks.functions:IdleTotals"
@@ -45,41 +45,12 @@ def plain_batch(spark, source: str, out: str) -> Timing:
 
 
 def stream(spark, source: str, root: str, files_per_trigger: int | None) -> Timing:
-    shutil.rmtree(root, ignore_errors=True)
-    p = pipeline(source, root)
-    t = time.perf_counter()
-    # The tagger reads the source in ~20 micro-batches; the operator then reads the tagged records in as many.
-    batches = 20 if files_per_trigger else None
-    live = LiveRunner.streaming_only(spark, p, max_files_per_trigger=files_per_trigger, operator_batches=batches)
-    live.start(available_now=True)
-    batches = len(live.aggregate.recentProgress)
-    return Timing(
-        "stream" if files_per_trigger else "stream, one batch", time.perf_counter() - t, {"micro_batches": batches}
-    )
+    return operator_variants.stream(spark, pipeline(source, root), files_per_trigger)
 
 
 def two_phase(spark, source: str, root: str) -> Timing:
-    shutil.rmtree(root, ignore_errors=True)
-    p = pipeline(source, root)
-    t = time.perf_counter()
-    runner = BacklogRunner(spark, p)
-    handoff = runner.run()
-    backlog_s = time.perf_counter() - t
-    live = LiveRunner.from_manifest(spark, p)
-    start = live.start()
-    total = time.perf_counter() - t
-    live.stop()
-    detail = {
-        "backlog_s": round(backlog_s, 2),
-        "switch_s": round(start.start_seconds, 2),
-        "keys": handoff.state_rows,
-        **{k: round(v, 2) for k, v in runner.timings.items()},
-    }
-    return Timing("two-phase", total, detail)
+    return operator_variants.two_phase(spark, pipeline(source, root))
 
 
 def same_outputs(spark, expected: str, actual: str) -> bool:
-    cols = ["key", "first_ts", "last_ts", "events", "total"]
-    a = spark.read.format("delta").load(expected).select(*cols)
-    b = spark.read.format("delta").load(actual).select(*cols)
-    return a.count() == b.count() and a.exceptAll(b).limit(1).count() == 0 and b.exceptAll(a).limit(1).count() == 0
+    return operator_variants.same_outputs(spark, expected, actual, ["key", "first_ts", "last_ts", "events", "total"])

@@ -43,7 +43,8 @@ def markdown(results: dict) -> str:
         reruns = ", ".join(f"{part} at {at}" for part, at in results["reruns"].items())
         lines += [f"Re-run in a later process on the same machine (`--only`): {reruns}.", ""]
     for name, w in results["workloads"].items():
-        lines += [f"### {name} ({w['rows']:,} rows, {w['keys']:,} keys, {w['versions']} versions)", ""]
+        outputs = f", {w['outputs']:,} output rows" if "outputs" in w else ""
+        lines += [f"### {name} ({w['rows']:,} rows, {w['keys']:,} keys, {w['versions']} versions{outputs})", ""]
         lines += [
             "| variant | seconds | × plain batch | stream mode ÷ variant | results equal | peak JVM / Python MiB "
             "| detail |",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from delta.tables import DeltaTable
 
-from benchmarks import data, latency, memory, process_variants, report, seeding, variants
+from benchmarks import data, join_variants, latency, memory, process_variants, report, seeding, variants
 from phases.session import SparkSettings, build_session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +104,29 @@ def run_process_workload(spark, rows: int, keys: int, versions: int, work: Path)
     return {"rows": rows, "keys": keys, "versions": versions, "files": files, "outputs": outputs, "timings": timings}
 
 
+def run_join_workload(spark, rows: int, keys: int, versions: int, work: Path) -> dict:
+    """The interval join of two sources (``rows`` each) in the four variants; the streaming ones run Spark's
+    stream-stream join through the framework's streaming path."""
+    name = "interval_join"
+    base = work / name
+    left, files = _generate(spark, base, data.keyed_reduce_batch, rows, keys, versions, name)
+    right = str(base / "right")
+    data.write_source(spark, right, data.right_batch, rows, keys, versions)
+    timings: dict = {}
+    plain = str(base / "plain")
+    record = _recorder(spark, name, timings, lambda out: join_variants.same_outputs(spark, f"{plain}/sink", out))
+    record(lambda: join_variants.plain_batch(spark, left, right, plain), None)
+    per_trigger = max(1, math.ceil(files / 20))
+    record(lambda: join_variants.stream(spark, left, right, str(base / "stream"), per_trigger), f"{base}/stream/sink")
+    one = str(base / "stream_one")
+    record(lambda: join_variants.stream(spark, left, right, one, None), f"{one}/sink")
+    record(lambda: join_variants.two_phase(spark, left, right, str(base / "two_phase")), f"{base}/two_phase/sink")
+    outputs = spark.read.format("delta").load(f"{plain}/sink").count()
+    return {
+        "rows": 2 * rows, "keys": keys, "versions": versions, "files": 2 * files, "outputs": outputs, "timings": timings
+    }  # fmt: skip
+
+
 def run_spill(spark, source: str, work: Path, driver_memory: str) -> dict:
     """The process backlog over ``source`` in a separate JVM with ``driver_memory``; expected output from a
     plain batch pass in this (large-memory) session."""
@@ -121,7 +144,7 @@ def run_spill(spark, source: str, work: Path, driver_memory: str) -> dict:
     return {"driver_memory": driver_memory, "failed": True, "exit_code": done.returncode, "errors": tail}
 
 
-PARTS = ("keyed reduce", "wordcount", "keyed process", "latency", "spill")
+PARTS = ("keyed reduce", "wordcount", "keyed process", "interval join", "latency", "spill")
 
 
 def main() -> None:
@@ -133,6 +156,7 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=20)
     ap.add_argument("--no-seeding", action="store_true", help="skip the initialState seeding comparison")
     ap.add_argument("--process-rows", type=int, default=None, help="keyed process rows (default 1e6; quick 2e4)")
+    ap.add_argument("--join-rows", type=int, default=None, help="interval join rows per input (default 1e6; quick 2e4)")
     ap.add_argument("--spill-memory", default="512m", help="driver memory of the spill run ('' to skip it)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument(
@@ -176,6 +200,11 @@ def main() -> None:
         if "keyed process" in only:
             results["workloads"]["keyed process"] = run_process_workload(
                 spark, process_rows, max(1, process_rows // 10), args.versions, work
+            )
+        join_rows = args.join_rows or (20_000 if args.quick else 1_000_000)
+        if "interval join" in only:
+            results["workloads"]["interval join"] = run_join_workload(
+                spark, join_rows, max(1, join_rows // 10), args.versions, work
             )
         if "latency" in only:
             results["latency"] = latency.measure(spark, work, versions=10 if args.quick else 30)

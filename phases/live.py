@@ -104,7 +104,7 @@ class LiveRunner:
         operator_batches: int | None = None,
     ):
         """Use :meth:`from_manifest` or :meth:`streaming_only`. ``max_files_per_trigger`` splits the source
-        reads into micro-batches; ``operator_batches`` also splits a process operator's reads of the tagged
+        reads into micro-batches; ``operator_batches`` also splits a process or two-input operator's reads of the tagged
         records (available now) into about that many micro-batches (benchmarks of stream mode)."""
         self.spark = spark
         self.pipeline = pipeline
@@ -373,11 +373,7 @@ class LiveRunner:
                 F.timestamp_micros(F.lit(max_us).cast("long")).alias(TS),
             )
         )
-        reader = spark.readStream.format("delta")
-        if self.operator_batches:
-            files = int(spark.sql(f"DESCRIBE DETAIL delta.`{self.live_input}`").collect()[0]["numFiles"])
-            reader = reader.option("maxFilesPerTrigger", max(1, -(-files // self.operator_batches)))
-        live = reader.load(self.live_input).select(
+        live = self._operator_reader(self.live_input).select(
             *logic.keys,
             *(F.col(f.name) for f in source_fields),
             F.lit(RECORD).alias(PROCESS_KIND),
@@ -397,10 +393,18 @@ class LiveRunner:
             .transformWithState(LiveProcessor(logic), logic.output_schema, "Append", "EventTime")
         )
 
+    def _operator_reader(self, live_input: str) -> DataFrame:
+        """The operator's stream of a tagged input, in about ``operator_batches`` micro-batches if set."""
+        reader = self.spark.readStream.format("delta")
+        if self.operator_batches:
+            files = int(self.spark.sql(f"DESCRIBE DETAIL delta.`{live_input}`").collect()[0]["numFiles"])
+            reader = reader.option("maxFilesPerTrigger", max(1, -(-files // self.operator_batches)))
+        return reader.load(live_input)
+
     def _two_input_stream(self) -> DataFrame:
         spark = self.spark
         seeds = spark.readStream.format("delta").load(self.state_path)
-        left, right = (spark.readStream.format("delta").load(inp.live_input) for inp in self.inputs)
+        left, right = (self._operator_reader(inp.live_input) for inp in self.inputs)
         carriers = spark.readStream.format("delta").load(self.carriers)
         return self.two_input.live(seeds, left, right, carriers)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from benchmarks import data, latency, report
-from benchmarks.run import run_process_workload, run_spill, run_workload
+from benchmarks.run import run_join_workload, run_process_workload, run_spill, run_workload
 
 
 def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_path):
@@ -20,6 +20,7 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     )
     # ~2 rows a key over 6 versions: some keys go idle and their timers fire
     results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path)
+    results["workloads"]["interval join"] = run_join_workload(spark, 2_000, 200, 4, tmp_path)
     results["latency"] = latency.measure(spark, tmp_path, keys=200, versions=3, rows_per_version=100)
     results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
     js, md, png = report.write(results, tmp_path / "out")
@@ -31,6 +32,9 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert loaded["workloads"]["keyed reduce"]["seeding"]["keys"] > 1_900  # ~2,000 keys drawn by 20,000 rows
     process = loaded["workloads"]["keyed process"]
     assert set(process["timings"]) == set(timings) and process["outputs"] > 0
+    join = loaded["workloads"]["interval join"]
+    assert set(join["timings"]) == set(timings) and join["outputs"] > 0
+    assert join["timings"]["stream"]["detail"]["micro_batches"] >= 2
     assert all(t["memory"]["jvm_peak_mib"] > 0 for t in timings.values())
     assert loaded["latency"]["measured"] == 3 and loaded["latency"]["p50_s"] > 0
     assert loaded["spill"]["equal"] is True, loaded["spill"]

@@ -1,0 +1,55 @@
+"""Stream-mode and two-phase variants of any pipeline through the framework's own runners (used by the
+keyed-process and interval-join workloads), and a multiset comparison of two output tables."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+from pyspark.sql import SparkSession
+
+from benchmarks.variants import Timing
+from phases.backlog import BacklogRunner
+from phases.definition import Pipeline
+from phases.live import LiveRunner
+
+
+def stream(spark: SparkSession, p: Pipeline, files_per_trigger: int | None) -> Timing:
+    """One streaming job over every version: the taggers read the source in ~20 micro-batches (or one),
+    and the operator then reads the tagged records in as many."""
+    shutil.rmtree(p.locations.root, ignore_errors=True)
+    t = time.perf_counter()
+    batches = 20 if files_per_trigger else None
+    live = LiveRunner.streaming_only(spark, p, max_files_per_trigger=files_per_trigger, operator_batches=batches)
+    live.start(available_now=True)
+    batches = len(live.aggregate.recentProgress)
+    return Timing(
+        "stream" if files_per_trigger else "stream, one batch", time.perf_counter() - t, {"micro_batches": batches}
+    )
+
+
+def two_phase(spark: SparkSession, p: Pipeline) -> Timing:
+    """Backlog phase + handoff + live start up to its first checkpoint."""
+    shutil.rmtree(p.locations.root, ignore_errors=True)
+    t = time.perf_counter()
+    runner = BacklogRunner(spark, p)
+    handoff = runner.run()
+    backlog_s = time.perf_counter() - t
+    live = LiveRunner.from_manifest(spark, p)
+    start = live.start()
+    total = time.perf_counter() - t
+    live.stop()
+    detail = {
+        "backlog_s": round(backlog_s, 2),
+        "switch_s": round(start.start_seconds, 2),
+        "state_rows": handoff.state_rows,
+        **{k: round(v, 2) for k, v in runner.timings.items()},
+    }
+    return Timing("two-phase", total, detail)
+
+
+def same_outputs(spark: SparkSession, expected: str, actual: str, columns: list[str]) -> bool:
+    """The two Delta tables hold the same multiset of rows over ``columns``."""
+    a = spark.read.format("delta").load(expected).select(*columns)
+    b = spark.read.format("delta").load(actual).select(*columns)
+    return a.count() == b.count() and a.exceptAll(b).limit(1).count() == 0 and b.exceptAll(a).limit(1).count() == 0
