@@ -257,6 +257,8 @@ class LiveRunner:
         # Keys whose only contribution is replayed state are already in the sink (the backlog wrote them).
         changed = self.logic.finalize(batch.filter(F.col(LIVE_ROWS) > 0)).persist()
         try:
+            if changed.isEmpty():  # e.g. the replay batch at the switch: no MERGE (a scan of the sink) needed
+                return
             keys = self.pipeline.key_columns
             cond = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in keys)
             (

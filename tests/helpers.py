@@ -82,3 +82,14 @@ def write_source(spark: SparkSession, path: str, versions: dict[int, list[Row]])
     create_source(spark, path)
     for v in sorted(versions):
         append_version(spark, path, versions[v])
+
+
+def assert_grouped_by_key(partitions: list[list]) -> None:
+    """Each key (first field of a row) is one contiguous run in exactly one partition."""
+    owner: dict = {}
+    for index, rows in enumerate(partitions):
+        keys = [r[0] for r in rows]
+        runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
+        assert len(runs) == len(set(runs)), f"partition {index}: a key appears in two runs: {runs}"
+        for k in runs:
+            assert owner.setdefault(k, index) == index, f"key {k!r} in partitions {owner[k]} and {index}"

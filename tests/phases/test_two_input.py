@@ -12,12 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from phases.backlog import BacklogRunner
+from phases.backlog import BacklogRunner, tag_version_range
 from phases.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
+from phases.delta_source import DeltaTableSource
 from phases.live import LiveRunner
+from phases.two_input import two_input_logic_for
 from tests import reference
 from tests.conftest import make_pipeline
-from tests.helpers import append_version, quarantine_rows, ts, us_of, write_source
+from tests.helpers import append_version, assert_grouped_by_key, quarantine_rows, ts, us_of, write_source
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 from tests.phases.two_input_functions import match_summary
 
@@ -154,6 +156,22 @@ def test_co_group_waits_for_an_input_without_records(spark, tmp_path):
     LiveRunner.from_manifest(spark, p).start(available_now=True)
     got = _groups(spark.read.format("delta").load(p.sink.path).collect())
     assert got == [("a", 0, 10 * SECOND, 2, 0, 3, "1,2|")]
+
+
+def test_two_input_backlog_output_is_grouped_by_key(spark, tmp_path):
+    left, right = str(tmp_path / "left"), str(tmp_path / "right")
+    write_source(spark, left, {1: [(f"k{i % 7}", i * SECOND, i) for i in range(90)]})
+    write_source(spark, right, {1: [(f"k{i % 5}", i * SECOND + 2 * SECOND, i) for i in range(90)]})
+    for operator in (_join(right), _co_group(right)):
+        p = make_pipeline(left, str(tmp_path / operator.kind), delay_s=DELAY_S, operator=operator)
+        lt = tag_version_range(spark, p, DeltaTableSource(spark, p.source), (0, 1), None)
+        rt = tag_version_range(spark, p, DeltaTableSource(spark, p.right_source), (0, 1), None)
+        logic = two_input_logic_for(p, lt.prepared.schema, rt.prepared.schema)
+        wm = [t.running_max_us - p.delay_us for t in (lt, rt)]
+        out, _ = logic.backlog(lt.prepared, rt.prepared, *wm)
+        partitions = out.select("key").rdd.glom().collect()
+        assert sum(len(rows) for rows in partitions) > 0, operator.kind
+        assert_grouped_by_key(partitions)
 
 
 def test_two_input_definitions_are_validated(tmp_path):
