@@ -23,6 +23,8 @@ from __future__ import annotations
 import operator
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial, reduce
@@ -66,6 +68,29 @@ PROGRESS_SCHEMA = T.StructType(
         T.StructField("max_event_time_us", T.LongType(), False),
     ]
 )
+
+
+# A stream-stream join optimised per micro-batch infers filters from the constraints of that batch's plan:
+# in a batch where one input holds only its carrier row (`NULL AS key`), Spark infers `key IS NULL` for the
+# other input and drops all its rows before they reach the join (and its state), though they can still match
+# rows held in the state store from earlier batches. Constraint propagation is therefore off for that query.
+NO_CONSTRAINT_PROPAGATION = {"spark.sql.constraintPropagation.enabled": "false"}
+
+
+@contextmanager
+def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Sets runtime SQL confs for the duration of the block (a streaming query started inside keeps them)."""
+    before = {k: spark.conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 @dataclass(frozen=True)
@@ -462,14 +487,18 @@ class LiveRunner:
             stream, mode, sink = self._window_stream(), "append", self._append_windows
         else:
             stream, mode, sink = self._aggregate_stream(), "update", self._upsert_sink
-        self.aggregate = (
+        writer = (
             stream.writeStream.queryName(f"{name}_aggregate")
             .outputMode(mode)
             .foreachBatch(sink)
             .option("checkpointLocation", f"{self.checkpoints}/aggregate")
             .trigger(**self._trigger(available_now))
-            .start()
         )
+        if self.two_input is not None and not isinstance(self.two_input, CoGroupLogic):
+            with _session_conf(self.spark, NO_CONSTRAINT_PROPAGATION):
+                self.aggregate = writer.start()  # the query keeps a copy of the session's conf
+        else:
+            self.aggregate = writer.start()
         if available_now:
             self.aggregate.awaitTermination()
             self._raise_if_failed(self.aggregate)

@@ -21,8 +21,10 @@ in the past when it has none), which puts both per-input watermarks back where t
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterator
 from datetime import timedelta
+from functools import reduce
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -138,6 +140,9 @@ class IntervalJoinLogic(TwoInputLogic):
         extra = [c for c in right.columns if c.startswith("_")]
         return right.select(*[F.col(f.name).alias(RIGHT_PREFIX + f.name) for f in self.right_fields], *extra)
 
+    def _keys_present(self, prefix: str) -> Column:
+        return reduce(operator.and_, [F.col(f"`{prefix}{k}`").isNotNull() for k in self.keys])
+
     def _condition(self) -> Column:
         ts, rts = f"l.`{self.event_time}`", f"r.`{RIGHT_PREFIX}{self.event_time}`"
         cond = F.expr(
@@ -207,8 +212,13 @@ class IntervalJoinLogic(TwoInputLogic):
             )
             return handed.unionByName(fresh).unionByName(carrier)
 
-        left = side(LEFT, live_left).withWatermark(self.event_time, delay)
-        right = self._renamed_right(side(RIGHT, live_right)).withWatermark(RIGHT_PREFIX + self.event_time, delay)
+        # Carriers (null keys) feed the watermark and stop there: the join's state would match two null keys.
+        left = side(LEFT, live_left).withWatermark(self.event_time, delay).filter(self._keys_present(""))
+        right = (
+            self._renamed_right(side(RIGHT, live_right))
+            .withWatermark(RIGHT_PREFIX + self.event_time, delay)
+            .filter(self._keys_present(RIGHT_PREFIX))
+        )
         joined = left.alias("l").join(right.alias("r"), self._condition(), "inner")
         fresh_pair = ~(F.col(f"l.{FROM_BACKLOG}") & F.col(f"r.{FROM_BACKLOG}"))
         return self._select_output(joined.filter(fresh_pair))
