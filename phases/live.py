@@ -70,13 +70,6 @@ PROGRESS_SCHEMA = T.StructType(
 )
 
 
-# A stream-stream join optimised per micro-batch infers filters from the constraints of that batch's plan:
-# in a batch where one input holds only its carrier row (`NULL AS key`), Spark infers `key IS NULL` for the
-# other input and drops all its rows before they reach the join (and its state), though they can still match
-# rows held in the state store from earlier batches. Constraint propagation is therefore off for that query.
-NO_CONSTRAINT_PROPAGATION = {"spark.sql.constraintPropagation.enabled": "false"}
-
-
 @contextmanager
 def _session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
     """Sets runtime SQL confs for the duration of the block (a streaming query started inside keeps them)."""
@@ -494,11 +487,9 @@ class LiveRunner:
             .option("checkpointLocation", f"{self.checkpoints}/aggregate")
             .trigger(**self._trigger(available_now))
         )
-        if self.two_input is not None and not isinstance(self.two_input, CoGroupLogic):
-            with _session_conf(self.spark, NO_CONSTRAINT_PROPAGATION):
-                self.aggregate = writer.start()  # the query keeps a copy of the session's conf
-        else:
-            self.aggregate = writer.start()
+        conf = self.two_input.live_query_conf if self.two_input is not None else {}
+        with _session_conf(self.spark, conf):
+            self.aggregate = writer.start()  # the query keeps a copy of the session's conf
         if available_now:
             self.aggregate.awaitTermination()
             self._raise_if_failed(self.aggregate)

@@ -25,6 +25,7 @@ import operator
 from collections.abc import Iterator
 from datetime import timedelta
 from functools import reduce
+from typing import ClassVar
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -60,6 +61,9 @@ def _user_fields(schema: T.StructType) -> list[T.StructField]:
 
 class TwoInputLogic:
     """What both two-input operators share: the inputs' columns, checked against the pipeline."""
+
+    # Runtime SQL confs the live query of the operator is started with.
+    live_query_conf: ClassVar[dict[str, str]] = {}
 
     def __init__(self, pipeline: Pipeline, left_schema: T.StructType, right_schema: T.StructType):
         self.pipeline = pipeline
@@ -112,6 +116,12 @@ class TwoInputLogic:
 
 
 class IntervalJoinLogic(TwoInputLogic):
+    # A stream-stream join is optimised per micro-batch on that batch's plan alone: in a batch where one input
+    # holds only its carrier row (`NULL AS key`), constraint propagation infers `key IS NULL` for the other
+    # input and drops all its rows before they reach the join (and its state), though they can still match
+    # rows held in the state store from earlier batches.
+    live_query_conf: ClassVar[dict[str, str]] = {"spark.sql.constraintPropagation.enabled": "false"}
+
     def __init__(self, pipeline: Pipeline, left_schema: T.StructType, right_schema: T.StructType):
         super().__init__(pipeline, left_schema, right_schema)
         op: IntervalJoin = pipeline.operator

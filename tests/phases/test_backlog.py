@@ -14,7 +14,14 @@ from phases.errors import DefinitionError, ManifestError, PhaseStateError, Sourc
 from phases.live import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
-from tests.helpers import assert_results_equal, create_source, quarantine_rows, sink_rows, write_source
+from tests.helpers import (
+    assert_grouped_by_key,
+    assert_results_equal,
+    create_source,
+    quarantine_rows,
+    sink_rows,
+    write_source,
+)
 
 S = 1_000_000
 VERSIONS = {
@@ -50,14 +57,7 @@ def test_backlog_output_is_grouped_by_key(spark, tmp_path):
     synthetic.append(spark, path, synthetic.event_batch(spark, rows=3000, keys=97, batch_index=0))
     p = make_pipeline(path, str(tmp_path / "run"))
     on_time = spark.read.format("delta").load(path)
-    partitions = sorted_backlog_input(spark, p, on_time).select("key").rdd.glom().collect()
-    owner: dict[str, int] = {}
-    for index, rows in enumerate(partitions):
-        keys = [r["key"] for r in rows]
-        runs = [k for i, k in enumerate(keys) if i == 0 or keys[i - 1] != k]
-        assert len(runs) == len(set(runs)), f"partition {index}: a key appears in two runs"
-        for k in runs:
-            assert owner.setdefault(k, index) == index, f"key {k} in partitions {owner[k]} and {index}"
+    assert_grouped_by_key(sorted_backlog_input(spark, p, on_time).select("key").rdd.glom().collect())
     BacklogRunner(spark, p).run()
     state = spark.read.format("delta").load(manifest.latest(spark, p.locations.manifests, p.name).state_path)
     assert state.count() == state.select("key").distinct().count() == 97
