@@ -47,8 +47,11 @@ def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
 
 
 def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
-    """True once the live phase of ``manifest_id`` has committed its first checkpoint."""
-    return fs.exists(spark, f"{live_checkpoint_root(pipeline, manifest_id)}/aggregate/commits/0")
+    """True once the live phase of ``manifest_id`` has committed its first checkpoint (its first progress row;
+    for process and two-input operators, the operator query's first commit)."""
+    return tables.exists(spark, f"{pipeline.locations.live_run(manifest_id)}/progress") or fs.exists(
+        spark, f"{live_checkpoint_root(pipeline, manifest_id)}/aggregate/commits/0"
+    )
 
 
 @dataclass(frozen=True)
@@ -84,12 +87,15 @@ def version_range_partial(
 @dataclass(frozen=True)
 class TaggedRange:
     """Versions lo..hi validated and tagged: on-time records as the operator sees them (with their
-    version and its watermark W(v)), quarantine rows, event-time maxima."""
+    version and its watermark W(v)), quarantine rows, event-time maxima, and whether there is anything
+    on time or to quarantine at all (from the per-version statistics, without another pass)."""
 
     prepared: DataFrame
     quarantine: DataFrame
     range_max_us: int | None
     running_max_us: int | None
+    has_on_time: bool = True
+    has_quarantine: bool = True
 
 
 def tag_version_range(
@@ -100,9 +106,25 @@ def tag_version_range(
     prior_max_us: int | None,
     timings: dict[str, float] | None = None,
 ) -> TaggedRange:
-    timings = {} if timings is None else timings
     lo, hi = versions
-    tagged = with_reason(source.read_backlog(hi, lo), pipeline)
+    return tag_changes(spark, pipeline, source.read_backlog(hi, lo), prior_max_us, timings, phase="backlog")
+
+
+def tag_changes(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    changes: DataFrame,
+    prior_max_us: int | None,
+    timings: dict[str, float] | None = None,
+    *,
+    phase: str,
+    batch_id: int | None = None,
+) -> TaggedRange:
+    """Validates and tags change-feed rows of *complete* versions under the version watermark W(v),
+    continuing from ``prior_max_us`` (the max valid event time of every earlier version). The backlog,
+    catch-up increments, slices and every live micro-batch tag through here."""
+    timings = {} if timings is None else timings
+    tagged = with_reason(changes, pipeline)
     is_valid = F.col(REASON).isNull()
     valid, invalid = tagged.filter(is_valid).drop(REASON), tagged.filter(~is_valid)
     t = time.perf_counter()
@@ -112,13 +134,24 @@ def tag_version_range(
     on_time, late = lateness.split_late(spark, valid, marks, pipeline.event_time)
     timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
     # The quarantine reads only the versions that can hold such rows (a literal false prunes the scan).
-    late = late.filter(_in_versions(lateness.late_candidates(stats, marks)))
-    invalid = invalid.filter(_in_versions([s.version for s in stats if s.invalid]))
+    late_versions = lateness.late_candidates(stats, marks)
+    invalid_versions = [s.version for s in stats if s.invalid]
+    late = late.filter(_in_versions(late_versions))
+    invalid = invalid.filter(_in_versions(invalid_versions))
     q_rows = quarantine.invalid_and_late(
-        invalid, late, pipeline=pipeline.name, phase="backlog", event_time=pipeline.event_time, batch_id=None
+        invalid, late, pipeline=pipeline.name, phase=phase, event_time=pipeline.event_time, batch_id=batch_id
     )
     range_max = max((m for _, m in maxima), default=None)
-    return TaggedRange(prepare(on_time, pipeline, spark), q_rows, range_max, running)
+    # A version holds an on-time record iff its greatest valid event time is above its watermark.
+    has_on_time = any(s.max_us is not None and (s.version not in marks or s.max_us > marks[s.version]) for s in stats)
+    return TaggedRange(
+        prepare(on_time, pipeline, spark),
+        q_rows,
+        range_max,
+        running,
+        has_on_time=has_on_time,
+        has_quarantine=bool(late_versions or invalid_versions),
+    )
 
 
 def _in_versions(versions: list[int]) -> Column:

@@ -460,6 +460,10 @@ class Locations(_Model):
     def live_progress(self) -> str:
         return self._sub("live_progress")
 
+    def live_run(self, run_name: str) -> str:
+        """The live phase's own tables of one run (its progress and the held-back part of a split version)."""
+        return str(Path(self.root) / "live" / run_name)
+
 
 class Pipeline(_Model):
     """Sources + key + event time + watermark delay + operator + sink + settings, declared once."""

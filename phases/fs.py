@@ -27,3 +27,23 @@ def has_files(spark: SparkSession, pattern: str) -> bool:
     fs, p = _fs_path(spark, pattern)
     found = fs.globStatus(p)
     return found is not None and len(found) > 0
+
+
+def read_text(spark: SparkSession, path: str) -> str:
+    """The whole text file at ``path`` (local paths directly, other URIs through Hadoop's FileSystem)."""
+    if "://" not in path and not path.startswith("file:"):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    jvm = spark.sparkContext._jvm
+    fs, p = _fs_path(spark, path)
+    stream = fs.open(p)
+    try:
+        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
+        lines = []
+        line = reader.readLine()
+        while line is not None:
+            lines.append(line)
+            line = reader.readLine()
+        return "\n".join(lines)
+    finally:
+        stream.close()

@@ -14,6 +14,7 @@ micro-batch rebuilds the state in Spark's state store. Only state access differs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -51,12 +52,40 @@ def fold(column: str, dtype: T.DataType, reduce_sql: str) -> Column:
     )
 
 
+def _add(t: str, s: str) -> str:
+    """Null-aware sum of two partial sums (SQL: a sum of only nulls is null)."""
+    return f"CASE WHEN {t} IS NULL THEN {s} WHEN {s} IS NULL THEN {t} ELSE {t} + {s} END"
+
+
+def _least(t: str, s: str) -> str:
+    return f"least({t}, {s})"  # least/greatest skip nulls, like min/max
+
+
+def _greatest(t: str, s: str) -> str:
+    return f"greatest({t}, {s})"
+
+
+def _pairwise_fold(dtype: T.DataType, reduce_sql: str) -> Callable[[str, str], str]:
+    """The user's reduce applied to two partial results, skipping nulls (the same fold as :func:`fold`)."""
+    sql_type = dtype.simpleString()
+
+    def combine(t: str, s: str) -> str:
+        return (
+            f"aggregate(filter(array({s}), v -> v IS NOT NULL), {t}, "
+            f"(acc, x) -> CASE WHEN acc IS NULL THEN x ELSE CAST(({reduce_sql}) AS {sql_type}) END)"
+        )
+
+    return combine
+
+
 @dataclass(frozen=True)
 class _Buffer:
     name: str
     dtype: T.DataType
     lift: Column
     merge: Column
+    #: SQL combining two merged buffers, given the two column references (pairwise form of ``merge``).
+    combine: Callable[[str, str], str] = _add
 
 
 class KeyedAggregationLogic:
@@ -82,7 +111,7 @@ class KeyedAggregationLogic:
         for agg in self.aggregations:
             self._buffers.extend(self._buffers_for(agg, fields))
         ts = F.col(pipeline.event_time)
-        self._buffers.append(_Buffer(MAX_TS, T.TimestampType(), ts, F.max(MAX_TS)))
+        self._buffers.append(_Buffer(MAX_TS, T.TimestampType(), ts, F.max(MAX_TS), _greatest))
         self._buffers.append(_Buffer(ROWS, T.LongType(), F.lit(1).cast("long"), F.sum(ROWS)))
 
     #: how many state rows one record is merged into (sliding windows: size / slide)
@@ -127,12 +156,13 @@ class KeyedAggregationLogic:
         if agg.kind in (AggKind.MIN, AggKind.MAX):
             need(_ORDERABLE, agg.kind.value)
             fn = F.min if agg.kind is AggKind.MIN else F.max
-            return [_Buffer(f"{n}__{agg.kind.value}", dtype, col, fn(f"{n}__{agg.kind.value}"))]
+            pair = _least if agg.kind is AggKind.MIN else _greatest
+            return [_Buffer(f"{n}__{agg.kind.value}", dtype, col, fn(f"{n}__{agg.kind.value}"), pair)]
         # reduce: fold the collected values (and, live, the backlog's partial result) with the user's
         # associative + commutative expression.
         need(_ORDERABLE, "reduce")
         b = f"{n}__acc"
-        return [_Buffer(b, dtype, col, fold(b, dtype, agg.reduce))]
+        return [_Buffer(b, dtype, col, fold(b, dtype, agg.reduce), _pairwise_fold(dtype, agg.reduce))]
 
     # --- the three steps -------------------------------------------------------------------------
     @property
@@ -153,6 +183,11 @@ class KeyedAggregationLogic:
 
     def merge_columns(self) -> list[Column]:
         return [b.merge.cast(b.dtype).alias(b.name) for b in self._buffers]
+
+    def combine_set(self, t: str, s: str) -> dict[str, str]:
+        """SQL per buffer column combining the merged buffers of table aliases ``t`` and ``s`` (a MERGE's
+        update set: the state's buffers with a micro-batch's)."""
+        return {b.name: b.combine(f"{t}.`{b.name}`", f"{s}.`{b.name}`") for b in self._buffers}
 
     def merge(self, buffers: DataFrame) -> DataFrame:
         """Buffers merged per key (batch)."""

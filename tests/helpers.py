@@ -31,9 +31,11 @@ def create_source(spark: SparkSession, path: str) -> None:
     synthetic.create_source(spark, path)
 
 
-def append_version(spark: SparkSession, path: str, rows: list[Row]) -> None:
+def append_version(spark: SparkSession, path: str, rows: list[Row], files: int = 1) -> None:
+    """Commits ``rows`` as one source version, written as up to ``files`` data files."""
     data = [(k, ts(t), v) for k, t, v in rows]
-    synthetic.append(spark, path, spark.createDataFrame(data, synthetic.EVENT_SCHEMA))
+    df = spark.createDataFrame(data, synthetic.EVENT_SCHEMA)
+    synthetic.append(spark, path, df.repartition(files) if files > 1 else df.coalesce(1))
 
 
 def sink_rows(spark: SparkSession, path: str) -> dict[str, dict]:
@@ -77,11 +79,11 @@ def backdate_commits(path: str, when: dict[int, datetime]) -> None:
         os.utime(f"{path}/_delta_log/{version:020d}.json", (stamp, stamp))
 
 
-def write_source(spark: SparkSession, path: str, versions: dict[int, list[Row]]) -> None:
+def write_source(spark: SparkSession, path: str, versions: dict[int, list[Row]], files: int = 1) -> None:
     """A fresh source table whose versions 1..n hold ``versions`` (version 0 is the empty table)."""
     create_source(spark, path)
     for v in sorted(versions):
-        append_version(spark, path, versions[v])
+        append_version(spark, path, versions[v], files)
 
 
 def assert_grouped_by_key(partitions: list[list]) -> None:

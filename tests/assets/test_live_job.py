@@ -49,7 +49,7 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
         expected, _ = reference.run({**VERSIONS, 4: v4}, DELAY_S * S)
         assert_results_equal(sink_rows(spark, f"{root}/engine/sink"), expected)
 
-        checkpoint = f"{root}/engine/checkpoints/{mid}/aggregate/commits"
+        checkpoint = f"{root}/engine/checkpoints/{mid}/increment/commits"
         before = _commits(checkpoint)
         v5 = [("g", 90 * S, 30), ("a", 85 * S, 31)]
         append_version(spark, f"{root}/src", v5)

@@ -66,7 +66,7 @@ def test_switch_commits_a_checkpoint_before_any_live_data_and_restarts_never_dou
     source = started.source.path
     live = LiveRunner.from_manifest(spark, started)
     first = live.start()
-    assert os.path.exists(f"{live.checkpoints}/aggregate/commits/0"), "no immediate checkpoint at the switch"
+    assert os.path.exists(f"{live.checkpoints}/increment/commits/0"), "no immediate checkpoint at the switch"
     assert first.start_seconds > 0
     assert live.status()["aggregate"]["watermark"] is not None
     live.stop()
