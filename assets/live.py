@@ -25,6 +25,11 @@ class LiveConfig(dg.Config):
         None, description="Handoff to start from (the switch sensor sets it); default: the newest manifest."
     )
     report_interval_seconds: float | None = Field(None, gt=0, description="Default: the pipeline's setting.")
+    take_over_dead_lease: bool = Field(
+        False,
+        description="Take the pipeline's live lease over from a live run whose process is gone (killed, machine "
+        "lost). A live holder is never taken over.",
+    )
     max_runtime_seconds: float | None = Field(
         None,
         gt=0,
@@ -64,7 +69,7 @@ def build_live_job(pipeline: Pipeline, settings: Orchestration) -> dg.JobDefinit
     def live_phase(context: dg.OpExecutionContext, config: LiveConfig, spark: SparkResource, storage: StorageResource):
         p = storage.resolve(pipeline)
         interval = config.report_interval_seconds or settings.live.report_interval_seconds
-        runner = LiveRunner.from_manifest(spark.session(), p, config.manifest_id)
+        runner = LiveRunner.from_manifest(spark.session(), p, config.manifest_id, take_over=config.take_over_dead_lease)
         context.log.info(f"starting the live phase of {p.name!r} from manifest {runner.run_name}")
         try:
             start = runner.start()

@@ -30,7 +30,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import fs, lateness, manifest, quarantine, tables
+from phases import fs, lateness, leases, manifest, quarantine, tables
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, WINDOW_END, Pipeline, ProcessOperator
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
@@ -162,11 +162,18 @@ class BacklogRunner:
     """Runs the backlog phase and writes the handoff: whole (:meth:`run`), as a catch-up increment on top
     of the last handoff (:meth:`run_increment`), or from daily slices (:mod:`phases.slices`)."""
 
-    def __init__(self, spark: SparkSession, pipeline: Pipeline):
+    def __init__(self, spark: SparkSession, pipeline: Pipeline, *, take_over: bool = False):
+        """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone."""
         self.spark = spark
         self.pipeline = pipeline
         self.source = DeltaTableSource(spark, pipeline.source)
         self.timings: dict[str, float] = {}
+        self.holder = f"backlog run {uuid.uuid4().hex[:12]}"
+        self.take_over = take_over
+
+    def lease(self) -> leases.hold:
+        """The pipeline's backlog lease for this runner (re-entrant): one backlog at a time."""
+        return leases.hold(self.spark, self.pipeline, "backlog", self.holder, take_over=self.take_over)
 
     def refuse_after_switch(self, reset: bool) -> None:
         """Raises PhaseStateError once the live phase of the latest manifest has started (unless reset)."""
@@ -231,6 +238,10 @@ class BacklogRunner:
 
     def run(self, end_version: int | None = None, *, reset: bool = False) -> manifest.HandoffManifest:
         """Runs the backlog over versions 0..end_version (default: the head now) and hands off."""
+        with self.lease():
+            return self._run(end_version, reset)
+
+    def _run(self, end_version: int | None, reset: bool) -> manifest.HandoffManifest:
         self._refuse_stream_mode()
         started = time.perf_counter()
         self.refuse_after_switch(reset)
@@ -253,6 +264,10 @@ class BacklogRunner:
     def run_increment(self, end_version: int | None = None) -> manifest.HandoffManifest:
         """Catch-up: merges versions V+1..end_version (default: the head) into the last handoff's state and
         hands off again, without re-reading versions 0..V. Returns the last handoff when nothing is new."""
+        with self.lease():
+            return self._run_increment(end_version)
+
+    def _run_increment(self, end_version: int | None) -> manifest.HandoffManifest:
         self._refuse_stream_mode()
         self.refuse_pieces("a catch-up increment")
         started = time.perf_counter()

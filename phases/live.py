@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import lateness, manifest, quarantine, tables
+from phases import lateness, leases, manifest, quarantine, tables
 from phases.backlog import live_checkpoint_root
 from phases.definition import WINDOW_START, Pipeline
 from phases.delta_source import DeltaTableSource
@@ -118,11 +119,15 @@ class LiveRunner:
         *,
         max_files_per_trigger: int | None = None,
         operator_batches: int | None = None,
+        take_over: bool = False,
     ):
         """Use :meth:`from_manifest` or :meth:`streaming_only`. ``max_files_per_trigger`` splits the source
         reads into micro-batches; ``operator_batches`` also splits a process or two-input operator's reads of the tagged
-        records (available now) into about that many micro-batches (benchmarks of stream mode)."""
+        records (available now) into about that many micro-batches (benchmarks of stream mode). ``take_over``
+        takes the pipeline's live lease over from a holder whose process is gone."""
         self.spark = spark
+        self.take_over = take_over
+        self.lease: leases.Lease | None = None
         self.pipeline = pipeline
         self.handoff = handoff
         self.max_files_per_trigger = max_files_per_trigger
@@ -135,6 +140,7 @@ class LiveRunner:
             )
         records = prepared_schema(spark, pipeline, self.source.schema())
         self.run_name = handoff.manifest_id if handoff else STREAMING_ONLY
+        self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
         loc = pipeline.locations
         self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
         self.live_input = str(PurePosixPath(loc.live_input) / self.run_name)
@@ -359,12 +365,30 @@ class LiveRunner:
     def start(self, *, available_now: bool = False) -> LiveStart:
         """Starts both queries and returns once the first aggregate checkpoint (the state replay) is committed.
 
-        ``available_now`` runs each query over what is available and stops it (catch-up / tests).
+        ``available_now`` runs each query over what is available and stops it (catch-up / tests). Holds the
+        pipeline's live lease while running: a second live phase of the pipeline is refused
+        (:class:`phases.leases.LeaseHeld`) and never stops this one.
         """
-        if self.incremental is not None:
-            return self._start_incremental(available_now)
-        if self.tagger is not None and self.tagger.isActive:
+        if any(q is not None and q.isActive for _, q in self._queries()):
             raise PhaseStateError(f"live phase {self.run_name} of {self.pipeline.name!r} is already running")
+        self.lease = leases.acquire(
+            self.spark, self.pipeline, "live", self.holder, take_over=self.take_over
+        )
+        try:
+            started = self._start_incremental(available_now) if self.incremental else self._start_queries(available_now)
+        except BaseException:
+            self.stop()
+            raise
+        if available_now:
+            self._release()
+        return started
+
+    def _release(self) -> None:
+        if self.lease is not None:
+            leases.release(self.spark, self.lease)
+            self.lease = None
+
+    def _start_queries(self, available_now: bool) -> LiveStart:
         self._prepare_tables()
         started = time.perf_counter()
         name = f"{self.pipeline.name}_{self.run_name[:8]}".replace("-", "_")
@@ -407,9 +431,6 @@ class LiveRunner:
         return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
 
     def _start_incremental(self, available_now: bool) -> LiveStart:
-        q = self.incremental.query
-        if q is not None and q.isActive:
-            raise PhaseStateError(f"live phase {self.run_name} of {self.pipeline.name!r} is already running")
         started = time.perf_counter()
         name = f"{self.pipeline.name}_{self.run_name[:8]}".replace("-", "_")
         q = self.incremental.start(self._trigger(available_now), name)
@@ -440,9 +461,13 @@ class LiveRunner:
         return [*(named or [("tagger", None)]), ("aggregate", self.aggregate)]
 
     def stop(self) -> None:
-        for _, q in self._queries():
-            if q is not None and q.isActive:
-                q.stop()
+        """Stops the queries and releases the live lease."""
+        try:
+            for _, q in self._queries():
+                if q is not None and q.isActive:
+                    q.stop()
+        finally:
+            self._release()
 
     def raise_if_failed(self) -> None:
         """Raises PhaseStateError when a started query has stopped (with the query's own error)."""

@@ -128,6 +128,12 @@ class SliceRunner:
         commit_times: list[tuple[int, datetime]] | None = None,
     ) -> SliceRecord:
         """Computes and commits the slice of ``day`` (which must be over), replacing any earlier attempt."""
+        with self.backlog.lease():
+            return self._run_slice(day, now, commit_times)
+
+    def _run_slice(
+        self, day: date, now: datetime | None, commit_times: list[tuple[int, datetime]] | None
+    ) -> SliceRecord:
         now = now or datetime.now(UTC)
         end = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(days=1)
         if now < end:
@@ -187,6 +193,10 @@ class SliceRunner:
 
     def run_range(self, days: list[date], *, now: datetime | None = None, on_done=None) -> RangeResult:
         """Runs the slices of ``days`` that are not finished yet; ``on_done(record)`` after each one."""
+        with self.backlog.lease():
+            return self._run_range(days, now, on_done)
+
+    def _run_range(self, days: list[date], now: datetime | None, on_done) -> RangeResult:
         done = self.finished()
         times = self.backlog.source.commit_times()
         executed, recovered = [], []
@@ -217,6 +227,10 @@ class SliceRunner:
     # --- combining -----------------------------------------------------------------------------------
     def combine(self) -> HandoffManifest:
         """Merges the finished slices covering versions 0..V without a gap into the handoff state."""
+        with self.backlog.lease():
+            return self._combine()
+
+    def _combine(self) -> HandoffManifest:
         self.backlog.refuse_after_switch(reset=False)
         started = time.perf_counter()
         done = self.finished()

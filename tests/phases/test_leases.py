@@ -1,0 +1,87 @@
+"""One backlog and one live phase per pipeline at a time: a second start is refused with the holder's name
+and the running one goes on; a dead holder's lease is taken over only explicitly, and only when dead."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from phases import leases
+from phases.backlog import BacklogRunner
+from phases.live import LiveRunner
+from tests import reference
+from tests.conftest import make_pipeline
+from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
+from tests.phases.test_live import BACKLOG, DELAY_S, LIVE, S
+
+
+@pytest.fixture
+def pipeline(spark, tmp_path):
+    source = str(tmp_path / "source")
+    write_source(spark, source, BACKLOG)
+    return make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+
+
+def test_a_second_live_start_is_refused_and_the_running_one_goes_on(spark, pipeline):
+    BacklogRunner(spark, pipeline).run()
+    first = LiveRunner.from_manifest(spark, pipeline)
+    first.start()
+    try:
+        with pytest.raises(leases.LeaseHeld) as err:
+            LiveRunner.from_manifest(spark, pipeline).start()
+        msg = str(err.value)
+        assert f"live phase is held by {first.holder} since" in msg
+        assert f"pid {os.getpid()}" in msg and "take_over=True" in msg
+        append_version(spark, pipeline.source.path, LIVE[3])
+        first.process_available()
+        first.raise_if_failed()
+    finally:
+        first.stop()
+    expected, _ = reference.run({**BACKLOG, 3: LIVE[3]}, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, pipeline.sink.path), expected)
+    assert not os.path.exists(leases.lease_path(pipeline, "live")), "stop() did not release the lease"
+
+
+def test_a_second_backlog_is_refused_while_one_runs_and_the_first_finishes(spark, pipeline):
+    first = BacklogRunner(spark, pipeline)
+    done: dict = {}
+    thread = threading.Thread(target=lambda: done.setdefault("handoff", first.run()))
+    thread.start()
+    path = leases.lease_path(pipeline, "backlog")
+    deadline = time.time() + 60
+    while not os.path.exists(path) and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        with pytest.raises(leases.LeaseHeld, match=f"its backlog is held by {first.holder} since"):
+            BacklogRunner(spark, pipeline).run()
+    finally:
+        thread.join()
+    assert done["handoff"].source_version == len(BACKLOG)
+    assert not os.path.exists(path)
+
+
+def test_a_dead_holders_lease_is_taken_over_only_explicitly(spark, pipeline):
+    BacklogRunner(spark, pipeline).run()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    path = leases.lease_path(pipeline, "live")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    stale = {"pipeline": pipeline.name, "role": "live", "holder": "live run crashed", "host": socket.gethostname()}
+    with open(path, "w") as f:
+        json.dump({**stale, "pid": gone.pid, "since_us": 1}, f)
+    with pytest.raises(leases.LeaseHeld, match="held by live run crashed since 1970"):
+        LiveRunner.from_manifest(spark, pipeline).start(available_now=True)
+    LiveRunner.from_manifest(spark, pipeline, take_over=True).start(available_now=True)
+    assert not os.path.exists(path)
+
+    # A live holder is never taken over, even when asked.
+    with open(path, "w") as f:
+        json.dump({**stale, "holder": "live run elsewhere", "pid": os.getpid(), "since_us": 1}, f)
+    with pytest.raises(leases.LeaseHeld, match="cannot take over .* still alive"):
+        LiveRunner.from_manifest(spark, pipeline, take_over=True).start(available_now=True)
