@@ -34,17 +34,18 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import PurePosixPath
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import lateness, leases, manifest, quarantine, tables
+from phases import lateness, leases, manifest, quarantine, schema_evolution, tables
 from phases.backlog import live_checkpoint_root
 from phases.definition import WINDOW_START, Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
-from phases.errors import PhaseStateError
+from phases.errors import DefinitionError, PhaseStateError
 from phases.keyed_aggregate import (
     TS,
     logic_for,
@@ -371,9 +372,7 @@ class LiveRunner:
         """
         if any(q is not None and q.isActive for _, q in self._queries()):
             raise PhaseStateError(f"live phase {self.run_name} of {self.pipeline.name!r} is already running")
-        self.lease = leases.acquire(
-            self.spark, self.pipeline, "live", self.holder, take_over=self.take_over
-        )
+        self.lease = leases.acquire(self.spark, self.pipeline, "live", self.holder, take_over=self.take_over)
         try:
             started = self._start_incremental(available_now) if self.incremental else self._start_queries(available_now)
         except BaseException:
@@ -430,15 +429,60 @@ class LiveRunner:
             self.aggregate.processAllAvailable()
         return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
 
+    def _take_up_schema(self) -> None:
+        """Rebuilds the operator for the source's current schema and widens the state and the sink to it
+        (:mod:`phases.schema_evolution`); raises SchemaChangeError when the operator cannot take it."""
+        p, spark = self.pipeline, self.spark
+        records = prepared_schema(spark, p, self.source.schema())
+        try:
+            logic = logic_for(p, records)
+        except DefinitionError as exc:
+            raise schema_evolution.SchemaChangeError(
+                f"pipeline {p.name!r}: the source's schema changed and its operator cannot take it: {exc}. "
+                "To proceed: change the source back, or adapt the pipeline and run the backlog again with "
+                "BacklogRunner(...).run(reset=True)"
+            ) from exc
+        sources = schema_evolution.buffer_sources(logic)
+        changed = schema_evolution.changes(spark, self.state_path, logic.buffer_schema, sources)
+        schema_evolution.check_operator(spark, logic, records, p.name, changed)
+        for path, wanted, what in (
+            (self.state_path, logic.buffer_schema, "state table"),
+            (p.sink.path, logic.output_schema, "sink"),
+        ):
+            if tables.exists(spark, path):
+                schema_evolution.take_up(spark, path, wanted, what, p.name, sources)
+        self.logic = logic
+        self.incremental.use(logic)
+
+    def _query_name(self) -> str:
+        return f"{self.pipeline.name}_{self.run_name[:8]}".replace("-", "_")
+
+    def _resume_after_schema_change(self) -> bool:
+        """Restarts the live query (from its checkpoint) when Delta's source stopped it on a schema change;
+        True when it did."""
+        q = self.incremental.query if self.incremental else None
+        if q is None or q.isActive or not schema_evolution.is_schema_change_stop(q.exception()):
+            return False
+        self._take_up_schema()
+        self.incremental.start(self._trigger(False), self._query_name())
+        return True
+
     def _start_incremental(self, available_now: bool) -> LiveStart:
         started = time.perf_counter()
-        name = f"{self.pipeline.name}_{self.run_name[:8]}".replace("-", "_")
-        q = self.incremental.start(self._trigger(available_now), name)
+        self._take_up_schema()
+        name = self._query_name()
         if available_now:
-            q.awaitTermination()
+            # Delta's source stops a query at a schema change; a new query takes the new schema up.
+            for _ in range(3):
+                q = self.incremental.start(self._trigger(True), name)
+                q.awaitTermination()
+                if not schema_evolution.is_schema_change_stop(q.exception()):
+                    break
+                self._take_up_schema()
             self._raise_if_failed(q)
-        else:
-            q.processAllAvailable()
+            return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
+        self.incremental.start(self._trigger(False), name)
+        self.process_available()
         return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
 
     def process_available(self) -> None:
@@ -446,6 +490,13 @@ class LiveRunner:
         if self.incremental is not None:
             if self.incremental.query is None:
                 raise PhaseStateError("the live phase is not running; call start() first")
+            for _ in range(3):
+                try:
+                    self.incremental.query.processAllAvailable()
+                    return
+                except StreamingQueryException:
+                    if not self._resume_after_schema_change():
+                        raise
             self.incremental.query.processAllAvailable()
             return
         if not self.taggers or self.aggregate is None:
@@ -470,7 +521,9 @@ class LiveRunner:
             self._release()
 
     def raise_if_failed(self) -> None:
-        """Raises PhaseStateError when a started query has stopped (with the query's own error)."""
+        """Raises PhaseStateError when a started query has stopped (with the query's own error). A live query
+        that Delta's source stopped on a schema change is resumed instead, taking the change up."""
+        self._resume_after_schema_change()
         for label, q in self._queries():
             if q is not None and not q.isActive:
                 exc = q.exception()

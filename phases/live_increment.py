@@ -251,6 +251,11 @@ class IncrementalLive:
         self.query: StreamingQuery | None = None
         self._progress: dict[int, Progress] = {}
 
+    def use(self, logic: KeyedAggregationLogic) -> None:
+        """Runs the next micro-batches with ``logic`` (rebuilt after a source schema change)."""
+        self.logic = logic
+        self.step = step_for(logic, self.state_path, self.pipeline.sink.path)
+
     # --- tables ----------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Creates the sink, quarantine and state if missing, and writes the switch's progress row."""

@@ -1,0 +1,91 @@
+"""Source schema changes while the live phase runs: an added nullable column and a Delta type widening are
+taken up (the live phase goes on, results equal the reference); a change the operator cannot take stops it
+with an error naming the column, the change and the way out, and it resumes once the user acted."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import types as T
+
+from phases.backlog import BacklogRunner
+from phases.definition import Aggregation, KeyedAggregate
+from phases.live import LiveRunner
+from phases.schema_evolution import SchemaChangeError
+from tests import reference
+from tests.conftest import make_pipeline
+from tests.helpers import assert_results_equal, sink_rows, ts, write_source
+from tests.phases.test_live import BACKLOG, DELAY_S, S
+
+INT_SCHEMA = T.StructType(
+    [
+        T.StructField("key", T.StringType()),
+        T.StructField("ts", T.TimestampType()),
+        T.StructField("value", T.IntegerType()),
+    ]
+)
+
+
+def test_a_column_added_while_live_runs_is_taken_up(spark, tmp_path):
+    source = str(tmp_path / "source")
+    write_source(spark, source, BACKLOG)
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    BacklogRunner(spark, p).run()
+    live = LiveRunner.from_manifest(spark, p)
+    live.start()
+    try:
+        rows = [("a", 120 * S, 5, "x"), ("d", 130 * S, 6, None)]
+        data = [(k, ts(t), v, e) for k, t, v, e in rows]
+        df = spark.createDataFrame(data, "key string, ts timestamp, value long, extra string")
+        df.write.format("delta").mode("append").option("mergeSchema", "true").save(source)
+        live.process_available()
+        live.raise_if_failed()
+    finally:
+        live.stop()
+    expected, _ = reference.run({**BACKLOG, 3: [r[:3] for r in rows]}, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+
+
+def _int_source(spark, path: str) -> None:
+    writer = spark.createDataFrame([], INT_SCHEMA).write.format("delta")
+    writer.option("delta.enableChangeDataFeed", "true").option("delta.enableTypeWidening", "true").save(path)
+    for v in sorted(BACKLOG):
+        data = [(k, ts(t), val) for k, t, val in BACKLOG[v]]
+        spark.createDataFrame(data, INT_SCHEMA).write.format("delta").mode("append").save(path)
+
+
+def test_an_int_to_bigint_widening_while_live_runs_is_taken_up(spark, tmp_path):
+    source = str(tmp_path / "source")
+    _int_source(spark, source)
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    BacklogRunner(spark, p).run()
+    live = LiveRunner.from_manifest(spark, p)
+    live.start()
+    try:
+        spark.sql(f"ALTER TABLE delta.`{source}` ALTER COLUMN value TYPE BIGINT")
+        big = [("a", 120 * S, 2**40), ("b", 125 * S, 3)]
+        data = [(k, ts(t), v) for k, t, v in big]
+        spark.createDataFrame(data, "key string, ts timestamp, value long").write.format("delta").mode("append").save(
+            source
+        )
+        live.process_available()
+        live.raise_if_failed()
+    finally:
+        live.stop()
+    expected, _ = reference.run({**BACKLOG, 4: big}, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    sink_types = {f.name: f.dataType for f in spark.read.format("delta").load(p.sink.path).schema.fields}
+    assert sink_types["hi"] == T.LongType()
+
+
+def test_a_change_the_operator_cannot_take_names_the_column_and_the_way_out(spark, tmp_path):
+    source = str(tmp_path / "source")
+    _int_source(spark, source)
+    xor = KeyedAggregate(aggregations=[Aggregation(name="xor", kind="reduce", column="value", reduce="acc ^ x")])
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S, operator=xor)
+    BacklogRunner(spark, p).run()
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    spark.sql(f"ALTER TABLE delta.`{source}` ALTER COLUMN value TYPE DOUBLE")  # a widening Delta allows
+    with pytest.raises(SchemaChangeError) as err:
+        LiveRunner.from_manifest(spark, p).start(available_now=True)
+    msg = str(err.value)
+    assert "'value'" in msg and "int" in msg and "double" in msg and "reset=True" in msg
