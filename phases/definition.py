@@ -490,8 +490,9 @@ class Pipeline(_Model):
     )
     checkpoint_interval_during_backlog: timedelta = Field(
         timedelta(0),
-        description="FLIP-309: 0 = the backlog runs as a batch job with no checkpoints; otherwise it "
-        "must be >= checkpoint_interval.",
+        description="FLIP-309: 0 = the backlog runs as one batch job with no checkpoints; otherwise (>= "
+        "checkpoint_interval) it commits a handoff after each increment of at most this much source time "
+        "(commit time), so a crash re-runs at most one increment.",
     )
 
     @field_validator("name")
@@ -539,6 +540,15 @@ class Pipeline(_Model):
             raise ValueError(
                 f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) must be 0 (no checkpoints "
                 f"during backlog) or >= checkpoint_interval ({live.total_seconds()}s)"
+            )
+        if backlog != timedelta(0) and not self.supports_increments:
+            what = f"end_of_stream steps {[s.name for s in self.end_of_stream]}" if self.end_of_stream else ""
+            what = what or f"operator kind {self.operator.kind!r}"
+            raise ValueError(
+                f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) makes the backlog commit in "
+                f"increments of at most that much source time, and {what} cannot be built from increments "
+                "(increments take keyed_aggregate, window_aggregate and session_aggregate without end_of_stream "
+                "steps); set it to 0"
             )
         outputs = [a.name for a in getattr(self.operator, "aggregations", [])]
         clash = sorted(set(outputs) & set(self.key_columns))

@@ -98,3 +98,52 @@ def test_a_slice_runs_only_once_its_day_is_over(spark, tmp_path, source):
         SliceRunner(spark, p, DAY0).run_slice(DAY0, now=_at(DAY0, 23))
     with pytest.raises(PhaseStateError, match="before the pipeline's first slice"):
         SliceRunner(spark, p, DAY0).day_versions(DAY0 - timedelta(days=1))
+
+
+def _manifests(spark, p) -> list[tuple[str, int]]:
+    rows = spark.read.format("delta").load(p.locations.manifests).filter(f"pipeline = '{p.name}'").collect()
+    return [(r["kind"], r["source_version"]) for r in sorted(rows, key=lambda r: r["created_at_us"])]
+
+
+def test_a_checkpoint_interval_during_backlog_commits_increments_and_a_crash_reruns_only_the_last(
+    spark, tmp_path, source, monkeypatch
+):
+    p = make_pipeline(
+        source, str(tmp_path / "run"), delay_s=DELAY_S, checkpoint_interval_during_backlog=timedelta(days=1)
+    )
+    runner = BacklogRunner(spark, p)
+    # Commits: v0 DAY0-1 12:00, v1 DAY0 12:00 (a day later: next increment), v2 and v3 DAY0+2 01:00/02:00.
+    assert runner.increment_ends(3) == [0, 1, 3]
+    real = BacklogRunner._run_increment
+
+    def crash_at_the_last(self, end_version):
+        if end_version == 3:
+            raise RuntimeError("simulated crash in the last increment")
+        return real(self, end_version)
+
+    monkeypatch.setattr(BacklogRunner, "_run_increment", crash_at_the_last)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        runner.run()
+    monkeypatch.undo()
+    assert _manifests(spark, p) == [("full", 0), ("increment", 1)]
+
+    handoff = BacklogRunner(spark, p).run()
+    assert _manifests(spark, p) == [("full", 0), ("increment", 1), ("increment", 3)]
+    assert handoff.source_version == 3
+    expected, expected_q = reference.run(VERSIONS, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    assert quarantine_rows(spark, p.locations.root) == sorted(expected_q, key=repr)
+
+
+def test_a_checkpoint_interval_during_backlog_is_refused_for_kinds_without_increments():
+    from pydantic import ValidationError
+
+    from phases.definition import ProcessOperator
+
+    with pytest.raises(ValidationError, match="operator kind 'process' cannot be built from increments"):
+        make_pipeline(
+            "s",
+            "r",
+            operator=ProcessOperator(function="tests.phases.process_functions:Sessions"),
+            checkpoint_interval_during_backlog=timedelta(hours=1),
+        )
