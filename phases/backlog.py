@@ -30,7 +30,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import fs, lateness, leases, manifest, quarantine, tables
+from phases import fs, lateness, leases, maintenance, manifest, quarantine, tables
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, WINDOW_END, Pipeline, ProcessOperator
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
@@ -170,6 +170,7 @@ class BacklogRunner:
         self.timings: dict[str, float] = {}
         self.holder = f"backlog run {uuid.uuid4().hex[:12]}"
         self.take_over = take_over
+        self.removed_orphans: list[str] = []  # state tables of crashed runs this run removed
 
     def lease(self) -> leases.hold:
         """The pipeline's backlog lease for this runner (re-entrant): one backlog at a time."""
@@ -234,6 +235,7 @@ class BacklogRunner:
     def _run(self, end_version: int | None, reset: bool) -> manifest.HandoffManifest:
         started = time.perf_counter()
         self.refuse_after_switch(reset)
+        self.removed_orphans = maintenance.remove_orphan_state(self.spark, self.pipeline)
         v = self._end_version(end_version)
         if self.pipeline.checkpoint_interval_during_backlog > timedelta(0):
             return self._run_in_increments(v, reset, started)

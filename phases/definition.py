@@ -465,6 +465,20 @@ class Locations(_Model):
         return str(Path(self.root) / "live" / run_name)
 
 
+class Maintenance(_Model):
+    """How the engine keeps its tables from growing without bound (:mod:`phases.maintenance`). Not part of
+    the fingerprint: it shapes no state."""
+
+    auto_compact: bool = Field(
+        True, description="Delta auto compaction on the tables every live micro-batch rewrites (state, sink)."
+    )
+    retain: timedelta = Field(
+        timedelta(days=7),
+        description="VACUUM retention of the engine's tables and the sink; Delta refuses less than its 7-day "
+        "safety interval unless spark.databricks.delta.retentionDurationCheck.enabled is false.",
+    )
+
+
 class Pipeline(_Model):
     """Sources + key + event time + watermark delay + operator + sink + settings, declared once."""
 
@@ -488,6 +502,7 @@ class Pipeline(_Model):
     checkpoint_interval: timedelta = Field(
         timedelta(seconds=5), description="Live phase: micro-batch trigger (and checkpoint) interval."
     )
+    maintenance: Maintenance = Field(default_factory=Maintenance)
     checkpoint_interval_during_backlog: timedelta = Field(
         timedelta(0),
         description="FLIP-309: 0 = the backlog runs as one batch job with no checkpoints; otherwise (>= "

@@ -47,3 +47,11 @@ def read_text(spark: SparkSession, path: str) -> str:
         return "\n".join(lines)
     finally:
         stream.close()
+
+
+def list_names(spark: SparkSession, path: str) -> list[str]:
+    """Names of the entries directly under ``path`` (empty when it does not exist)."""
+    fs, p = _fs_path(spark, path)
+    if not fs.exists(p):
+        return []
+    return sorted(str(status.getPath().getName()) for status in fs.listStatus(p))

@@ -1,6 +1,6 @@
 """One backlog and one live phase per pipeline at a time: a lease file per pipeline and role.
 
-A lease is a small JSON file, ``<locations.root>/leases/<role>.json``, created with the file system's
+A lease is a small JSON file, ``<locations.root>/leases/<pipeline>.<role>.json``, created with the file system's
 create-if-absent (atomic on local disks and HDFS). It names its holder: the run, host, process and since
 when. While held, a daemon thread refreshes the file's modification time (the heartbeat). A second start
 finds the file and is refused with a :class:`LeaseHeld` error naming the holder; the running phase never
@@ -150,7 +150,7 @@ def _local(path: str) -> str:
 def lease_path(pipeline: Pipeline, role: str) -> str:
     if role not in ROLES:
         raise ValueError(f"lease role {role!r} is not one of {ROLES}")
-    return f"{pipeline.locations.root.rstrip('/')}/leases/{role}.json"
+    return f"{pipeline.locations.root.rstrip('/')}/leases/{pipeline.name}.{role}.json"
 
 
 def _read(store, path: str) -> tuple[Lease, int] | None:

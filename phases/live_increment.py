@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import fs, quarantine, tables
+from phases import fs, maintenance, quarantine, tables
 from phases.backlog import tag_changes
 from phases.definition import WINDOW_END, WINDOW_START, Pipeline
 from phases.delta_source import DeltaTableSource
@@ -263,6 +263,8 @@ class IncrementalLive:
         quarantine.ensure(spark, p.locations.quarantine)
         tables.ensure(spark, p.sink.path, self.logic.output_schema)
         tables.ensure(spark, self.state_path, self.logic.buffer_schema)
+        if p.maintenance.auto_compact:
+            maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
         if not tables.exists(spark, self.progress_path):
             # One commit creates the table with its first row: the live phase's immediate checkpoint.
             row = spark.createDataFrame([self.start_progress.row()], PROGRESS_SCHEMA)

@@ -144,3 +144,36 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
 
     LiveRunner.from_manifest(spark, p).start(available_now=True)
     _assert_sink(spark, kind, p.sink.path, _expected(kind, {**backlog, **live_versions}))
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_nothing_twice(spark, tmp_path):
+    """A real crash: the live process is SIGKILLed after its state MERGE committed, before the sink write.
+    Its lease is left behind (taken over explicitly), the restart replays the micro-batch: Delta skips the
+    state MERGE, the sink gets it once."""
+    import subprocess
+    import sys
+
+    from phases import leases
+
+    source = str(tmp_path / "source")
+    backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}
+    live_versions = {2: [("a", 110 * SECOND, 3), ("c", 120 * SECOND, 4)], 3: [("b", 200 * SECOND, 5)]}
+    write_source(spark, source, backlog)
+    p = _pipeline("keyed", source, str(tmp_path / "run"))
+    BacklogRunner(spark, p).run()
+    for v in sorted(live_versions):
+        append_version(spark, source, live_versions[v])
+
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.phases.live_child", p.model_dump_json(), "sink"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == -9, child.stderr[-2000:]
+    with pytest.raises(leases.LeaseHeld, match="take_over=True"):
+        LiveRunner.from_manifest(spark, p).start(available_now=True)
+    LiveRunner.from_manifest(spark, p, take_over=True).start(available_now=True)
+    _assert_sink(spark, "keyed", p.sink.path, _expected("keyed", {**backlog, **live_versions}))
+    assert quarantine_rows(spark, str(tmp_path / "run")) == []
