@@ -30,6 +30,11 @@ class BacklogConfig(dg.Config):
     )
     end_version: int | None = Field(None, ge=0, description="Last source version to read (full/increment).")
     reset: bool = Field(False, description="full: start over even though the live phase already started.")
+    take_over_dead_lease: bool = Field(
+        True,
+        description="Take the pipeline's backlog lease over from a backlog run whose process is gone (a crashed or "
+        "killed run): re-running is how a crashed backlog recovers. A holder that is alive is never taken over.",
+    )
 
 
 def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dict:
@@ -87,10 +92,10 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                     f"mode 'slices' needs a daily backfill for pipeline {pipeline.name!r}; valid modes here: "
                     "'full', 'increment'"
                 )
-            runner = SliceRunner(session, p, settings.backfill.start_date)
+            runner = SliceRunner(session, p, settings.backfill.start_date, take_over=config.take_over_dead_lease)
             handoff, timings = runner.combine(), runner.backlog.timings
         else:
-            runner = BacklogRunner(session, p)
+            runner = BacklogRunner(session, p, take_over=config.take_over_dead_lease)
             if mode == "full":
                 handoff = runner.run(config.end_version, reset=config.reset)
             else:
@@ -120,7 +125,9 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
             ),
         )
         def slices(context: dg.AssetExecutionContext, spark: SparkResource, storage: StorageResource):
-            runner = SliceRunner(spark.session(), storage.resolve(pipeline), start)
+            # A re-run of a range is how a crashed backfill recovers (FLIP-383): it takes over the backlog lease of
+            # a run whose process is gone; a holder that is alive is never taken over.
+            runner = SliceRunner(spark.session(), storage.resolve(pipeline), start, take_over=True)
             days = [date.fromisoformat(k) for k in context.partition_keys]
 
             def done(record) -> None:

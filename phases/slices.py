@@ -83,11 +83,12 @@ def day_id(day: date) -> str:
 
 
 class SliceRunner:
-    def __init__(self, spark: SparkSession, pipeline: Pipeline, start_date: date):
+    def __init__(self, spark: SparkSession, pipeline: Pipeline, start_date: date, *, take_over: bool = False):
+        """``take_over``: take the backlog lease over from a run whose process is gone (see :mod:`phases.leases`)."""
         self.spark = spark
         self.pipeline = pipeline
         self.start_date = start_date
-        self.backlog = BacklogRunner(spark, pipeline)
+        self.backlog = BacklogRunner(spark, pipeline, take_over=take_over)
         root = PurePosixPath(pipeline.locations.root)
         self.partials_path = str(root / "slices" / "partials")
         self.log_path = str(root / "slices" / "log")
