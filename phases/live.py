@@ -475,10 +475,14 @@ class LiveRunner:
             # Delta's source stops a query at a schema change; a new query takes the new schema up.
             for _ in range(3):
                 q = self.incremental.start(self._trigger(True), name)
-                q.awaitTermination()
-                if not schema_evolution.is_schema_change_stop(q.exception()):
-                    break
-                self._take_up_schema()
+                try:
+                    q.awaitTermination()  # raises the query's error when it failed
+                except StreamingQueryException:
+                    if not schema_evolution.is_schema_change_stop(q.exception()):
+                        raise
+                    self._take_up_schema()
+                    continue
+                break
             self._raise_if_failed(q)
             return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
         self.incremental.start(self._trigger(False), name)

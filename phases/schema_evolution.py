@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases import tables
 from phases.errors import DefinitionError, PhasesError
 from phases.keyed_aggregate import KeyedAggregationLogic
 
@@ -58,8 +59,6 @@ def _way_out(pipeline: str) -> str:
 
 def changes(spark: SparkSession, path: str, wanted: T.StructType, sources: dict[str, str]) -> list[str]:
     """What differs between the table at ``path`` and ``wanted``, naming the source column behind each."""
-    from phases import tables
-
     if not tables.exists(spark, path):
         return []
     current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
