@@ -1,9 +1,9 @@
 """The live phase: Structured Streaming over the source's versions after the handoff's V.
 
-Keyed aggregations, windows and sessions run as a continuous increment: one streaming query per live
-input, no staging table, state on Delta, exact under any split of versions into micro-batches
-(:mod:`phases.live_increment`). Process functions and two-input operators still run the earlier layout
-described below (moving them is the next step of the live-phase rebuild).
+Keyed aggregations, windows, sessions and process functions run as a continuous increment: one streaming
+query per live input, no staging table, state on Delta, exact under any split of versions into
+micro-batches (:mod:`phases.live_increment`). Two-input operators still run the earlier layout described
+below (moving them is the next step of the live-phase rebuild).
 
 Two streaming queries, each with its own checkpoint under ``checkpoints/<manifest_id>/``:
 
@@ -44,18 +44,13 @@ from phases import lateness, leases, manifest, quarantine, schema_evolution, tab
 from phases.backlog import live_checkpoint_root
 from phases.definition import WINDOW_START, Pipeline
 from phases.delta_source import DeltaTableSource
-from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
+from phases.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases.errors import DefinitionError, PhaseStateError
 from phases.keyed_aggregate import (
-    TS,
     logic_for,
 )
-from phases.live_increment import IncrementalLive, Progress
-from phases.process_live import RECORD, SEED, LiveProcessor
-from phases.process_operator import KIND as PROCESS_KIND
-from phases.process_operator import STATE as PROCESS_STATE
-from phases.process_operator import TIMERS as PROCESS_TIMERS
-from phases.process_operator import process_logic_for
+from phases.live_increment import IncrementalLive, Progress, state_schema
+from phases.process_operator import ProcessLogic, process_logic_for
 from phases.records import split_invalid
 from phases.two_input import CoGroupLogic, two_input_logic_for
 
@@ -177,7 +172,7 @@ class LiveRunner:
         self.taggers: list[StreamingQuery] = []
         self.aggregate: StreamingQuery | None = None
         self.incremental: IncrementalLive | None = None
-        if self.process is None and self.two_input is None:
+        if self.two_input is None:
             start = Progress(
                 batch_id=-1,
                 complete_below=handoff.source_version + 1 if handoff else 0,
@@ -236,7 +231,7 @@ class LiveRunner:
         quarantine.ensure(spark, p.locations.quarantine)
         tables.ensure(spark, p.sink.path, self.logic.output_schema)
         if self.handoff is None:
-            tables.ensure(spark, self.state_path, (self.process or self.two_input).state_schema)
+            tables.ensure(spark, self.state_path, self.two_input.state_schema)
         if self.two_input is not None:
             left, right = (self._max_event_time_us(inp) for inp in self.inputs)
             self.two_input.carriers(spark, left, right).write.format("delta").mode("append").save(self.carriers)
@@ -293,47 +288,6 @@ class LiveRunner:
             batch.unpersist()
 
     # --- aggregate -------------------------------------------------------------------------------
-    def _process_stream(self) -> DataFrame:
-        """Seed rows (handed-over state and timers) + live records through the process operator
-        (:mod:`phases.process_live`); the watermark is taken over both before any record step."""
-        logic, spark, p = self.process, self.spark, self.pipeline
-        source_fields = [f for f in self.source.schema().fields if f.name not in logic.keys]
-        max_us = self.handoff.backlog_max_event_time_us if self.handoff else None
-        seed = (
-            spark.readStream.format("delta")
-            .load(self.state_path)
-            .filter(F.col(PROCESS_STATE).isNotNull() | (F.size(PROCESS_TIMERS) > 0))
-            .select(
-                *logic.keys,
-                *(F.lit(None).cast(f.dataType).alias(f.name) for f in source_fields),
-                F.lit(SEED).alias(PROCESS_KIND),
-                F.lit(None).cast("long").alias(lateness.VERSION),
-                F.lit(None).cast("long").alias(lateness.WATERMARK_US),
-                F.col(PROCESS_STATE),
-                F.col(PROCESS_TIMERS),
-                F.timestamp_micros(F.lit(max_us).cast("long")).alias(TS),
-            )
-        )
-        live = self._operator_reader(self.live_input).select(
-            *logic.keys,
-            *(F.col(f.name) for f in source_fields),
-            F.lit(RECORD).alias(PROCESS_KIND),
-            F.col(lateness.VERSION),
-            F.col(lateness.WATERMARK_US),
-            F.lit(None).cast("string").alias(PROCESS_STATE),
-            F.lit(None).cast("array<long>").alias(PROCESS_TIMERS),
-            F.col(p.event_time).alias(TS),
-        )
-        both = seed.unionByName(live).withWatermark(TS, f"{p.delay_us // 1000} milliseconds")
-        exempt = (F.col(PROCESS_KIND) == SEED) | F.col(TS).isNull()
-        records = prepare(both, p, spark, exempt)
-        engine = [PROCESS_KIND, lateness.VERSION, lateness.WATERMARK_US, PROCESS_STATE, PROCESS_TIMERS]
-        return (
-            records.select(*logic.keys, *engine, *logic.encoded_columns())
-            .groupBy(*logic.keys)
-            .transformWithState(LiveProcessor(logic), logic.output_schema, "Append", "EventTime")
-        )
-
     def _operator_reader(self, live_input: str) -> DataFrame:
         """The operator's stream of a tagged input, in about ``operator_batches`` micro-batches if set."""
         reader = self.spark.readStream.format("delta")
@@ -406,9 +360,7 @@ class LiveRunner:
             for tagger in self.taggers:
                 tagger.awaitTermination()
                 self._raise_if_failed(tagger)
-        if self.process is not None:
-            stream, mode, sink = self._process_stream(), "append", self._append_outputs
-        elif isinstance(self.two_input, CoGroupLogic):
+        if isinstance(self.two_input, CoGroupLogic):
             stream, mode, sink = self._two_input_stream(), "append", self._append_co_groups
         else:
             stream, mode, sink = self._two_input_stream(), "append", self._append_outputs
@@ -435,18 +387,22 @@ class LiveRunner:
         p, spark = self.pipeline, self.spark
         records = prepared_schema(spark, p, self.source.schema())
         try:
-            logic = logic_for(p, records)
+            logic = process_logic_for(spark, p, records) or logic_for(p, records)
         except DefinitionError as exc:
             raise schema_evolution.SchemaChangeError(
                 f"pipeline {p.name!r}: the source's schema changed and its operator cannot take it: {exc}. "
                 "To proceed: change the source back, or adapt the pipeline and run the backlog again with "
                 "BacklogRunner(...).run(reset=True)"
             ) from exc
-        sources = schema_evolution.buffer_sources(logic)
-        changed = schema_evolution.changes(spark, self.state_path, logic.buffer_schema, sources)
-        schema_evolution.check_operator(spark, logic, records, p.name, changed)
+        if isinstance(logic, ProcessLogic):
+            # The user's function gets the new columns; the state is JSON, the outputs its own schema.
+            sources: dict[str, str] = {}
+        else:
+            sources = schema_evolution.buffer_sources(logic)
+            changed = schema_evolution.changes(spark, self.state_path, logic.buffer_schema, sources)
+            schema_evolution.check_operator(spark, logic, records, p.name, changed)
         for path, wanted, what in (
-            (self.state_path, logic.buffer_schema, "state table"),
+            (self.state_path, state_schema(logic), "state table"),
             (p.sink.path, logic.output_schema, "sink"),
         ):
             if tables.exists(spark, path):

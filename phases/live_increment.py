@@ -1,6 +1,7 @@
 """The live phase as a continuous increment: one streaming query per live input, no staging table.
 
-Used for the aggregation family (keyed aggregations, tumbling/sliding windows, session windows). The query
+Used for the aggregation family (keyed aggregations, tumbling/sliding windows, session windows) and process
+functions (their state and timers on Delta, run through the backlog's own pass). The query
 reads the source's change feed after the handoff version; each micro-batch runs, in ``foreachBatch``, the
 same steps a catch-up increment runs over a version range (:func:`phases.backlog.tag_changes`, the
 operator's lift and merge):
@@ -50,10 +51,13 @@ from phases.delta_source import DeltaTableSource
 from phases.errors import PhaseStateError
 from phases.keyed_aggregate import KeyedAggregationLogic, SessionAggregationLogic, WindowedAggregationLogic
 from phases.lateness import VERSION
+from phases.process_operator import TIMERS as PROCESS_TIMERS
+from phases.process_operator import ProcessLogic
 
 QUERY = "increment"  # the query's checkpoint sub-folder
 HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
 _OP = "_op"  # session MERGE source: 'upsert' or 'delete'
+_TOUCHED = "_touched"
 
 PROGRESS_SCHEMA = T.StructType(
     [
@@ -213,7 +217,53 @@ class SessionStep(WindowStep):
         self.close(spark, closing_us, batch, app)
 
 
-def step_for(logic: KeyedAggregationLogic, state_path: str, sink_path: str) -> KeyedStep:
+class ProcessStep:
+    """Process function: the keys with records in the batch, and the keys whose timers the new watermark
+    makes due, run from their state on Delta through the operator's pass (the backlog's own); their outputs
+    appended to the sink, then their new state merged into the state table.
+
+    The sink is written first: a batch replayed after a crash before the state write starts from the same
+    state and produces the same outputs (Delta skips the second append); one replayed after the state write
+    skips both writes."""
+
+    def __init__(self, logic: ProcessLogic, state_path: str, sink_path: str):
+        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
+
+    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
+        logic, keys = self.logic, self.logic.keys
+        state = spark.read.format("delta").load(self.state_path)
+        due = F.lit(False)
+        if closing_us is not None:
+            due = F.exists(F.col(PROCESS_TIMERS), lambda t: t * 1000 <= F.lit(closing_us))
+        if records is not None:
+            touched = records.select(*keys).distinct().withColumn(_TOUCHED, F.lit(True))
+            previous = state.join(touched, keys, "left").filter(F.col(_TOUCHED).isNotNull() | due).drop(_TOUCHED)
+        else:
+            previous = state.filter(due)
+            if previous.isEmpty():
+                return
+        passed = logic.increment_pass(records, previous, closing_us).persist()
+        try:
+            out = logic.outputs(passed)
+            if not out.isEmpty():
+                tables.append_once(out, self.sink_path, app("sink"), batch)
+            with _idempotent_dml(spark, app("state"), batch):
+                (
+                    DeltaTable.forPath(spark, self.state_path)
+                    .alias("t")
+                    .merge(logic.states(passed).alias("s"), _eq("t", "s", keys))
+                    .whenMatchedUpdateAll()
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                )
+        finally:
+            passed.unpersist()
+
+
+def step_for(logic, state_path: str, sink_path: str):
+    """The live step of an operator's logic."""
+    if isinstance(logic, ProcessLogic):
+        return ProcessStep(logic, state_path, sink_path)
     if isinstance(logic, SessionAggregationLogic):
         return SessionStep(logic, state_path, sink_path)
     if isinstance(logic, WindowedAggregationLogic):
@@ -233,7 +283,7 @@ class IncrementalLive:
         pipeline: Pipeline,
         *,
         run_name: str,
-        logic: KeyedAggregationLogic,
+        logic: KeyedAggregationLogic | ProcessLogic,
         source: DeltaTableSource,
         after_version: int | None,
         start: Progress,
@@ -251,7 +301,7 @@ class IncrementalLive:
         self.query: StreamingQuery | None = None
         self._progress: dict[int, Progress] = {}
 
-    def use(self, logic: KeyedAggregationLogic) -> None:
+    def use(self, logic: KeyedAggregationLogic | ProcessLogic) -> None:
         """Runs the next micro-batches with ``logic`` (rebuilt after a source schema change)."""
         self.logic = logic
         self.step = step_for(logic, self.state_path, self.pipeline.sink.path)
@@ -262,7 +312,7 @@ class IncrementalLive:
         spark, p = self.spark, self.pipeline
         quarantine.ensure(spark, p.locations.quarantine)
         tables.ensure(spark, p.sink.path, self.logic.output_schema)
-        tables.ensure(spark, self.state_path, self.logic.buffer_schema)
+        tables.ensure(spark, self.state_path, state_schema(self.logic))
         if p.maintenance.auto_compact:
             maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
         if not tables.exists(spark, self.progress_path):
@@ -385,6 +435,11 @@ class IncrementalLive:
             "watermark": watermark,
             "source_version": latest.complete_below - 1,
         }
+
+
+def state_schema(logic) -> T.StructType:
+    """The schema of an operator's state table."""
+    return logic.state_schema if isinstance(logic, ProcessLogic) else logic.buffer_schema
 
 
 def live_root(pipeline: Pipeline, run_name: str) -> str:

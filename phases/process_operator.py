@@ -1,15 +1,17 @@
-"""A process operator's schemas and its backlog pass; the live pass is :mod:`phases.process_live`.
+"""A process operator's schemas and its one pass, used by the backlog, catch-up increments and every live
+micro-batch (:mod:`phases.live_increment`).
 
-Both passes feed the same :class:`~phases.process_function.KeyDriver` the same *encoded* records: the key
-columns, the record's source version (``_commit_version``), the watermark of that version
-(``_watermark_us``, W(v)) and the user columns with timestamps as microseconds.
+The pass feeds :class:`~phases.process_function.KeyDriver` *encoded* records: the key columns, the record's
+source version (``_commit_version``), the watermark of that version (``_watermark_us``, W(v)) and the user
+columns with timestamps as microseconds.
 
-Backlog: the on-time records are hash-partitioned by key and sorted by key, version and event time; one
-``mapInArrow`` call per partition walks the keys in order, one key's state in memory at a time (FLIP-140's
-single-key state), fires the key's timers before each version's rows and, at the end of the key, up to
-the final backlog watermark (FLIP-327). It emits output rows and one state row per key (state JSON,
-pending timers, rows processed) in the same pass; the runner writes them apart.
-"""
+The records, and the previous state rows of the keys concerned (none in the backlog), are hash-partitioned
+by key and sorted by key, state first, then version and event time; one ``mapInArrow`` call per partition
+walks the keys in order, one key's state in memory at a time (FLIP-140's single-key state), fires the key's
+timers before each version's rows and, at the end of the key, up to the watermark after the pass (the final
+backlog watermark, FLIP-327; live, the watermark after the micro-batch). It emits output rows and one state
+row per key (state JSON, pending timers, rows processed, greatest event time) in the same pass; the caller
+writes them apart."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ STATE = "_state"  # the key's state as JSON (null: nothing held)
 TIMERS = "_timers"  # the key's pending timers, epoch milliseconds
 ROWS = "_rows"  # records the key processed in the backlog (its greatest event time: MAX_TS)
 OUT, STATE_ROW = "out", "state"
+_ORDER = "_order"  # increment pass input: 0 a key's previous state, 1 a record
+_MAX_US = "_max_us"
 _ARROW_CHUNK = 10_000
 
 
@@ -54,6 +58,13 @@ class ProcessLogic:
         self.keys = list(pipeline.key_columns)
         self.user_columns = [n for n in fields if not n.startswith("_")]
         self.ts_columns = [n for n in self.user_columns if isinstance(fields[n].dataType, T.TimestampType)]
+        self.encoded_schema = T.StructType(
+            [
+                T.StructField(n, T.LongType() if n in self.ts_columns else fields[n].dataType, True)
+                for n in self.user_columns
+                if n not in self.keys
+            ]
+        )
         try:
             out = T._parse_datatype_string(function.output_schema)
         except Exception as exc:  # noqa: BLE001 - Spark raises several parse error types
@@ -112,20 +123,61 @@ class ProcessLogic:
                 row[c] = to_us(row[c])
         return row
 
-    # --- backlog --------------------------------------------------------------------------------
+    # --- backlog and increments ---------------------------------------------------------------
     def backlog_pass(self, on_time: DataFrame, final_watermark_us: int | None) -> DataFrame:
         """Output rows and per-key state rows (``_kind``) of the backlog, grouped by key."""
-        spark = on_time.sparkSession
+        return self.increment_pass(on_time, None, final_watermark_us)
+
+    def increment_pass(
+        self, on_time: DataFrame | None, previous: DataFrame | None, watermark_us: int | None
+    ) -> DataFrame:
+        """Output rows and the new state rows of the keys in ``on_time`` or ``previous``.
+
+        ``previous`` holds state rows (:attr:`state_schema`) the keys start from: a key's state and
+        pending timers, as the backlog or an earlier increment left them. Per key: its rows version by
+        version (timers due by the version's W(v) first), then its timers due by ``watermark_us`` (the
+        watermark after these versions). The backlog is the pass with no previous state; a live micro-batch
+        passes the keys it has records for and the keys whose timers the new watermark makes due."""
+        spark = (on_time if on_time is not None else previous).sparkSession
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        encoded = on_time.select(
-            *self.keys, F.col(VERSION).cast("long"), F.col(WATERMARK_US).cast("long"), *self.encoded_columns()
-        )
-        ordered = encoded.repartition(partitions, *self.keys).sortWithinPartitions(
-            *self.keys, VERSION, self.pipeline.event_time
-        )
+        et = self.pipeline.event_time
+        record_cols = [c for c in self.user_columns if c not in self.keys]
+        encoded_types = {f.name: f.dataType for f in self.encoded_schema.fields}
+        parts = []
+        if previous is not None:
+            parts.append(
+                previous.select(
+                    *self.keys,
+                    F.lit(0).alias(_ORDER),
+                    F.lit(None).cast("long").alias(VERSION),
+                    F.lit(None).cast("long").alias(WATERMARK_US),
+                    *(F.lit(None).cast(encoded_types[c]).alias(c) for c in record_cols),
+                    F.col(STATE),
+                    F.col(TIMERS),
+                    F.col(ROWS).cast("long").alias(ROWS),
+                    F.unix_micros(F.col(MAX_TS)).alias(_MAX_US),
+                )
+            )
+        if on_time is not None:
+            parts.append(
+                on_time.select(
+                    *self.keys,
+                    F.lit(1).alias(_ORDER),
+                    F.col(VERSION).cast("long"),
+                    F.col(WATERMARK_US).cast("long"),
+                    *self.encoded_columns(),
+                    F.lit(None).cast("string").alias(STATE),
+                    F.lit(None).cast("array<long>").alias(TIMERS),
+                    F.lit(None).cast("long").alias(ROWS),
+                    F.lit(None).cast("long").alias(_MAX_US),
+                )
+            )
+        both = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        ordered = both.repartition(partitions, *self.keys).sortWithinPartitions(*self.keys, _ORDER, VERSION, et)
         logic = self
         arrow_schema = to_arrow_schema(self.pass_schema, timezone="UTC")
         empty = {c: None for c in self.pass_schema.names}
+        engine = {_ORDER, VERSION, WATERMARK_US, STATE, TIMERS, ROWS, _MAX_US}
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             driver = logic.driver()
@@ -136,20 +188,25 @@ class ProcessLogic:
                 for batch in batches:
                     yield from batch.to_pylist()
 
-            event_time = logic.pipeline.event_time
             for key, rows in group_runs(records(), lambda r: tuple(r[k] for k in keys)):
-                max_us = max(r[event_time] for r in rows)
-                driver.start(key, None, ())
+                seen, max_us = 0, None
+                if rows[0][_ORDER] == 0:  # the key's previous state comes first
+                    before = rows.pop(0)
+                    driver.start(key, before[STATE], before[TIMERS] or ())
+                    seen, max_us = before[ROWS] or 0, before[_MAX_US]
+                else:
+                    driver.start(key, None, ())
                 for _, version_rows in group_runs(rows, lambda r: r[VERSION]):
                     watermark = version_rows[0][WATERMARK_US]
-                    for r in version_rows:
-                        del r[VERSION], r[WATERMARK_US]
-                    produced = driver.fire_due(watermark) + driver.process(version_rows)
+                    user_rows = [{c: v for c, v in r.items() if c not in engine} for r in version_rows]
+                    produced = driver.fire_due(watermark) + driver.process(user_rows)
                     pending.extend({**empty, **logic.encode_row(o), KIND: OUT} for o in produced)
-                pending.extend({**empty, **logic.encode_row(o), KIND: OUT} for o in driver.fire_due(final_watermark_us))
+                    top = max(r[et] for r in version_rows)
+                    max_us = top if max_us is None else max(max_us, top)
+                pending.extend({**empty, **logic.encode_row(o), KIND: OUT} for o in driver.fire_due(watermark_us))
                 state, timers = driver.state()
                 row = {**empty, **dict(zip(keys, key, strict=True)), KIND: STATE_ROW, STATE: state, TIMERS: timers}
-                pending.append({**row, ROWS: len(rows), MAX_TS: max_us})
+                pending.append({**row, ROWS: seen + len(rows), MAX_TS: max_us})
                 if len(pending) >= _ARROW_CHUNK:
                     yield pa.RecordBatch.from_pylist(pending, schema=arrow_schema)
                     pending = []

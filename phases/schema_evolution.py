@@ -65,7 +65,7 @@ def changes(spark: SparkSession, path: str, wanted: T.StructType, sources: dict[
     out = []
     for field in wanted.fields:
         have = current.get(field.name)
-        if have is not None and have != field.dataType:
+        if have is not None and not _same_type(have, field.dataType):
             origin = f"source column {sources[field.name]!r}" if field.name in sources else f"column {field.name!r}"
             out.append(f"{origin}: {have.simpleString()} -> {field.dataType.simpleString()}")
     return out
@@ -105,7 +105,7 @@ def take_up(
     widen, refused = [], []
     for field in wanted.fields:
         have = current.get(field.name)
-        if have is None or have == field.dataType:
+        if have is None or _same_type(have, field.dataType):
             continue
         change = f"{field.name}: {have.simpleString()} -> {field.dataType.simpleString()}"
         if (have.typeName(), field.dataType.typeName()) in WIDENINGS:
@@ -123,6 +123,11 @@ def take_up(
         for field, _ in widen:
             spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN `{field.name}` TYPE {field.dataType.simpleString()}")
     return [change for _, change in widen]
+
+
+def _same_type(a: T.DataType, b: T.DataType) -> bool:
+    """Equal types, nullability of nested elements aside (Delta keeps what the first write had)."""
+    return a.simpleString() == b.simpleString()
 
 
 def buffer_sources(logic: KeyedAggregationLogic) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Keyed process functions with state and event-time timers in two phases: for any cut-off, the backlog
-(sorted, one key at a time, timers fired up to the final backlog watermark) plus the live phase
-(transformWithState seeded with the handed-over state and timers) emit exactly what one streaming job over
+(sorted, one key at a time, timers fired up to the final backlog watermark) plus the live phase (the same
+pass per micro-batch, from the handed-over state and timers on Delta) emit exactly what one streaming job over
 all versions emits, and what a plain-Python run of the documented rules emits."""
 
 from __future__ import annotations
@@ -45,14 +45,23 @@ def _sink(spark, path: str) -> list[tuple]:
 
 @pytest.mark.slow
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=_versions, cut=st.integers(min_value=0, max_value=5))
-def test_process_function_two_phase_equals_a_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut):
+@given(
+    raw=_versions,
+    cut=st.integers(min_value=0, max_value=5),
+    files=st.integers(min_value=1, max_value=3),
+    per_trigger=st.integers(min_value=1, max_value=2),
+)
+def test_process_function_two_phase_equals_a_single_streaming_job_for_any_cutoff_and_split(
+    spark, tmp_path, raw, cut, files, per_trigger
+):
+    """Versions written as ``files`` files and read ``per_trigger`` files a micro-batch: a version spans
+    micro-batches, a micro-batch spans versions, and versions pile up before the second live start."""
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
     versions = _materialize(raw)
     cutoff = min(cut, len(versions))
     backlog_versions = {v: rows for v, rows in versions.items() if v <= cutoff}
-    write_source(spark, source, backlog_versions)
+    write_source(spark, source, backlog_versions, files=files)
 
     two_phase = _pipeline(source, str(root / "two_phase"))
     handoff = BacklogRunner(spark, two_phase).run()
@@ -61,14 +70,14 @@ def test_process_function_two_phase_equals_a_single_streaming_job_for_any_cutoff
         reference.run_process(backlog_versions, DELAY_S * SECOND, Sessions(), ts)
     )
     assert handoff.sink_rows == len(_sink(spark, two_phase.sink.path))
-    LiveRunner.from_manifest(spark, two_phase).start(available_now=True)
+    LiveRunner.from_manifest(spark, two_phase, max_files_per_trigger=per_trigger).start(available_now=True)
     for v in sorted(versions):
         if v > cutoff:
-            append_version(spark, source, versions[v])
-    LiveRunner.from_manifest(spark, two_phase).start(available_now=True)
+            append_version(spark, source, versions[v], files)
+    LiveRunner.from_manifest(spark, two_phase, max_files_per_trigger=per_trigger).start(available_now=True)
 
     single = _pipeline(source, str(root / "single"))
-    LiveRunner.streaming_only(spark, single, max_files_per_trigger=1).start(available_now=True)
+    LiveRunner.streaming_only(spark, single, max_files_per_trigger=per_trigger).start(available_now=True)
 
     expected = _outputs(reference.run_process(versions, DELAY_S * SECOND, Sessions(), ts))
     assert _sink(spark, two_phase.sink.path) == expected
