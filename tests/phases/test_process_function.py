@@ -165,3 +165,35 @@ def test_sessions_open_at_the_switch_close_in_the_live_phase_with_their_backlog_
     assert got == [("a", 0, 11 * SECOND, 2, 3, 2), ("b", 0, 10 * SECOND, 1, 5, 1)]
     versions = {1: [("a", 0, 1), ("a", SECOND, 2), ("b", 0, 5)], 2: [("c", 30 * SECOND, 7)], 3: [("a", 40 * SECOND, 3)]}
     assert got == _outputs(reference.run_process(versions, DELAY_S * SECOND, Sessions(), ts))
+
+
+def test_a_crash_between_the_output_append_and_the_state_write_is_replayed_exactly_once(
+    spark, tmp_path, monkeypatch
+):
+    """The micro-batch dies after its outputs were appended, before its state MERGE: the restart runs the
+    batch again from the same state, produces the same outputs (Delta skips the second append) and then
+    writes the state; no session is emitted twice or lost."""
+    import phases.live_increment as engine
+
+    source = str(tmp_path / "source")
+    versions = {1: [("a", 0, 1), ("a", SECOND, 2), ("b", 0, 5)], 2: [("c", 30 * SECOND, 7)], 3: [("a", 40 * SECOND, 3)]}
+    write_source(spark, source, {1: versions[1]})
+    p = _pipeline(source, str(tmp_path / "p"))
+    BacklogRunner(spark, p).run()
+    append_version(spark, source, versions[2])
+    append_version(spark, source, versions[3])
+    real = engine._idempotent_dml
+
+    def crash_before_state(spark_, app_id, version):
+        if app_id.endswith(":state"):
+            raise RuntimeError("simulated crash after the output append")
+        return real(spark_, app_id, version)
+
+    monkeypatch.setattr(engine, "_idempotent_dml", crash_before_state)
+    with pytest.raises(Exception, match="simulated crash"):
+        LiveRunner.from_manifest(spark, p).start(available_now=True)
+    monkeypatch.undo()
+    assert len(_sink(spark, p.sink.path)) == 2  # the first batch's outputs are in, its state write is not
+
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    assert _sink(spark, p.sink.path) == _outputs(reference.run_process(versions, DELAY_S * SECOND, Sessions(), ts))
