@@ -1,5 +1,5 @@
 # The two commands a new user runs: `make demo` and `make test`. Each sets itself up first (idempotent).
-.PHONY: setup demo test ui bench bench-quick lint format
+.PHONY: setup demo test test-fast ui bench bench-quick lint format
 
 setup:
 	@bash scripts/setup.sh
@@ -9,6 +9,10 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest $(ARGS)
+
+# The inner loop: every test that needs no JVM (definitions, lateness rules, process-function rules, ...).
+test-fast: setup
+	.venv/bin/python -m pytest -m "not spark" $(ARGS)
 
 bench: setup
 	.venv/bin/python -m benchmarks.run $(ARGS)

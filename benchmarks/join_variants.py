@@ -55,8 +55,10 @@ def plain_batch(spark: SparkSession, left: str, right: str, out: str) -> Timing:
     return Timing("plain batch", time.perf_counter() - t, {})
 
 
-def stream(spark: SparkSession, left: str, right: str, root: str, files_per_trigger: int | None) -> Timing:
-    return operator_variants.stream(spark, pipeline(left, right, root), files_per_trigger)
+def stream(
+    spark: SparkSession, left: str, right: str, root: str, files_per_trigger: int | None, batches: int = 20
+) -> Timing:
+    return operator_variants.stream(spark, pipeline(left, right, root), files_per_trigger, batches)
 
 
 def two_phase(spark: SparkSession, left: str, right: str, root: str) -> Timing:

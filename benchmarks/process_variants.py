@@ -1,6 +1,6 @@
 """The keyed-process workload's variants: the same user function (:class:`benchmarks.functions.IdleTotals`)
-as a plain batch pass, as one streaming job over the backlog (``transformWithState`` through the framework's
-streaming path, ~20 micro-batches or one) and as the two-phase framework. Outputs are compared as multisets."""
+as a plain batch pass, as one streaming job over the backlog (the framework's own live path from the first
+version, ~20 micro-batches or one) and as the two-phase framework. Outputs are compared as multisets."""
 
 from __future__ import annotations
 

@@ -54,13 +54,15 @@ def _recorder(spark, name: str, timings: dict, same):
     return record
 
 
-def run_workload(spark, name: str, make_batch, rows: int, keys: int, versions: int, work: Path, seed: bool) -> dict:
+def run_workload(
+    spark, name: str, make_batch, rows: int, keys: int, versions: int, work: Path, seed: bool, stream_batches: int = 20
+) -> dict:
     base = work / name
     source, files = _generate(spark, base, make_batch, rows, keys, versions, name)
     timings: dict = {}
     record = _recorder(spark, name, timings, lambda out: variants.same_results(spark, str(base / "plain"), out))
     record(lambda: variants.plain_batch(spark, source, str(base / "plain")), None)
-    per_trigger = max(1, math.ceil(files / 20))
+    per_trigger = max(1, math.ceil(files / stream_batches))
     out = str(base / "stream")
     record(lambda: variants.stream(spark, source, out, str(base / "stream_ckpt"), per_trigger), out)
     out_one = str(base / "stream_one")
@@ -86,9 +88,9 @@ def run_workload(spark, name: str, make_batch, rows: int, keys: int, versions: i
     return result
 
 
-def run_process_workload(spark, rows: int, keys: int, versions: int, work: Path) -> dict:
+def run_process_workload(spark, rows: int, keys: int, versions: int, work: Path, stream_batches: int = 20) -> dict:
     """The keyed process function (value state + one event-time timer per key) in the four variants; the
-    streaming ones run ``transformWithState`` through the framework's streaming path."""
+    streaming ones run the framework's own live path from the first version."""
     name = "keyed_process"
     base = work / name
     source, files = _generate(spark, base, data.keyed_reduce_batch, rows, keys, versions, name)
@@ -96,7 +98,7 @@ def run_process_workload(spark, rows: int, keys: int, versions: int, work: Path)
     plain = str(base / "plain")
     record = _recorder(spark, name, timings, lambda out: process_variants.same_outputs(spark, f"{plain}/sink", out))
     record(lambda: process_variants.plain_batch(spark, source, plain), None)
-    per_trigger = max(1, math.ceil(files / 20))
+    per_trigger = max(1, math.ceil(files / stream_batches))
     record(lambda: process_variants.stream(spark, source, str(base / "stream"), per_trigger), f"{base}/stream/sink")
     record(lambda: process_variants.stream(spark, source, str(base / "stream_one"), None), f"{base}/stream_one/sink")
     record(lambda: process_variants.two_phase(spark, source, str(base / "two_phase")), f"{base}/two_phase/sink")
@@ -104,7 +106,7 @@ def run_process_workload(spark, rows: int, keys: int, versions: int, work: Path)
     return {"rows": rows, "keys": keys, "versions": versions, "files": files, "outputs": outputs, "timings": timings}
 
 
-def run_join_workload(spark, rows: int, keys: int, versions: int, work: Path) -> dict:
+def run_join_workload(spark, rows: int, keys: int, versions: int, work: Path, stream_batches: int = 20) -> dict:
     """The interval join of two sources (``rows`` each) in the four variants; the streaming ones run Spark's
     stream-stream join through the framework's streaming path."""
     name = "interval_join"
@@ -116,8 +118,11 @@ def run_join_workload(spark, rows: int, keys: int, versions: int, work: Path) ->
     plain = str(base / "plain")
     record = _recorder(spark, name, timings, lambda out: join_variants.same_outputs(spark, f"{plain}/sink", out))
     record(lambda: join_variants.plain_batch(spark, left, right, plain), None)
-    per_trigger = max(1, math.ceil(files / 20))
-    record(lambda: join_variants.stream(spark, left, right, str(base / "stream"), per_trigger), f"{base}/stream/sink")
+    per_trigger = max(1, math.ceil(files / stream_batches))
+    record(
+        lambda: join_variants.stream(spark, left, right, str(base / "stream"), per_trigger, stream_batches),
+        f"{base}/stream/sink",
+    )
     one = str(base / "stream_one")
     record(lambda: join_variants.stream(spark, left, right, one, None), f"{one}/sink")
     record(lambda: join_variants.two_phase(spark, left, right, str(base / "two_phase")), f"{base}/two_phase/sink")

@@ -62,6 +62,7 @@ class Partial:
     quarantine: DataFrame
     range_max_us: int | None  # max event time of the range's valid records
     running_max_us: int | None  # max event time of all valid records in versions 0..hi
+    has_quarantine: bool = True  # whether ``quarantine`` can hold any row
 
 
 def version_range_partial(
@@ -81,7 +82,9 @@ def version_range_partial(
     """
     tagged = tag_version_range(spark, pipeline, source, versions, prior_max_us, timings)
     buffers = logic.merge(logic.lift(sorted_backlog_input(spark, pipeline, tagged.prepared)))
-    return Partial(buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us)
+    return Partial(
+        buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us, has_quarantine=tagged.has_quarantine
+    )
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,13 @@ class BacklogRunner:
         logic = self.logic()
         part = version_range_partial(self.spark, self.pipeline, self.source, logic, (0, v), None, self.timings)
         t = time.perf_counter()
-        quarantine.replace_backlog(self.spark, self.pipeline.locations.quarantine, self.pipeline.name, part.quarantine)
+        quarantine.replace_backlog(
+            self.spark,
+            self.pipeline.locations.quarantine,
+            self.pipeline.name,
+            part.quarantine,
+            empty=not part.has_quarantine,
+        )
         self.timings["quarantine_s"] = time.perf_counter() - t
         return self.hand_off(part.buffers, logic, v, part.running_max_us, started=started, kind="full")
 
@@ -325,7 +334,9 @@ class BacklogRunner:
             self.spark, p, self.source, logic, (lo, v), base.backlog_max_event_time_us, self.timings
         )
         t = time.perf_counter()
-        quarantine.replace_backlog(self.spark, p.locations.quarantine, p.name, part.quarantine, (lo, v))
+        quarantine.replace_backlog(
+            self.spark, p.locations.quarantine, p.name, part.quarantine, (lo, v), empty=not part.has_quarantine
+        )
         self.timings["quarantine_s"] = time.perf_counter() - t
         previous = self.spark.read.format("delta").load(base.state_path).select(*part.buffers.columns)
         state = logic.merge_partials(previous.unionByName(part.buffers))
@@ -470,7 +481,10 @@ class BacklogRunner:
         logic = two_input_logic_for(p, left.prepared.schema, right.prepared.schema)
         right_q = right.quarantine.withColumn("reason", F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason")))
         t = time.perf_counter()
-        quarantine.replace_backlog(spark, p.locations.quarantine, p.name, left.quarantine.unionByName(right_q))
+        empty = not (left.has_quarantine or right.has_quarantine)
+        quarantine.replace_backlog(
+            spark, p.locations.quarantine, p.name, left.quarantine.unionByName(right_q), empty=empty
+        )
         self.timings["quarantine_s"] = time.perf_counter() - t
         wm = [None if m is None else m - p.delay_us for m in (left.running_max_us, right.running_max_us)]
         out, state = logic.backlog(left.prepared, right.prepared, wm[0], wm[1])
@@ -508,7 +522,9 @@ class BacklogRunner:
         logic = ProcessLogic(spark, p, tagged.prepared.schema)
         final_wm = None if tagged.running_max_us is None else tagged.running_max_us - p.delay_us
         t = time.perf_counter()
-        quarantine.replace_backlog(spark, p.locations.quarantine, p.name, tagged.quarantine)
+        quarantine.replace_backlog(
+            spark, p.locations.quarantine, p.name, tagged.quarantine, empty=not tagged.has_quarantine
+        )
         self.timings["quarantine_s"] = time.perf_counter() - t
         manifest_id = uuid.uuid4().hex
         state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)

@@ -62,9 +62,15 @@ def replace_backlog(
     pipeline: str,
     quarantined: DataFrame,
     versions: tuple[int, int] | None = None,
+    *,
+    empty: bool = False,
 ) -> None:
     """Replaces this pipeline's backlog rows (of source ``versions`` lo..hi, or all) in one commit, so a
-    re-run backlog, increment or slice never duplicates them."""
+    re-run backlog, increment or slice never duplicates them. ``empty``: ``quarantined`` is known to hold no
+    row; when there is no quarantine table yet either, nothing is written (the first quarantined row, or the
+    live phase, creates it)."""
+    if empty and not tables.exists(spark, path):
+        return
     ensure(spark, path)
     where = f"pipeline = '{pipeline}' AND phase = 'backlog'"
     if versions is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -20,6 +21,23 @@ AGGREGATIONS = [
     Aggregation(name="mean", kind="avg", column="value"),
     Aggregation(name="xor", kind="reduce", column="value", reduce="acc ^ x"),
 ]
+
+
+SOAK = os.environ.get("HYPOTHESIS_PROFILE") == "soak"
+
+
+def examples(n: int) -> int:
+    """Hypothesis examples of a property test: ``n`` (bounded: CI's suite stays under 45 min), ten times as
+    many with ``HYPOTHESIS_PROFILE=soak`` (long runs: ``make test ARGS=...`` or ``make soak``)."""
+    return 10 * n if SOAK else n
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test that needs a JVM (the session's SparkSession, or Spark in a child process) as
+    ``spark``; ``make test-fast`` runs the others."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(scope="session")

@@ -47,8 +47,13 @@ def sink_rows(spark: SparkSession, path: str) -> dict[str, dict]:
 
 
 def quarantine_rows(spark: SparkSession, root: str) -> list[tuple[int, Row, str]]:
-    """(source version, (key, ts µs, value), reason) of every quarantined record, sorted."""
+    """(source version, (key, ts µs, value), reason) of every quarantined record, sorted (none when no
+    record was ever quarantined: the backlog creates the table with its first row)."""
+    from phases import tables
+
     rows = []
+    if not tables.exists(spark, f"{root}/quarantine"):
+        return rows
     for r in spark.read.format("delta").load(f"{root}/quarantine").collect():
         rec = json.loads(r["record"])
         rows.append((r["source_version"], (rec.get("key"), us_of(rec.get("ts")), rec.get("value")), r["reason"]))

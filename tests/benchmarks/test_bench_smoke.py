@@ -12,15 +12,16 @@ from benchmarks.run import run_join_workload, run_process_workload, run_spill, r
 
 def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_path):
     results = {"started": "test", "machine": report.machine(), "workloads": {}}
+    # Stream modes in 3 micro-batches (20 in `make bench`): enough to run the multi-batch path.
     results["workloads"]["keyed reduce"] = run_workload(
-        spark, "keyed_reduce", data.keyed_reduce_batch, 20_000, 2_000, 4, tmp_path, True
+        spark, "keyed_reduce", data.keyed_reduce_batch, 20_000, 2_000, 4, tmp_path, True, stream_batches=3
     )
     results["workloads"]["wordcount"] = run_workload(
-        spark, "wordcount", data.wordcount_batch, 20_000, 2_000, 4, tmp_path, False
+        spark, "wordcount", data.wordcount_batch, 20_000, 2_000, 4, tmp_path, False, stream_batches=3
     )
     # ~2 rows a key over 6 versions: some keys go idle and their timers fire
-    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path)
-    results["workloads"]["interval join"] = run_join_workload(spark, 2_000, 200, 4, tmp_path)
+    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path, stream_batches=3)
+    results["workloads"]["interval join"] = run_join_workload(spark, 2_000, 200, 4, tmp_path, stream_batches=3)
     results["latency"] = latency.measure(spark, tmp_path, keys=200, versions=3, rows_per_version=100)
     results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
     js, md, png = report.write(results, tmp_path / "out")

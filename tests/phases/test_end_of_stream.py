@@ -32,7 +32,7 @@ from phases.definition import (
 from phases.errors import PhaseStateError
 from phases.live import LiveRunner
 from tests import reference
-from tests.conftest import make_pipeline
+from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, create_source, sink_rows, write_source
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 
@@ -103,7 +103,7 @@ def _expected(records: pd.DataFrame) -> tuple[list, list, list]:
 
 
 @pytest.mark.slow
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=_versions, cut=st.integers(min_value=0, max_value=5), n=st.integers(min_value=1, max_value=3))
 def test_full_partition_operators_equal_a_per_partition_reference(spark, tmp_path, raw, cut, n):
     root = str(tmp_path / uuid.uuid4().hex)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from phases.lateness import VERSION, late_candidates, version_stats, version_watermarks
+from tests.conftest import examples
 
 
 def test_no_watermark_before_the_first_record_then_max_of_earlier_versions_minus_delay():
@@ -52,7 +53,7 @@ def test_watermarks_do_not_depend_on_how_versions_are_grouped_into_batches(maxim
     ),
     delay=st.integers(0, 300),
 )
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 def test_only_versions_named_by_the_statistics_hold_late_or_invalid_records(spark, versions, delay):
     """One aggregation's per-version min/max/invalid count finds every version with a late or an invalid
     record (None stands for an invalid record), so the quarantine pass may skip all others."""

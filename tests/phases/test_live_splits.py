@@ -16,7 +16,7 @@ from phases.backlog import BacklogRunner
 from phases.definition import SessionAggregate, Window, WindowedAggregate
 from phases.live import LiveRunner
 from tests import reference
-from tests.conftest import make_pipeline
+from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 from tests.phases.test_windows import AGGS, _emitted
@@ -52,7 +52,7 @@ def _assert_sink(spark, kind: str, path: str, expected: dict) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     raw=_versions,
     cut=st.integers(min_value=0, max_value=5),

@@ -18,7 +18,7 @@ from phases.live import LiveRunner
 from phases.process_function import ProcessFunctionError
 from phases.process_operator import KIND, OUT, ProcessLogic
 from tests import reference
-from tests.conftest import make_pipeline
+from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, quarantine_rows, ts, us_of, write_source
 from tests.phases.process_functions import Sessions
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
@@ -44,7 +44,7 @@ def _sink(spark, path: str) -> list[tuple]:
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     raw=_versions,
     cut=st.integers(min_value=0, max_value=5),
@@ -167,9 +167,7 @@ def test_sessions_open_at_the_switch_close_in_the_live_phase_with_their_backlog_
     assert got == _outputs(reference.run_process(versions, DELAY_S * SECOND, Sessions(), ts))
 
 
-def test_a_crash_between_the_output_append_and_the_state_write_is_replayed_exactly_once(
-    spark, tmp_path, monkeypatch
-):
+def test_a_crash_between_the_output_append_and_the_state_write_is_replayed_exactly_once(spark, tmp_path, monkeypatch):
     """The micro-batch dies after its outputs were appended, before its state MERGE: the restart runs the
     batch again from the same state, produces the same outputs (Delta skips the second append) and then
     writes the state; no session is emitted twice or lost."""

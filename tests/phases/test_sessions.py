@@ -17,7 +17,7 @@ from phases.backlog import BacklogRunner
 from phases.definition import SessionAggregate
 from phases.live import LiveRunner
 from tests import reference
-from tests.conftest import make_pipeline
+from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, quarantine_rows, write_source
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 from tests.phases.test_windows import AGGS, _emitted
@@ -32,7 +32,7 @@ def _pipeline(source: str, root: str, gap_s: int):
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=_versions, cut=st.integers(min_value=0, max_value=5), gap_s=st.sampled_from(GAPS))
 def test_sessions_two_phase_equal_a_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut, gap_s):
     root = tmp_path / uuid.uuid4().hex

@@ -18,7 +18,7 @@ from phases.delta_source import DeltaTableSource
 from phases.live import LiveRunner
 from phases.two_input import two_input_logic_for
 from tests import reference
-from tests.conftest import make_pipeline
+from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, assert_grouped_by_key, quarantine_rows, ts, us_of, write_source
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 from tests.phases.two_input_functions import match_summary
@@ -90,7 +90,7 @@ def _run_two_phase_and_single(spark, root, left_versions, right_versions, cut_le
 
 
 @pytest.mark.slow
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     left=_versions,
     right=_versions,
@@ -115,7 +115,7 @@ def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs(
 
 
 @pytest.mark.slow
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     left=_versions,
     right=_versions,

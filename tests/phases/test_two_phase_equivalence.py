@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from phases.backlog import BacklogRunner
 from phases.live import LiveRunner
 from tests import reference
-from tests.conftest import make_pipeline
+from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source
 
 DELAY_S = 15
@@ -41,7 +41,7 @@ def _materialize(raw: list[list[tuple]]) -> dict[int, list[reference.Row]]:
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=_versions, cut=st.integers(min_value=0, max_value=5))
 def test_two_phase_equals_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut):
     root = tmp_path / uuid.uuid4().hex

@@ -16,7 +16,7 @@ from phases.backlog import BacklogRunner
 from phases.definition import Aggregation, Window, WindowedAggregate
 from phases.live import LiveRunner
 from tests import reference
-from tests.conftest import make_pipeline
+from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, quarantine_rows, us_of, write_source
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 
@@ -43,7 +43,7 @@ def _emitted(spark, path: str) -> dict[tuple[str, int, int], dict]:
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=_versions, cut=st.integers(min_value=0, max_value=5), shape=st.sampled_from(WINDOWS))
 def test_windows_two_phase_equal_a_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut, shape):
     size_s, slide_s = shape
