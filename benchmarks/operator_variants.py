@@ -14,17 +14,14 @@ from phases.definition import Pipeline
 from phases.live import LiveRunner
 
 
-def stream(spark: SparkSession, p: Pipeline, files_per_trigger: int | None, batches: int = 20) -> Timing:
+def stream(spark: SparkSession, p: Pipeline, files_per_trigger: int | None) -> Timing:
     """One streaming job over every version, reading ``files_per_trigger`` source files a micro-batch (None:
-    one micro-batch). A two-input operator's query (the earlier two-query layout) then reads the tagged
-    records in about ``batches`` micro-batches."""
+    one micro-batch)."""
     shutil.rmtree(p.locations.root, ignore_errors=True)
     t = time.perf_counter()
-    split = batches if files_per_trigger else None
-    live = LiveRunner.streaming_only(spark, p, max_files_per_trigger=files_per_trigger, operator_batches=split)
+    live = LiveRunner.streaming_only(spark, p, max_files_per_trigger=files_per_trigger)
     live.start(available_now=True)
-    query = live.incremental.query if live.incremental is not None else live.aggregate
-    batches = len(query.recentProgress)
+    batches = len(live.query.recentProgress)
     return Timing(
         "stream" if files_per_trigger else "stream, one batch", time.perf_counter() - t, {"micro_batches": batches}
     )

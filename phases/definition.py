@@ -452,14 +452,6 @@ class Locations(_Model):
     def checkpoints(self) -> str:
         return self._sub("checkpoints")
 
-    @property
-    def live_input(self) -> str:
-        return self._sub("live_input")
-
-    @property
-    def live_progress(self) -> str:
-        return self._sub("live_progress")
-
     def live_run(self, run_name: str) -> str:
         """The live phase's own tables of one run (its progress and the held-back part of a split version)."""
         return str(Path(self.root) / "live" / run_name)

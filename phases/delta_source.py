@@ -43,6 +43,10 @@ class DeltaTableSource:
         self.check()
         return tables.version(self.spark, self.path)
 
+    def table_id(self) -> str:
+        """The Delta table's id (``metaData.id``): what Spark's offset log names the source by."""
+        return str(DeltaTable.forPath(self.spark, self.path).detail().select("id").collect()[0][0])
+
     def schema(self) -> T.StructType:
         return self.spark.read.format("delta").load(self.path).schema
 

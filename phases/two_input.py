@@ -1,6 +1,6 @@
 """Two-input keyed operators: an interval join and a windowed co-group of the pipeline's source (left) with
 a second Delta source (right). One logic object per operator builds the batch plan (backlog) and the
-streaming plan (live) from the same column expressions.
+per-micro-batch steps of the live phase (:mod:`phases.live_increment`) from the same column expressions.
 
 Each input keeps its own arrival order and lateness: a record of version ``v`` of an input is late iff its
 event time ``<= W(v)`` of *that* input (:mod:`phases.lateness`). With late records out, both operators'
@@ -10,12 +10,8 @@ results depend only on the on-time records, not on how they were batched:
   + upper``;
 * co-group: every (key, window) whose end both inputs' watermarks passed, with all its on-time records.
 
-Spark's own watermark of each input never exceeds that input's W (it is taken over a subset of the same
-records), and its global watermark is the minimum of the two, so Spark evicts and closes only what the
-rules have finished with. Spark keeps the per-input watermarks in memory only: after a restart an input
-that has no new record counts as 0 and holds the other's windows open. So every start of the live phase
-appends one *carrier* row per input (null key) with that input's greatest event time so far (or a time far
-in the past when it has none), which puts both per-input watermarks back where they were.
+Live, both inputs are read by one query (:mod:`phases.live_increment`): each micro-batch joins or collects
+the new rows of both inputs against the state on Delta, with each input's own watermark.
 """
 
 from __future__ import annotations
@@ -25,10 +21,9 @@ import operator
 from collections.abc import Iterator
 from datetime import timedelta
 from functools import reduce
-from typing import ClassVar
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -37,18 +32,10 @@ from phases.definition import WINDOW_END, WINDOW_START, CoGroup, IntervalJoin, P
 from phases.errors import DefinitionError
 from phases.keyed_aggregate import MAX_TS
 from phases.partition_ops import load_function
-from phases.process_function import from_us
 
 LEFT, RIGHT = "left", "right"
 RIGHT_PREFIX = "right_"
 LEFT_ROWS, RIGHT_ROWS = "_left", "_right"  # state / co-group buffers: the window's (or key's) rows per input
-FROM_BACKLOG = "_from_backlog"
-CARRIER_SIDE, CARRIER_TS = "side", "ts"
-CARRIER_SCHEMA = T.StructType(
-    [T.StructField(CARRIER_SIDE, T.StringType(), False), T.StructField(CARRIER_TS, T.TimestampType(), False)]
-)
-# Far in the past but safely inside every timestamp arithmetic Spark does with the delay and window size.
-SENTINEL_US = 1_000
 
 
 def _us(delta: timedelta) -> int:
@@ -61,9 +48,6 @@ def _user_fields(schema: T.StructType) -> list[T.StructField]:
 
 class TwoInputLogic:
     """What both two-input operators share: the inputs' columns, checked against the pipeline."""
-
-    # Runtime SQL confs the live query of the operator is started with.
-    live_query_conf: ClassVar[dict[str, str]] = {}
 
     def __init__(self, pipeline: Pipeline, left_schema: T.StructType, right_schema: T.StructType):
         self.pipeline = pipeline
@@ -101,27 +85,11 @@ class TwoInputLogic:
     def empty_rows(self, side: str) -> Column:
         return F.array().cast(T.ArrayType(self.row_type(side)))
 
-    def carriers(self, spark: SparkSession, left_max_us: int | None, right_max_us: int | None) -> DataFrame:
-        """One carrier per input: its greatest event time so far, or the sentinel when it has none."""
-        return spark.createDataFrame(
-            [
-                (LEFT, from_us(left_max_us if left_max_us is not None else SENTINEL_US)),
-                (RIGHT, from_us(right_max_us if right_max_us is not None else SENTINEL_US)),
-            ],
-            CARRIER_SCHEMA,
-        )
-
 
 # --- interval join -----------------------------------------------------------------------------------
 
 
 class IntervalJoinLogic(TwoInputLogic):
-    # A stream-stream join is optimised per micro-batch on that batch's plan alone: in a batch where one input
-    # holds only its carrier row (`NULL AS key`), constraint propagation infers `key IS NULL` for the other
-    # input and drops all its rows before they reach the join (and its state), though they can still match
-    # rows held in the state store from earlier batches.
-    live_query_conf: ClassVar[dict[str, str]] = {"spark.sql.constraintPropagation.enabled": "false"}
-
     def __init__(self, pipeline: Pipeline, left_schema: T.StructType, right_schema: T.StructType):
         super().__init__(pipeline, left_schema, right_schema)
         op: IntervalJoin = pipeline.operator
@@ -202,36 +170,6 @@ class IntervalJoinLogic(TwoInputLogic):
             F.max(MAX_TS).alias(MAX_TS),
         )
         return out, state
-
-    def live(self, seeds: DataFrame, live_left: DataFrame, live_right: DataFrame, carriers: DataFrame) -> DataFrame:
-        """Spark's stream-stream join of (handed-over rows + live rows + carrier) per input; pairs of two
-        handed-over rows were emitted by the backlog and are skipped."""
-        delay = f"{self.pipeline.delay_us // 1000} milliseconds"
-
-        def side(name: str, live: DataFrame) -> DataFrame:
-            column = LEFT_ROWS if name == LEFT else RIGHT_ROWS
-            fields = [f.name for f in self.fields(name)]
-            handed = seeds.select(F.explode(column).alias("_r")).select("_r.*", F.lit(True).alias(FROM_BACKLOG))
-            fresh = live.select(*fields, F.lit(False).alias(FROM_BACKLOG))
-            carrier = carriers.filter(F.col(CARRIER_SIDE) == name).select(
-                *[
-                    (F.col(CARRIER_TS) if f.name == self.event_time else F.lit(None).cast(f.dataType)).alias(f.name)
-                    for f in self.fields(name)
-                ],
-                F.lit(False).alias(FROM_BACKLOG),
-            )
-            return handed.unionByName(fresh).unionByName(carrier)
-
-        # Carriers (null keys) feed the watermark and stop there: the join's state would match two null keys.
-        left = side(LEFT, live_left).withWatermark(self.event_time, delay).filter(self._keys_present(""))
-        right = (
-            self._renamed_right(side(RIGHT, live_right))
-            .withWatermark(RIGHT_PREFIX + self.event_time, delay)
-            .filter(self._keys_present(RIGHT_PREFIX))
-        )
-        joined = left.alias("l").join(right.alias("r"), self._condition(), "inner")
-        fresh_pair = ~(F.col(f"l.{FROM_BACKLOG}") & F.col(f"r.{FROM_BACKLOG}"))
-        return self._select_output(joined.filter(fresh_pair))
 
 
 # --- co-group ----------------------------------------------------------------------------------------
@@ -334,43 +272,6 @@ class CoGroupLogic(TwoInputLogic):
                     yield pa.RecordBatch.from_pylist(produced, schema=arrow_schema)
 
         return ordered.mapInArrow(run, self.output_schema)
-
-    def live(self, seeds: DataFrame, live_left: DataFrame, live_right: DataFrame, carriers: DataFrame) -> DataFrame:
-        """Open windows + live records' windows, collected per (key, window) in append mode; each input has
-        its own watermark on ``window_end`` (carrier rows with ``window_end = ts + size``, delay + size, as
-        for windowed aggregations), and Spark closes a window by the smaller of the two."""
-        delay = f"{(self.pipeline.delay_us + self.size_us) // 1000} milliseconds"
-        cols = [*self.group, LEFT_ROWS, RIGHT_ROWS]
-
-        def side(name: str, live: DataFrame) -> DataFrame:
-            mine = LEFT_ROWS if name == LEFT else RIGHT_ROWS
-            handed = seeds.filter(F.size(mine) > 0).select(
-                *self.group,
-                *[
-                    (F.col(c) if c == mine else (self.empty_rows(LEFT if c == LEFT_ROWS else RIGHT))).alias(c)
-                    for c in (LEFT_ROWS, RIGHT_ROWS)
-                ],
-            )
-            lifted = self.lift(live, name)
-            carrier_rows = live.select(F.col(self.event_time).alias(CARRIER_TS)).unionByName(
-                carriers.filter(F.col(CARRIER_SIDE) == name).select(CARRIER_TS)
-            )
-            carrier = carrier_rows.select(
-                *[F.lit(None).cast(f.dataType).alias(f.name) for f in self.key_fields],
-                F.lit(None).cast("timestamp").alias(WINDOW_START),
-                F.timestamp_micros(F.unix_micros(F.col(CARRIER_TS)) + F.lit(self.size_us)).alias(WINDOW_END),
-                self.empty_rows(LEFT).alias(LEFT_ROWS),
-                self.empty_rows(RIGHT).alias(RIGHT_ROWS),
-            )
-            return (
-                handed.select(*cols)
-                .unionByName(lifted.select(*cols))
-                .unionByName(carrier)
-                .withWatermark(WINDOW_END, delay)
-            )
-
-        both = side(LEFT, live_left).unionByName(side(RIGHT, live_right))
-        return both.groupBy(*self.group).agg(*self.merge_columns())
 
 
 def two_input_logic_for(

@@ -159,8 +159,8 @@ def test_co_group_waits_for_an_input_without_records(spark, tmp_path):
 
 
 def test_join_rows_of_one_input_after_a_restart_match_rows_handed_over_by_the_backlog(spark, tmp_path):
-    # The first micro-batch after a restart holds right rows and only the left carrier (a null key): Spark
-    # must not infer "key IS NULL" for the right input from it (see IntervalJoinLogic.live_query_conf).
+    # The first micro-batch after a restart holds right rows only: they must meet the left rows the backlog
+    # handed over in the state.
     left = {1: [("a", 10 * SECOND, 1), ("a", -19 * SECOND, 2)]}
     right = {1: [("a", 18 * SECOND, -36), ("b", 25 * SECOND, None)]}
     two_phase, single, backlog_sink = _run_two_phase_and_single(spark, tmp_path, left, right, 1, 0, _join)
