@@ -69,22 +69,27 @@ def _groups(rows) -> list[tuple]:
     return sorted(out, key=repr)
 
 
-def _run_two_phase_and_single(spark, root, left_versions, right_versions, cut_left, cut_right, operator_for):
+def _run_two_phase_and_single(
+    spark, root, left_versions, right_versions, cut_left, cut_right, operator_for, files=1, per_trigger=1
+):
+    """Backlog up to the cut-offs, the live phase over the rest (versions written as ``files`` files, read
+    ``per_trigger`` files a micro-batch: versions of both inputs split across and merged into micro-batches),
+    and one streaming job over everything."""
     left_src, right_src = str(root / "left"), str(root / "right")
-    write_source(spark, left_src, {v: r for v, r in left_versions.items() if v <= cut_left})
-    write_source(spark, right_src, {v: r for v, r in right_versions.items() if v <= cut_right})
+    write_source(spark, left_src, {v: r for v, r in left_versions.items() if v <= cut_left}, files=files)
+    write_source(spark, right_src, {v: r for v, r in right_versions.items() if v <= cut_right}, files=files)
     two_phase = make_pipeline(left_src, str(root / "two_phase"), delay_s=DELAY_S, operator=operator_for(right_src))
     handoff = BacklogRunner(spark, two_phase).run()
     assert handoff.source_version == cut_left and handoff.right_source_version == cut_right
     backlog_sink = spark.read.format("delta").load(two_phase.sink.path).collect()
-    LiveRunner.from_manifest(spark, two_phase).start(available_now=True)
+    LiveRunner.from_manifest(spark, two_phase, max_files_per_trigger=per_trigger).start(available_now=True)
     for path, versions, cut in ((left_src, left_versions, cut_left), (right_src, right_versions, cut_right)):
         for v in sorted(versions):
             if v > cut:
-                append_version(spark, path, versions[v])
-    LiveRunner.from_manifest(spark, two_phase).start(available_now=True)
+                append_version(spark, path, versions[v], files)
+    LiveRunner.from_manifest(spark, two_phase, max_files_per_trigger=per_trigger).start(available_now=True)
     single = make_pipeline(left_src, str(root / "single"), delay_s=DELAY_S, operator=operator_for(right_src))
-    LiveRunner.streaming_only(spark, single, max_files_per_trigger=1).start(available_now=True)
+    LiveRunner.streaming_only(spark, single, max_files_per_trigger=per_trigger).start(available_now=True)
     assert quarantine_rows(spark, str(root / "two_phase")) == quarantine_rows(spark, str(root / "single"))
     return two_phase, single, backlog_sink
 
@@ -96,14 +101,16 @@ def _run_two_phase_and_single(spark, root, left_versions, right_versions, cut_le
     right=_versions,
     cut_left=st.integers(min_value=0, max_value=5),
     cut_right=st.integers(min_value=0, max_value=5),
+    files=st.integers(min_value=1, max_value=3),
+    per_trigger=st.integers(min_value=1, max_value=2),
 )
-def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs(
-    spark, tmp_path, left, right, cut_left, cut_right
+def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs_and_splits(
+    spark, tmp_path, left, right, cut_left, cut_right, files, per_trigger
 ):
     lv, rv = _materialize(left), _materialize(right)
     cl, cr = min(cut_left, len(lv)), min(cut_right, len(rv))
     root = tmp_path / uuid.uuid4().hex
-    two_phase, single, backlog_sink = _run_two_phase_and_single(spark, root, lv, rv, cl, cr, _join)
+    two_phase, single, backlog_sink = _run_two_phase_and_single(spark, root, lv, rv, cl, cr, _join, files, per_trigger)
     bounds = (DELAY_S * SECOND, LOWER_S * SECOND, UPPER_S * SECOND)
     before = reference.run_interval_join(
         {v: r for v, r in lv.items() if v <= cl}, {v: r for v, r in rv.items() if v <= cr}, *bounds
@@ -121,14 +128,18 @@ def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs(
     right=_versions,
     cut_left=st.integers(min_value=0, max_value=5),
     cut_right=st.integers(min_value=0, max_value=5),
+    files=st.integers(min_value=1, max_value=3),
+    per_trigger=st.integers(min_value=1, max_value=2),
 )
-def test_co_group_two_phase_equals_a_single_streaming_job_for_any_cutoffs(
-    spark, tmp_path, left, right, cut_left, cut_right
+def test_co_group_two_phase_equals_a_single_streaming_job_for_any_cutoffs_and_splits(
+    spark, tmp_path, left, right, cut_left, cut_right, files, per_trigger
 ):
     lv, rv = _materialize(left), _materialize(right)
     cl, cr = min(cut_left, len(lv)), min(cut_right, len(rv))
     root = tmp_path / uuid.uuid4().hex
-    two_phase, single, backlog_sink = _run_two_phase_and_single(spark, root, lv, rv, cl, cr, _co_group)
+    two_phase, single, backlog_sink = _run_two_phase_and_single(
+        spark, root, lv, rv, cl, cr, _co_group, files, per_trigger
+    )
     args = (DELAY_S * SECOND, WINDOW_S * SECOND, match_summary, ts)
     before = reference.run_co_group(
         {v: r for v, r in lv.items() if v <= cl}, {v: r for v, r in rv.items() if v <= cr}, *args
@@ -200,3 +211,40 @@ def test_two_input_definitions_are_validated(tmp_path):
         make_pipeline("l", "root", operator=_join("r"), steps=[Filter(condition="value > 0")])
     with pytest.raises(ValidationError, match="right source is the pipeline's own source"):
         make_pipeline("l", "root", operator=_join("l"))
+
+
+def test_a_join_batch_that_dies_after_its_pairs_before_its_state_is_replayed_exactly_once(spark, tmp_path, monkeypatch):
+    """The micro-batch appended its pairs, then died before its state MERGE: the restart joins against the
+    same state again, Delta skips the second append, and later rows still meet the rows of that batch."""
+    import phases.live_increment as engine
+
+    left_src, right_src = str(tmp_path / "left"), str(tmp_path / "right")
+    write_source(spark, left_src, {1: [("a", 10 * SECOND, 1)]})
+    write_source(spark, right_src, {1: [("b", 10 * SECOND, 2)]})
+    p = make_pipeline(left_src, str(tmp_path / "p"), delay_s=DELAY_S, operator=_join(right_src))
+    BacklogRunner(spark, p).run()
+    append_version(spark, right_src, [("a", 15 * SECOND, 3)])  # meets the handed-over left row
+    append_version(spark, left_src, [("a", 12 * SECOND, 4)])  # meets the right row of the same batch
+    real = engine._idempotent_dml
+
+    def crash_before_state(spark_, app_id, version):
+        if app_id.endswith(":state"):
+            raise RuntimeError("simulated crash after the pairs were appended")
+        return real(spark_, app_id, version)
+
+    monkeypatch.setattr(engine, "_idempotent_dml", crash_before_state)
+    with pytest.raises(Exception, match="simulated crash"):
+        LiveRunner.from_manifest(spark, p).start(available_now=True)
+    monkeypatch.undo()
+    assert len(_pairs(spark, p.sink.path)) == 2
+
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    append_version(spark, right_src, [("a", 20 * SECOND, 5)])  # meets both left rows (10 s, 12 s)
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    expected = [
+        ("a", 10 * SECOND, 1, 15 * SECOND, 3),
+        ("a", 10 * SECOND, 1, 20 * SECOND, 5),
+        ("a", 12 * SECOND, 4, 15 * SECOND, 3),
+        ("a", 12 * SECOND, 4, 20 * SECOND, 5),
+    ]
+    assert _pairs(spark, p.sink.path) == sorted(expected, key=repr)
