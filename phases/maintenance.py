@@ -62,7 +62,7 @@ def _live_tables(spark: SparkSession, pipeline: Pipeline) -> list[str]:
     return [
         f"{live}/{run}/{what}"
         for run in fs.list_names(spark, live)
-        for what in ("progress", "pending")
+        for what in ("progress", "pending", "pending_right")
         if tables.exists(spark, f"{live}/{run}/{what}")
     ]
 
