@@ -150,6 +150,20 @@ def _eq(t: str, s: str, columns: list[str]) -> str:
     return " AND ".join(f"{t}.`{c}` = {s}.`{c}`" for c in columns)
 
 
+def _upsert(spark: SparkSession, path: str, rows: DataFrame, keys: list[str], app_id: str, batch: int) -> None:
+    """Replaces the rows of ``rows``' keys in the table at ``path`` and inserts the new ones: one MERGE,
+    skipped when Delta already committed (``app_id``, ``batch``)."""
+    with _idempotent_dml(spark, app_id, batch):
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(rows.alias("s"), _eq("t", "s", keys))
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .execute()
+        )
+
+
 # --- the operators' live steps -------------------------------------------------------------------------
 
 
@@ -194,15 +208,7 @@ class KeyedStep(OneInputStep):
                 )
             # Read back after the state write: a replayed batch (state already merged) writes the same rows.
             changed = spark.read.format("delta").load(self.state_path).join(F.broadcast(partial.select(*keys)), keys)
-            with _idempotent_dml(spark, app("sink"), batch):
-                (
-                    DeltaTable.forPath(spark, self.sink_path)
-                    .alias("t")
-                    .merge(logic.finalize(changed).alias("s"), _eq("t", "s", keys))
-                    .whenMatchedUpdateAll()
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
+            _upsert(spark, self.sink_path, logic.finalize(changed), keys, app("sink"), batch)
         finally:
             partial.unpersist()
 
@@ -306,15 +312,7 @@ class ProcessStep(OneInputStep):
             out = logic.outputs(passed)
             if not out.isEmpty():
                 tables.append_once(out, self.sink_path, app("sink"), batch)
-            with _idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(logic.states(passed).alias("s"), _eq("t", "s", keys))
-                    .whenMatchedUpdateAll()
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
+            _upsert(spark, self.state_path, logic.states(passed), keys, app("state"), batch)
         finally:
             passed.unpersist()
 
@@ -642,9 +640,9 @@ class IncrementalLive:
         if partial_tail:  # the tail of version end_version waits for the batch that completes it
             held_version = end_version
             held = rows.filter(F.col(VERSION) >= end_version).withColumn(HELD_BY, F.lit(batch_id).cast("long"))
-            held.write.format("delta").mode("append").option("txnAppId", self.app(inp.suffix("pending"))).option(
-                "txnVersion", batch_id
-            ).option("mergeSchema", "true").save(self._pending_path(inp))
+            tables.append_once(
+                held, self._pending_path(inp), self.app(inp.suffix("pending")), batch_id, merge_schema=True
+            )
         complete = rows.filter(F.col(VERSION) < end_version)
         tagged = tag_changes(spark, p, complete, before.running_max_us, phase="live", batch_id=batch_id)
         if tagged.has_quarantine:
@@ -679,9 +677,7 @@ class IncrementalLive:
             )
             row = spark.createDataFrame([progress.row()], PROGRESS_SCHEMA)
             # mergeSchema: a progress table created before the right-input columns existed takes them up.
-            row.write.format("delta").mode("append").option("txnAppId", self.app("progress")).option(
-                "txnVersion", batch_id
-            ).option("mergeSchema", "true").save(self.progress_path)
+            tables.append_once(row, self.progress_path, self.app("progress"), batch_id, merge_schema=True)
             self._progress = {batch_id: progress}
         finally:
             for rows in persisted:

@@ -34,17 +34,18 @@ def version(spark: SparkSession, path: str) -> int:
     return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
 
 
-def append_once(df: DataFrame, path: str, app_id: str, txn_version: int) -> None:
+def append_once(df: DataFrame, path: str, app_id: str, txn_version: int, *, merge_schema: bool = False) -> None:
     """Appends ``df`` unless a commit with (app_id, txn_version) or a later one is already in the table.
 
     Delta records the pair in the commit, so re-running a micro-batch after a crash never duplicates.
+    ``merge_schema`` lets the table take up columns ``df`` adds.
     """
     (
         df.write.format("delta")
         .mode("append")
         .option("txnAppId", app_id)
         .option("txnVersion", txn_version)
-        .option("mergeSchema", "false")
+        .option("mergeSchema", str(merge_schema).lower())
         .save(path)
     )
 

@@ -100,3 +100,18 @@ def assert_grouped_by_key(partitions: list[list]) -> None:
         assert len(runs) == len(set(runs)), f"partition {index}: a key appears in two runs: {runs}"
         for k in runs:
             assert owner.setdefault(k, index) == index, f"key {k!r} in partitions {owner[k]} and {index}"
+
+
+def crash_on_state_write(monkeypatch, message: str) -> None:
+    """Makes the live phase's next state MERGE/DELETE raise ``RuntimeError(message)`` (everything written
+    before it in the micro-batch is committed); ``monkeypatch.undo()`` ends it."""
+    import phases.live_increment as engine
+
+    real = engine._idempotent_dml
+
+    def crash_before_state(spark_, app_id, version):
+        if app_id.endswith(":state"):
+            raise RuntimeError(message)
+        return real(spark_, app_id, version)
+
+    monkeypatch.setattr(engine, "_idempotent_dml", crash_before_state)

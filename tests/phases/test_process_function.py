@@ -19,7 +19,7 @@ from phases.process_function import ProcessFunctionError
 from phases.process_operator import KIND, OUT, ProcessLogic
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, quarantine_rows, ts, us_of, write_source
+from tests.helpers import append_version, crash_on_state_write, quarantine_rows, ts, us_of, write_source
 from tests.phases.process_functions import Sessions
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 
@@ -171,8 +171,6 @@ def test_a_crash_between_the_output_append_and_the_state_write_is_replayed_exact
     """The micro-batch dies after its outputs were appended, before its state MERGE: the restart runs the
     batch again from the same state, produces the same outputs (Delta skips the second append) and then
     writes the state; no session is emitted twice or lost."""
-    import phases.live_increment as engine
-
     source = str(tmp_path / "source")
     versions = {1: [("a", 0, 1), ("a", SECOND, 2), ("b", 0, 5)], 2: [("c", 30 * SECOND, 7)], 3: [("a", 40 * SECOND, 3)]}
     write_source(spark, source, {1: versions[1]})
@@ -180,14 +178,7 @@ def test_a_crash_between_the_output_append_and_the_state_write_is_replayed_exact
     BacklogRunner(spark, p).run()
     append_version(spark, source, versions[2])
     append_version(spark, source, versions[3])
-    real = engine._idempotent_dml
-
-    def crash_before_state(spark_, app_id, version):
-        if app_id.endswith(":state"):
-            raise RuntimeError("simulated crash after the output append")
-        return real(spark_, app_id, version)
-
-    monkeypatch.setattr(engine, "_idempotent_dml", crash_before_state)
+    crash_on_state_write(monkeypatch, "simulated crash after the output append")
     with pytest.raises(Exception, match="simulated crash"):
         LiveRunner.from_manifest(spark, p).start(available_now=True)
     monkeypatch.undo()

@@ -19,7 +19,15 @@ from phases.live import LiveRunner
 from phases.two_input import two_input_logic_for
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, assert_grouped_by_key, quarantine_rows, ts, us_of, write_source
+from tests.helpers import (
+    append_version,
+    assert_grouped_by_key,
+    crash_on_state_write,
+    quarantine_rows,
+    ts,
+    us_of,
+    write_source,
+)
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 from tests.phases.two_input_functions import match_summary
 
@@ -216,8 +224,6 @@ def test_two_input_definitions_are_validated(tmp_path):
 def test_a_join_batch_that_dies_after_its_pairs_before_its_state_is_replayed_exactly_once(spark, tmp_path, monkeypatch):
     """The micro-batch appended its pairs, then died before its state MERGE: the restart joins against the
     same state again, Delta skips the second append, and later rows still meet the rows of that batch."""
-    import phases.live_increment as engine
-
     left_src, right_src = str(tmp_path / "left"), str(tmp_path / "right")
     write_source(spark, left_src, {1: [("a", 10 * SECOND, 1)]})
     write_source(spark, right_src, {1: [("b", 10 * SECOND, 2)]})
@@ -225,14 +231,7 @@ def test_a_join_batch_that_dies_after_its_pairs_before_its_state_is_replayed_exa
     BacklogRunner(spark, p).run()
     append_version(spark, right_src, [("a", 15 * SECOND, 3)])  # meets the handed-over left row
     append_version(spark, left_src, [("a", 12 * SECOND, 4)])  # meets the right row of the same batch
-    real = engine._idempotent_dml
-
-    def crash_before_state(spark_, app_id, version):
-        if app_id.endswith(":state"):
-            raise RuntimeError("simulated crash after the pairs were appended")
-        return real(spark_, app_id, version)
-
-    monkeypatch.setattr(engine, "_idempotent_dml", crash_before_state)
+    crash_on_state_write(monkeypatch, "simulated crash after the pairs were appended")
     with pytest.raises(Exception, match="simulated crash"):
         LiveRunner.from_manifest(spark, p).start(available_now=True)
     monkeypatch.undo()
