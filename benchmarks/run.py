@@ -17,7 +17,7 @@ from pathlib import Path
 
 from delta.tables import DeltaTable
 
-from benchmarks import data, join_variants, latency, memory, process_variants, report, seeding, variants
+from benchmarks import data, join_variants, live, memory, process_variants, report, seeding, variants
 from phases.session import SparkSettings, build_session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +81,7 @@ def run_workload(
         seconds, seeded = seeding.seed_with_initial_state(spark, str(base / "state_plain"), str(base / "tws"))
         result["seeding"] = {
             "keys": seeded,
-            "native_s": timings["two-phase"]["detail"]["switch_s"],
+            "switch_s": timings["two-phase"]["detail"]["switch_s"],
             "initial_state_s": round(seconds, 2),
         }
         print(f"[{name}] initialState seeding of {seeded:,} keys: {seconds:.1f} s", flush=True)
@@ -149,7 +149,27 @@ def run_spill(spark, source: str, work: Path, driver_memory: str) -> dict:
     return {"driver_memory": driver_memory, "failed": True, "exit_code": done.returncode, "errors": tail}
 
 
-PARTS = ("keyed reduce", "wordcount", "keyed process", "interval join", "latency", "spill")
+def run_live(spark, work: Path, live_keys: str | None, quick: bool) -> list[dict]:
+    """Issue 11's live rows: for each state size, the switch, the per-micro-batch cost and latency at
+    2,000 rows/s; at the first (smallest) size also latency at 20,000 rows/s and the drain rate."""
+    sizes = [int(k) for k in (live_keys or ("20000" if quick else "1000000,10000000")).split(",")]
+    runs = []
+    for i, keys in enumerate(sorted(sizes)):
+        runs.append(
+            live.measure(
+                spark,
+                work,
+                state_keys=keys,
+                rates=(2_000, 20_000) if i == 0 else (2_000,),
+                versions=5 if quick else 30,
+                batches=3 if quick else 5,
+                drain_rows=(100_000 if quick else 1_000_000) if i == 0 else 0,
+            )
+        )
+    return runs
+
+
+PARTS = ("keyed reduce", "wordcount", "keyed process", "interval join", "live", "spill")
 
 
 def main() -> None:
@@ -162,6 +182,11 @@ def main() -> None:
     ap.add_argument("--no-seeding", action="store_true", help="skip the initialState seeding comparison")
     ap.add_argument("--process-rows", type=int, default=None, help="keyed process rows (default 1e6; quick 2e4)")
     ap.add_argument("--join-rows", type=int, default=None, help="interval join rows per input (default 1e6; quick 2e4)")
+    ap.add_argument(
+        "--live-keys",
+        default=None,
+        help="keys of state of the live runs, comma-separated (default 1000000,10000000; quick 20000)",
+    )
     ap.add_argument("--spill-memory", default="512m", help="driver memory of the spill run ('' to skip it)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument(
@@ -185,6 +210,7 @@ def main() -> None:
     if args.only is not None and (out / "results.json").exists():
         results = json.loads((out / "results.json").read_text())
         results.setdefault("reruns", {}).update({part: now for part in sorted(only)})
+        results.pop("latency", None)  # the earlier layout's single latency row, replaced by "live"
     try:
         if "keyed reduce" in only:
             results["workloads"]["keyed reduce"] = run_workload(
@@ -211,9 +237,8 @@ def main() -> None:
             results["workloads"]["interval join"] = run_join_workload(
                 spark, join_rows, max(1, join_rows // 10), args.versions, work
             )
-        if "latency" in only:
-            results["latency"] = latency.measure(spark, work, versions=10 if args.quick else 30)
-            print(f"[latency] {results['latency']}", flush=True)
+        if "live" in only:
+            results["live"] = run_live(spark, work, args.live_keys, args.quick)
         if "spill" in only and args.spill_memory:
             results["spill"] = run_spill(spark, str(work / "keyed_reduce" / "source"), work, args.spill_memory)
             print(f"[spill] {results['spill']}", flush=True)

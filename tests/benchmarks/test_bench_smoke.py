@@ -1,12 +1,12 @@
 """Smoke run of the benchmark harness on tiny data: every variant of every workload runs, is checked equal to
-the plain batch job, the latency and spill runs report, and the JSON / Markdown / PNG reports are written
+the plain batch job, the live and spill runs report, and the JSON / Markdown / PNG reports are written
 (timings are not asserted)."""
 
 from __future__ import annotations
 
 import json
 
-from benchmarks import data, latency, report
+from benchmarks import data, live, report
 from benchmarks.run import run_join_workload, run_process_workload, run_spill, run_workload
 
 
@@ -22,7 +22,12 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     # ~2 rows a key over 6 versions: some keys go idle and their timers fire
     results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path, stream_batches=3)
     results["workloads"]["interval join"] = run_join_workload(spark, 2_000, 200, 4, tmp_path, stream_batches=3)
-    results["latency"] = latency.measure(spark, tmp_path, keys=200, versions=3, rows_per_version=100)
+    results["live"] = [
+        live.measure(
+            spark, tmp_path, state_keys=200, rates=(100,), versions=3, batches=2, batch_rows=50, drain_rows=300,
+            drain_versions=3,
+        )
+    ]  # fmt: skip
     results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
     js, md, png = report.write(results, tmp_path / "out")
     loaded = json.loads(js.read_text())
@@ -37,7 +42,10 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert set(join["timings"]) == set(timings) and join["outputs"] > 0
     assert join["timings"]["stream"]["detail"]["micro_batches"] >= 2
     assert all(t["memory"]["jvm_peak_mib"] > 0 for t in timings.values())
-    assert loaded["latency"]["measured"] == 3 and loaded["latency"]["p50_s"] > 0
+    run = loaded["live"][0]
+    assert run["state_keys"] == 200 and run["switch_s"] > 0 and len(run["batch"]["seconds"]) == 2
+    assert [lat["versions"] for lat in run["latency"]] == [3] and run["latency"][0]["p50_s"] > 0
+    assert run["drain"]["rows"] == 300 and run["drain"]["rows_per_s"] > 0
     assert loaded["spill"]["equal"] is True, loaded["spill"]
     assert "| two-phase |" in md.read_text() and "p99" in md.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,217 @@
+"""The live phase on a keyed-reduce pipeline with a given number of keys of state (issue 11's live rows):
+
+- **switch**: the live start after the handoff, up to its first checkpoint (its first progress row);
+- **per-micro-batch cost**: the trigger time of micro-batches of ``batch_rows`` new rows, from Spark's own
+  progress reports (the growth from 1M to 10M keys of state is the ratio of these);
+- **latency** at a steady input rate: versions arrive every ``interval_s``, each with a probe key of its
+  own; a version's latency is the time from its source commit to the first sink commit holding its probe,
+  both read afterwards from the Delta logs (commit file times, and the sink's added files whose key
+  statistics can hold a probe) — no polling, no Spark in the measurement;
+- **drain**: rows appended while the live phase is stopped, then applied by a restart; rows per second of
+  that catch-up is the most the live path sustains (micro-batches grow under load, so a steady input below
+  this rate is kept up with).
+
+The source holds exactly ``state_keys`` keys (one record per key) before the handoff, so the state table
+the live micro-batches merge into has that many rows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from benchmarks import data, variants
+from phases import synthetic, tables
+from phases.backlog import BacklogRunner
+from phases.definition import Pipeline
+from phases.live import LiveRunner
+
+PROBE = "~probe-"  # sorts after every "k…" key: the sink files that can hold a probe are told by their stats
+SEED_VERSIONS = 4
+
+
+def _seed_source(spark: SparkSession, source: str, keys: int) -> None:
+    """``keys`` distinct keys (the benchmark's ``k0000000`` form), one record each, in SEED_VERSIONS versions."""
+    synthetic.create_source(spark, source)
+    per = -(-keys // SEED_VERSIONS)
+    for i in range(SEED_VERSIONS):
+        ids = spark.range(i * per, min(keys, (i + 1) * per))
+        synthetic.append(
+            spark,
+            source,
+            ids.select(
+                F.concat(F.lit("k"), F.lpad(F.col("id").cast("string"), 7, "0")).alias("key"),
+                F.timestamp_seconds(F.lit(int(synthetic.BASE_TIME.timestamp()) + i * 60) + F.col("id") % 60).alias(
+                    "ts"
+                ),
+                (F.col("id") % 1000).alias("value"),
+            ),
+        )
+
+
+def _commits(table: str) -> list[tuple[int, float, list[dict]]]:
+    """(version, commit time, parsed actions) of every commit in the table's log."""
+    out = []
+    for f in sorted(Path(table, "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        out.append((int(f.stem), f.stat().st_mtime, actions))
+    return out
+
+
+def _may_hold_probe(add: dict) -> bool:
+    try:
+        return json.loads(add["stats"])["maxValues"]["key"] >= PROBE
+    except (KeyError, TypeError, ValueError):
+        return True  # no statistics: read the file
+
+
+def _probe_commits(sink: str) -> dict[str, float]:
+    """Probe key -> commit time of the first sink commit that wrote it."""
+    seen: dict[str, float] = {}
+    for _, at, actions in _commits(sink):
+        for a in actions:
+            add = a.get("add")
+            if not add or not _may_hold_probe(add):
+                continue
+            for k in pq.read_table(str(Path(sink) / add["path"]), columns=["key"]).column("key").to_pylist():
+                if k and k.startswith(PROBE) and k not in seen:
+                    seen[k] = at
+    return seen
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(q * len(s)))], 3)
+
+
+class _Feed:
+    """Appends versions of the keyed-reduce shape to the source, each with event times after the last."""
+
+    def __init__(self, spark: SparkSession, source: str, keys: int):
+        self.spark, self.source, self.keys = spark, source, keys
+        self.index = SEED_VERSIONS
+
+    def append(self, rows: int, probe: str | None = None) -> int:
+        """Appends one version of ``rows`` rows (plus the probe row); returns its source version."""
+        batch = data.keyed_reduce_batch(self.spark, rows, self.keys, self.index)
+        if probe is not None:
+            at = synthetic.BASE_TIME + timedelta(minutes=self.index)
+            batch = batch.unionByName(self.spark.createDataFrame([(probe, at, 1)], synthetic.EVENT_SCHEMA))
+        self.index += 1
+        synthetic.append(self.spark, self.source, batch)
+        return tables.version(self.spark, self.source)
+
+
+def _batch_costs(live: LiveRunner, feed: _Feed, batches: int, rows: int) -> list[float]:
+    """Seconds of each micro-batch that applied one version of ``rows`` rows (Spark's triggerExecution)."""
+    costs = []
+    for _ in range(batches):
+        feed.append(rows)
+        live.process_available()
+        progress = [p for p in live.query.recentProgress if p["numInputRows"] > 0]
+        costs.append(progress[-1]["durationMs"]["triggerExecution"] / 1000)
+    return costs
+
+
+def _steady(live: LiveRunner, feed: _Feed, p: Pipeline, rate: int, versions: int, interval_s: float) -> dict:
+    """Versions of ``rate * interval_s`` rows every ``interval_s``; latency of each from the logs."""
+    rows = max(1, int(rate * interval_s))
+    probes: dict[str, int] = {}
+    began = time.perf_counter()
+    for i in range(versions):
+        t = time.perf_counter()
+        probe = f"{PROBE}{rate:06d}-{i:04d}"
+        probes[probe] = feed.append(rows, probe)
+        live.raise_if_failed()
+        time.sleep(max(0.0, interval_s - (time.perf_counter() - t)))
+    offered = versions * rows / (time.perf_counter() - began)
+    live.process_available()
+    source_times = {v: at for v, at, _ in _commits(feed.source)}
+    seen = _probe_commits(p.sink.path)
+    latencies = [seen[k] - source_times[v] for k, v in probes.items() if k in seen]
+    if len(latencies) != len(probes):
+        raise SystemExit(f"live latency at {rate} rows/s: {len(probes) - len(latencies)} probes never reached the sink")
+    return {
+        "rate_rows_per_s": rate,
+        "offered_rows_per_s": round(offered),
+        "versions": versions,
+        "rows_per_version": rows,
+        "interval_s": interval_s,
+        "p50_s": _percentile(latencies, 0.5),
+        "p99_s": _percentile(latencies, 0.99),
+        "mean_s": round(statistics.fmean(latencies), 3),
+        "max_s": round(max(latencies), 3),
+    }
+
+
+def measure(
+    spark: SparkSession,
+    work: Path,
+    *,
+    state_keys: int,
+    rates: tuple[int, ...] = (2_000, 20_000),
+    versions: int = 30,
+    interval_s: float = 1.0,
+    batches: int = 5,
+    batch_rows: int = 2_000,
+    drain_rows: int = 0,
+    drain_versions: int = 10,
+) -> dict:
+    """The live rows for a pipeline with ``state_keys`` keys of state (see the module docstring)."""
+    base = work / f"live_{state_keys}"
+    shutil.rmtree(base, ignore_errors=True)
+    source = str(base / "source")
+    t = time.perf_counter()
+    _seed_source(spark, source, state_keys)
+    generate_s = time.perf_counter() - t
+    p = variants.pipeline(source, str(base / "two_phase")).model_copy(
+        update={"checkpoint_interval": timedelta(milliseconds=500)}
+    )
+    t = time.perf_counter()
+    handoff = BacklogRunner(spark, p).run()
+    result: dict = {
+        "state_keys": handoff.state_rows,
+        "generate_s": round(generate_s, 2),
+        "backlog_s": round(time.perf_counter() - t, 2),
+    }
+    print(f"[live {state_keys:,}] backlog of {handoff.state_rows:,} keys: {result['backlog_s']} s", flush=True)
+    feed = _Feed(spark, source, state_keys)
+    live = LiveRunner.from_manifest(spark, p)
+    try:
+        result["switch_s"] = round(live.start().start_seconds, 2)
+        print(f"[live {state_keys:,}] switch (first checkpoint): {result['switch_s']} s", flush=True)
+        costs = _batch_costs(live, feed, batches, batch_rows)
+        result["batch"] = {
+            "rows": batch_rows,
+            "seconds": [round(c, 2) for c in costs],
+            "median_s": round(statistics.median(costs), 2),
+        }
+        print(f"[live {state_keys:,}] micro-batch of {batch_rows:,} rows: {result['batch']}", flush=True)
+        result["latency"] = []
+        for rate in rates:
+            result["latency"].append(_steady(live, feed, p, rate, versions, interval_s))
+            print(f"[live {state_keys:,}] {result['latency'][-1]}", flush=True)
+    finally:
+        live.stop()
+    if drain_rows:
+        for _ in range(drain_versions):
+            feed.append(drain_rows // drain_versions)
+        restarted = LiveRunner.from_manifest(spark, p)
+        t = time.perf_counter()
+        try:
+            restarted.start()
+        finally:
+            restarted.stop()
+        seconds = time.perf_counter() - t
+        rows = drain_versions * (drain_rows // drain_versions)
+        result["drain"] = {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
+        print(f"[live {state_keys:,}] drain: {result['drain']}", flush=True)
+    return result
