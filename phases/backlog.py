@@ -26,20 +26,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePosixPath
 
-from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import fs, lateness, leases, maintenance, manifest, quarantine, tables
-from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, WINDOW_END, Pipeline, ProcessOperator
+from phases import fs, lateness, leases, maintenance, manifest, operators, quarantine, tables
+from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import ManifestError, PhaseStateError, SourceError
-from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic, logic_for
-from phases.process_operator import ROWS as PROCESS_ROWS
-from phases.process_operator import ProcessLogic
+from phases.keyed_aggregate import KeyedAggregationLogic
+from phases.operators.base import sorted_by_key
 from phases.records import REASON, with_reason
-from phases.two_input import two_input_logic_for
 
 
 def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
@@ -81,7 +78,7 @@ def version_range_partial(
     slice, as a catch-up increment or as part of one backlog job.
     """
     tagged = tag_version_range(spark, pipeline, source, versions, prior_max_us, timings)
-    buffers = logic.merge(logic.lift(sorted_backlog_input(spark, pipeline, tagged.prepared)))
+    buffers = logic.merge(logic.lift(sorted_by_key(spark, pipeline, tagged.prepared)))
     return Partial(
         buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us, has_quarantine=tagged.has_quarantine
     )
@@ -170,6 +167,8 @@ class BacklogRunner:
         self.spark = spark
         self.pipeline = pipeline
         self.source = DeltaTableSource(spark, pipeline.source)
+        self.kind = operators.kind_of(pipeline)
+        self.right_source = DeltaTableSource(spark, pipeline.right_source) if pipeline.right_source else None
         self.timings: dict[str, float] = {}
         self.holder = f"backlog run {uuid.uuid4().hex[:12]}"
         self.take_over = take_over
@@ -200,21 +199,17 @@ class BacklogRunner:
                 f"DELETE FROM delta.`{p.locations.quarantine}` WHERE pipeline = '{p.name}' AND phase = 'live'"
             )
 
-    def logic(self) -> KeyedAggregationLogic:
+    def logic(self):
         """The operator logic over the records as the operator sees them (after steps and enrichment)."""
-        return logic_for(self.pipeline, prepared_schema(self.spark, self.pipeline, self.source.schema()))
+        sources = [self.source] if self.right_source is None else [self.source, self.right_source]
+        schemas = [prepared_schema(self.spark, self.pipeline, s.schema()) for s in sources]
+        return self.kind.logic(self.spark, self.pipeline, schemas)
 
     def refuse_pieces(self, what: str) -> None:
-        if isinstance(self.pipeline.operator, ProcessOperator):
+        if not self.kind.supports_increments:
             raise PhaseStateError(
-                f"{what} is not available for pipeline {self.pipeline.name!r}: its process operator "
-                f"({self.pipeline.operator.function}) keeps arbitrary per-key state that is not a mergeable "
-                "aggregate; run the full backlog instead"
-            )
-        if self.pipeline.right_source is not None:
-            raise PhaseStateError(
-                f"{what} is not available for pipeline {self.pipeline.name!r}: its {self.pipeline.operator.kind} "
-                "operator reads two sources whose versions are not cut together; run the full backlog instead"
+                f"{what} is not available for pipeline {self.pipeline.name!r}: its {self.kind.name} operator "
+                f"{self.kind.no_increments_because}; run the full backlog instead"
             )
         if self.pipeline.end_of_stream:
             raise PhaseStateError(
@@ -291,22 +286,25 @@ class BacklogRunner:
             t = time.perf_counter()
             EndOfStreamRunner(self.spark, self.pipeline).run_all(v)  # blocking, before the stream operator
             self.timings["end_of_stream_s"] = time.perf_counter() - t
-        if isinstance(self.pipeline.operator, ProcessOperator):
-            return self._run_process(v, started)
-        if self.pipeline.right_source is not None:
-            return self._run_two_input(v, started)
-        logic = self.logic()
-        part = version_range_partial(self.spark, self.pipeline, self.source, logic, (0, v), None, self.timings)
+        p, spark = self.pipeline, self.spark
+        inputs = [tag_version_range(spark, p, self.source, (0, v), None, self.timings)]
+        right = None
+        if self.right_source is not None:
+            v_right = self.right_source.head_version()
+            inputs.append(tag_version_range(spark, p, self.right_source, (0, v_right), None, self.timings))
+            right = (v_right, inputs[1].running_max_us)
         t = time.perf_counter()
-        quarantine.replace_backlog(
-            self.spark,
-            self.pipeline.locations.quarantine,
-            self.pipeline.name,
-            part.quarantine,
-            empty=not part.has_quarantine,
-        )
+        rows = inputs[0].quarantine
+        if len(inputs) == 2:
+            reason = F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason"))
+            rows = rows.unionByName(inputs[1].quarantine.withColumn("reason", reason))
+        empty = not any(i.has_quarantine for i in inputs)
+        quarantine.replace_backlog(spark, p.locations.quarantine, p.name, rows, empty=empty)
         self.timings["quarantine_s"] = time.perf_counter() - t
-        return self.hand_off(part.buffers, logic, v, part.running_max_us, started=started, kind="full")
+        write = self.kind.backlog(spark, p, self.logic(), inputs)
+        return self.write_handoff(
+            write, source_version=v, max_us=inputs[0].running_max_us, started=started, kind="full", right=right
+        )
 
     def run_increment(self, end_version: int | None = None) -> manifest.HandoffManifest:
         """Catch-up: merges versions V+1..end_version (default: the head) into the last handoff's state and
@@ -353,60 +351,38 @@ class BacklogRunner:
         kind: str,
         base: manifest.HandoffManifest | None = None,
     ) -> manifest.HandoffManifest:
-        """Writes the state to a fresh table, the sink and, last, the manifest.
+        """Hands off merged aggregation buffers (a catch-up increment on top of ``base``, or daily slices)."""
+        write = self.kind.handoff(self.spark, self.pipeline, logic, state, max_us, base)
+        return self.write_handoff(
+            write, source_version=source_version, max_us=max_us, started=started, kind=kind, base=base
+        )
 
-        Keyed aggregation: the state is every key's buffers; the sink is overwritten with all keys.
-        Windowed aggregation: windows whose end is <= the final watermark are emitted to the sink (an
-        increment replaces just the windows that closed since ``base``, so a re-run never duplicates) and
-        only the open windows are handed over. The quarantine rows of versions 0..source_version must already
-        be written.
-        """
+    def write_handoff(
+        self,
+        write: operators.HandoffWrite,
+        *,
+        source_version: int,
+        max_us: int | None,
+        started: float,
+        kind: str,
+        base: manifest.HandoffManifest | None = None,
+        right: tuple[int, int | None] | None = None,
+    ) -> manifest.HandoffManifest:
+        """Writes the state to a fresh table, then the sink and, last, the manifest (every operator kind). The
+        quarantine rows of versions 0..source_version must already be written."""
         p = self.pipeline
         manifest_id = uuid.uuid4().hex
         state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
-        watermark = None if max_us is None else max_us - p.delay_us
-        windowed = isinstance(logic, WindowedAggregationLogic)
-        t = time.perf_counter()
-        merged = state.persist() if windowed else state
         try:
-            rows_merged, writer = 0, None
-            if windowed:
-                rows_merged = int(merged.agg(F.sum(ROWS)).collect()[0][0] or 0)
-                merged = merged.filter(~logic.closed(merged, watermark))
-            merged.write.format("delta").mode("errorifexists").save(state_path)
-            self.timings["state_s"] = time.perf_counter() - t
-
             t = time.perf_counter()
-            state_table = self.spark.read.format("delta").load(state_path)
-            stats = state_table.agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows")).collect()[0]
-            if not windowed:
-                rows_merged = int(stats["rows"] or 0)
-                out = logic.finalize(state_table)
-            else:
-                out = logic.finalize(state.filter(logic.closed(state, watermark)))
-                lower = base.final_watermark_us if (kind == "increment" and base is not None) else None
-                if lower is not None:
-                    where = f"{WINDOW_END} > timestamp_micros({lower})"
-                    where += f" AND {WINDOW_END} <= timestamp_micros({watermark})" if watermark is not None else ""
-                    tables.ensure(self.spark, p.sink.path, logic.output_schema)
-                    writer = out.write.format("delta").mode("overwrite").option("replaceWhere", where)
-            if writer is None:
-                writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-            writer.save(p.sink.path)
+            write.write_state(state_path)
+            self.timings["state_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            write.write_sink(p.sink.path)
+            self.timings["sink_s"] = time.perf_counter() - t
+            counts = write.counts(self.spark, state_path, p.sink.path)
         finally:
-            if windowed:
-                state.unpersist()
-        self.timings["sink_s"] = time.perf_counter() - t
-        # Keyed: the sink was overwritten with one row per state key. Windowed: count the emitted windows.
-        sink_rows = self.spark.read.format("delta").load(p.sink.path).count() if windowed else int(stats["keys"])
-
-        # Rows aggregated: a record counts once per window it falls into.
-        before_rows, before_state_rows = 0, 0
-        if kind == "increment" and base is not None:
-            before_rows = base.aggregated_rows
-            base_state = self.spark.read.format("delta").load(base.state_path)
-            before_state_rows = int(base_state.agg(F.sum(ROWS)).collect()[0][0] or 0)
-        aggregated = before_rows + (rows_merged - before_state_rows) // logic.windows_per_record
+            write.close()
         return self._write_manifest(
             manifest_id=manifest_id,
             kind=kind,
@@ -414,10 +390,11 @@ class BacklogRunner:
             source_version=source_version,
             max_us=max_us,
             state_path=state_path,
-            state_rows=int(stats["keys"]),
-            aggregated=aggregated,
-            sink_rows=sink_rows,
+            state_rows=counts.state_rows,
+            aggregated=counts.aggregated,
+            sink_rows=counts.sink_rows,
             started=started,
+            right=right,
         )
 
     def _write_manifest(
@@ -469,99 +446,3 @@ class BacklogRunner:
         manifest.write(self.spark, p.locations.manifests, handoff)
         self.timings["total_s"] = time.perf_counter() - started
         return handoff
-
-    def _run_two_input(self, v: int, started: float) -> manifest.HandoffManifest:
-        """The backlog of an interval join or co-group: both inputs tagged by their own versions, the
-        operator's batch plan (:mod:`phases.two_input`), its output and the rows/windows still open."""
-        p, spark = self.pipeline, self.spark
-        right_source = DeltaTableSource(spark, p.right_source)
-        v_right = right_source.head_version()
-        left = tag_version_range(spark, p, self.source, (0, v), None, self.timings)
-        right = tag_version_range(spark, p, right_source, (0, v_right), None, self.timings)
-        logic = two_input_logic_for(p, left.prepared.schema, right.prepared.schema)
-        right_q = right.quarantine.withColumn("reason", F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason")))
-        t = time.perf_counter()
-        empty = not (left.has_quarantine or right.has_quarantine)
-        quarantine.replace_backlog(
-            spark, p.locations.quarantine, p.name, left.quarantine.unionByName(right_q), empty=empty
-        )
-        self.timings["quarantine_s"] = time.perf_counter() - t
-        wm = [None if m is None else m - p.delay_us for m in (left.running_max_us, right.running_max_us)]
-        out, state = logic.backlog(left.prepared, right.prepared, wm[0], wm[1])
-        manifest_id = uuid.uuid4().hex
-        state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
-        t = time.perf_counter()
-        try:
-            state.write.format("delta").mode("errorifexists").save(state_path)
-            self.timings["state_s"] = time.perf_counter() - t
-            t = time.perf_counter()
-            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(p.sink.path)
-            self.timings["sink_s"] = time.perf_counter() - t
-        finally:
-            spark.catalog.clearCache()
-        on_time = left.prepared.count() + right.prepared.count()
-        return self._write_manifest(
-            manifest_id=manifest_id,
-            kind="full",
-            base=None,
-            source_version=v,
-            max_us=left.running_max_us,
-            state_path=state_path,
-            state_rows=spark.read.format("delta").load(state_path).count(),
-            aggregated=on_time,
-            sink_rows=spark.read.format("delta").load(p.sink.path).count(),
-            started=started,
-            right=(v_right, right.running_max_us),
-        )
-
-    def _run_process(self, v: int, started: float) -> manifest.HandoffManifest:
-        """The backlog of a process operator: one sorted pass (:mod:`phases.process_operator`) writes the
-        per-key state (JSON + pending timers) and the output rows; then the manifest."""
-        p, spark = self.pipeline, self.spark
-        tagged = tag_version_range(spark, p, self.source, (0, v), None, self.timings)
-        logic = ProcessLogic(spark, p, tagged.prepared.schema)
-        final_wm = None if tagged.running_max_us is None else tagged.running_max_us - p.delay_us
-        t = time.perf_counter()
-        quarantine.replace_backlog(
-            spark, p.locations.quarantine, p.name, tagged.quarantine, empty=not tagged.has_quarantine
-        )
-        self.timings["quarantine_s"] = time.perf_counter() - t
-        manifest_id = uuid.uuid4().hex
-        state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
-        t = time.perf_counter()
-        passed = logic.backlog_pass(tagged.prepared, final_wm).persist(StorageLevel.DISK_ONLY)
-        try:
-            logic.states(passed).write.format("delta").mode("errorifexists").save(state_path)
-            self.timings["state_s"] = time.perf_counter() - t
-            t = time.perf_counter()
-            out = logic.outputs(passed)
-            out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(p.sink.path)
-            self.timings["sink_s"] = time.perf_counter() - t
-        finally:
-            passed.unpersist()
-        stats = (
-            spark.read.format("delta")
-            .load(state_path)
-            .agg(F.count(F.lit(1)).alias("keys"), F.sum(PROCESS_ROWS).alias("rows"))
-            .collect()[0]
-        )
-        return self._write_manifest(
-            manifest_id=manifest_id,
-            kind="full",
-            base=None,
-            source_version=v,
-            max_us=tagged.running_max_us,
-            state_path=state_path,
-            state_rows=int(stats["keys"]),
-            aggregated=int(stats["rows"] or 0),
-            sink_rows=spark.read.format("delta").load(p.sink.path).count(),
-            started=started,
-        )
-
-
-def sorted_backlog_input(spark: SparkSession, pipeline: Pipeline, on_time: DataFrame) -> DataFrame:
-    """The backlog's input layout: hash-partitioned by key, sorted by key then event time."""
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    return on_time.repartition(partitions, *pipeline.key_columns).sortWithinPartitions(
-        *pipeline.key_columns, pipeline.event_time
-    )

@@ -280,9 +280,6 @@ class CoGroup(_Model):
         return v
 
 
-TWO_INPUT_KINDS = ("interval_join", "co_group")
-
-
 # --- steps before the stream operator, and end-of-stream (backlog-only) steps -------------------------
 
 
@@ -548,14 +545,17 @@ class Pipeline(_Model):
                 f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) must be 0 (no checkpoints "
                 f"during backlog) or >= checkpoint_interval ({live.total_seconds()}s)"
             )
+        kind = self.operator_kind
         if backlog != timedelta(0) and not self.supports_increments:
             what = f"end_of_stream steps {[s.name for s in self.end_of_stream]}" if self.end_of_stream else ""
             what = what or f"operator kind {self.operator.kind!r}"
+            from phases.operators import KINDS
+
+            able = [name for name, k in KINDS.items() if k.supports_increments]
             raise ValueError(
                 f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) makes the backlog commit in "
                 f"increments of at most that much source time, and {what} cannot be built from increments "
-                "(increments take keyed_aggregate, window_aggregate and session_aggregate without end_of_stream "
-                "steps); set it to 0"
+                f"(increments take {', '.join(able)} without end_of_stream steps); set it to 0"
             )
         outputs = [a.name for a in getattr(self.operator, "aggregations", [])]
         clash = sorted(set(outputs) & set(self.key_columns))
@@ -574,11 +574,11 @@ class Pipeline(_Model):
             raise ValueError(f"end_of_stream step names must be unique; repeated: {dupes}")
         if self.enrich is not None and self.enrich.step not in names:
             raise ValueError(f"enrich.step {self.enrich.step!r} is not an end_of_stream step; steps: {names}")
-        if isinstance(self.operator, (WindowedAggregate, SessionAggregate, CoGroup)):
+        if kind.windowed:
             clash = sorted(set(self.key_columns) & {WINDOW_START, WINDOW_END})
             if clash:
                 raise ValueError(f"key columns {clash} are reserved for the window's bounds")
-        if self.operator.kind in TWO_INPUT_KINDS:
+        if kind.two_inputs:
             used = [f for f in ("steps", "end_of_stream", "enrich") if getattr(self, f)]
             if used:
                 raise ValueError(
@@ -587,8 +587,7 @@ class Pipeline(_Model):
                 )
             if self.operator.right.path == self.source.path:
                 raise ValueError(f"{self.operator.kind}: right source is the pipeline's own source {self.source.path}")
-        needs_ms = self.operator.kind in ("process", "session_aggregate", *TWO_INPUT_KINDS)
-        if needs_ms and self.watermark_delay % timedelta(milliseconds=1):
+        if kind.needs_ms_delay and self.watermark_delay % timedelta(milliseconds=1):
             raise ValueError(
                 f"watermark_delay must be a whole number of milliseconds for a {self.operator.kind} operator "
                 f"(Spark's watermark has millisecond resolution); got {self.watermark_delay}"
@@ -598,9 +597,16 @@ class Pipeline(_Model):
         return self
 
     @property
+    def operator_kind(self):
+        """The operator's kind (:mod:`phases.operators`): what it supports, its backlog and live steps."""
+        from phases.operators import kind_of  # the kinds import this module
+
+        return kind_of(self)
+
+    @property
     def state_keys(self) -> list[str]:
         """Columns that identify a row of the state (and of the sink): the keys, plus the window bounds."""
-        if isinstance(self.operator, (WindowedAggregate, SessionAggregate, CoGroup)):
+        if self.operator_kind.windowed:
             return [*self.key_columns, WINDOW_START, WINDOW_END]
         return list(self.key_columns)
 
@@ -608,16 +614,12 @@ class Pipeline(_Model):
     def supports_increments(self) -> bool:
         """Whether the backlog can be built from pieces (catch-up increments, daily slices): only when its
         state is a mergeable aggregate and no end-of-stream step needs the whole backlog at once."""
-        return not self.end_of_stream and self.operator.kind in (
-            "keyed_aggregate",
-            "window_aggregate",
-            "session_aggregate",
-        )
+        return not self.end_of_stream and self.operator_kind.supports_increments
 
     @property
     def right_source(self) -> DeltaSource | None:
         """The second input of a two-input operator."""
-        return self.operator.right if self.operator.kind in TWO_INPUT_KINDS else None
+        return self.operator.right if self.operator_kind.two_inputs else None
 
     @property
     def delay_us(self) -> int:

@@ -28,8 +28,6 @@ from phases.definition import (
     AggKind,
     Aggregation,
     Pipeline,
-    SessionAggregate,
-    WindowedAggregate,
 )
 from phases.errors import DefinitionError
 
@@ -311,12 +309,3 @@ class SessionAggregationLogic(WindowedAggregationLogic):
 
     def merge_partials(self, partials: DataFrame) -> DataFrame:
         return self.merge(self.seeds(partials))
-
-
-def logic_for(pipeline: Pipeline, source_schema: T.StructType) -> KeyedAggregationLogic:
-    """The operator logic of ``pipeline`` (keyed, windowed or session aggregation)."""
-    if isinstance(pipeline.operator, WindowedAggregate):
-        return WindowedAggregationLogic(pipeline, source_schema)
-    if isinstance(pipeline.operator, SessionAggregate):
-        return SessionAggregationLogic(pipeline, source_schema)
-    return KeyedAggregationLogic(pipeline, source_schema)

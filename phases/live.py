@@ -20,16 +20,13 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import leases, manifest, schema_evolution, tables
+from phases import leases, manifest, operators, schema_evolution, tables
 from phases.backlog import live_checkpoint_root
 from phases.definition import Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases.errors import DefinitionError, PhaseStateError
-from phases.keyed_aggregate import KeyedAggregationLogic, logic_for
-from phases.live_increment import IncrementalLive, LiveInput, Progress, state_schema
-from phases.process_operator import process_logic_for
-from phases.two_input import CoGroupLogic, two_input_logic_for
+from phases.live_increment import IncrementalLive, LiveInput, Progress
 
 STREAMING_ONLY = "streaming-only"
 
@@ -74,6 +71,7 @@ class LiveRunner:
         loc = pipeline.locations
         self.state_path = handoff.state_path if handoff else str(PurePosixPath(loc.state_root) / STREAMING_ONLY)
         self.right_source = DeltaTableSource(spark, pipeline.right_source) if pipeline.right_source else None
+        self.kind = operators.kind_of(pipeline)
         self.logic = self._logic()
         inputs = [LiveInput("", self.source, handoff.source_version if handoff else None)]
         if self.right_source is not None:
@@ -93,10 +91,8 @@ class LiveRunner:
     def _logic(self):
         """The operator's logic for the sources' current schemas."""
         p, spark = self.pipeline, self.spark
-        records = prepared_schema(spark, p, self.source.schema())
-        if self.right_source is not None:
-            return two_input_logic_for(p, records, prepared_schema(spark, p, self.right_source.schema()))
-        return process_logic_for(spark, p, records) or logic_for(p, records)
+        sources = [self.source] if self.right_source is None else [self.source, self.right_source]
+        return self.kind.logic(spark, p, [prepared_schema(spark, p, s.schema()) for s in sources])
 
     def _switch_progress(self) -> Progress:
         """The live phase's first progress row: where the handoff left each input (batch -1)."""
@@ -106,7 +102,7 @@ class LiveRunner:
             return Progress(
                 batch_id=-1, complete_below=0, running_max_us=None, closed_us=None, held_version=None, **right
             )
-        closed = h.final_watermark_us
+        watermarks = {"": h.final_watermark_us}
         right = {}
         if self.right_source is not None:
             right_wm = None if h.right_max_event_time_us is None else h.right_max_event_time_us - p.delay_us
@@ -114,7 +110,8 @@ class LiveRunner:
                 "right_complete_below": h.right_source_version + 1,
                 "right_running_max_us": h.right_max_event_time_us,
             }
-            closed = CoGroupLogic.closing_watermark(h.final_watermark_us, right_wm)
+            watermarks["right"] = right_wm
+        closed = self.kind.closing(watermarks)
         return Progress(
             batch_id=-1,
             complete_below=h.source_version + 1,
@@ -183,16 +180,13 @@ class LiveRunner:
                 "To proceed: change the source back, or adapt the pipeline and run the backlog again with "
                 "BacklogRunner(...).run(reset=True)"
             ) from exc
-        sources: dict[str, str] = {}
-        if isinstance(logic, KeyedAggregationLogic):
-            # Process functions get the new columns (their state is JSON); two-input operators keep rows as
-            # they are, their state and sink columns widen like the source's.
-            records = prepared_schema(spark, p, self.source.schema())
-            sources = schema_evolution.buffer_sources(logic)
-            changed = schema_evolution.changes(spark, self.state_path, logic.buffer_schema, sources)
-            schema_evolution.check_operator(spark, logic, records, p.name, changed)
+        # Aggregations check their buffers against the change; process functions get the new columns (their
+        # state is JSON); two-input operators keep rows as they are, their state and sink columns widen like
+        # the source's.
+        records = prepared_schema(spark, p, self.source.schema())
+        sources = self.kind.schema_change_sources(spark, p, logic, records, self.state_path)
         for path, wanted, what in (
-            (self.state_path, state_schema(logic), "state table"),
+            (self.state_path, self.kind.state_schema(logic), "state table"),
             (p.sink.path, logic.output_schema, "sink"),
         ):
             if tables.exists(spark, path):

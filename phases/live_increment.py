@@ -1,10 +1,10 @@
 """The live phase as a continuous increment: one streaming query per live input, no staging table.
 
-Used for the aggregation family (keyed aggregations, tumbling/sliding windows, session windows) and process
-functions (their state and timers on Delta, run through the backlog's own pass). The query
-reads the source's change feed after the handoff version; each micro-batch runs, in ``foreachBatch``, the
-same steps a catch-up increment runs over a version range (:func:`phases.backlog.tag_changes`, the
-operator's lift and merge):
+Used for every operator kind: this module is the driver (versions, lateness, quarantine, progress); the
+operator's own step comes from its kind (:mod:`phases.operators`). The query reads the source's change feed
+after the handoff version (a two-input operator's both sources, in one query); each micro-batch runs, in
+``foreachBatch``, the same steps a catch-up increment runs over a version range
+(:func:`phases.backlog.tag_changes`, the operator's lift and merge):
 
 1. **complete versions only**: the batch's end offset (Spark's offset log, written before the batch runs)
    says whether its last source version is complete. A version split across micro-batches (file limits, a
@@ -33,37 +33,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import fs, maintenance, quarantine, tables
+from phases import fs, maintenance, operators, quarantine, tables
 from phases.backlog import tag_changes
-from phases.definition import WINDOW_END, WINDOW_START, Pipeline
+from phases.definition import Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.errors import PhaseStateError
-from phases.keyed_aggregate import (
-    MAX_TS,
-    KeyedAggregationLogic,
-    SessionAggregationLogic,
-    WindowedAggregationLogic,
-)
 from phases.lateness import VERSION
-from phases.process_operator import TIMERS as PROCESS_TIMERS
-from phases.process_operator import ProcessLogic
-from phases.two_input import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic, IntervalJoinLogic
 
 QUERY = "increment"  # the query's checkpoint sub-folder
 HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
-_OP = "_op"  # session MERGE source: 'upsert' or 'delete'
-_TOUCHED = "_touched"
 _INPUT = "_input"  # two-input query: the input a row comes from ("" or "right")
 _ROW_COLUMNS = ("_row", "_row_right")  # two-input query: each input's row, packed
 
@@ -134,368 +120,6 @@ class Progress:
         return tuple(getattr(self, f.name) for f in PROGRESS_SCHEMA.fields)
 
 
-@contextmanager
-def _idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
-    """Delta skips a DML statement (MERGE, DELETE) whose (app id, version) it has already committed."""
-    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
-    spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
-    try:
-        yield
-    finally:
-        spark.conf.unset("spark.databricks.delta.write.txnAppId")
-        spark.conf.unset("spark.databricks.delta.write.txnVersion")
-
-
-def _eq(t: str, s: str, columns: list[str]) -> str:
-    return " AND ".join(f"{t}.`{c}` = {s}.`{c}`" for c in columns)
-
-
-def _upsert(spark: SparkSession, path: str, rows: DataFrame, keys: list[str], app_id: str, batch: int) -> None:
-    """Replaces the rows of ``rows``' keys in the table at ``path`` and inserts the new ones: one MERGE,
-    skipped when Delta already committed (``app_id``, ``batch``)."""
-    with _idempotent_dml(spark, app_id, batch):
-        (
-            DeltaTable.forPath(spark, path)
-            .alias("t")
-            .merge(rows.alias("s"), _eq("t", "s", keys))
-            .whenMatchedUpdateAll()
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
-
-
-# --- the operators' live steps -------------------------------------------------------------------------
-
-
-class OneInputStep:
-    """A single-input operator's step: the watermark that closes windows is the input's own."""
-
-    def closing(self, watermarks: dict[str, int | None]) -> int | None:
-        return watermarks[""]
-
-    def apply_inputs(
-        self,
-        spark: SparkSession,
-        records: dict[str, DataFrame | None],
-        watermarks: dict[str, int | None],
-        closing_us: int | None,
-        batch: int,
-        app,
-    ) -> None:
-        self.apply(spark, records[""], closing_us, batch, app)
-
-
-class KeyedStep(OneInputStep):
-    """Keyed aggregation: the batch's buffers merged into each key's state, changed keys upserted."""
-
-    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
-
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        if records is None:
-            return
-        logic, keys = self.logic, self.logic.keys
-        partial = logic.merge(logic.lift(records)).persist()
-        try:
-            with _idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(partial.alias("s"), _eq("t", "s", keys))
-                    .whenMatchedUpdate(set=logic.combine_set("t", "s"))
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
-            # Read back after the state write: a replayed batch (state already merged) writes the same rows.
-            changed = spark.read.format("delta").load(self.state_path).join(F.broadcast(partial.select(*keys)), keys)
-            _upsert(spark, self.sink_path, logic.finalize(changed), keys, app("sink"), batch)
-        finally:
-            partial.unpersist()
-
-
-class WindowStep(KeyedStep):
-    """Windows: the batch's buffers merged into the open windows; windows the watermark closed appended
-    to the sink once and removed from the state."""
-
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        if records is not None:
-            logic = self.logic
-            partial = logic.merge(logic.lift(records))
-            with _idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(partial.alias("s"), _eq("t", "s", logic.keys))
-                    .whenMatchedUpdate(set=logic.combine_set("t", "s"))
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
-        self.close(spark, closing_us, batch, app)
-
-    def close(self, spark: SparkSession, closing_us: int | None, batch: int, app) -> None:
-        """Emits the windows ending at or before ``closing_us`` and drops them from the state."""
-        if closing_us is None:
-            return
-        closed = F.col(WINDOW_END) <= F.timestamp_micros(F.lit(closing_us))
-        state = spark.read.format("delta").load(self.state_path)
-        out = self.logic.finalize(state.filter(closed)).persist()
-        try:
-            if out.isEmpty():
-                return
-            tables.append_once(out, self.sink_path, app("sink"), batch)
-            with _idempotent_dml(spark, app("closed"), batch):
-                DeltaTable.forPath(spark, self.state_path).delete(closed)
-        finally:
-            out.unpersist()
-
-
-class SessionStep(WindowStep):
-    """Sessions: the touched keys' open sessions re-merged with the batch's records (one MERGE replaces
-    them), then the sessions the watermark closed emitted like windows."""
-
-    logic: SessionAggregationLogic
-
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        if records is not None:
-            logic = self.logic
-            keys, bounds = logic.group_keys, [*logic.group_keys, WINDOW_START, WINDOW_END]
-            partial = logic.merge(logic.lift(records)).persist()
-            try:
-                touched = F.broadcast(partial.select(*keys).distinct())
-                old = spark.read.format("delta").load(self.state_path).join(touched, keys)
-                cols = [*bounds, *logic.buffer_names]
-                merged = logic.merge_partials(old.select(*cols).unionByName(partial.select(*cols)))
-                gone = old.select(*cols).join(merged.select(*bounds), bounds, "left_anti")
-                source = merged.withColumn(_OP, F.lit("upsert")).unionByName(gone.withColumn(_OP, F.lit("delete")))
-                with _idempotent_dml(spark, app("state"), batch):
-                    (
-                        DeltaTable.forPath(spark, self.state_path)
-                        .alias("t")
-                        .merge(source.alias("s"), _eq("t", "s", bounds))
-                        .whenMatchedDelete(condition=f"s.{_OP} = 'delete'")
-                        .whenMatchedUpdate(set={c: f"s.`{c}`" for c in logic.buffer_names})
-                        .whenNotMatchedInsert(condition=f"s.{_OP} = 'upsert'", values={c: f"s.`{c}`" for c in cols})
-                        .execute()
-                    )
-            finally:
-                partial.unpersist()
-        self.close(spark, closing_us, batch, app)
-
-
-class ProcessStep(OneInputStep):
-    """Process function: the keys with records in the batch, and the keys whose timers the new watermark
-    makes due, run from their state on Delta through the operator's pass (the backlog's own); their outputs
-    appended to the sink, then their new state merged into the state table.
-
-    The sink is written first: a batch replayed after a crash before the state write starts from the same
-    state and produces the same outputs (Delta skips the second append); one replayed after the state write
-    skips both writes."""
-
-    def __init__(self, logic: ProcessLogic, state_path: str, sink_path: str):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
-
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        logic, keys = self.logic, self.logic.keys
-        state = spark.read.format("delta").load(self.state_path)
-        due = F.lit(False)
-        if closing_us is not None:
-            due = F.exists(F.col(PROCESS_TIMERS), lambda t: t * 1000 <= F.lit(closing_us))
-        if records is not None:
-            touched = records.select(*keys).distinct().withColumn(_TOUCHED, F.lit(True))
-            previous = state.join(touched, keys, "left").filter(F.col(_TOUCHED).isNotNull() | due).drop(_TOUCHED)
-        else:
-            previous = state.filter(due)
-            if previous.isEmpty():
-                return
-        passed = logic.increment_pass(records, previous, closing_us).persist()
-        try:
-            out = logic.outputs(passed)
-            if not out.isEmpty():
-                tables.append_once(out, self.sink_path, app("sink"), batch)
-            _upsert(spark, self.state_path, logic.states(passed), keys, app("state"), batch)
-        finally:
-            passed.unpersist()
-
-
-class IntervalJoinStep:
-    """Interval join: the batch's new rows of each input joined with the other input's rows held in the state
-    (one row per key: each input's rows that can still match) and with each other; the pairs appended to the
-    sink first, then the new rows merged into their keys' state, leaving out rows no future row of the
-    other input can match (its watermark passed ``ts + upper``, or ``ts - lower``).
-
-    A batch replayed after a crash before the state write joins against the same state and appends the same
-    pairs (Delta skips the second append); one replayed after it skips both writes. Rows of keys without new
-    rows stay until their key gets one: they can match nothing, they only take room."""
-
-    def __init__(self, logic: IntervalJoinLogic, state_path: str, sink_path: str):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
-
-    def closing(self, watermarks: dict[str, int | None]) -> int | None:
-        return CoGroupLogic.closing_watermark(watermarks[""], watermarks["right"])
-
-    def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
-        logic = self.logic
-        joined = left.alias("l").join(logic._renamed_right(right).alias("r"), logic._condition(), "inner")
-        return logic._select_output(joined)
-
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app) -> None:
-        logic, keys, et = self.logic, self.logic.keys, self.logic.event_time
-        new_left, new_right = records[""], records["right"]
-        if new_left is None and new_right is None:
-            return
-        left_cols = [f.name for f in logic.fields(LEFT)]
-        right_cols = [f.name for f in logic.fields(RIGHT)]
-        new_left = None if new_left is None else new_left.select(*left_cols).persist()
-        new_right = None if new_right is None else new_right.select(*right_cols).persist()
-        try:
-            news = [df.select(*keys) for df in (new_left, new_right) if df is not None]
-            touched = (news[0] if len(news) == 1 else news[0].unionByName(news[1])).distinct()
-            held = spark.read.format("delta").load(self.state_path).join(touched, keys)
-            pairs = []
-            if new_left is not None:
-                old_right = held.select(F.explode(RIGHT_ROWS).alias("_r")).select("_r.*")
-                pairs.append(self._pairs(new_left, old_right))
-            if new_right is not None:
-                old_left = held.select(F.explode(LEFT_ROWS).alias("_r")).select("_r.*")
-                pairs.append(self._pairs(old_left, new_right))
-            if new_left is not None and new_right is not None:
-                pairs.append(self._pairs(new_left, new_right))
-            out = pairs[0]
-            for more in pairs[1:]:
-                out = out.unionByName(more)
-            out = out.persist()
-            try:
-                if not out.isEmpty():
-                    tables.append_once(out, self.sink_path, app("sink"), batch)
-            finally:
-                out.unpersist()
-            lifted = []
-            if new_left is not None:
-                lifted.append(
-                    new_left.select(
-                        *keys,
-                        F.array(logic.rows_struct(LEFT)).alias(LEFT_ROWS),
-                        logic.empty_rows(RIGHT).alias(RIGHT_ROWS),
-                        F.col(et).alias(MAX_TS),
-                    )
-                )
-            if new_right is not None:
-                lifted.append(
-                    new_right.select(
-                        *keys,
-                        logic.empty_rows(LEFT).alias(LEFT_ROWS),
-                        F.array(logic.rows_struct(RIGHT)).alias(RIGHT_ROWS),
-                        F.col(et).alias(MAX_TS),
-                    )
-                )
-            rows = lifted[0] if len(lifted) == 1 else lifted[0].unionByName(lifted[1])
-            grouped = rows.groupBy(*keys).agg(
-                F.flatten(F.collect_list(LEFT_ROWS)).alias(LEFT_ROWS),
-                F.flatten(F.collect_list(RIGHT_ROWS)).alias(RIGHT_ROWS),
-                F.max(MAX_TS).alias(MAX_TS),
-            )
-            keep_left, keep_right = self._keep(watermarks)
-            with _idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(grouped.alias("s"), _eq("t", "s", keys))
-                    .whenMatchedUpdate(
-                        set={
-                            LEFT_ROWS: f"filter(concat(t.{LEFT_ROWS}, s.{LEFT_ROWS}), {keep_left})",
-                            RIGHT_ROWS: f"filter(concat(t.{RIGHT_ROWS}, s.{RIGHT_ROWS}), {keep_right})",
-                            MAX_TS: f"greatest(t.{MAX_TS}, s.{MAX_TS})",
-                        }
-                    )
-                    .whenNotMatchedInsert(
-                        values={
-                            **{k: f"s.`{k}`" for k in keys},
-                            LEFT_ROWS: f"filter(s.{LEFT_ROWS}, {keep_left})",
-                            RIGHT_ROWS: f"filter(s.{RIGHT_ROWS}, {keep_right})",
-                            MAX_TS: f"s.{MAX_TS}",
-                        }
-                    )
-                    .execute()
-                )
-        finally:
-            for df in (new_left, new_right):
-                if df is not None:
-                    df.unpersist()
-
-    def _keep(self, watermarks: dict[str, int | None]) -> tuple[str, str]:
-        """SQL lambdas: a left row is kept while a future right row (ts > the right watermark) can match it
-        (``ts + upper > right_wm``); a right row while a future left row can (``ts - lower > left_wm``)."""
-        logic, et = self.logic, self.logic.event_time
-        left_wm, right_wm = watermarks[""], watermarks["right"]
-        keep_left = "x -> true"
-        if right_wm is not None:
-            keep_left = f"x -> x.`{et}` > timestamp_micros({right_wm - logic.upper_ms * 1000})"
-        keep_right = "x -> true"
-        if left_wm is not None:
-            keep_right = f"x -> x.`{et}` > timestamp_micros({left_wm + logic.lower_ms * 1000})"
-        return keep_left, keep_right
-
-
-class CoGroupStep:
-    """Co-group: the batch's rows of both inputs collected into their (key, window) in the state (one
-    MERGE); the windows both watermarks closed passed to the user's function, its rows appended to the sink
-    once, then those windows removed from the state. Read back from the state after its write, so a replayed
-    batch emits exactly what the first attempt would have."""
-
-    def __init__(self, logic: CoGroupLogic, state_path: str, sink_path: str):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
-
-    def closing(self, watermarks: dict[str, int | None]) -> int | None:
-        return CoGroupLogic.closing_watermark(watermarks[""], watermarks["right"])
-
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app) -> None:
-        logic = self.logic
-        lifted = [
-            logic.lift(df, side) for df, side in ((records[""], LEFT), (records["right"], RIGHT)) if df is not None
-        ]
-        if lifted:
-            rows = lifted[0] if len(lifted) == 1 else lifted[0].unionByName(lifted[1])
-            windows = rows.groupBy(*logic.group).agg(*logic.merge_columns())
-            with _idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(windows.alias("s"), _eq("t", "s", logic.group))
-                    .whenMatchedUpdate(set={c: f"concat(t.{c}, s.{c})" for c in (LEFT_ROWS, RIGHT_ROWS)})
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
-        if closing_us is None:
-            return
-        closed = F.col(WINDOW_END) <= F.timestamp_micros(F.lit(closing_us))
-        state = spark.read.format("delta").load(self.state_path)
-        windows = state.filter(closed).persist()
-        try:
-            if windows.isEmpty():
-                return
-            out = logic.apply(windows)
-            tables.append_once(out, self.sink_path, app("sink"), batch)
-            with _idempotent_dml(spark, app("closed"), batch):
-                DeltaTable.forPath(spark, self.state_path).delete(closed)
-        finally:
-            windows.unpersist()
-
-
-def step_for(logic, state_path: str, sink_path: str):
-    """The live step of an operator's logic."""
-    if isinstance(logic, ProcessLogic):
-        return ProcessStep(logic, state_path, sink_path)
-    if isinstance(logic, IntervalJoinLogic):
-        return IntervalJoinStep(logic, state_path, sink_path)
-    if isinstance(logic, CoGroupLogic):
-        return CoGroupStep(logic, state_path, sink_path)
-    if isinstance(logic, SessionAggregationLogic):
-        return SessionStep(logic, state_path, sink_path)
-    if isinstance(logic, WindowedAggregationLogic):
-        return WindowStep(logic, state_path, sink_path)
-    return KeyedStep(logic, state_path, sink_path)
-
-
 # --- the driver ----------------------------------------------------------------------------------------
 
 
@@ -533,7 +157,8 @@ class IncrementalLive:
         self.max_files_per_trigger = max_files_per_trigger
         self.progress_path = progress_path(pipeline, run_name)
         self.pending_root = live_root(pipeline, run_name)
-        self.step = step_for(logic, state_path, pipeline.sink.path)
+        self.kind = operators.kind_of(pipeline)
+        self.step = self.kind.live_step(logic, state_path, pipeline.sink.path)
         self.query: StreamingQuery | None = None
         self._progress: dict[int, Progress] = {}
         self._table_ids: dict[str, str] = {}
@@ -541,7 +166,7 @@ class IncrementalLive:
     def use(self, logic) -> None:
         """Runs the next micro-batches with ``logic`` (rebuilt after a source schema change)."""
         self.logic = logic
-        self.step = step_for(logic, self.state_path, self.pipeline.sink.path)
+        self.step = self.kind.live_step(logic, self.state_path, self.pipeline.sink.path)
 
     # --- tables ----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -549,7 +174,7 @@ class IncrementalLive:
         spark, p = self.spark, self.pipeline
         quarantine.ensure(spark, p.locations.quarantine)
         tables.ensure(spark, p.sink.path, self.logic.output_schema)
-        tables.ensure(spark, self.state_path, state_schema(self.logic))
+        tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
         if p.maintenance.auto_compact:
             maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
         if not tables.exists(spark, self.progress_path):
@@ -669,7 +294,7 @@ class IncrementalLive:
             watermarks = {
                 label: None if a.running_max_us is None else a.running_max_us - p.delay_us for label, a in after.items()
             }
-            closing = self.step.closing(watermarks)
+            closing = self.kind.closing(watermarks)
             if any(r is not None for r in records.values()) or closing != before.closed_us:
                 self.step.apply_inputs(spark, records, watermarks, closing, batch_id, self.app)
             progress = Progress.of_inputs(
@@ -733,11 +358,6 @@ class IncrementalLive:
             "watermark": watermark,
             "source_version": latest.complete_below - 1,
         }
-
-
-def state_schema(logic) -> T.StructType:
-    """The schema of an operator's state table."""
-    return logic.buffer_schema if isinstance(logic, KeyedAggregationLogic) else logic.state_schema
 
 
 def live_root(pipeline: Pipeline, run_name: str) -> str:

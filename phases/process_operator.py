@@ -220,7 +220,3 @@ class ProcessLogic:
 
     def states(self, passed: DataFrame) -> DataFrame:
         return passed.filter(F.col(KIND) == STATE_ROW).select(*self.state_schema.names)
-
-
-def process_logic_for(spark: SparkSession, pipeline: Pipeline, prepared_schema: T.StructType) -> ProcessLogic | None:
-    return ProcessLogic(spark, pipeline, prepared_schema) if isinstance(pipeline.operator, ProcessOperator) else None

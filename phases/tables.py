@@ -1,6 +1,9 @@
-"""Small Delta helpers shared by the runners: create-if-missing, idempotent appends, versions."""
+"""Small Delta helpers shared by the runners: create-if-missing, idempotent appends and DML, versions."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -59,3 +62,34 @@ def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dic
     ensure(spark, path, schema)
     row = spark.createDataFrame([tuple(values[f.name] for f in schema.fields)], schema)
     row.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
+
+
+@contextmanager
+def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
+    """Delta skips a DML statement (MERGE, DELETE) whose (app id, version) it has already committed."""
+    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
+    spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
+    try:
+        yield
+    finally:
+        spark.conf.unset("spark.databricks.delta.write.txnAppId")
+        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+
+
+def key_match(t: str, s: str, columns: list[str]) -> str:
+    """A MERGE condition: equal ``columns`` in the target alias ``t`` and the source alias ``s``."""
+    return " AND ".join(f"{t}.`{c}` = {s}.`{c}`" for c in columns)
+
+
+def upsert(spark: SparkSession, path: str, rows: DataFrame, keys: list[str], app_id: str, batch: int) -> None:
+    """Replaces the rows of ``rows``' keys in the table at ``path`` and inserts the new ones: one MERGE,
+    skipped when Delta already committed (``app_id``, ``batch``)."""
+    with idempotent_dml(spark, app_id, batch):
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(rows.alias("s"), key_match("t", "s", keys))
+            .whenMatchedUpdateAll()
+            .whenNotMatchedInsertAll()
+            .execute()
+        )

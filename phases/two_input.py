@@ -272,13 +272,3 @@ class CoGroupLogic(TwoInputLogic):
                     yield pa.RecordBatch.from_pylist(produced, schema=arrow_schema)
 
         return ordered.mapInArrow(run, self.output_schema)
-
-
-def two_input_logic_for(
-    pipeline: Pipeline, left_schema: T.StructType, right_schema: T.StructType
-) -> IntervalJoinLogic | CoGroupLogic | None:
-    if isinstance(pipeline.operator, IntervalJoin):
-        return IntervalJoinLogic(pipeline, left_schema, right_schema)
-    if isinstance(pipeline.operator, CoGroup):
-        return CoGroupLogic(pipeline, left_schema, right_schema)
-    return None

@@ -107,11 +107,11 @@ def crash_on_state_write(monkeypatch, message: str) -> None:
     before it in the micro-batch is committed); ``monkeypatch.undo()`` ends it."""
     import phases.live_increment as engine
 
-    real = engine._idempotent_dml
+    real = engine.tables.idempotent_dml
 
     def crash_before_state(spark_, app_id, version):
         if app_id.endswith(":state"):
             raise RuntimeError(message)
         return real(spark_, app_id, version)
 
-    monkeypatch.setattr(engine, "_idempotent_dml", crash_before_state)
+    monkeypatch.setattr(engine.tables, "idempotent_dml", crash_before_state)

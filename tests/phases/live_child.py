@@ -17,14 +17,14 @@ from phases.session import SparkSettings, build_session
 def main() -> None:
     pipeline = Pipeline.model_validate_json(sys.argv[1])
     kill_at = sys.argv[2]
-    real = engine._idempotent_dml
+    real = engine.tables.idempotent_dml
 
     def dml(spark, app_id, version):
         if app_id.endswith(f":{kill_at}"):
             os.kill(os.getpid(), signal.SIGKILL)
         return real(spark, app_id, version)
 
-    engine._idempotent_dml = dml
+    engine.tables.idempotent_dml = dml
     spark = build_session(SparkSettings(shuffle_partitions=2, app_name="live-child"))
     LiveRunner.from_manifest(spark, pipeline).start(available_now=True)
     sys.exit(3)  # not reached when the kill point is hit

@@ -8,10 +8,11 @@ import pytest
 from pyspark.sql import functions as F
 
 from phases import manifest, synthetic
-from phases.backlog import BacklogRunner, sorted_backlog_input
+from phases.backlog import BacklogRunner
 from phases.definition import Aggregation, KeyedAggregate
 from phases.errors import DefinitionError, ManifestError, PhaseStateError, SourceError
 from phases.live import LiveRunner
+from phases.operators.base import sorted_by_key
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import (
@@ -57,7 +58,7 @@ def test_backlog_output_is_grouped_by_key(spark, tmp_path):
     synthetic.append(spark, path, synthetic.event_batch(spark, rows=3000, keys=97, batch_index=0))
     p = make_pipeline(path, str(tmp_path / "run"))
     on_time = spark.read.format("delta").load(path)
-    assert_grouped_by_key(sorted_backlog_input(spark, p, on_time).select("key").rdd.glom().collect())
+    assert_grouped_by_key(sorted_by_key(spark, p, on_time).select("key").rdd.glom().collect())
     BacklogRunner(spark, p).run()
     state = spark.read.format("delta").load(manifest.latest(spark, p.locations.manifests, p.name).state_path)
     assert state.count() == state.select("key").distinct().count() == 97

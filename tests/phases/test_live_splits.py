@@ -126,14 +126,14 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
     for v in sorted(live_versions):
         append_version(spark, source, live_versions[v])
 
-    real = engine._idempotent_dml
+    real = engine.tables.idempotent_dml
 
     def crash_before_sink(spark_, app_id, version):
         if app_id.endswith((":sink", ":closed")):
             raise RuntimeError("simulated crash after the state write")
         return real(spark_, app_id, version)
 
-    monkeypatch.setattr(engine, "_idempotent_dml", crash_before_sink)
+    monkeypatch.setattr(engine.tables, "idempotent_dml", crash_before_sink)
     if kind == "tumbling":  # windows append their sink rows; crash right before that append
         monkeypatch.setattr(
             engine.tables, "append_once", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("simulated crash"))

@@ -16,7 +16,6 @@ from phases.backlog import BacklogRunner, tag_version_range
 from phases.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
 from phases.delta_source import DeltaTableSource
 from phases.live import LiveRunner
-from phases.two_input import two_input_logic_for
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
@@ -197,7 +196,7 @@ def test_two_input_backlog_output_is_grouped_by_key(spark, tmp_path):
         p = make_pipeline(left, str(tmp_path / operator.kind), delay_s=DELAY_S, operator=operator)
         lt = tag_version_range(spark, p, DeltaTableSource(spark, p.source), (0, 1), None)
         rt = tag_version_range(spark, p, DeltaTableSource(spark, p.right_source), (0, 1), None)
-        logic = two_input_logic_for(p, lt.prepared.schema, rt.prepared.schema)
+        logic = p.operator_kind.logic(spark, p, [lt.prepared.schema, rt.prepared.schema])
         wm = [t.running_max_us - p.delay_us for t in (lt, rt)]
         out, _ = logic.backlog(lt.prepared, rt.prepared, *wm)
         partitions = out.select("key").rdd.glom().collect()

@@ -1,0 +1,55 @@
+"""What the two-input kinds (interval join, co-group) share: the handoff of their backlog plan, the
+closing watermark (the smaller of the two inputs'), and their refusal of backlog increments."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from phases.definition import Pipeline
+from phases.operators.base import HandoffCounts, OperatorKind, Watermarks
+from phases.two_input import CoGroupLogic
+
+
+class TwoInputHandoff:
+    """The operator's backlog output and the rows/windows still open, with the on-time records of both."""
+
+    def __init__(self, spark: SparkSession, out: DataFrame, state: DataFrame, inputs: list[DataFrame]):
+        self.spark, self.out, self.state, self.inputs = spark, out, state, inputs
+
+    def write_state(self, path: str) -> None:
+        self.state.write.format("delta").mode("errorifexists").save(path)
+
+    def write_sink(self, path: str) -> None:
+        self.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+
+    def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
+        return HandoffCounts(
+            spark.read.format("delta").load(state_path).count(),
+            sum(df.count() for df in self.inputs),
+            spark.read.format("delta").load(sink_path).count(),
+        )
+
+    def close(self) -> None:
+        self.spark.catalog.clearCache()
+
+
+class TwoInputKind(OperatorKind):
+    two_inputs = True
+    needs_ms_delay = True
+    no_increments_because = "reads two sources whose versions are not cut together"
+
+    def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]):
+        return self.logic_class(pipeline, schemas[0], schemas[1])
+
+    def closing(self, watermarks: Watermarks) -> int | None:
+        return CoGroupLogic.closing_watermark(watermarks[""], watermarks["right"])
+
+    def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs) -> TwoInputHandoff:
+        left, right = inputs
+        wm = [None if t.running_max_us is None else t.running_max_us - pipeline.delay_us for t in inputs]
+        out, state = logic.backlog(left.prepared, right.prepared, wm[0], wm[1])
+        return TwoInputHandoff(spark, out, state, [left.prepared, right.prepared])
+
+    def live_step(self, logic, state_path: str, sink_path: str):
+        return self.step_class(logic, state_path, sink_path)

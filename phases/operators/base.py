@@ -1,0 +1,125 @@
+"""What every operator kind is and does, in both phases: :class:`OperatorKind`.
+
+A kind says what it supports (two inputs, backlog increments, window-keyed state, millisecond delays),
+builds its logic for the sources' schemas, hands over its backlog (:class:`HandoffWrite`: the state table and
+the sink, written by :meth:`phases.backlog.BacklogRunner.write_handoff`) and gives the live phase its
+per-micro-batch step (:class:`LiveStep`). The drivers (:mod:`phases.backlog`, :mod:`phases.live`,
+:mod:`phases.live_increment`) know no kind by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+if TYPE_CHECKING:
+    from phases.backlog import TaggedRange
+    from phases.definition import Pipeline
+
+Watermarks = dict[str, int | None]  # per live input label ("" the source, "right" the second one)
+
+
+@dataclass(frozen=True)
+class HandoffCounts:
+    state_rows: int  # rows of the handed-over state table
+    aggregated: int  # on-time records the operator took in versions 0..V (a record once)
+    sink_rows: int  # rows in the sink after the handoff
+
+
+class HandoffWrite(Protocol):
+    """One backlog's writes, in the order :meth:`phases.backlog.BacklogRunner.write_handoff` calls them."""
+
+    def write_state(self, path: str) -> None:
+        """Writes the state to hand over to a fresh table at ``path``."""
+
+    def write_sink(self, path: str) -> None:
+        """Writes the backlog's results to the sink (a re-run replaces, never duplicates)."""
+
+    def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts: ...
+
+    def close(self) -> None:
+        """Releases what the writes cached (called also when a write failed)."""
+
+
+class LiveStep(Protocol):
+    """One micro-batch of the live phase, after validation and lateness: ``records`` are each input's
+    on-time records of the complete versions (None: none), ``closing_us`` the watermark that closes
+    windows, sessions and timers after the batch. Every write is idempotent per ``batch`` (``app(what)``
+    names the Delta transaction), and what the sink gets is read back from the state after the state write
+    or written before it from the state before it, so a replayed batch writes exactly what the first did."""
+
+    def apply_inputs(
+        self,
+        spark: SparkSession,
+        records: dict[str, DataFrame | None],
+        watermarks: Watermarks,
+        closing_us: int | None,
+        batch: int,
+        app,
+    ) -> None: ...
+
+
+class OperatorKind:
+    """Base of the operator kinds (one module each under :mod:`phases.operators`)."""
+
+    name: ClassVar[str]  # the definition's ``operator.kind``
+    two_inputs: ClassVar[bool] = False
+    supports_increments: ClassVar[bool] = False  # catch-up increments, daily slices, backlog checkpoints
+    no_increments_because: ClassVar[str] = ""  # why not, for the error
+    windowed: ClassVar[bool] = False  # state and sink rows are identified by the window bounds too
+    needs_ms_delay: ClassVar[bool] = False  # uses Spark's millisecond-resolution watermark arithmetic
+
+    def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> Any:
+        """The operator's logic for its inputs' record schemas (as the operator sees them)."""
+        raise NotImplementedError
+
+    def state_schema(self, logic) -> T.StructType:
+        return logic.state_schema
+
+    def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs: list[TaggedRange]) -> HandoffWrite:
+        """The backlog pass over the inputs' tagged versions 0..V (one per input)."""
+        raise NotImplementedError
+
+    def live_step(self, logic, state_path: str, sink_path: str) -> LiveStep:
+        raise NotImplementedError
+
+    def closing(self, watermarks: Watermarks) -> int | None:
+        """The watermark that closes windows, sessions and timers: the input's own."""
+        return watermarks[""]
+
+    def schema_change_sources(
+        self, spark: SparkSession, pipeline: Pipeline, logic, records: T.StructType, state_path: str
+    ) -> dict[str, str]:
+        """Checks the operator's state against the source's current schema (``records``: as the operator sees
+        them); raises SchemaChangeError when it cannot take a change. Returns state/sink column -> source
+        column for the widening of those tables (none: their columns widen like the source's)."""
+        return {}
+
+
+class OneInputStep:
+    """A single-input operator's live step: ``apply`` gets the source's on-time records."""
+
+    def apply_inputs(
+        self,
+        spark: SparkSession,
+        records: dict[str, DataFrame | None],
+        watermarks: Watermarks,
+        closing_us: int | None,
+        batch: int,
+        app,
+    ) -> None:
+        self.apply(spark, records[""], closing_us, batch, app)
+
+    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
+        raise NotImplementedError
+
+
+def sorted_by_key(spark: SparkSession, pipeline: Pipeline, on_time: DataFrame) -> DataFrame:
+    """The backlog's input layout: hash-partitioned by key, sorted by key then event time."""
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    return on_time.repartition(partitions, *pipeline.key_columns).sortWithinPartitions(
+        *pipeline.key_columns, pipeline.event_time
+    )

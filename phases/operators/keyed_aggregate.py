@@ -1,0 +1,158 @@
+"""The keyed aggregation (``keyed_aggregate``): per key, the monoid buffers of the pipeline's aggregations
+(:mod:`phases.keyed_aggregate`), merged in the backlog, in catch-up increments and daily slices, and by every
+live micro-batch; the sink holds one row per key, upserted live.
+
+:class:`AggregationHandoff` is the handoff of the whole aggregation family (windows and sessions hand over
+only their open windows and emit the closed ones)."""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from phases import schema_evolution, tables
+from phases.definition import WINDOW_END, Pipeline
+from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic
+from phases.manifest import HandoffManifest
+from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, sorted_by_key
+
+
+class AggregationHandoff:
+    """The handoff of merged aggregation buffers ``state`` (one row per key, or per key and window).
+
+    Keyed aggregation: the state is every key's buffers; the sink is overwritten with all keys. Windows and
+    sessions: those whose end is <= the final watermark are emitted to the sink (an increment on top of
+    ``base`` replaces just the windows that closed since ``base``, so a re-run never duplicates) and only
+    the open ones are handed over."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        logic: KeyedAggregationLogic,
+        state: DataFrame,
+        watermark_us: int | None,
+        base: HandoffManifest | None = None,
+    ):
+        self.spark, self.logic, self.watermark, self.base = spark, logic, watermark_us, base
+        self.windowed = isinstance(logic, WindowedAggregationLogic)
+        self.state = state.persist() if self.windowed else state
+        self.rows_merged = 0
+        self.stats = None
+
+    def write_state(self, path: str) -> None:
+        merged = self.state
+        if self.windowed:
+            self.rows_merged = int(merged.agg(F.sum(ROWS)).collect()[0][0] or 0)
+            merged = merged.filter(~self.logic.closed(merged, self.watermark))
+        merged.write.format("delta").mode("errorifexists").save(path)
+        self.state_path = path
+
+    def write_sink(self, path: str) -> None:
+        logic, spark = self.logic, self.spark
+        state_table = spark.read.format("delta").load(self.state_path)
+        self.stats = state_table.agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows")).collect()[0]
+        writer = None
+        if not self.windowed:
+            self.rows_merged = int(self.stats["rows"] or 0)
+            out = logic.finalize(state_table)
+        else:
+            out = logic.finalize(self.state.filter(logic.closed(self.state, self.watermark)))
+            lower = self.base.final_watermark_us if self.base is not None else None
+            if lower is not None:
+                where = f"{WINDOW_END} > timestamp_micros({lower})"
+                if self.watermark is not None:
+                    where += f" AND {WINDOW_END} <= timestamp_micros({self.watermark})"
+                tables.ensure(spark, path, logic.output_schema)
+                writer = out.write.format("delta").mode("overwrite").option("replaceWhere", where)
+        if writer is None:
+            writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        writer.save(path)
+
+    def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
+        keys = int(self.stats["keys"])
+        # Keyed: the sink was overwritten with one row per state key. Windowed: count the emitted windows.
+        sink_rows = spark.read.format("delta").load(sink_path).count() if self.windowed else keys
+        # Rows aggregated: a record counts once per window it falls into.
+        before_rows, before_state_rows = 0, 0
+        if self.base is not None:
+            before_rows = self.base.aggregated_rows
+            base_state = spark.read.format("delta").load(self.base.state_path)
+            before_state_rows = int(base_state.agg(F.sum(ROWS)).collect()[0][0] or 0)
+        aggregated = before_rows + (self.rows_merged - before_state_rows) // self.logic.windows_per_record
+        return HandoffCounts(keys, aggregated, sink_rows)
+
+    def close(self) -> None:
+        if self.windowed:
+            self.state.unpersist()
+
+
+class KeyedStep(OneInputStep):
+    """Keyed aggregation: the batch's buffers merged into each key's state, changed keys upserted."""
+
+    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str):
+        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
+
+    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
+        if records is None:
+            return
+        logic, keys = self.logic, self.logic.keys
+        partial = logic.merge(logic.lift(records)).persist()
+        try:
+            with tables.idempotent_dml(spark, app("state"), batch):
+                (
+                    DeltaTable.forPath(spark, self.state_path)
+                    .alias("t")
+                    .merge(partial.alias("s"), tables.key_match("t", "s", keys))
+                    .whenMatchedUpdate(set=logic.combine_set("t", "s"))
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                )
+            # Read back after the state write: a replayed batch (state already merged) writes the same rows.
+            changed = spark.read.format("delta").load(self.state_path).join(F.broadcast(partial.select(*keys)), keys)
+            tables.upsert(spark, self.sink_path, logic.finalize(changed), keys, app("sink"), batch)
+        finally:
+            partial.unpersist()
+
+
+class KeyedAggregateKind(OperatorKind):
+    name = "keyed_aggregate"
+    supports_increments = True
+    logic_class = KeyedAggregationLogic
+    step_class = KeyedStep
+
+    def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> KeyedAggregationLogic:
+        return self.logic_class(pipeline, schemas[0])
+
+    def state_schema(self, logic: KeyedAggregationLogic) -> T.StructType:
+        return logic.buffer_schema
+
+    def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs) -> AggregationHandoff:
+        (tagged,) = inputs
+        buffers = logic.merge(logic.lift(sorted_by_key(spark, pipeline, tagged.prepared)))
+        return self.handoff(spark, pipeline, logic, buffers, tagged.running_max_us)
+
+    @staticmethod
+    def handoff(
+        spark: SparkSession,
+        pipeline: Pipeline,
+        logic: KeyedAggregationLogic,
+        state: DataFrame,
+        max_us: int | None,
+        base: HandoffManifest | None = None,
+    ) -> AggregationHandoff:
+        """The handoff of merged buffers: a whole backlog, an increment on top of ``base``, or slices."""
+        watermark = None if max_us is None else max_us - pipeline.delay_us
+        return AggregationHandoff(spark, logic, state, watermark, base)
+
+    def live_step(self, logic, state_path: str, sink_path: str):
+        return self.step_class(logic, state_path, sink_path)
+
+    def schema_change_sources(
+        self, spark: SparkSession, pipeline: Pipeline, logic, records: T.StructType, state_path: str
+    ) -> dict[str, str]:
+        sources = schema_evolution.buffer_sources(logic)
+        changed = schema_evolution.changes(spark, state_path, logic.buffer_schema, sources)
+        schema_evolution.check_operator(spark, logic, records, pipeline.name, changed)
+        return sources

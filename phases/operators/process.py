@@ -1,0 +1,98 @@
+"""Keyed process functions with timers (``process``): per key, the user's state (JSON) and pending
+event-time timers on Delta. The backlog and every live micro-batch run the same sorted pass
+(:mod:`phases.process_operator`); live, it covers the keys with records and the keys whose timers the new
+watermark makes due. Its state is arbitrary, not a mergeable aggregate: no backlog increments."""
+
+from __future__ import annotations
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from phases import tables
+from phases.definition import Pipeline
+from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind
+from phases.process_operator import ROWS, TIMERS, ProcessLogic
+
+_TOUCHED = "_touched"
+
+
+class ProcessHandoff:
+    """The backlog's one pass (outputs and per-key state rows), persisted on disk and written apart."""
+
+    def __init__(self, logic: ProcessLogic, prepared: DataFrame, final_watermark_us: int | None):
+        self.logic = logic
+        self.passed = logic.backlog_pass(prepared, final_watermark_us).persist(StorageLevel.DISK_ONLY)
+
+    def write_state(self, path: str) -> None:
+        self.logic.states(self.passed).write.format("delta").mode("errorifexists").save(path)
+
+    def write_sink(self, path: str) -> None:
+        out = self.logic.outputs(self.passed)
+        out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+
+    def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
+        stats = (
+            spark.read.format("delta")
+            .load(state_path)
+            .agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows"))
+            .collect()[0]
+        )
+        sink_rows = spark.read.format("delta").load(sink_path).count()
+        return HandoffCounts(int(stats["keys"]), int(stats["rows"] or 0), sink_rows)
+
+    def close(self) -> None:
+        self.passed.unpersist()
+
+
+class ProcessStep(OneInputStep):
+    """Process function: the keys with records in the batch, and the keys whose timers the new watermark
+    makes due, run from their state on Delta through the operator's pass (the backlog's own); their outputs
+    appended to the sink, then their new state merged into the state table.
+
+    The sink is written first: a batch replayed after a crash before the state write starts from the same
+    state and produces the same outputs (Delta skips the second append); one replayed after the state write
+    skips both writes."""
+
+    def __init__(self, logic: ProcessLogic, state_path: str, sink_path: str):
+        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
+
+    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
+        logic, keys = self.logic, self.logic.keys
+        state = spark.read.format("delta").load(self.state_path)
+        due = F.lit(False)
+        if closing_us is not None:
+            due = F.exists(F.col(TIMERS), lambda t: t * 1000 <= F.lit(closing_us))
+        if records is not None:
+            touched = records.select(*keys).distinct().withColumn(_TOUCHED, F.lit(True))
+            previous = state.join(touched, keys, "left").filter(F.col(_TOUCHED).isNotNull() | due).drop(_TOUCHED)
+        else:
+            previous = state.filter(due)
+            if previous.isEmpty():
+                return
+        passed = logic.increment_pass(records, previous, closing_us).persist()
+        try:
+            out = logic.outputs(passed)
+            if not out.isEmpty():
+                tables.append_once(out, self.sink_path, app("sink"), batch)
+            tables.upsert(spark, self.state_path, logic.states(passed), keys, app("state"), batch)
+        finally:
+            passed.unpersist()
+
+
+class ProcessKind(OperatorKind):
+    name = "process"
+    needs_ms_delay = True
+    no_increments_because = "keeps arbitrary per-key state that is not a mergeable aggregate"
+
+    def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> ProcessLogic:
+        return ProcessLogic(spark, pipeline, schemas[0])
+
+    def backlog(self, spark: SparkSession, pipeline: Pipeline, logic: ProcessLogic, inputs) -> ProcessHandoff:
+        (tagged,) = inputs
+        final_wm = None if tagged.running_max_us is None else tagged.running_max_us - pipeline.delay_us
+        return ProcessHandoff(logic, tagged.prepared, final_wm)
+
+    def live_step(self, logic: ProcessLogic, state_path: str, sink_path: str) -> ProcessStep:
+        return ProcessStep(logic, state_path, sink_path)

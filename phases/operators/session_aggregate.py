@@ -1,0 +1,56 @@
+"""Session windows (``session_aggregate``): per key, sessions of records less than the gap apart; the live
+phase re-merges the touched keys' open sessions with the batch's records, and a session is emitted once,
+when the watermark passes its end (the windows' rule)."""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from phases import tables
+from phases.definition import WINDOW_END, WINDOW_START
+from phases.keyed_aggregate import SessionAggregationLogic
+from phases.operators.window_aggregate import WindowAggregateKind, WindowStep
+
+_OP = "_op"  # the session MERGE's source rows: 'upsert' or 'delete'
+
+
+class SessionStep(WindowStep):
+    """Sessions: the touched keys' open sessions re-merged with the batch's records (one MERGE replaces
+    them), then the sessions the watermark closed emitted like windows."""
+
+    logic: SessionAggregationLogic
+
+    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
+        if records is not None:
+            logic = self.logic
+            keys, bounds = logic.group_keys, [*logic.group_keys, WINDOW_START, WINDOW_END]
+            partial = logic.merge(logic.lift(records)).persist()
+            try:
+                touched = F.broadcast(partial.select(*keys).distinct())
+                old = spark.read.format("delta").load(self.state_path).join(touched, keys)
+                cols = [*bounds, *logic.buffer_names]
+                merged = logic.merge_partials(old.select(*cols).unionByName(partial.select(*cols)))
+                gone = old.select(*cols).join(merged.select(*bounds), bounds, "left_anti")
+                source = merged.withColumn(_OP, F.lit("upsert")).unionByName(gone.withColumn(_OP, F.lit("delete")))
+                with tables.idempotent_dml(spark, app("state"), batch):
+                    (
+                        DeltaTable.forPath(spark, self.state_path)
+                        .alias("t")
+                        .merge(source.alias("s"), tables.key_match("t", "s", bounds))
+                        .whenMatchedDelete(condition=f"s.{_OP} = 'delete'")
+                        .whenMatchedUpdate(set={c: f"s.`{c}`" for c in logic.buffer_names})
+                        .whenNotMatchedInsert(condition=f"s.{_OP} = 'upsert'", values={c: f"s.`{c}`" for c in cols})
+                        .execute()
+                    )
+            finally:
+                partial.unpersist()
+        self.close(spark, closing_us, batch, app)
+
+
+class SessionAggregateKind(WindowAggregateKind):
+    name = "session_aggregate"
+    needs_ms_delay = True
+    logic_class = SessionAggregationLogic
+    step_class = SessionStep

@@ -1,0 +1,54 @@
+"""The operator registry: every operator model of the definition has exactly one kind, and the drivers get
+what a kind supports from it (no JVM)."""
+
+from __future__ import annotations
+
+import typing
+from datetime import timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from phases import operators
+from phases.definition import Aggregation, KeyedAggregate, Pipeline, ProcessOperator
+from tests.conftest import make_pipeline
+
+
+def _operator_models() -> list[type]:
+    return list(typing.get_args(Pipeline.model_fields["operator"].annotation))
+
+
+def test_every_operator_model_of_the_definition_has_one_registered_kind():
+    names = [model.model_fields["kind"].default for model in _operator_models()]
+    assert sorted(names) == sorted(operators.KINDS)
+    for name, kind in operators.KINDS.items():
+        assert kind.name == name
+        assert not (kind.two_inputs and kind.supports_increments), f"{name}: two inputs cannot be cut in increments"
+        if not kind.supports_increments:
+            assert kind.no_increments_because, f"{name} must say why it takes no increments"
+
+
+def test_an_unknown_kind_is_refused_with_the_valid_kinds():
+    with pytest.raises(ValueError, match="unknown operator kind 'median'.*keyed_aggregate"):
+        operators.kind_named("median")
+
+
+def test_the_pipeline_asks_its_kind_what_it_supports(tmp_path):
+    keyed = make_pipeline(
+        str(tmp_path / "source"),
+        str(tmp_path / "run"),
+        operator=KeyedAggregate(aggregations=[Aggregation(name="n", kind="count")]),
+    )
+    assert keyed.operator_kind is operators.KINDS["keyed_aggregate"] and keyed.supports_increments
+    process = keyed.model_copy(update={"operator": ProcessOperator(function="tests.phases.process_functions:Sessions")})
+    assert process.operator_kind is operators.KINDS["process"] and not process.supports_increments
+
+
+def test_backlog_checkpoints_on_a_kind_without_increments_name_it_and_the_kinds_that_take_them(tmp_path):
+    keyed = make_pipeline(str(tmp_path / "source"), str(tmp_path / "run"))
+    spec = keyed.model_dump()
+    spec["operator"] = {"kind": "process", "function": "tests.phases.process_functions:Sessions"}
+    spec["checkpoint_interval_during_backlog"] = timedelta(minutes=5)
+    with pytest.raises(ValidationError, match="operator kind 'process' cannot be built from increments") as err:
+        Pipeline.model_validate(spec)
+    assert "keyed_aggregate, window_aggregate, session_aggregate" in str(err.value)
