@@ -63,6 +63,7 @@ def markdown(results: dict) -> str:
             )
         if "seeding" in w:
             s = w["seeding"]
+            s.setdefault("switch_s", s.get("native_s"))  # results written before the one-query live phase
             lines += [
                 "",
                 f"Switch with {s['keys']:,} keys of state: the framework's live start up to its first checkpoint "

@@ -287,6 +287,7 @@ class BacklogRunner:
             EndOfStreamRunner(self.spark, self.pipeline).run_all(v)  # blocking, before the stream operator
             self.timings["end_of_stream_s"] = time.perf_counter() - t
         p, spark = self.pipeline, self.spark
+        logic = self.logic()  # checks the definition against the sources' schemas before any pass
         inputs = [tag_version_range(spark, p, self.source, (0, v), None, self.timings)]
         right = None
         if self.right_source is not None:
@@ -301,7 +302,7 @@ class BacklogRunner:
         empty = not any(i.has_quarantine for i in inputs)
         quarantine.replace_backlog(spark, p.locations.quarantine, p.name, rows, empty=empty)
         self.timings["quarantine_s"] = time.perf_counter() - t
-        write = self.kind.backlog(spark, p, self.logic(), inputs)
+        write = self.kind.backlog(spark, p, logic, inputs)
         return self.write_handoff(
             write, source_version=v, max_us=inputs[0].running_max_us, started=started, kind="full", right=right
         )
