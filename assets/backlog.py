@@ -51,6 +51,7 @@ def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dic
         "aggregated_rows": handoff.aggregated_rows,
         "late_rows": handoff.late_rows,
         "invalid_rows": handoff.invalid_rows,
+        "future_rows": handoff.future_rows or 0,
         "quarantined_rows": handoff.quarantined_rows,
         "final_watermark_us": handoff.final_watermark_us if handoff.final_watermark_us is not None else -1,
         "final_watermark": str(handoff.final_watermark) if handoff.final_watermark else "none (no valid record)",

@@ -24,6 +24,7 @@ WATERMARK_BOUND = "watermark_not_after_max_event_time"
 QUARANTINE_BOUND = "quarantine_within_bound"
 SINK_CONSISTENT = "sink_row_count_consistent"
 CHECK_NAMES = (STATE_MATCHES_MANIFEST, KEYS_UNIQUE, WATERMARK_BOUND, QUARANTINE_BOUND, SINK_CONSISTENT)
+NO_FAR_FUTURE = "no_far_future_events"  # a warning, not blocking: those records are quarantined, not lost
 
 _DESCRIPTIONS = {
     STATE_MATCHES_MANIFEST: "The manifest matches the pipeline definition, and its state table's version and "
@@ -33,6 +34,8 @@ _DESCRIPTIONS = {
     QUARANTINE_BOUND: "Quarantined (late + invalid) rows are within the configured fraction of the input.",
     SINK_CONSISTENT: "The sink holds the rows the manifest recorded (keyed: one per key of the state; windowed: "
     "the emitted windows).",
+    NO_FAR_FUTURE: "No backlog record was more than max_future after its version's commit (such records are "
+    "quarantined with reason 'future' and do not move the watermark). A warning: it never blocks the switch.",
 }
 
 
@@ -41,6 +44,7 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
     key = dg.AssetKey(names.backlog)
     bound = settings.checks.max_quarantine_fraction
     specs = [dg.AssetCheckSpec(n, asset=key, blocking=True, description=_DESCRIPTIONS[n]) for n in CHECK_NAMES]
+    specs.append(dg.AssetCheckSpec(NO_FAR_FUTURE, asset=key, description=_DESCRIPTIONS[NO_FAR_FUTURE]))
 
     @dg.multi_asset_check(specs=specs, name=names.checks)
     def backlog_checks(context: dg.AssetCheckExecutionContext, spark: SparkResource, storage: StorageResource):
@@ -51,7 +55,7 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
         try:
             handoff = manifest.latest(session, p.locations.manifests, p.name, manifest_id)
         except ManifestError as exc:
-            for n in CHECK_NAMES:
+            for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(asset_key=key, check_name=n, passed=False, metadata={"error": str(exc)})
             return
 
@@ -126,6 +130,18 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
             check_name=SINK_CONSISTENT,
             passed=sink_rows == expected_sink,
             metadata={"sink_rows": sink_rows, "expected_sink_rows": expected_sink, "state_rows": handoff.state_rows},
+        )
+
+        future = handoff.future_rows or 0
+        yield dg.AssetCheckResult(
+            asset_key=key,
+            check_name=NO_FAR_FUTURE,
+            passed=future == 0,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={
+                "future_rows": future,
+                "max_future": str(p.max_future) if p.max_future is not None else "off",
+            },
         )
 
     return backlog_checks

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from datetime import date, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from phases.definition import Pipeline
+from phases.models import SettingsModel
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Model(SettingsModel):
+    """A Dagster-side setting (invalid values raise DefinitionError)."""
 
 
 class SwitchPolicy(_Model):

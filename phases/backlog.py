@@ -137,7 +137,8 @@ def tag_changes(
     late_versions = lateness.late_candidates(stats, marks)
     invalid_versions = [s.version for s in stats if s.invalid]
     late = late.filter(_in_versions(late_versions))
-    invalid = invalid.filter(_in_versions(invalid_versions))
+    # Invalid rows carry the watermark in force for their version too.
+    invalid = lateness.with_watermarks(spark, invalid.filter(_in_versions(invalid_versions)), marks)
     q_rows = quarantine.invalid_and_late(
         invalid, late, pipeline=pipeline.name, phase=phase, event_time=pipeline.event_time, batch_id=batch_id
     )
@@ -416,7 +417,7 @@ class BacklogRunner:
         """Appends the handoff manifest, last: after it, the live phase may start. ``right``: the right
         source's version and max event time (two-input operators)."""
         p = self.pipeline
-        late, invalid = quarantine.backlog_counts(self.spark, p.locations.quarantine, p.name, source_version)
+        late, invalid, future = quarantine.backlog_counts(self.spark, p.locations.quarantine, p.name, source_version)
         handoff = manifest.HandoffManifest(
             manifest_id=manifest_id,
             pipeline=p.name,
@@ -437,6 +438,7 @@ class BacklogRunner:
             aggregated_rows=aggregated,
             late_rows=late,
             invalid_rows=invalid,
+            future_rows=future,
             sink_version=tables.version(self.spark, p.sink.path),
             sink_rows=sink_rows,
             right_source_version=right[0] if right else None,

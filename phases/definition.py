@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from phases.models import SettingsModel
 
 # Bumped whenever the layout of the state table or the meaning of its columns changes.
 STATE_SCHEMA_VERSION = 1
@@ -27,8 +29,8 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_PREFIX = "_"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Model(SettingsModel):
+    """A part of a pipeline definition (invalid values raise DefinitionError)."""
 
 
 class AggKind(StrEnum):
@@ -468,6 +470,9 @@ class Maintenance(_Model):
     )
 
 
+DEFAULT_MAX_FUTURE = timedelta(days=1)
+
+
 class Pipeline(_Model):
     """Sources + key + event time + watermark delay + operator + sink + settings, declared once."""
 
@@ -492,6 +497,17 @@ class Pipeline(_Model):
         timedelta(seconds=5), description="Live phase: micro-batch trigger (and checkpoint) interval."
     )
     maintenance: Maintenance = Field(default_factory=Maintenance)
+    max_future: timedelta | None = Field(
+        DEFAULT_MAX_FUTURE,
+        description="A record whose event time is more than this after its source version's commit time is "
+        "quarantined (reason 'future') and does not move the watermark, so one far-future event cannot turn "
+        "every later record late. None turns the guard off.",
+    )
+    min_event_time: datetime | None = Field(
+        None,
+        description="A record whose event time is before this is quarantined (reason 'past'). None: no bound. "
+        "Naive datetimes are UTC.",
+    )
     checkpoint_interval_during_backlog: timedelta = Field(
         timedelta(0),
         description="FLIP-309: 0 = the backlog runs as one batch job with no checkpoints; otherwise (>= "
@@ -528,6 +544,22 @@ class Pipeline(_Model):
     def _delay(cls, v: timedelta) -> timedelta:
         if v < timedelta(0):
             raise ValueError(f"watermark_delay must be >= 0; got {v}")
+        return v
+
+    @field_validator("max_future")
+    @classmethod
+    def _max_future(cls, v: timedelta | None) -> timedelta | None:
+        if v is not None and v < timedelta(0):
+            raise ValueError(f"max_future must be >= 0 or None (no guard); got {v}")
+        return v
+
+    @field_validator("min_event_time")
+    @classmethod
+    def _min_event_time(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            from datetime import UTC
+
+            return v.replace(tzinfo=UTC)
         return v
 
     @field_validator("checkpoint_interval")
@@ -625,6 +657,18 @@ class Pipeline(_Model):
     def delay_us(self) -> int:
         return int(self.watermark_delay / timedelta(microseconds=1))
 
+    @property
+    def max_future_us(self) -> int | None:
+        return None if self.max_future is None else int(self.max_future / timedelta(microseconds=1))
+
+    @property
+    def min_event_time_us(self) -> int | None:
+        if self.min_event_time is None:
+            return None
+        return int(
+            (self.min_event_time - datetime(1970, 1, 1, tzinfo=self.min_event_time.tzinfo)) / timedelta(microseconds=1)
+        )
+
     def state_spec(self) -> dict:
         """The part of the definition that shapes the state; its hash is the pipeline fingerprint."""
         return {
@@ -642,6 +686,8 @@ class Pipeline(_Model):
                 else {}
             ),
             **({"enrich": self.enrich.model_dump(mode="json")} if self.enrich else {}),
+            **({"max_future_us": self.max_future_us} if self.max_future != DEFAULT_MAX_FUTURE else {}),
+            **({"min_event_time_us": self.min_event_time_us} if self.min_event_time is not None else {}),
             "state_schema_version": STATE_SCHEMA_VERSION,
             "operator_version": OPERATOR_VERSION,
         }

@@ -9,8 +9,11 @@ class SetupError(PhasesError):
     """The environment is not usable: JVM dependencies missing or not fetchable, no Java, ..."""
 
 
-class DefinitionError(PhasesError):
-    """A pipeline definition or setting is invalid. The message names the field and the rule."""
+class DefinitionError(PhasesError, ValueError):
+    """A pipeline definition or setting is invalid. The message names the field and the rule; for a model
+    that failed validation, ``errors`` holds pydantic's error list (field paths, rules, inputs)."""
+
+    errors: list = []
 
 
 class SourceError(PhasesError):

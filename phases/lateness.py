@@ -95,12 +95,17 @@ def split_late(
 ) -> tuple[DataFrame, DataFrame]:
     """(on-time records, late records), both with ``_watermark_us`` = W(v) of their version (null before
     the first watermark), of ``valid`` under ``marks``."""
-    schema = T.StructType(
-        [T.StructField(VERSION, T.LongType(), False), T.StructField(WATERMARK_US, T.LongType(), False)]
-    )
-    table = spark.createDataFrame(sorted(marks.items()), schema)
-    tagged = valid.join(F.broadcast(table), on=VERSION, how="left")
+    tagged = with_watermarks(spark, valid, marks)
     late_cond = F.col(WATERMARK_US).isNotNull() & (F.unix_micros(F.col(event_time)) <= F.col(WATERMARK_US))
     on_time = tagged.filter(~late_cond)
     late = tagged.filter(late_cond)
     return on_time, late
+
+
+def with_watermarks(spark: SparkSession, rows: DataFrame, marks: dict[int, int]) -> DataFrame:
+    """``rows`` with ``_watermark_us`` = W(v) of their version (null before the first watermark)."""
+    schema = T.StructType(
+        [T.StructField(VERSION, T.LongType(), False), T.StructField(WATERMARK_US, T.LongType(), False)]
+    )
+    table = spark.createDataFrame(sorted(marks.items()), schema)
+    return rows.join(F.broadcast(table), on=VERSION, how="left")

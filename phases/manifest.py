@@ -43,6 +43,7 @@ class HandoffManifest(BaseModel):
     aggregated_rows: int
     late_rows: int
     invalid_rows: int
+    future_rows: int | None = None  # of the invalid rows, those quarantined as far-future (max_future)
     sink_version: int
     sink_rows: int | None = None  # rows in the sink after the handoff (keys, or emitted windows)
     right_source_version: int | None = None  # two-input operators: the right source's V (live: V+1..)
@@ -116,6 +117,7 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
         "sink_rows",
         "right_source_version",
         "right_max_event_time_us",
+        "future_rows",
     }
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:

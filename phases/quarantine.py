@@ -8,6 +8,7 @@ from pyspark.sql import types as T
 
 from phases import tables
 from phases.lateness import VERSION, WATERMARK_US
+from phases.records import FUTURE
 
 SCHEMA = T.StructType(
     [
@@ -40,7 +41,8 @@ def rows(
         (F.lit(reason) if reason is not None else F.col("_reason")).alias("reason"),
         F.col(event_time).cast("timestamp").alias("event_time"),
         wm.cast("timestamp").alias("watermark"),
-        F.to_json(F.struct(*[F.col(c) for c in user_cols])).alias("record"),
+        # Null fields stay in the record (a null key is the reason it is here).
+        F.to_json(F.struct(*[F.col(c) for c in user_cols]), {"ignoreNullFields": "false"}).alias("record"),
     )
 
 
@@ -78,10 +80,11 @@ def replace_backlog(
     quarantined.write.format("delta").mode("overwrite").option("replaceWhere", where).save(path)
 
 
-def backlog_counts(spark: SparkSession, path: str, pipeline: str, up_to_version: int) -> tuple[int, int]:
-    """(late, invalid) backlog rows of ``pipeline`` for source versions <= ``up_to_version``."""
+def backlog_counts(spark: SparkSession, path: str, pipeline: str, up_to_version: int) -> tuple[int, int, int]:
+    """(late, invalid, of those invalid: future) backlog rows of ``pipeline`` for source versions <=
+    ``up_to_version``."""
     if not tables.exists(spark, path):
-        return 0, 0
+        return 0, 0, 0
     row = (
         spark.read.format("delta")
         .load(path)
@@ -91,10 +94,11 @@ def backlog_counts(spark: SparkSession, path: str, pipeline: str, up_to_version:
         .agg(
             F.count(F.lit(1)).alias("all"),
             F.count(F.when(F.col("reason").endswith(LATE_REASON), 1)).alias("late"),
+            F.count(F.when(F.col("reason").rlike(f"^({RIGHT_INPUT_REASON})?{FUTURE}: "), 1)).alias("future"),
         )
         .collect()[0]
     )
-    return int(row["late"]), int(row["all"]) - int(row["late"])
+    return int(row["late"]), int(row["all"]) - int(row["late"]), int(row["future"])
 
 
 def count(spark: SparkSession, path: str, pipeline: str, phase: str | None = None) -> int:

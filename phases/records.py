@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from phases.definition import Pipeline
 
 REASON = "_reason"
+COMMIT_TIME = "_commit_timestamp"  # the change feed's commit time of the record's source version
+FUTURE, PAST = "future", "past"  # the reasons' first words
 
 
 def rejection_reason(pipeline: Pipeline) -> Column:
-    """A column holding why a change-feed row is not a valid record, or null when it is valid."""
+    """A column holding why a change-feed row is not a valid record, or null when it is valid: not an
+    insert, a null key or event time, an event time more than ``max_future`` after its version's commit, or
+    before ``min_event_time``. Invalid records are quarantined and never move the watermark."""
     reason = F.when(
         F.col("_change_type") != "insert",
         F.concat(
@@ -22,7 +28,26 @@ def rejection_reason(pipeline: Pipeline) -> Column:
     )
     for key in pipeline.key_columns:
         reason = reason.when(F.col(key).isNull(), F.lit(f"null key column '{key}'"))
-    return reason.when(F.col(pipeline.event_time).isNull(), F.lit(f"null event time column '{pipeline.event_time}'"))
+    event_time = F.col(pipeline.event_time)
+    reason = reason.when(event_time.isNull(), F.lit(f"null event time column '{pipeline.event_time}'"))
+    if pipeline.max_future_us is not None:
+        # Against the version's commit time, not the wall clock: both phases and a single streaming job
+        # quarantine the same records.
+        after = F.unix_micros(F.col(COMMIT_TIME)) + F.lit(pipeline.max_future_us)
+        reason = reason.when(F.unix_micros(event_time) > after, F.lit(future_reason(pipeline.max_future)))
+    if pipeline.min_event_time_us is not None:
+        reason = reason.when(
+            F.unix_micros(event_time) < F.lit(pipeline.min_event_time_us), F.lit(past_reason(pipeline.min_event_time))
+        )
+    return reason
+
+
+def future_reason(max_future: timedelta) -> str:
+    return f"future: event time more than {max_future} after its version's commit (max_future)"
+
+
+def past_reason(min_event_time: datetime) -> str:
+    return f"past: event time before {min_event_time.isoformat()} (min_event_time)"
 
 
 def with_reason(changes: DataFrame, pipeline: Pipeline) -> DataFrame:

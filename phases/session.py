@@ -6,10 +6,11 @@ import os
 import sys
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pyspark.sql import SparkSession
 
 from phases import jvm_deps
+from phases.models import SettingsModel
 
 STATE_STORE_PROVIDERS = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -17,10 +18,8 @@ STATE_STORE_PROVIDERS = {
 }
 
 
-class SparkSettings(BaseModel):
+class SparkSettings(SettingsModel):
     """Everything that shapes the SparkSession, in one place."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     master: str = Field("local[2]", description="Spark master URL; local[N] by default.")
     app_name: str = "two-phase-pipelines"

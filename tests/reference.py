@@ -3,14 +3,36 @@
 Lateness by arrival order of versions: W(v) = max event time of valid records in versions < v, minus the
 delay; a record with event time <= W(v) is late. Aggregations follow SQL semantics (nulls ignored,
 sum/min/max/avg of no values are null).
+
+Validity: a record needs a key and an event time, and its event time must not be more than the pipeline's
+``max_future`` (default one day) after its version's commit. The tests commit their versions now, with
+event times offsets from 2026-01-01; a record at or after :data:`FUTURE_AFTER_US` (2090) stands for one far
+in the future of its commit, every other one is well before its commit.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 from functools import reduce
 
-Row = tuple[str | None, int | None, int | None]  # key, event time (µs), value
+Row = tuple[str | None, int | None, int | None]  # key, event time (µs after 2026-01-01), value
+
+_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+FUTURE_AFTER_US = int((datetime(2090, 1, 1, tzinfo=UTC) - _EPOCH) / timedelta(microseconds=1))
+FAR_FUTURE_US = int((datetime(2099, 1, 1, tzinfo=UTC) - _EPOCH) / timedelta(microseconds=1))
+FUTURE_REASON = f"future: event time more than {timedelta(days=1)} after its version's commit (max_future)"
+
+
+def invalid_reason(key: str | None, ts: int | None) -> str | None:
+    """Why a record is not valid (quarantined, never moving the watermark), or None."""
+    if key is None:
+        return "null key column 'key'"
+    if ts is None:
+        return "null event time column 'ts'"
+    if ts >= FUTURE_AFTER_US:
+        return FUTURE_REASON
+    return None
 
 
 def run(versions: dict[int, list[Row]], delay_us: int) -> tuple[dict[str, dict], list[tuple[int, Row, str]]]:
@@ -23,11 +45,9 @@ def run(versions: dict[int, list[Row]], delay_us: int) -> tuple[dict[str, dict],
         vmax = None
         for row in versions[version]:
             key, ts, value = row
-            if key is None:
-                quarantined.append((version, row, "null key column 'key'"))
-                continue
-            if ts is None:
-                quarantined.append((version, row, "null event time column 'ts'"))
+            reason = invalid_reason(key, ts)
+            if reason is not None:
+                quarantined.append((version, row, reason))
                 continue
             vmax = ts if vmax is None else max(vmax, ts)
             if mark is not None and ts <= mark:
@@ -68,7 +88,7 @@ def run_windows(
         mark = None if running is None else running - delay_us
         vmax = None
         for key, ts, value in versions[version]:
-            if key is None or ts is None:
+            if invalid_reason(key, ts) is not None:
                 continue
             vmax = ts if vmax is None else max(vmax, ts)
             if mark is not None and ts <= mark:
@@ -121,7 +141,7 @@ def run_process(versions: dict[int, list[Row]], delay_us: int, function, to_date
         mark = None if running is None else running - delay_us
         vmax, on_time = None, defaultdict(list)
         for key, ts, value in versions[version]:
-            if key is None or ts is None:
+            if invalid_reason(key, ts) is not None:
                 continue
             vmax = ts if vmax is None else max(vmax, ts)
             if mark is not None and ts <= mark:
@@ -157,7 +177,7 @@ def on_time(versions: dict[int, list[Row]], delay_us: int) -> tuple[list[Row], i
         mark = None if running is None else running - delay_us
         vmax = None
         for key, ts, value in versions[version]:
-            if key is None or ts is None:
+            if invalid_reason(key, ts) is not None:
                 continue
             vmax = ts if vmax is None else max(vmax, ts)
             if mark is None or ts > mark:

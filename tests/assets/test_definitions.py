@@ -6,13 +6,13 @@ from datetime import date
 
 import dagster as dg
 import pytest
-from pydantic import ValidationError
 
 from assets.checks import CHECK_NAMES
 from assets.definitions import defs
 from assets.factory import default_resources, pipeline_definitions
 from assets.pipelines import DEMO
 from assets.settings import DailyBackfill, Names, Orchestration, SwitchPolicy
+from phases.errors import DefinitionError
 from resources.storage import StorageResource
 from tests.assets.conftest import relative_pipeline
 
@@ -51,9 +51,9 @@ def test_storage_resolves_relative_paths_and_keeps_absolute_ones(tmp_path):
 
 
 def test_orchestration_settings_are_validated_with_field_names():
-    with pytest.raises(ValidationError, match="hour_of_day"):
+    with pytest.raises(DefinitionError, match="hour_of_day"):
         DailyBackfill(start_date=date(2026, 1, 1), hour_of_day=24)
-    with pytest.raises(ValidationError, match="minimum_interval_seconds"):
+    with pytest.raises(DefinitionError, match="minimum_interval_seconds"):
         SwitchPolicy(minimum_interval_seconds=0)
-    with pytest.raises(ValidationError, match="max_quarantine_fraction"):
+    with pytest.raises(DefinitionError, match="max_quarantine_fraction"):
         Orchestration(checks={"max_quarantine_fraction": 2})

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
-from assets.checks import CHECK_NAMES
+from assets.checks import CHECK_NAMES, NO_FAR_FUTURE
 from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from assets.switch import Handoff, decide
 from phases import manifest
@@ -56,8 +56,9 @@ def test_backlog_asset_reports_the_handoff_and_its_checks_pass(spark, instance, 
     }
     assert meta["quarantined_rows"].value == 3 and meta["rows_per_s"].value > 0 and meta["duration_s"].value > 0
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert set(evaluations) == set(CHECK_NAMES)
+    assert set(evaluations) == {*CHECK_NAMES, NO_FAR_FUTURE}
     assert all(e.passed for e in evaluations.values()), {n: e.metadata for n, e in evaluations.items()}
+    assert meta["future_rows"].value == 0
     handoff = manifest.latest(spark, f"{root}/engine/manifests", p.name)
     assert meta["manifest_id"].value == handoff.manifest_id
     assert meta["final_watermark_us"].value == handoff.final_watermark_us
@@ -132,3 +133,19 @@ def test_switch_rule_uses_the_watermark_lag_when_the_source_moved_on():
     assert decide(lag_threshold=timedelta(0), **{**common, "source_head": 10}).action == "live"
     assert decide(lag_threshold=timedelta(0), **{**common, "source_head": None}).action == "skip"
     assert SwitchPolicy().lag_threshold == timedelta(minutes=10)
+
+
+def test_far_future_records_warn_in_a_check_without_blocking_the_switch(spark, instance, root):
+    p = relative_pipeline(delay_s=DELAY_S)
+    names, defs = Names(p), definitions(spark, root, p, LENIENT)
+    append_version(spark, f"{root}/src", [("a", reference.FAR_FUTURE_US, 1)])  # dated 2099
+    result = _materialize(defs, instance, names)
+    meta = result.asset_materializations_for_node(names.backlog)[0].metadata
+    assert meta["future_rows"].value == 1
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    warning = evaluations[NO_FAR_FUTURE]
+    assert not warning.passed and warning.severity == dg.AssetCheckSeverity.WARN
+    assert warning.metadata["future_rows"].value == 1
+    assert all(evaluations[n].passed for n in CHECK_NAMES)
+    [req] = _tick(defs, instance, root, names.switch).run_requests
+    assert req.job_name == names.live_job

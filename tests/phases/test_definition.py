@@ -6,14 +6,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from pydantic import ValidationError
 
-from phases.definition import Aggregation, DeltaSink, KeyedAggregate
+from phases.definition import Aggregation, DeltaSink, KeyedAggregate, Pipeline
+from phases.errors import DefinitionError
 from tests.conftest import make_pipeline
 
 
 def test_backlog_checkpoint_interval_must_be_zero_or_at_least_the_live_interval():
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(DefinitionError) as err:
         make_pipeline(
             "/src",
             "/root",
@@ -36,7 +36,7 @@ def test_valid_backlog_checkpoint_intervals_are_accepted(backlog_s):
 
 
 def test_unknown_aggregation_kind_lists_the_valid_kinds():
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(DefinitionError) as err:
         Aggregation(name="m", kind="median", column="value")
     assert "'count', 'sum', 'min', 'max', 'avg' or 'reduce'" in str(err.value)
 
@@ -53,22 +53,22 @@ def test_unknown_aggregation_kind_lists_the_valid_kinds():
     ],
 )
 def test_aggregation_rules_name_the_field(fields, fragment):
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(DefinitionError) as err:
         Aggregation(**fields)
     assert fragment in str(err.value)
 
 
 def test_duplicate_aggregation_names_are_rejected():
-    with pytest.raises(ValidationError, match="repeated: \\['n'\\]"):
+    with pytest.raises(DefinitionError, match="repeated: \\['n'\\]"):
         KeyedAggregate(aggregations=[Aggregation(name="n", kind="count"), Aggregation(name="n", kind="count")])
 
 
 def test_keys_events_and_outputs_may_not_clash():
-    with pytest.raises(ValidationError, match="clash with key columns"):
+    with pytest.raises(DefinitionError, match="clash with key columns"):
         make_pipeline("/src", "/root", operator=KeyedAggregate(aggregations=[Aggregation(name="key", kind="count")]))
-    with pytest.raises(ValidationError, match="cannot also be a key column"):
+    with pytest.raises(DefinitionError, match="cannot also be a key column"):
         make_pipeline("/src", "/root", key_columns=["key", "ts"])
-    with pytest.raises(ValidationError, match="watermark_delay must be >= 0"):
+    with pytest.raises(DefinitionError, match="watermark_delay must be >= 0"):
         make_pipeline("/src", "/root", watermark_delay=timedelta(seconds=-1))
 
 
@@ -79,3 +79,26 @@ def test_fingerprint_changes_with_state_shape_only():
     assert base.fingerprint() != make_pipeline("/src", "/root", delay_s=16).fingerprint()
     other_ops = KeyedAggregate(aggregations=[Aggregation(name="n", kind="count")])
     assert base.fingerprint() != make_pipeline("/src", "/root", operator=other_ops).fingerprint()
+
+
+def test_every_definition_error_is_a_phases_error_with_the_field_paths(tmp_path):
+    """Invalid definitions raise DefinitionError (a PhasesError), not pydantic's ValidationError, and keep
+    pydantic's field paths: in the message and in ``errors``."""
+    from phases.errors import PhasesError
+    from phases.session import SparkSettings
+
+    spec = make_pipeline(str(tmp_path / "s"), str(tmp_path / "r")).model_dump()
+    spec["operator"]["aggregations"][0]["kind"] = "median"
+    spec["watermark_delay"] = "soon"
+    with pytest.raises(PhasesError) as err:
+        Pipeline.model_validate(spec)
+    assert isinstance(err.value, DefinitionError)
+    msg = str(err.value)
+    assert msg.startswith("invalid Pipeline: 2 errors")
+    assert "operator.keyed_aggregate.aggregations.0.kind: Input should be 'count'" in msg
+    assert "watermark_delay:" in msg and "'soon'" in msg
+    assert {tuple(e["loc"])[:1] for e in err.value.errors} == {("operator",), ("watermark_delay",)}
+    with pytest.raises(DefinitionError, match="shuffle_partitions: Input should be greater than 0"):
+        SparkSettings(shuffle_partitions=0)
+    with pytest.raises(DefinitionError, match="invalid KeyedAggregate: 1 error"):
+        KeyedAggregate(aggregations=[])

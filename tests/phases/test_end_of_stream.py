@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 from pyspark.sql import functions as F
 
 from phases.backlog import BacklogRunner
@@ -29,7 +28,7 @@ from phases.definition import (
     ReducePartition,
     SortPartition,
 )
-from phases.errors import PhaseStateError
+from phases.errors import DefinitionError, PhaseStateError
 from phases.live import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
@@ -182,19 +181,19 @@ def test_enrichment_from_the_backlog_is_used_by_both_phases(spark, tmp_path):
 
 
 def test_full_partition_operators_are_rejected_where_the_live_phase_would_run_them():
-    with pytest.raises(ValidationError, match=r"steps\[1\] \(sort_partition\) is a full-partition operator"):
+    with pytest.raises(DefinitionError, match=r"steps\[1\] \(sort_partition\) is a full-partition operator"):
         make_pipeline("s", "r", steps=[Filter(condition="value > 0"), SortPartition(by=["value"])])
-    with pytest.raises(ValidationError, match="must be the step's last operator"):
+    with pytest.raises(DefinitionError, match="must be the step's last operator"):
         EndOfStreamStep(
             name="x",
             operators=[AggregatePartition(aggregations=[Aggregation(name="n", kind="count")]), SortPartition(by=["n"])],
             output=DeltaSink(path="o"),
         )
-    with pytest.raises(ValidationError, match="exactly one of 'by'"):
+    with pytest.raises(DefinitionError, match="exactly one of 'by'"):
         SortPartition(by=["a"], key="m:f")
-    with pytest.raises(ValidationError, match="is not an end_of_stream step"):
+    with pytest.raises(DefinitionError, match="is not an end_of_stream step"):
         make_pipeline("s", "r", enrich=Enrichment(step="nope", on=["key"], columns=["x"]))
-    with pytest.raises(ValidationError, match="import path"):
+    with pytest.raises(DefinitionError, match="import path"):
         MapPartition(function="not a path", output_schema="a int")
 
 

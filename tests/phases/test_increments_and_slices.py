@@ -8,7 +8,7 @@ import pytest
 
 from phases import manifest
 from phases.backlog import BacklogRunner
-from phases.errors import PhaseStateError
+from phases.errors import DefinitionError, PhaseStateError
 from phases.live import LiveRunner
 from phases.slices import SliceRunner
 from tests import reference
@@ -136,11 +136,10 @@ def test_a_checkpoint_interval_during_backlog_commits_increments_and_a_crash_rer
 
 
 def test_a_checkpoint_interval_during_backlog_is_refused_for_kinds_without_increments():
-    from pydantic import ValidationError
 
     from phases.definition import ProcessOperator
 
-    with pytest.raises(ValidationError, match="operator kind 'process' cannot be built from increments"):
+    with pytest.raises(DefinitionError, match="operator kind 'process' cannot be built from increments"):
         make_pipeline(
             "s",
             "r",

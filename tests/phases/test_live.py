@@ -102,3 +102,7 @@ def test_late_and_invalid_live_records_are_quarantined_with_reason_and_watermark
     assert us_of(late["watermark"]) == 95 * S and us_of(late["event_time"]) == 80 * S
     assert late["source_version"] == 3 and late["batch_id"] is not None
     assert '"key":"a"' in late["record"]
+    # An invalid record keeps its null fields and gets the watermark in force for its version:
+    # W(4) = max event time of versions 1..3 (120 s) - 15 s.
+    invalid = by_reason["null key column 'key'"]
+    assert '"key":null' in invalid["record"] and us_of(invalid["watermark"]) == 105 * S

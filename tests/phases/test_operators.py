@@ -7,10 +7,10 @@ import typing
 from datetime import timedelta
 
 import pytest
-from pydantic import ValidationError
 
 from phases import operators
 from phases.definition import Aggregation, KeyedAggregate, Pipeline, ProcessOperator
+from phases.errors import DefinitionError
 from tests.conftest import make_pipeline
 
 
@@ -49,6 +49,6 @@ def test_backlog_checkpoints_on_a_kind_without_increments_name_it_and_the_kinds_
     spec = keyed.model_dump()
     spec["operator"] = {"kind": "process", "function": "tests.phases.process_functions:Sessions"}
     spec["checkpoint_interval_during_backlog"] = timedelta(minutes=5)
-    with pytest.raises(ValidationError, match="operator kind 'process' cannot be built from increments") as err:
+    with pytest.raises(DefinitionError, match="operator kind 'process' cannot be built from increments") as err:
         Pipeline.model_validate(spec)
     assert "keyed_aggregate, window_aggregate, session_aggregate" in str(err.value)

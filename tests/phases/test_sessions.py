@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from phases.backlog import BacklogRunner
 from phases.definition import SessionAggregate
+from phases.errors import DefinitionError
 from phases.live import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
@@ -83,9 +83,9 @@ def test_a_catch_up_increment_extends_open_sessions_and_emits_each_once(spark, t
 
 
 def test_session_definitions_are_validated():
-    with pytest.raises(ValidationError, match="session gap must be > 0"):
+    with pytest.raises(DefinitionError, match="session gap must be > 0"):
         SessionAggregate(gap=timedelta(0), aggregations=AGGS)
-    with pytest.raises(ValidationError, match="reserved for the session's bounds"):
+    with pytest.raises(DefinitionError, match="reserved for the session's bounds"):
         SessionAggregate(
             gap=timedelta(seconds=1), aggregations=[*AGGS[:1], AGGS[0].model_copy(update={"name": "window_start"})]
         )

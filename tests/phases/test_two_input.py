@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from phases.backlog import BacklogRunner, tag_version_range
 from phases.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
 from phases.delta_source import DeltaTableSource
+from phases.errors import DefinitionError
 from phases.live import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
@@ -205,18 +205,18 @@ def test_two_input_backlog_output_is_grouped_by_key(spark, tmp_path):
 
 
 def test_two_input_definitions_are_validated(tmp_path):
-    with pytest.raises(ValidationError, match="lower .* must be <= upper"):
+    with pytest.raises(DefinitionError, match="lower .* must be <= upper"):
         IntervalJoin(right=DeltaSource(path="r"), lower=timedelta(seconds=5), upper=timedelta(seconds=1))
-    with pytest.raises(ValidationError, match="co_group windows are tumbling"):
+    with pytest.raises(DefinitionError, match="co_group windows are tumbling"):
         CoGroup(
             right=DeltaSource(path="r"),
             window=Window(size=timedelta(seconds=10), slide=timedelta(seconds=5)),
             function="m:f",
             output_schema="n long",
         )
-    with pytest.raises(ValidationError, match="not supported with two-input operators"):
+    with pytest.raises(DefinitionError, match="not supported with two-input operators"):
         make_pipeline("l", "root", operator=_join("r"), steps=[Filter(condition="value > 0")])
-    with pytest.raises(ValidationError, match="right source is the pipeline's own source"):
+    with pytest.raises(DefinitionError, match="right source is the pipeline's own source"):
         make_pipeline("l", "root", operator=_join("l"))
 
 

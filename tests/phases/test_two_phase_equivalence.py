@@ -19,10 +19,12 @@ DELAY_S = 15
 SECOND = 1_000_000
 
 # A record: key (sometimes null), event time = arrival clock of its version + jitter (sometimes far
-# behind, so some records are late), value (sometimes null).
+# behind, so some records are late; jitter FAR: decades ahead of its commit, quarantined by max_future and
+# never moving the watermark), value (sometimes null).
+FAR = 11
 _record = st.tuples(
     st.one_of(st.sampled_from(["a", "b", "c", "d"]), st.none()),
-    st.integers(min_value=-40, max_value=10),
+    st.integers(min_value=-40, max_value=FAR),
     st.one_of(st.integers(min_value=-50, max_value=50), st.none()),
 )
 _versions = st.lists(st.lists(_record, min_size=1, max_size=10), min_size=1, max_size=5)
@@ -34,7 +36,11 @@ def _materialize(raw: list[list[tuple]]) -> dict[int, list[reference.Row]]:
     for i, rows in enumerate(raw):
         clock = (i + 1) * 20 * SECOND
         versions[i + 1] = [
-            (None if key is None and j % 2 else key or "a", clock + jitter * SECOND, value)
+            (
+                None if key is None and j % 2 else key or "a",
+                (reference.FAR_FUTURE_US if jitter == FAR else 0) + clock + min(jitter, FAR - 1) * SECOND,
+                value,
+            )
             for j, (key, jitter, value) in enumerate(rows)
         ]
     return versions

@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
 
 from phases.backlog import BacklogRunner
 from phases.definition import Aggregation, Window, WindowedAggregate
+from phases.errors import DefinitionError
 from phases.live import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
@@ -79,13 +79,13 @@ def test_windows_two_phase_equal_a_single_streaming_job_for_any_cutoff(spark, tm
 
 
 def test_window_definitions_are_validated():
-    with pytest.raises(ValidationError, match="window slide must be > 0 and <= size"):
+    with pytest.raises(DefinitionError, match="window slide must be > 0 and <= size"):
         Window(size=timedelta(seconds=10), slide=timedelta(seconds=20))
-    with pytest.raises(ValidationError, match="whole multiple of slide"):
+    with pytest.raises(DefinitionError, match="whole multiple of slide"):
         Window(size=timedelta(seconds=10), slide=timedelta(seconds=3))
-    with pytest.raises(ValidationError, match="window size must be > 0"):
+    with pytest.raises(DefinitionError, match="window size must be > 0"):
         Window(size=timedelta(0))
-    with pytest.raises(ValidationError, match="reserved for the window's bounds"):
+    with pytest.raises(DefinitionError, match="reserved for the window's bounds"):
         WindowedAggregate(
             window=Window(size=timedelta(seconds=1)), aggregations=[Aggregation(name="window_end", kind="count")]
         )
