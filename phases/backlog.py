@@ -289,10 +289,12 @@ class BacklogRunner:
             self.timings["end_of_stream_s"] = time.perf_counter() - t
         p, spark = self.pipeline, self.spark
         logic = self.logic()  # checks the definition against the sources' schemas before any pass
+        self.source.require_change_feed(v)
         inputs = [tag_version_range(spark, p, self.source, (0, v), None, self.timings)]
         right = None
         if self.right_source is not None:
             v_right = self.right_source.head_version()
+            self.right_source.require_change_feed(v_right)
             inputs.append(tag_version_range(spark, p, self.right_source, (0, v_right), None, self.timings))
             right = (v_right, inputs[1].running_max_us)
         t = time.perf_counter()

@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from phases.models import SettingsModel
 
@@ -411,17 +411,33 @@ class Enrichment(_Model):
 class DeltaSource(_Model):
     """A Delta table read as backlog (snapshot at version V) then live (versions V+1, V+2, ...).
 
-    The table must be append-only and have the change data feed enabled from its first version
-    (``delta.enableChangeDataFeed = true``): the change feed gives each record its commit version, which
-    defines arrival order and therefore lateness (see :mod:`phases.lateness`).
+    The table must be append-only and have the change data feed enabled (``delta.enableChangeDataFeed =
+    true``) from its first version, or from ``starting_version``: the change feed gives each record its
+    commit version, which defines arrival order and therefore lateness (see :mod:`phases.lateness`).
     """
 
     kind: Literal["delta"] = "delta"
     path: str = Field(min_length=1)
+    starting_version: int = Field(
+        0,
+        ge=0,
+        description="For a table whose change data feed was turned on after it was created: versions "
+        "0..starting_version-1 are read as one snapshot of version starting_version-1 (one arrival, with that "
+        "version's commit time), later versions through the change feed. 0: the feed from the first version.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # The default leaves the dump (and so every existing pipeline's fingerprint) as it was.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("starting_version") == 0:
+            data.pop("starting_version")
+        return data
 
 
 class DeltaSink(_Model):
-    """A Delta table holding one row per key with the current aggregation results (upserted)."""
+    """The pipeline's result table. A keyed aggregation upserts one row per key; windows, sessions, process
+    functions, interval joins and co-groups append each result once."""
 
     kind: Literal["delta"] = "delta"
     path: str = Field(min_length=1)

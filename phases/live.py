@@ -135,6 +135,17 @@ class LiveRunner:
     @classmethod
     def streaming_only(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
         """One streaming job over all versions from the first, with empty initial state."""
+        for spec in (pipeline.source, pipeline.right_source):
+            if spec is None:
+                continue
+            if spec.starting_version > 0:
+                raise PhaseStateError(
+                    f"pipeline {pipeline.name!r}: source {spec.path} reads versions 0..{spec.starting_version - 1} "
+                    "as one snapshot (starting_version), which a streaming job over its change feed cannot; "
+                    "start the live phase from a handoff"
+                )
+            source = DeltaTableSource(spark, spec)
+            source.require_change_feed(source.head_version())
         return cls(spark, pipeline, None, **kwargs)
 
     # --- running ---------------------------------------------------------------------------------

@@ -6,21 +6,10 @@ from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-EVENT_SCHEMA = T.StructType(
-    [
-        T.StructField("key", T.StringType(), True),
-        T.StructField("ts", T.TimestampType(), True),
-        T.StructField("value", T.LongType(), True),
-    ]
-)
+from phases.sources import EVENT_SCHEMA, create_source  # noqa: F401  (the tests and benchmarks use them here)
+
 BASE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def create_source(spark: SparkSession, path: str, schema: T.StructType = EVENT_SCHEMA) -> None:
-    """An empty append-only source table with the change data feed on from version 0."""
-    spark.createDataFrame([], schema).write.format("delta").option("delta.enableChangeDataFeed", "true").save(path)
 
 
 def append(spark: SparkSession, path: str, df: DataFrame) -> None:
