@@ -270,12 +270,26 @@ class DagsterStack:
         return data["sensorOrError"]["sensorState"]["ticks"]
 
 
-def screenshot(url: str, png: Path, *, width: int = 1600, height: int = 1000, budget_ms: int = 20000) -> str:
-    """A headless Chromium screenshot of ``url``; returns the rendered DOM (for text checks)."""
+def screenshot(
+    url: str,
+    png: Path,
+    *,
+    width: int = 1600,
+    height: int = 1000,
+    wait_for: tuple[str, ...] = (),
+    timeout_s: float = 180.0,
+) -> str:
+    """A headless Chromium screenshot of ``url``; returns the rendered DOM (for text checks).
+
+    Headless Chromium has no "wait for element" flag, only a virtual-time budget after which it dumps the
+    page. One fixed budget is a race with the UI's own loading (a full-suite run once got the DOM before the
+    asset names had rendered), so the DOM is dumped with a growing budget until every text in ``wait_for`` is
+    in it, up to ``timeout_s``; only then is the picture taken, with the budget that worked.
+    """
     chromium = next((c for c in ("chromium", "chromium-browser") if _which(c)), None)
     if chromium is None:
         raise StackError("chromium is not installed (scripts/setup.sh installs Debian's chromium package)")
-    flags = [
+    base = [
         "--headless",
         "--no-sandbox",
         "--disable-gpu",
@@ -287,11 +301,21 @@ def screenshot(url: str, png: Path, *, width: int = 1600, height: int = 1000, bu
         "--no-first-run",
         "--hide-scrollbars",
         f"--window-size={width},{height}",
-        f"--virtual-time-budget={budget_ms}",
     ]
+    deadline, budget_ms, dom = time.monotonic() + timeout_s, 10_000, ""
+    while True:
+        flags = [*base, f"--virtual-time-budget={budget_ms}"]
+        out = subprocess.run([chromium, *flags, "--dump-dom", url], check=True, capture_output=True, timeout=180)
+        dom = out.stdout.decode(errors="replace")
+        missing = [text for text in wait_for if text not in dom]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            raise StackError(f"{url} did not show {missing} within {timeout_s:.0f} s")
+        budget_ms = min(budget_ms * 2, 60_000)
+        time.sleep(1)
     subprocess.run([chromium, *flags, f"--screenshot={png}", url], check=True, capture_output=True, timeout=180)
-    dom = subprocess.run([chromium, *flags, "--dump-dom", url], check=True, capture_output=True, timeout=180)
-    return dom.stdout.decode(errors="replace")
+    return dom
 
 
 def _which(cmd: str) -> bool:

@@ -171,7 +171,7 @@ def main() -> None:
         )
         shot: Path | str = root / "asset_graph.png"
         try:
-            screenshot(f"{stack.url}/asset-groups", shot)
+            screenshot(f"{stack.url}/asset-groups", shot, wait_for=(names.backlog, names.live_asset))
         except (StackError, OSError, subprocess.SubprocessError) as exc:
             shot = f"not taken ({exc})"
 
