@@ -29,7 +29,7 @@ from pathlib import PurePosixPath
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import fs, lateness, leases, maintenance, manifest, operators, quarantine, tables
+from phases import fs, lateness, leases, maintenance, manifest, operators, progress_log, quarantine, tables
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
@@ -44,9 +44,9 @@ def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
 
 
 def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
-    """True once the live phase of ``manifest_id`` has committed its first checkpoint (its first progress row;
-    for process and two-input operators, the operator query's first commit)."""
-    return tables.exists(spark, f"{pipeline.locations.live_run(manifest_id)}/progress") or fs.exists(
+    """True once the live phase of ``manifest_id`` has recorded its switch (its first progress record; a run
+    of the earlier two-query layout: its operator query's first commit)."""
+    return progress_log.live_started(spark, pipeline.locations.live_run(manifest_id)) or fs.exists(
         spark, f"{live_checkpoint_root(pipeline, manifest_id)}/aggregate/commits/0"
     )
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
+
 from pyspark.sql import SparkSession
 
 
@@ -12,6 +16,8 @@ def _fs_path(spark: SparkSession, path: str):
 
 
 def exists(spark: SparkSession, path: str) -> bool:
+    if _is_local(path):
+        return os.path.exists(path)
     fs, p = _fs_path(spark, path)
     return bool(fs.exists(p))
 
@@ -31,7 +37,7 @@ def has_files(spark: SparkSession, pattern: str) -> bool:
 
 def read_text(spark: SparkSession, path: str) -> str:
     """The whole text file at ``path`` (local paths directly, other URIs through Hadoop's FileSystem)."""
-    if "://" not in path and not path.startswith("file:"):
+    if _is_local(path):
         with open(path, encoding="utf-8") as f:
             return f.read()
     jvm = spark.sparkContext._jvm
@@ -51,7 +57,59 @@ def read_text(spark: SparkSession, path: str) -> str:
 
 def list_names(spark: SparkSession, path: str) -> list[str]:
     """Names of the entries directly under ``path`` (empty when it does not exist)."""
+    if _is_local(path):
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
     fs, p = _fs_path(spark, path)
     if not fs.exists(p):
         return []
     return sorted(str(status.getPath().getName()) for status in fs.listStatus(p))
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path and not path.startswith("file:")
+
+
+def create_once(spark: SparkSession, path: str, text: str) -> bool:
+    """Writes ``text`` to ``path`` unless a file is there already; True when it wrote.
+
+    The file appears whole or not at all: it is written under a temporary name in the same folder and renamed
+    into place (as Spark writes its own commit log). Local paths use the OS directly (no JVM round trips)."""
+    if _is_local(path):
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        if os.path.exists(path):
+            return False
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:
+            os.link(tmp, path)  # fails if another writer put the file there in between: keep theirs
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+    jvm = spark.sparkContext._jvm
+    fs, p = _fs_path(spark, path)
+    if fs.exists(p):
+        return False
+    tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), f".{p.getName()}.{jvm.java.util.UUID.randomUUID()}.tmp")
+    out = fs.create(tmp, True)
+    try:
+        out.write(bytearray(text.encode("utf-8")))
+    finally:
+        out.close()
+    renamed = bool(fs.rename(tmp, p))
+    if not renamed:
+        fs.delete(tmp, False)
+    return renamed
+
+
+def delete_file(spark: SparkSession, path: str) -> None:
+    """Deletes the file at ``path`` if it is there."""
+    if _is_local(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    fs, p = _fs_path(spark, path)
+    fs.delete(p, False)

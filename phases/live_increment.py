@@ -18,19 +18,21 @@ after the handoff version (a two-input operator's both sources, in one query); e
    hands over, so the switch replays nothing: the live phase starts on the handoff's state table);
 4. the sink: changed keys upserted (keyed aggregation), or the windows/sessions the watermark closed
    appended and removed from the state;
-5. last, one progress row (running maximum event time, closed watermark, held version).
+5. last, one progress record (running maximum event time, closed watermark, held version): a file in the
+   run's progress log (:mod:`phases.progress_log`), not a Delta commit.
 
 Every write is idempotent per micro-batch (Delta ``txnAppId``/``txnVersion`` = the batch id, also for the
 MERGE and DELETE statements), and everything the sink gets is read back from the state *after* the state
 write, so a micro-batch replayed after a crash at any point writes exactly what the first attempt would
 have. Spark's own watermark is not used: there is no stateful Spark operator in the query.
 
-At the switch the live phase writes its first progress row (batch -1: the handoff's version, maximum event
-time and final watermark) before the query starts: its immediate checkpoint. Nothing is replayed.
+At the switch the live phase writes its first progress record (batch -1: the handoff's version, maximum
+event time and final watermark) before the query starts: its immediate checkpoint. Nothing is replayed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -41,12 +43,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import fs, maintenance, operators, quarantine, tables
+from phases import fs, maintenance, operators, progress_log, quarantine, tables
 from phases.backlog import tag_changes
 from phases.definition import Pipeline
 from phases.delta_source import DeltaTableSource
 from phases.errors import PhaseStateError
 from phases.lateness import VERSION
+from phases.progress_log import ProgressLog
 
 QUERY = "increment"  # the query's checkpoint sub-folder
 HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
@@ -56,22 +59,6 @@ _ROW_COLUMNS = ("_row", "_row_right")  # two-input query: each input's row, pack
 
 def _row_column(inp) -> str:
     return inp.suffix("_row")
-
-
-PROGRESS_SCHEMA = T.StructType(
-    [
-        T.StructField("batch_id", T.LongType(), False),
-        T.StructField("complete_below", T.LongType(), False),
-        T.StructField("running_max_us", T.LongType(), True),
-        T.StructField("closed_us", T.LongType(), True),
-        T.StructField("held_version", T.LongType(), True),
-        T.StructField("at_us", T.LongType(), False),
-        # a two-input operator's right input (null otherwise)
-        T.StructField("right_complete_below", T.LongType(), True),
-        T.StructField("right_running_max_us", T.LongType(), True),
-        T.StructField("right_held_version", T.LongType(), True),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -116,8 +103,13 @@ class Progress:
             fields[f"{prefix}held_version"] = inp.held_version
         return Progress(**fields)
 
-    def row(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in PROGRESS_SCHEMA.fields)
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_record(record: dict) -> Progress:
+        names = {f.name for f in dataclasses.fields(Progress)}
+        return Progress(**{k: v for k, v in record.items() if k in names})
 
 
 # --- the driver ----------------------------------------------------------------------------------------
@@ -155,7 +147,7 @@ class IncrementalLive:
         self.inputs, self.start_progress = inputs, start
         self.state_path, self.checkpoints = state_path, checkpoints
         self.max_files_per_trigger = max_files_per_trigger
-        self.progress_path = progress_path(pipeline, run_name)
+        self.progress_log = ProgressLog(spark, progress_log_path(pipeline, run_name))
         self.pending_root = live_root(pipeline, run_name)
         self.kind = operators.kind_of(pipeline)
         self.step = self.kind.live_step(logic, state_path, pipeline.sink.path)
@@ -177,10 +169,12 @@ class IncrementalLive:
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
         if p.maintenance.auto_compact:
             maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
-        if not tables.exists(spark, self.progress_path):
-            # One commit creates the table with its first row: the live phase's immediate checkpoint.
-            row = spark.createDataFrame([self.start_progress.row()], PROGRESS_SCHEMA)
-            row.write.format("delta").mode("append").save(self.progress_path)
+        if self.progress_log.latest() is None:
+            # The switch's record: the live phase's immediate checkpoint. A run started before the log was a
+            # folder of files kept its progress in a Delta table: it goes on from that table's last row.
+            legacy = _last_legacy_progress(spark, legacy_progress_path(p, self.run_name))
+            start = legacy if legacy is not None else self.start_progress
+            self.progress_log.write(start.batch_id, start.record())
 
     def app(self, what: str) -> str:
         return f"{self.pipeline.name}:{self.run_name}:{what}"
@@ -189,31 +183,25 @@ class IncrementalLive:
         return f"{self.pending_root}/{inp.suffix('pending')}"
 
     def _progress_after(self, batch_id: int) -> Progress:
-        """The progress row written by micro-batch ``batch_id`` (-1: the switch's)."""
+        """The progress recorded by micro-batch ``batch_id`` (-1: the switch's)."""
         if batch_id in self._progress:
             return self._progress[batch_id]
-        rows = (
-            self.spark.read.format("delta")
-            .load(self.progress_path)
-            .filter(F.col("batch_id") <= batch_id)
-            .orderBy(F.col("batch_id").desc())
-            .limit(1)
-            .collect()
-        )
-        if not rows or rows[0]["batch_id"] != batch_id:
-            found = rows[0]["batch_id"] if rows else None
+        record = self.progress_log.read(batch_id)
+        if record is None:
+            latest = self.progress_log.latest()
             raise PhaseStateError(
                 f"live run {self.run_name} of {self.pipeline.name!r}: micro-batch {batch_id + 1} needs the progress "
-                f"of micro-batch {batch_id}, but {self.progress_path} ends at {found}; the checkpoint "
-                f"{self.checkpoints} and the progress table no longer belong together"
+                f"of micro-batch {batch_id}, but the progress log {self.progress_log.root} ends at "
+                f"{latest[0] if latest else None}; the checkpoint {self.checkpoints} and the progress log no "
+                "longer belong together"
             )
-        return Progress(**rows[0].asDict())
+        return Progress.from_record(record)
 
     def latest_progress(self) -> Progress:
         if self._progress:
             return self._progress[max(self._progress)]
-        row = spark_last(self.spark, self.progress_path)
-        return Progress(**row.asDict()) if row is not None else self.start_progress
+        latest = self.progress_log.latest()
+        return Progress.from_record(latest[1]) if latest is not None else self.start_progress
 
     def _end_offsets(self, batch_id: int) -> dict[str, tuple[int, bool]]:
         """Per input: (first version not fully read, whether that version was read in part) after
@@ -300,9 +288,7 @@ class IncrementalLive:
             progress = Progress.of_inputs(
                 batch_id, after, closing if closing is not None else before.closed_us, _now_us()
             )
-            row = spark.createDataFrame([progress.row()], PROGRESS_SCHEMA)
-            # mergeSchema: a progress table created before the right-input columns existed takes them up.
-            tables.append_once(row, self.progress_path, self.app("progress"), batch_id, merge_schema=True)
+            self.progress_log.write(batch_id, progress.record())
             self._progress = {batch_id: progress}
         finally:
             for rows in persisted:
@@ -364,15 +350,20 @@ def live_root(pipeline: Pipeline, run_name: str) -> str:
     return pipeline.locations.live_run(run_name)
 
 
-def progress_path(pipeline: Pipeline, run_name: str) -> str:
-    return f"{live_root(pipeline, run_name)}/progress"
+def progress_log_path(pipeline: Pipeline, run_name: str) -> str:
+    return f"{live_root(pipeline, run_name)}/{progress_log.FOLDER}"
 
 
-def spark_last(spark: SparkSession, path: str):
+def legacy_progress_path(pipeline: Pipeline, run_name: str) -> str:
+    """Where runs started before the progress log kept their progress: a Delta table."""
+    return f"{live_root(pipeline, run_name)}/{progress_log.LEGACY_TABLE}"
+
+
+def _last_legacy_progress(spark: SparkSession, path: str) -> Progress | None:
     if not tables.exists(spark, path):
         return None
     rows = spark.read.format("delta").load(path).orderBy(F.col("batch_id").desc()).limit(1).collect()
-    return rows[0] if rows else None
+    return Progress.from_record(rows[0].asDict()) if rows else None
 
 
 def _now_us() -> int:

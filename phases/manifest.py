@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases import tables
+from phases import progress_log, tables
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
 from phases.errors import ManifestError
 
@@ -158,7 +158,7 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
     if not problems:
         if not tables.exists(spark, manifest.state_path):
             problems.append(f"state table {manifest.state_path} is missing")
-        elif tables.exists(spark, f"{pipeline.locations.live_run(manifest.manifest_id)}/progress"):
+        elif progress_log.live_started(spark, pipeline.locations.live_run(manifest.manifest_id)):
             pass  # the live phase started on this state table and merges into it: it is the live state now
         else:
             v = tables.version(spark, manifest.state_path)

@@ -109,9 +109,9 @@ def crash_on_state_write(monkeypatch, message: str) -> None:
 
     real = engine.tables.idempotent_dml
 
-    def crash_before_state(spark_, app_id, version):
+    def crash_before_state(spark_, app_id, version, **kwargs):
         if app_id.endswith(":state"):
             raise RuntimeError(message)
-        return real(spark_, app_id, version)
+        return real(spark_, app_id, version, **kwargs)
 
     monkeypatch.setattr(engine.tables, "idempotent_dml", crash_before_state)

@@ -7,7 +7,6 @@ only their open windows and emit the closed ones)."""
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -89,31 +88,53 @@ class AggregationHandoff:
 
 
 class KeyedStep(OneInputStep):
-    """Keyed aggregation: the batch's buffers merged into each key's state, changed keys upserted."""
+    """Keyed aggregation: each changed key's new buffers computed once (its state at the batch's start
+    combined with the batch's buffers), then written to the state table and, finalized, to the sink: two
+    upserts that replace those keys' rows, run at the same time (two Spark jobs share the cores; each MERGE
+    spends much of its time in driver-side planning and the Delta commit).
+
+    Replays: both MERGEs carry the batch's Delta transaction id (skipped once committed) and a commit tag.
+    A micro-batch replayed after it died between the two commits finds its tag on the state table: the new
+    buffers are then the state's own rows of those keys (already combined), so the sink gets what the first
+    attempt would have written."""
 
     def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str):
         self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
+
+    def _new_buffers(self, spark: SparkSession, partial: DataFrame, state: DataFrame, applied: bool) -> DataFrame:
+        keys = self.logic.keys
+        if applied:  # a replay after the state write: the state holds the combined buffers
+            return state.join(F.broadcast(partial.select(*keys)), keys)
+        matched = "_matched"
+        t = state.withColumn(matched, F.lit(True)).alias("t")
+        joined = partial.alias("s").join(t, [F.col(f"s.`{k}`") == F.col(f"t.`{k}`") for k in keys], "left")
+        combined = self.logic.combine_set("t", "s")
+        types = {f.name: f.dataType for f in self.logic.buffer_schema.fields}
+        cols = [F.col(f"s.`{k}`").alias(k) for k in keys]
+        for b in self.logic.buffer_names:
+            value = F.when(F.col(f"t.{matched}"), F.expr(combined[b])).otherwise(F.col(f"s.`{b}`"))
+            cols.append(value.cast(types[b]).alias(b))
+        return joined.select(*cols)
 
     def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
         if records is None:
             return
         logic, keys = self.logic, self.logic.keys
-        partial = logic.merge(logic.lift(records)).persist()
+        tag = app(f"batch {batch}")
+        history = tables.recent_commits(spark, self.state_path)
+        applied = any(c.user_metadata == tag for c in history)
+        state = spark.read.format("delta").option("versionAsOf", history[0].version).load(self.state_path)
+        partial = logic.merge(logic.lift(records))
+        new = self._new_buffers(spark, partial, state, applied).persist()
         try:
-            with tables.idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(partial.alias("s"), tables.key_match("t", "s", keys))
-                    .whenMatchedUpdate(set=logic.combine_set("t", "s"))
-                    .whenNotMatchedInsertAll()
-                    .execute()
+            new.count()  # computed once, from the pinned state version, before either write
+            with tables.idempotent_dml(spark, app("upsert"), batch, tag=tag):
+                tables.concurrently(
+                    lambda: tables.replace_rows(spark, self.state_path, new, keys),
+                    lambda: tables.replace_rows(spark, self.sink_path, logic.finalize(new), keys),
                 )
-            # Read back after the state write: a replayed batch (state already merged) writes the same rows.
-            changed = spark.read.format("delta").load(self.state_path).join(F.broadcast(partial.select(*keys)), keys)
-            tables.upsert(spark, self.sink_path, logic.finalize(changed), keys, app("sink"), batch)
         finally:
-            partial.unpersist()
+            new.unpersist()
 
 
 class KeyedAggregateKind(OperatorKind):

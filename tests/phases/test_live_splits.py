@@ -109,12 +109,19 @@ def test_a_version_read_over_several_micro_batches_loses_no_on_time_row(spark, t
     assert quarantine_rows(spark, str(tmp_path / "run")) == []
 
 
-@pytest.mark.parametrize("kind", ["keyed", "tumbling"])
+@pytest.mark.parametrize(
+    ("kind", "fails"),
+    [("keyed", "sink"), ("keyed", "state"), ("tumbling", "sink")],
+    ids=["keyed-state-committed", "keyed-sink-committed", "tumbling-state-committed"],
+)
 def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_once(
-    spark, tmp_path, monkeypatch, kind
+    spark, tmp_path, monkeypatch, kind, fails
 ):
-    """The micro-batch dies after its state MERGE committed; the restart replays it: Delta skips the state
-    MERGE (same txnAppId/txnVersion), the sink gets the batch once, nothing is counted twice."""
+    """The micro-batch dies with one of its two writes committed and the other not; the restart replays it:
+    Delta skips the committed write (same txnAppId/txnVersion), the other gets the batch once, nothing is
+    counted twice. Keyed aggregations write the state and the sink at the same time, so either can be the one
+    committed: with the state committed, the replay must not combine the batch into the state a second time
+    for the sink's values."""
     import phases.live_increment as engine
 
     source = str(tmp_path / "source")
@@ -126,15 +133,16 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
     for v in sorted(live_versions):
         append_version(spark, source, live_versions[v])
 
-    real = engine.tables.idempotent_dml
+    if kind == "keyed":
+        real_replace = engine.tables.replace_rows
 
-    def crash_before_sink(spark_, app_id, version):
-        if app_id.endswith((":sink", ":closed")):
-            raise RuntimeError("simulated crash after the state write")
-        return real(spark_, app_id, version)
+        def replace_or_crash(spark_, path, rows, keys):
+            if (path == p.sink.path) == (fails == "sink"):
+                raise RuntimeError(f"simulated crash: the {fails} write fails, the other commits")
+            return real_replace(spark_, path, rows, keys)
 
-    monkeypatch.setattr(engine.tables, "idempotent_dml", crash_before_sink)
-    if kind == "tumbling":  # windows append their sink rows; crash right before that append
+        monkeypatch.setattr(engine.tables, "replace_rows", replace_or_crash)
+    else:  # windows append their sink rows after the state MERGE; crash right before that append
         monkeypatch.setattr(
             engine.tables, "append_once", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("simulated crash"))
         )
