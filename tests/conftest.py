@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from pyspark.sql import SparkSession
 
 from phases.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
-from phases.session import SparkSettings, build_session
 
 AGGREGATIONS = [
     Aggregation(name="n", kind="count"),
@@ -41,10 +39,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    session = build_session(SparkSettings(shuffle_partitions=2, app_name="two-phase-tests"))
-    yield session
-    session.stop()
+def spark(phases_spark: SparkSession) -> SparkSession:
+    """The pytest kit's session (:mod:`phases.testing`, loaded through its ``pytest11`` entry point)."""
+    return phases_spark
 
 
 def make_pipeline(source: str, root: str, *, delay_s: int = 15, **overrides) -> Pipeline:

@@ -8,11 +8,15 @@ from pathlib import Path
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def guide_example() -> str:
+def guide_block(name: str) -> str:
     text = README.read_text()
-    match = re.search(r"<!-- guide:example -->\s*```python\n(.*?)```", text, re.DOTALL)
-    assert match, "README.md has no '<!-- guide:example -->' python block"
+    match = re.search(rf"<!-- guide:{name} -->\s*```python\n(.*?)```", text, re.DOTALL)
+    assert match, f"README.md has no '<!-- guide:{name} -->' python block"
     return match.group(1)
+
+
+def guide_example() -> str:
+    return guide_block("example")
 
 
 def test_the_readme_guide_example_runs_end_to_end(spark, tmp_path):
@@ -20,3 +24,21 @@ def test_the_readme_guide_example_runs_end_to_end(spark, tmp_path):
     assert 'root = "/tmp/two-phase-guide"' in code
     code = code.replace('root = "/tmp/two-phase-guide"', f'root = "{tmp_path}"')
     exec(compile(code, str(README), "exec"), {"__name__": "readme_guide"})
+
+
+def test_the_readme_user_test_file_passes_with_only_the_installed_plugin(tmp_path):
+    """The guide's test file of a user's pipeline, run as its own pytest session in an empty folder: no
+    conftest of this project, so its fixtures can only come from the installed ``pytest11`` plugin."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_my_pipeline.py").write_text(guide_block("user-test"))
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_pipeline.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "3 passed" in run.stdout, run.stdout[-2000:]
