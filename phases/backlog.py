@@ -107,7 +107,13 @@ def tag_version_range(
     timings: dict[str, float] | None = None,
 ) -> TaggedRange:
     lo, hi = versions
-    return tag_changes(spark, pipeline, source.read_backlog(hi, lo), prior_max_us, timings, phase="backlog")
+    try:
+        return tag_changes(spark, pipeline, source.read_backlog(hi, lo), prior_max_us, timings, phase="backlog")
+    except Exception as exc:  # the first action on the change feed: a vacuumed version fails here
+        error = source.missing_file_error(exc, versions)
+        if error is not None:
+            raise error from exc
+        raise
 
 
 def tag_changes(

@@ -6,6 +6,7 @@ Both reads go through the change data feed so that every record carries its comm
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 from delta.tables import DeltaTable
@@ -19,6 +20,11 @@ from phases.definition import DeltaSource
 from phases.errors import SourceError
 
 CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+# Spark's and Delta's words for a data file the log names but the store no longer has.
+_MISSING_FILE = re.compile(
+    r"FAILED_READ_FILE\.FILE_NOT_EXIST\] Encountered error while reading file (\S+?)\. File does not exist"
+    r"|DELTA_CHANGE_DATA_FILE_NOT_FOUND\]\s*File (\S+) referenced"
+)
 
 
 class DeltaTableSource:
@@ -94,6 +100,41 @@ class DeltaTableSource:
             raise SourceError(
                 f"cannot read the change feed of {self.path} for versions {start_version}..{end_version}: {exc}"
             ) from exc
+
+    def missing_file_error(self, exc: BaseException, versions: tuple[int, int]) -> SourceError | None:
+        """A SourceError naming the version whose data file is gone, when ``exc`` (raised while reading
+        ``versions`` of the change feed) says a file is missing; None for any other error."""
+        match = _MISSING_FILE.search(str(exc))
+        if match is None:
+            return None
+        file = match.group(1) or match.group(2)
+        version = self._version_adding(file)
+        which = f"version {version}" if version is not None else f"a version in {versions[0]}..{versions[1]}"
+        head = self.head_version()
+        return SourceError(
+            f"source {self.path}: {which} of its change feed can no longer be read: its data file {file} is gone "
+            "(removed by VACUUM once older than the table's retention, or deleted by hand). The backlog needs "
+            f"versions {versions[0]}..{versions[1]}. To proceed: DeltaSource(path={self.path!r}, "
+            "starting_version=N), where N is after that version and version N-1 is still whole (VACUUM keeps the "
+            f"files of the current version, {head}, so N = {head + 1} works once a version follows it): the "
+            "versions before N are then read as one snapshot of version N-1. Or keep removed files longer "
+            "(delta.deletedFileRetentionDuration) than the backlog needs"
+        )
+
+    def _version_adding(self, file: str) -> int | None:
+        """The version whose commit added ``file`` (looked up in the log only on this error path)."""
+        name = file.rstrip("/").rsplit("/", 1)[-1]
+        try:
+            log = self.spark.read.json(f"{self.path.rstrip('/')}/_delta_log/*.json")
+            if "add" not in log.columns:
+                return None
+            rows = log.where(F.col("add.path").endswith(name)).select(F.input_file_name().alias("f")).limit(1).collect()
+        except Exception:  # noqa: BLE001 - a diagnostic: the error still names the file and the range
+            return None
+        if not rows:
+            return None
+        stem = rows[0]["f"].rsplit("/", 1)[-1].split(".", 1)[0]
+        return int(stem) if stem.isdigit() else None
 
     def _commit_time(self, version: int) -> datetime:
         times = dict(self.commit_times())

@@ -62,3 +62,28 @@ def test_with_starting_version_the_versions_before_are_one_arrival(spark, tmp_pa
 def test_starting_version_is_a_source_setting_that_keeps_earlier_fingerprints(tmp_path):
     assert DeltaSource(path="s").model_dump() == {"kind": "delta", "path": "s"}
     assert DeltaSource(path="s", starting_version=4).model_dump()["starting_version"] == 4
+
+
+def test_a_vacuumed_version_the_backlog_needs_is_named_with_the_way_out(spark, tmp_path):
+    """Versions whose files a compaction replaced and VACUUM then removed: the change feed of those versions
+    cannot be read. The backlog says which version, that VACUUM (or a hand) removed its file, and what to do,
+    instead of Spark's FILE_NOT_EXIST."""
+    from phases import tables
+    from tests.helpers import write_source
+
+    source = str(tmp_path / "source")
+    write_source(spark, source, {1: [("a", 100 * S, 1)], 2: [("b", 90 * S, 2)], 3: [("c", 95 * S, 3)]})
+    spark.sql(f"OPTIMIZE delta.`{source}`")  # version 4: one file replaces versions 1..3's
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{source}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    with pytest.raises(SourceError) as refused:
+        BacklogRunner(spark, p).run()
+    message = str(refused.value)
+    assert f"source {source}: version " in message and "of its change feed can no longer be read" in message
+    assert any(f"version {v} of its change feed" in message for v in (1, 2, 3)), message
+    head = tables.version(spark, source)  # OPTIMIZE, then VACUUM's start and end commits
+    assert "VACUUM" in message and "starting_version=N" in message and f"N = {head + 1} works" in message
