@@ -34,7 +34,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks every test that needs a JVM (the session's SparkSession, or Spark in a child process) as
     ``spark``; ``make test-fast`` runs the others."""
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slow"):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & {"spark", "phases_spark", "delta_source"} or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.spark)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -26,6 +28,7 @@ def test_the_readme_guide_example_runs_end_to_end(spark, tmp_path):
     exec(compile(code, str(README), "exec"), {"__name__": "readme_guide"})
 
 
+@pytest.mark.slow
 def test_the_readme_user_test_file_passes_with_only_the_installed_plugin(tmp_path):
     """The guide's test file of a user's pipeline, run as its own pytest session in an empty folder: no
     conftest of this project, so its fixtures can only come from the installed ``pytest11`` plugin."""
