@@ -169,7 +169,7 @@ class IncrementalLive:
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
         if p.maintenance.auto_compact:
             maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
-        if self.progress_log.latest() is None:
+        if not self.progress_log.batch_ids():
             # The switch's record: the live phase's immediate checkpoint. A run started before the log was a
             # folder of files kept its progress in a Delta table: it goes on from that table's last row.
             legacy = _last_legacy_progress(spark, legacy_progress_path(p, self.run_name))

@@ -68,9 +68,7 @@ def write_versions(
 ) -> None:
     """A fresh source table at ``path`` (version 0 empty) whose versions 1..n hold ``versions``."""
     sources.create_source(spark, path, schema)
-    struct = spark.read.format("delta").load(path).schema
-    for version in versions:
-        sources.append(spark, path, _frame(spark, version, struct))
+    append_versions(spark, path, versions)
 
 
 def append_versions(spark: SparkSession, path: str, versions: Sequence[Version]) -> None:
