@@ -31,12 +31,12 @@ from pyspark.sql import functions as F
 
 from phases import fs, lateness, leases, maintenance, manifest, operators, progress_log, quarantine, tables
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
-from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import ManifestError, PhaseStateError, SourceError
 from phases.keyed_aggregate import KeyedAggregationLogic
 from phases.operators.base import sorted_by_key
 from phases.records import REASON, with_reason
+from phases.source_reader import SourceReader, open_source
 
 
 def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
@@ -65,7 +65,7 @@ class Partial:
 def version_range_partial(
     spark: SparkSession,
     pipeline: Pipeline,
-    source: DeltaTableSource,
+    source: SourceReader,
     logic: KeyedAggregationLogic,
     versions: tuple[int, int],
     prior_max_us: int | None,
@@ -101,7 +101,7 @@ class TaggedRange:
 def tag_version_range(
     spark: SparkSession,
     pipeline: Pipeline,
-    source: DeltaTableSource,
+    source: SourceReader,
     versions: tuple[int, int],
     prior_max_us: int | None,
     timings: dict[str, float] | None = None,
@@ -173,9 +173,9 @@ class BacklogRunner:
         """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone."""
         self.spark = spark
         self.pipeline = pipeline
-        self.source = DeltaTableSource(spark, pipeline.source)
+        self.source = open_source(spark, pipeline.source)
         self.kind = operators.kind_of(pipeline)
-        self.right_source = DeltaTableSource(spark, pipeline.right_source) if pipeline.right_source else None
+        self.right_source = open_source(spark, pipeline.right_source) if pipeline.right_source else None
         self.timings: dict[str, float] = {}
         self.holder = f"backlog run {uuid.uuid4().hex[:12]}"
         self.take_over = take_over
@@ -213,6 +213,11 @@ class BacklogRunner:
         return self.kind.logic(self.spark, self.pipeline, schemas)
 
     def refuse_pieces(self, what: str) -> None:
+        if getattr(self.pipeline.source, "kind", "delta") == "kafka":
+            raise PhaseStateError(
+                f"{what} is not available for pipeline {self.pipeline.name!r}: its source is a Kafka topic, read "
+                "by the backlog as one batch job over its arrival chunks; run the full backlog instead"
+            )
         if not self.kind.supports_increments:
             raise PhaseStateError(
                 f"{what} is not available for pipeline {self.pipeline.name!r}: its {self.kind.name} operator "
@@ -435,8 +440,9 @@ class BacklogRunner:
             state_spec=json.dumps(p.state_spec(), sort_keys=True),
             state_schema_version=STATE_SCHEMA_VERSION,
             operator_version=OPERATOR_VERSION,
-            source_path=p.source.path,
+            source_path=p.source.location,
             source_version=source_version,
+            source_position=self.source.position_of(source_version),
             backlog_max_event_time_us=max_us,
             final_watermark_us=None if max_us is None else max_us - p.delay_us,
             state_path=state_path,

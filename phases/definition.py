@@ -434,6 +434,102 @@ class DeltaSource(_Model):
             data.pop("starting_version")
         return data
 
+    @property
+    def location(self) -> str:
+        return self.path
+
+    def state_spec(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+class ValueFormat(StrEnum):
+    JSON = "json"
+
+
+# A DDL field list as Spark writes it: "key string, ts timestamp, value bigint" (types are checked by Spark).
+_DDL_FIELD = re.compile(r"^\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s+\S.*$")
+
+
+def ddl_field_names(ddl: str) -> list[str]:
+    """The top-level field names of a DDL field list (commas inside ``<...>``/``(...)`` do not split)."""
+    names, depth, start = [], 0, 0
+    parts = []
+    for i, ch in enumerate(ddl):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(ddl[start:i])
+            start = i + 1
+    parts.append(ddl[start:])
+    for part in parts:
+        match = _DDL_FIELD.match(part)
+        if match is None:
+            raise ValueError(f"{part.strip()!r} is not a field of a DDL schema ('name type', e.g. 'ts timestamp')")
+        names.append(match.group(1))
+    return names
+
+
+class KafkaSource(_Model):
+    """A Kafka topic read as backlog (every partition from its earliest offset to the end offsets captured when
+    the backlog starts, a Spark batch job) then live (from exactly those offsets; partitions added later from
+    their start).
+
+    Kafka has no commit versions, so the framework defines arrival order by **arrival chunks** that play their
+    role (:mod:`phases.kafka_source`): the backlog is cut into fixed-size slices of ``backlog_chunk_records``
+    offsets per partition, and each live micro-batch is one chunk; both are recorded (manifest, progress log).
+    The record's Kafka timestamp stands for its version's commit time (the ``max_future`` guard).
+    """
+
+    kind: Literal["kafka"] = "kafka"
+    topic: str = Field(min_length=1)
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port...]; not part of the fingerprint")
+    value_format: ValueFormat = ValueFormat.JSON
+    value_schema: str = Field(
+        min_length=1,
+        description="The record's fields as a Spark DDL list, e.g. 'key string, ts timestamp, value bigint'. A value "
+        "that is not JSON of this shape is quarantined (reason 'undecodable'), with its topic, partition and offset.",
+    )
+    backlog_chunk_records: int = Field(
+        100_000, gt=0, description="Arrival chunks of the backlog: this many offsets of each partition per chunk."
+    )
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Further Kafka consumer settings (e.g. 'security.protocol'), passed to Spark as 'kafka.<name>' "
+        "and to the lag probe; not part of the fingerprint.",
+    )
+
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", v):
+            raise ValueError(f"{v!r} is not a Kafka topic name (letters, digits, '.', '_', '-'; at most 249)")
+        return v
+
+    @field_validator("value_schema")
+    @classmethod
+    def _schema(cls, v: str) -> str:
+        names = ddl_field_names(v)
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"value_schema repeats fields {dupes}")
+        reserved = [n for n in names if n.startswith(RESERVED_PREFIX)]
+        if reserved:
+            raise ValueError(f"value_schema fields {reserved} start with {RESERVED_PREFIX!r}, reserved for the engine")
+        return v
+
+    @property
+    def location(self) -> str:
+        return f"kafka topic {self.topic!r} at {self.bootstrap_servers}"
+
+    @property
+    def field_names(self) -> list[str]:
+        return ddl_field_names(self.value_schema)
+
+    def state_spec(self) -> dict:
+        return self.model_dump(mode="json", exclude={"bootstrap_servers", "options"})
+
 
 class DeltaSink(_Model):
     """The pipeline's result table. A keyed aggregation upserts one row per key; windows, sessions, process
@@ -493,7 +589,7 @@ class Pipeline(_Model):
     """Sources + key + event time + watermark delay + operator + sink + settings, declared once."""
 
     name: str
-    source: DeltaSource
+    source: DeltaSource | KafkaSource = Field(discriminator="kind")
     key_columns: list[str] = Field(min_length=1)
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
@@ -594,6 +690,17 @@ class Pipeline(_Model):
                 f"during backlog) or >= checkpoint_interval ({live.total_seconds()}s)"
             )
         kind = self.operator_kind
+        if isinstance(self.source, KafkaSource):
+            if kind.two_inputs:
+                raise ValueError(
+                    f"{self.operator.kind} reads two Delta sources; a Kafka source as its input is not supported yet. "
+                    "Land the topic in a Delta table first (or use a single-input operator)"
+                )
+            if backlog != timedelta(0):
+                raise ValueError(
+                    "checkpoint_interval_during_backlog > 0 cuts the backlog by commit time, which a Kafka source "
+                    "does not have; set it to 0 (the Kafka backlog runs as one batch job over its arrival chunks)"
+                )
         if backlog != timedelta(0) and not self.supports_increments:
             what = f"end_of_stream steps {[s.name for s in self.end_of_stream]}" if self.end_of_stream else ""
             what = what or f"operator kind {self.operator.kind!r}"
@@ -689,7 +796,7 @@ class Pipeline(_Model):
         """The part of the definition that shapes the state; its hash is the pipeline fingerprint."""
         return {
             "name": self.name,
-            "source": self.source.model_dump(mode="json"),
+            "source": self.source.state_spec(),
             "key_columns": list(self.key_columns),
             "event_time": self.event_time,
             "watermark_delay_us": self.delay_us,

@@ -50,6 +50,10 @@ class DeltaTableSource:
         self.check()
         return tables.version(self.spark, self.path)
 
+    def position_of(self, end_version: int) -> None:
+        """A Delta source's position is its version alone (the manifest's ``source_version``)."""
+        return None
+
     def table_id(self) -> str:
         """The Delta table's id (``metaData.id``): what Spark's offset log names the source by."""
         return str(DeltaTable.forPath(self.spark, self.path).detail().select("id").collect()[0][0])

@@ -18,10 +18,10 @@ from pyspark.sql import types as T
 
 from phases import tables
 from phases.definition import EndOfStreamStep, Pipeline
-from phases.delta_source import DeltaTableSource
 from phases.errors import DefinitionError, PhaseStateError
 from phases.partition_ops import apply_record_steps, run_end_of_stream_step
 from phases.records import split_invalid
+from phases.source_reader import open_source
 
 LOG_SCHEMA = T.StructType(
     [
@@ -58,7 +58,7 @@ class EndOfStreamRunner:
     def __init__(self, spark: SparkSession, pipeline: Pipeline):
         self.spark = spark
         self.pipeline = pipeline
-        self.source = DeltaTableSource(spark, pipeline.source)
+        self.source = open_source(spark, pipeline.source)
 
     def run_all(self, version: int) -> list[StepRecord]:
         return [self.run(step, version) for step in self.pipeline.end_of_stream]

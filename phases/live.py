@@ -23,10 +23,10 @@ from pyspark.sql.streaming import StreamingQuery
 from phases import leases, manifest, operators, schema_evolution, tables
 from phases.backlog import live_checkpoint_root
 from phases.definition import Pipeline
-from phases.delta_source import DeltaTableSource
 from phases.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases.errors import DefinitionError, PhaseStateError
 from phases.live_increment import IncrementalLive, LiveInput, Progress
+from phases.source_reader import open_source
 
 STREAMING_ONLY = "streaming-only"
 
@@ -59,7 +59,7 @@ class LiveRunner:
         self.pipeline = pipeline
         self.handoff = handoff
         self.max_files_per_trigger = max_files_per_trigger
-        self.source = DeltaTableSource(spark, pipeline.source)
+        self.source = open_source(spark, pipeline.source, position=handoff.source_position if handoff else None)
         if handoff is None and pipeline.enrich is not None:
             raise PhaseStateError(
                 f"pipeline {pipeline.name!r} enriches with end-of-stream step {pipeline.enrich.step!r}, which emits "
@@ -70,7 +70,7 @@ class LiveRunner:
         self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
         loc = pipeline.locations
         self.state_path = handoff.state_path if handoff else str(PurePosixPath(loc.state_root) / STREAMING_ONLY)
-        self.right_source = DeltaTableSource(spark, pipeline.right_source) if pipeline.right_source else None
+        self.right_source = open_source(spark, pipeline.right_source) if pipeline.right_source else None
         self.kind = operators.kind_of(pipeline)
         self.logic = self._logic()
         inputs = [LiveInput("", self.source, handoff.source_version if handoff else None)]
@@ -136,7 +136,7 @@ class LiveRunner:
     def streaming_only(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
         """One streaming job over all versions from the first, with empty initial state."""
         for spec in (pipeline.source, pipeline.right_source):
-            if spec is None:
+            if spec is None or spec.kind == "kafka":  # a topic is read from its earliest offsets
                 continue
             if spec.starting_version > 0:
                 raise PhaseStateError(
@@ -144,7 +144,7 @@ class LiveRunner:
                     "as one snapshot (starting_version), which a streaming job over its change feed cannot; "
                     "start the live phase from a handoff"
                 )
-            source = DeltaTableSource(spark, spec)
+            source = open_source(spark, spec)
             source.require_change_feed(source.head_version())
         return cls(spark, pipeline, None, **kwargs)
 
@@ -284,6 +284,33 @@ class LiveRunner:
         exc = q.exception()
         if exc is not None:
             raise exc
+
+    def arrival_chunks(self) -> dict[int, dict[int, tuple[int, int]]]:
+        """A Kafka source's arrival-chunk log: chunk -> {partition: (from offset, until offset)}, for the
+        backlog's chunks (the manifest's plan) and the live micro-batches still in the progress log (the newest
+        :data:`phases.progress_log.RETAIN`). What W(chunk) was computed over: a reference replays exactly these."""
+        from phases.kafka_source import ChunkPlan
+
+        if self.pipeline.source.kind != "kafka":
+            raise PhaseStateError(f"pipeline {self.pipeline.name!r} reads a Delta table: its arrival order is versions")
+        chunks: dict[int, dict[int, tuple[int, int]]] = {}
+        previous: dict[int, int] = {}
+        if self.handoff is not None:
+            plan = ChunkPlan.from_json(self.handoff.source_position)
+            for chunk in range(plan.first, plan.last + 1):
+                lo, hi = plan.offsets(chunk, chunk)
+                chunks[chunk] = {p: (lo[p], hi[p]) for p in plan.end}
+            previous = dict(plan.end)
+        log = self.incremental.progress_log
+        records = [Progress.from_record(log.read(b)) for b in log.batch_ids() if b >= 0]
+        for before, after in zip([None, *records], records, strict=False):
+            if after.source_offsets is None:
+                continue
+            if before is not None and before.source_offsets is not None:
+                previous = {int(p): o for p, o in before.source_offsets.items()}
+            end = {int(p): o for p, o in after.source_offsets.items()}
+            chunks[after.complete_below - 1] = {p: (previous.get(p, 0), o) for p, o in end.items()}
+        return chunks
 
     def status(self) -> dict:
         """Batch id, input rates, the pipeline's watermark and last applied source version, for progress

@@ -46,10 +46,11 @@ from pyspark.sql.streaming import StreamingQuery
 from phases import fs, maintenance, operators, progress_log, quarantine, tables
 from phases.backlog import tag_changes
 from phases.definition import Pipeline
-from phases.delta_source import DeltaTableSource
 from phases.errors import PhaseStateError
+from phases.kafka_source import KafkaTopicSource, parse_offsets
 from phases.lateness import VERSION
 from phases.progress_log import ProgressLog
+from phases.source_reader import SourceReader
 
 QUERY = "increment"  # the query's checkpoint sub-folder
 HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
@@ -84,6 +85,9 @@ class Progress:
     right_complete_below: int | None = None
     right_running_max_us: int | None = None
     right_held_version: int | None = None
+    # A Kafka source: the end offsets (partition -> offset) after this batch; with the previous record's, the
+    # offset ranges of the batch's arrival chunk (the live half of the arrival-chunk log).
+    source_offsets: dict[str, int] | None = None
 
     def of(self, label: str) -> InputProgress:
         prefix = f"{label}_" if label else ""
@@ -94,8 +98,14 @@ class Progress:
         )
 
     @staticmethod
-    def of_inputs(batch_id: int, inputs: dict[str, InputProgress], closed_us: int | None, at_us: int = 0) -> Progress:
-        fields: dict = {"batch_id": batch_id, "closed_us": closed_us, "at_us": at_us}
+    def of_inputs(
+        batch_id: int,
+        inputs: dict[str, InputProgress],
+        closed_us: int | None,
+        at_us: int = 0,
+        source_offsets: dict[str, int] | None = None,
+    ) -> Progress:
+        fields: dict = {"batch_id": batch_id, "closed_us": closed_us, "at_us": at_us, "source_offsets": source_offsets}
         for label, inp in inputs.items():
             prefix = f"{label}_" if label else ""
             fields[f"{prefix}complete_below"] = inp.complete_below
@@ -120,7 +130,7 @@ class LiveInput:
     """One source the live query reads: the pipeline's (label ``""``) or a two-input operator's right one."""
 
     label: str
-    source: DeltaTableSource
+    source: SourceReader
     after_version: int | None  # the handoff's version of this source (None: from the first version)
 
     def suffix(self, what: str) -> str:
@@ -203,6 +213,18 @@ class IncrementalLive:
         latest = self.progress_log.latest()
         return Progress.from_record(latest[1]) if latest is not None else self.start_progress
 
+    def _kafka_offsets(self, batch_id: int) -> dict[str, int] | None:
+        """The Kafka source's end offsets after ``batch_id`` (Spark's offset log), None for a Delta source."""
+        source = self.inputs[0].source
+        if not isinstance(source, KafkaTopicSource):
+            return None
+        path = f"{self.checkpoints}/{QUERY}/offsets/{batch_id}"
+        for line in fs.read_text(self.spark, path).splitlines():
+            offsets = parse_offsets(line, source.topic)
+            if offsets is not None:
+                return {str(p): o for p, o in sorted(offsets.items())}
+        raise PhaseStateError(f"no offsets of kafka topic {source.topic!r} in {path}")
+
     def _end_offsets(self, batch_id: int) -> dict[str, tuple[int, bool]]:
         """Per input: (first version not fully read, whether that version was read in part) after
         ``batch_id``; an input the query has not read yet is missing.
@@ -245,6 +267,10 @@ class IncrementalLive:
         records or None, the input's progress after the batch, the persisted rows to unpersist)."""
         p = self.pipeline
         rows = self._rows_of(batch, inp)
+        if isinstance(inp.source, KafkaTopicSource):
+            # One micro-batch = one arrival chunk: the number after the previous batch's (the same on a replay).
+            rows = rows.withColumn(VERSION, F.lit(before.complete_below).cast("long"))
+            ends = {**ends, inp.label: (before.complete_below + 1, False)}
         if before.held_version is not None:
             rows = self._held(spark, inp, batch_id - 1).unionByName(rows, allowMissingColumns=True)
         rows = rows.persist()
@@ -269,7 +295,8 @@ class IncrementalLive:
     def apply_batch(self, batch: DataFrame, batch_id: int) -> None:
         spark, p = batch.sparkSession, self.pipeline
         before = self._progress_after(batch_id - 1)
-        ends = self._end_offsets(batch_id)
+        kafka_offsets = self._kafka_offsets(batch_id)
+        ends = self._end_offsets(batch_id) if kafka_offsets is None else {}
         records: dict[str, DataFrame | None] = {}
         after: dict[str, InputProgress] = {}
         persisted: list[DataFrame] = []
@@ -286,7 +313,7 @@ class IncrementalLive:
             if any(r is not None for r in records.values()) or closing != before.closed_us:
                 self.step.apply_inputs(spark, records, watermarks, closing, batch_id, self.app)
             progress = Progress.of_inputs(
-                batch_id, after, closing if closing is not None else before.closed_us, _now_us()
+                batch_id, after, closing if closing is not None else before.closed_us, _now_us(), kafka_offsets
             )
             self.progress_log.write(batch_id, progress.record())
             self._progress = {batch_id: progress}

@@ -34,6 +34,9 @@ class HandoffManifest(BaseModel):
     operator_version: int
     source_path: str
     source_version: int  # V: the backlog read versions 0..V; live starts at V+1
+    # Where the source stands at V beyond the version number: a Kafka source's chunk plan (JSON: start and end
+    # offsets per partition, chunk size); None for Delta.
+    source_position: str | None = None
     backlog_max_event_time_us: int | None  # None when the backlog held no valid record
     final_watermark_us: int | None  # = backlog_max_event_time_us - delay = W(V+1)
     state_path: str
@@ -118,6 +121,7 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
         "right_source_version",
         "right_max_event_time_us",
         "future_rows",
+        "source_position",
     }
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:

@@ -20,8 +20,14 @@ SCHEMA = T.StructType(
         T.StructField("event_time", T.TimestampType(), True),
         T.StructField("watermark", T.TimestampType(), True),
         T.StructField("record", T.StringType(), False),
+        # Where a Kafka source's record came from (null for Delta sources): what to look up on the broker.
+        T.StructField("kafka_topic", T.StringType(), True),
+        T.StructField("kafka_partition", T.IntegerType(), True),
+        T.StructField("kafka_offset", T.LongType(), True),
     ]
 )
+_KAFKA_COLUMNS = {"kafka_topic": "_kafka_topic", "kafka_partition": "_kafka_partition", "kafka_offset": "_kafka_offset"}
+_RAW = "_raw"  # an undecodable value's text (Kafka): the record it is kept as
 
 LATE_REASON = "late: event time <= watermark"
 RIGHT_INPUT_REASON = "right input: "  # prefixes the reason of a two-input operator's right-source records
@@ -33,6 +39,14 @@ def rows(
     """Quarantine rows for ``df`` (change-feed rows). ``reason`` None takes the ``_reason`` column."""
     user_cols = [c for c in df.columns if not c.startswith("_")]
     wm = F.timestamp_micros(F.col(WATERMARK_US)) if WATERMARK_US in df.columns else F.lit(None)
+    # Null fields stay in the record (a null key is the reason it is here); an undecodable value stays as it came.
+    record = F.to_json(F.struct(*[F.col(c) for c in user_cols]), {"ignoreNullFields": "false"})
+    if _RAW in df.columns:
+        record = F.coalesce(F.col(_RAW), record)
+    kafka = [
+        (F.col(source) if source in df.columns else F.lit(None)).cast(SCHEMA[name].dataType).alias(name)
+        for name, source in _KAFKA_COLUMNS.items()
+    ]
     return df.select(
         F.lit(pipeline).alias("pipeline"),
         F.lit(phase).alias("phase"),
@@ -41,8 +55,8 @@ def rows(
         (F.lit(reason) if reason is not None else F.col("_reason")).alias("reason"),
         F.col(event_time).cast("timestamp").alias("event_time"),
         wm.cast("timestamp").alias("watermark"),
-        # Null fields stay in the record (a null key is the reason it is here).
-        F.to_json(F.struct(*[F.col(c) for c in user_cols]), {"ignoreNullFields": "false"}).alias("record"),
+        record.alias("record"),
+        *kafka,
     )
 
 
@@ -55,7 +69,15 @@ def invalid_and_late(
 
 
 def ensure(spark: SparkSession, path: str) -> None:
-    tables.ensure(spark, path, SCHEMA)
+    """Creates the quarantine table, or adds the columns a table made by an earlier release lacks."""
+    if not tables.exists(spark, path):
+        tables.ensure(spark, path, SCHEMA)
+        return
+    have = set(spark.read.format("delta").load(path).columns)
+    missing = [f for f in SCHEMA.fields if f.name not in have]
+    if missing:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
 
 
 def replace_backlog(

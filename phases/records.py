@@ -12,13 +12,18 @@ from phases.definition import Pipeline
 REASON = "_reason"
 COMMIT_TIME = "_commit_timestamp"  # the change feed's commit time of the record's source version
 FUTURE, PAST = "future", "past"  # the reasons' first words
+DECODE_ERROR = "_decode_error"  # a source that decodes its records (Kafka) says here why one could not be
 
 
-def rejection_reason(pipeline: Pipeline) -> Column:
-    """A column holding why a change-feed row is not a valid record, or null when it is valid: not an
-    insert, a null key or event time, an event time more than ``max_future`` after its version's commit, or
-    before ``min_event_time``. Invalid records are quarantined and never move the watermark."""
-    reason = F.when(
+def rejection_reason(pipeline: Pipeline, columns: list[str] | None = None) -> Column:
+    """A column holding why a change-feed row is not a valid record, or null when it is valid: undecodable
+    (a source's ``_decode_error``, when ``columns`` has it), not an insert, a null key or event time, an event
+    time more than ``max_future`` after its version's commit, or before ``min_event_time``. Invalid records
+    are quarantined and never move the watermark."""
+    reason = F.when(F.lit(False), F.lit(None).cast("string"))
+    if columns is not None and DECODE_ERROR in columns:
+        reason = reason.when(F.col(DECODE_ERROR).isNotNull(), F.col(DECODE_ERROR))
+    reason = reason.when(
         F.col("_change_type") != "insert",
         F.concat(
             F.lit("non-append change '"),
@@ -52,7 +57,7 @@ def past_reason(min_event_time: datetime) -> str:
 
 def with_reason(changes: DataFrame, pipeline: Pipeline) -> DataFrame:
     """``changes`` with ``_reason`` (null for a valid record)."""
-    return changes.withColumn(REASON, rejection_reason(pipeline))
+    return changes.withColumn(REASON, rejection_reason(pipeline, changes.columns))
 
 
 def split_invalid(changes: DataFrame, pipeline: Pipeline) -> tuple[DataFrame, DataFrame]:

@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ``spark``; ``make test-fast`` runs the others."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & {"spark", "phases_spark", "delta_source"} or item.get_closest_marker("slow"):
+        if fixtures & {"spark", "phases_spark", "delta_source", "kafka"} or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.spark)
 
 
@@ -45,10 +45,20 @@ def spark(phases_spark: SparkSession) -> SparkSession:
     return phases_spark
 
 
-def make_pipeline(source: str, root: str, *, delay_s: int = 15, **overrides) -> Pipeline:
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory):
+    """One real Kafka broker (KRaft, from the setup's Maven jars) on 127.0.0.1 for the whole test session."""
+    from phases.local_kafka import LocalKafka
+
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka-broker")).start()
+    yield broker
+    broker.stop()
+
+
+def make_pipeline(source, root: str, *, delay_s: int = 15, **overrides) -> Pipeline:
     fields = dict(
         name="events",
-        source=DeltaSource(path=source),
+        source=source if not isinstance(source, str) else DeltaSource(path=source),
         key_columns=["key"],
         event_time="ts",
         watermark_delay=timedelta(seconds=delay_s),

@@ -115,3 +115,30 @@ def crash_on_state_write(monkeypatch, message: str) -> None:
         return real(spark_, app_id, version, **kwargs)
 
     monkeypatch.setattr(engine.tables, "idempotent_dml", crash_before_state)
+
+
+def produce(bootstrap_servers: str, topic: str, records: list[tuple[int, Row | bytes | None]]) -> list[tuple[int, int]]:
+    """Produces ``(partition, record)`` pairs in order (a Row as the JSON value the Kafka tests declare, bytes or
+    None as they are) and returns each one's (partition, offset)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "log_level": 3, "linger.ms": 0})
+    positions: list[tuple[int, int] | None] = [None] * len(records)
+
+    def delivered(i):
+        def report(err, msg):
+            assert err is None, err
+            positions[i] = (msg.partition(), msg.offset())
+
+        return report
+
+    for i, (partition, record) in enumerate(records):
+        if isinstance(record, tuple):
+            key, t, value = record
+            when = ts(t)
+            record = json.dumps(
+                {"key": key, "ts": when.isoformat().replace("+00:00", "Z") if when else None, "value": value}
+            ).encode()
+        producer.produce(topic, value=record, partition=partition, on_delivery=delivered(i))
+        producer.flush()  # one at a time: offsets follow the given order within each partition
+    return positions
