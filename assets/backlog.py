@@ -1,5 +1,6 @@
 """The backlog assets of a pipeline: the backlog phase (state + handoff manifest) and its daily slices."""
 
+import json
 from datetime import date
 from enum import Enum
 
@@ -37,6 +38,13 @@ class BacklogConfig(dg.Config):
     )
 
 
+def delay_us(handoff: HandoffManifest) -> int:
+    """The watermark delay the handoff was made with (its final watermark = its max event time - delay)."""
+    if handoff.final_watermark_us is None or handoff.backlog_max_event_time_us is None:
+        return json.loads(handoff.state_spec)["watermark_delay_us"]
+    return handoff.backlog_max_event_time_us - handoff.final_watermark_us
+
+
 def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dict:
     seconds = max(handoff.backlog_seconds, 1e-9)
     meta: dict = {
@@ -46,6 +54,7 @@ def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dic
         "fingerprint": handoff.fingerprint,
         "source_path": handoff.source_path,
         "source_version": handoff.source_version,
+        "source_position": handoff.source_position or "",
         "input_rows": handoff.input_rows,
         "keys": handoff.state_rows,
         "aggregated_rows": handoff.aggregated_rows,
@@ -59,6 +68,10 @@ def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dic
         "rows_per_s": round(handoff.input_rows / seconds, 1),
         "state_path": dg.MetadataValue.path(handoff.state_path),
     }
+    if handoff.right_source_version is not None:
+        meta["right_source_version"] = handoff.right_source_version
+        right_max = handoff.right_max_event_time_us
+        meta["right_final_watermark_us"] = -1 if right_max is None else right_max - delay_us(handoff)
     if handoff.final_watermark is not None:
         meta["final_watermark_ts"] = dg.MetadataValue.timestamp(handoff.final_watermark)
     meta.update({f"timing_{k}": round(v, 3) for k, v in timings.items()})

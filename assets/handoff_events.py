@@ -14,6 +14,9 @@ class Handoff:
     source_version: int
     final_watermark_us: int | None
     run_id: str
+    source_position: str | None = None  # a Kafka source's chunk plan (its end offsets)
+    right_source_version: int | None = None  # two-input operators: the right source's handoff version
+    right_watermark_us: int | None = None  # ... and its final watermark
 
 
 def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | None:
@@ -24,10 +27,18 @@ def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | No
     if "manifest_id" not in meta:
         return None
     wm = meta["final_watermark_us"].value if "final_watermark_us" in meta else -1
+
+    def optional(name: str):
+        value = meta[name].value if name in meta else None
+        return None if value in ("", -1) else value
+
     return Handoff(
         manifest_id=meta["manifest_id"].value,
         fingerprint=meta["fingerprint"].value,
         source_version=int(meta["source_version"].value),
         final_watermark_us=None if wm is None or wm < 0 else int(wm),
         run_id=records[0].run_id,
+        source_position=optional("source_position"),
+        right_source_version=optional("right_source_version"),
+        right_watermark_us=optional("right_final_watermark_us"),
     )

@@ -13,9 +13,9 @@ import dagster as dg
 from pydantic import Field
 
 from assets.settings import Names, Orchestration
-from phases import delta_log
 from phases.definition import Pipeline
 from phases.live import LiveRunner
+from phases.source_lag import InputLag
 from resources.spark import SparkResource
 from resources.storage import StorageResource
 
@@ -44,9 +44,10 @@ def _lag_seconds(watermark: str | None) -> float | None:
     return round((datetime.now(UTC) - at).total_seconds(), 3)
 
 
-def progress_metadata(status: dict, source_head: int | None) -> dict:
+def progress_metadata(status: dict, lag: InputLag | None) -> dict:
     agg, tag = status["aggregate"], status["tagger"]
     processed = tag.get("source_version")
+    behind = lag.behind if lag is not None and lag.behind is not None else -1
     meta = {
         "manifest_id": status["run"],
         "batch_id": agg["batch_id"] if agg["batch_id"] is not None else -1,
@@ -55,8 +56,10 @@ def progress_metadata(status: dict, source_head: int | None) -> dict:
         "processed_rows_per_s": round(float(agg["processed_rows_per_second"] or 0.0), 3),
         "watermark": agg["watermark"] or "none",
         "watermark_lag_s": _lag_seconds(agg["watermark"]) if agg["watermark"] else -1.0,
-        "source_head_version": source_head if source_head is not None else -1,
-        "versions_behind": (source_head - processed) if source_head is not None and processed is not None else -1,
+        "source_version": processed if processed is not None else -1,
+        # versions (Delta) or records (Kafka) the source has after what the live phase applied
+        "behind": behind,
+        "behind_unit": lag.unit if lag is not None else "versions",
     }
     return meta
 
@@ -87,7 +90,7 @@ def build_live_job(pipeline: Pipeline, settings: Orchestration) -> dg.JobDefinit
             while True:
                 time.sleep(interval)
                 runner.raise_if_failed()
-                meta = progress_metadata(runner.status(), delta_log.head_version(p.source.path))
+                meta = progress_metadata(runner.status(), runner.lag())
                 context.log.info(
                     "live progress: " + ", ".join(f"{k}={v}" for k, v in meta.items() if k != "manifest_id")
                 )
@@ -98,7 +101,7 @@ def build_live_job(pipeline: Pipeline, settings: Orchestration) -> dg.JobDefinit
                         "available, then stopping"
                     )
                     runner.process_available()
-                    meta = progress_metadata(runner.status(), delta_log.head_version(p.source.path))
+                    meta = progress_metadata(runner.status(), runner.lag())
                     context.log_event(dg.AssetObservation(asset_key=asset_key, metadata={"event": "stopped", **meta}))
                     break
         except BaseException as exc:  # termination arrives as KeyboardInterrupt / DagsterExecutionInterruptedError

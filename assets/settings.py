@@ -21,6 +21,12 @@ class SwitchPolicy(_Model):
         timedelta(minutes=10),
         description="Caught up when now - final backlog watermark <= this (or the source has no newer version).",
     )
+    max_records_behind: int = Field(
+        0,
+        ge=0,
+        description="A Kafka input with at most this many records after the handoff's end offsets counts as caught "
+        "up (FLIP-328's 'offsets behind' rule), whatever its watermark.",
+    )
     minimum_interval_seconds: int = Field(30, ge=1, description="How often the daemon evaluates the sensor.")
     running_by_default: bool = Field(True, description="Start the sensor with the daemon, no click needed.")
 

@@ -1,15 +1,19 @@
 """The switch sensor: hands the backlog over to the live phase exactly once per valid, caught-up handoff.
 
-Reads only Dagster's event log and the source's Delta log folder (no Spark, answers in milliseconds):
+Reads only Dagster's event log and each input's position (no Spark, answers in milliseconds):
 
 * the latest materialization of ``<name>_backlog`` and its manifest metadata;
 * the blocking checks of that materialization (all must have passed in the same run);
-* the source's head version.
+* how far every input is after the handoff (:mod:`phases.source_lag`): a Delta table's head version from its
+  log folder, a Kafka topic's end offsets from the broker.
 
-Caught up (FLIP-309's watermark-lag rule): ``now - final watermark <= lag_threshold``, or the source has
-no version after the handoff's ``V``. Then it requests the live job with ``run_key = live:<manifest id>``
-(the daemon launches a run key once) and remembers the manifest in its cursor. Not caught up: it requests a
-catch-up increment (backlog job, mode ``increment``, versions V+1..head) and switches after it.
+FLIP-309: the pipeline is in backlog while **any** input is. An input is caught up when it has nothing after
+the handoff, when ``now - its final watermark <= lag_threshold``, or (Kafka) when at most
+``max_records_behind`` records are after the handoff's end offsets. All caught up: the sensor requests the live
+job with ``run_key = live:<manifest id>`` (the daemon launches a run key once) and remembers the manifest in its
+cursor. Not caught up: it requests a catch-up increment (backlog job, mode ``increment``) and switches after it;
+a pipeline that cannot be built from increments (end-of-stream steps, a Kafka source) switches anyway and its
+live phase reads the rest.
 """
 
 import json
@@ -21,8 +25,8 @@ import dagster as dg
 from assets.checks import CHECK_NAMES
 from assets.handoff_events import Handoff, read_handoff
 from assets.settings import Names, Orchestration
-from phases import delta_log
 from phases.definition import Pipeline
+from phases.source_lag import InputLag, input_lags
 from resources.storage import StorageResource
 
 
@@ -38,11 +42,12 @@ def decide(
     handoff: Handoff | None,
     fingerprint: str,
     failed_checks: list[str],
-    source_head: int | None,
+    lags: list[InputLag],
     now: datetime,
     lag_threshold: timedelta,
     launched_manifest: str | None,
     can_catch_up: bool = True,
+    max_records_behind: int = 0,
 ) -> Decision:
     """The switch rule, as a pure function of what the sensor read."""
     if handoff is None:
@@ -59,29 +64,54 @@ def decide(
         return Decision("skip", f"manifest {mid} is invalid: checks not passed: {', '.join(failed_checks)}", mid)
     if launched_manifest == mid:
         return Decision("skip", f"live phase already launched for manifest {mid}", mid)
-    if source_head is None:
-        return Decision("skip", "the source table has no Delta log (moved or deleted?)", mid)
-    if source_head <= handoff.source_version:
-        return Decision("live", f"caught up: the source has no version after {handoff.source_version}", mid)
-    if handoff.final_watermark_us is not None:
-        lag = now - datetime.fromtimestamp(handoff.final_watermark_us / 1e6, tz=UTC)
-        if lag <= lag_threshold:
-            return Decision("live", f"caught up: watermark lag {lag} <= {lag_threshold}", mid)
-        lag_text = f"watermark lag {lag} > {lag_threshold}"
-    else:
-        lag_text = "no watermark yet"
+    unknown = [lag for lag in lags if lag.behind is None]
+    if unknown:
+        return Decision("skip", "; ".join(lag.describe() for lag in unknown), mid)
+    caught_up, behind = [], []
+    for lag in lags:
+        state = _caught_up(lag, now, lag_threshold, max_records_behind)
+        (caught_up if state[0] else behind).append(f"{lag.label}: {state[1]}")
+    if not behind:
+        return Decision("live", f"caught up ({'; '.join(caught_up)})", mid)
+    what = "; ".join(behind)
     if not can_catch_up:
         return Decision(
             "live",
-            f"switching although not caught up ({lag_text}): the pipeline's end-of-stream steps rule out catch-up "
-            f"increments; the live phase reads versions {handoff.source_version + 1}..{source_head}",
+            f"switching although not caught up ({what}): this pipeline cannot be built from catch-up increments "
+            "(end-of-stream steps or a Kafka source); the live phase reads the rest",
             mid,
         )
+    head = handoff.source_version + lags[0].behind
     return Decision(
         "catch_up",
-        f"not caught up ({lag_text}; source head {source_head} > handoff version {handoff.source_version}): "
-        f"catch-up increment of versions {handoff.source_version + 1}..{source_head}",
+        f"not caught up ({what}): catch-up increment of versions {handoff.source_version + 1}..{head}",
         mid,
+    )
+
+
+def _caught_up(lag: InputLag, now: datetime, threshold: timedelta, max_records: int) -> tuple[bool, str]:
+    """Whether one input is out of its backlog, and why (FLIP-309 / FLIP-328: nothing after the handoff, the
+    watermark lag, or few enough records behind)."""
+    if lag.behind == 0:
+        return True, f"nothing after the handoff in {lag.location}"
+    if lag.unit == "records" and lag.behind <= max_records:
+        return True, f"{lag.behind} records behind <= {max_records}"
+    if lag.watermark_us is None:
+        return False, f"{lag.behind} {lag.unit} behind, no watermark yet"
+    wm_lag = now - datetime.fromtimestamp(lag.watermark_us / 1e6, tz=UTC)
+    if wm_lag <= threshold:
+        return True, f"watermark lag {wm_lag} <= {threshold}"
+    return False, f"{lag.behind} {lag.unit} behind, watermark lag {wm_lag} > {threshold}"
+
+
+def _lags(p: Pipeline, handoff: Handoff) -> list[InputLag]:
+    return input_lags(
+        p,
+        source_version=handoff.source_version,
+        source_position=handoff.source_position,
+        watermark_us=handoff.final_watermark_us,
+        right_source_version=handoff.right_source_version,
+        right_watermark_us=handoff.right_watermark_us,
     )
 
 
@@ -125,11 +155,12 @@ def build_switch_sensor(
             handoff=handoff,
             fingerprint=p.fingerprint(),
             failed_checks=failed_checks(context.instance, key, handoff.run_id) if handoff else [],
-            source_head=delta_log.head_version(p.source.path),
+            lags=_lags(p, handoff) if handoff else [],
             now=datetime.now(UTC),
             lag_threshold=policy.lag_threshold,
             launched_manifest=cursor.get("launched"),
             can_catch_up=pipeline.supports_increments,
+            max_records_behind=policy.max_records_behind,
         )
         context.log.info(decision.reason)
         if decision.action == "skip":

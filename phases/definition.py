@@ -471,6 +471,22 @@ def ddl_field_names(ddl: str) -> list[str]:
     return names
 
 
+_OWNED_KAFKA_OPTIONS = frozenset(
+    {
+        "subscribe",
+        "assign",
+        "subscribePattern",
+        "startingOffsets",
+        "endingOffsets",
+        "startingOffsetsByTimestamp",
+        "endingOffsetsByTimestamp",
+        "failOnDataLoss",
+        "maxOffsetsPerTrigger",
+        "kafka.bootstrap.servers",
+    }
+)
+
+
 class KafkaSource(_Model):
     """A Kafka topic read as backlog (every partition from its earliest offset to the end offsets captured when
     the backlog starts, a Spark batch job) then live (from exactly those offsets; partitions added later from
@@ -496,9 +512,26 @@ class KafkaSource(_Model):
     )
     options: dict[str, str] = Field(
         default_factory=dict,
-        description="Further Kafka consumer settings (e.g. 'security.protocol'), passed to Spark as 'kafka.<name>' "
-        "and to the lag probe; not part of the fingerprint.",
+        description="Options of Spark's Kafka source, as Spark names them: Kafka consumer settings with a 'kafka.' "
+        "prefix ('kafka.security.protocol', 'kafka.default.api.timeout.ms') and the source's own "
+        "('kafkaConsumer.pollTimeoutMs', 'fetchOffset.numRetries'). Not part of the fingerprint.",
     )
+    client_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Settings of the confluent-kafka (librdkafka) client that reads end offsets for the backlog's "
+        "chunk plan and the switch sensor's lag, e.g. {'security.protocol': 'SSL'}. Not part of the fingerprint.",
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, str]) -> dict[str, str]:
+        owned = sorted(k for k in v if k in _OWNED_KAFKA_OPTIONS)
+        if owned:
+            raise ValueError(
+                f"options {owned} are set by the framework (the backlog's end offsets, the live phase's start, "
+                f"failing on lost offsets); the options it owns: {sorted(_OWNED_KAFKA_OPTIONS)}"
+            )
+        return v
 
     @field_validator("topic")
     @classmethod
@@ -528,7 +561,7 @@ class KafkaSource(_Model):
         return ddl_field_names(self.value_schema)
 
     def state_spec(self) -> dict:
-        return self.model_dump(mode="json", exclude={"bootstrap_servers", "options"})
+        return self.model_dump(mode="json", exclude={"bootstrap_servers", "options", "client_options"})
 
 
 class DeltaSink(_Model):

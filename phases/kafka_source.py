@@ -113,7 +113,7 @@ class KafkaTopicSource:
 
     # --- the broker, without Spark ----------------------------------------------------------------
     def _client_conf(self) -> dict:
-        return {"bootstrap.servers": self.spec.bootstrap_servers, "log_level": 3, **self.spec.options}
+        return client_conf(self.spec)
 
     def watermarks(self, timeout: float = 30.0) -> dict[int, tuple[int, int]]:
         """(earliest, end) offset of every partition of the topic, from the broker."""
@@ -246,7 +246,7 @@ class KafkaTopicSource:
             .option("failOnDataLoss", "true")
         )
         for key, value in self.spec.options.items():
-            reader = reader.option(f"kafka.{key}", value)
+            reader = reader.option(key, value)
         return reader
 
     def decode(self, raw: DataFrame) -> DataFrame:
@@ -280,6 +280,11 @@ class KafkaTopicSource:
             F.col(DECODE_ERROR),
             F.when(~ok, F.coalesce(text, F.lit(""))).alias(RAW),  # a tombstone: the empty string
         )
+
+
+def client_conf(spec: KafkaSource) -> dict:
+    """The confluent-kafka settings for ``spec``'s broker (no consumer group is ever committed)."""
+    return {"bootstrap.servers": spec.bootstrap_servers, "log_level": 3, **spec.client_options}
 
 
 def partition_watermarks(conf: dict, topic: str, timeout: float = 30.0) -> dict[int, tuple[int, int]]:

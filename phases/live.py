@@ -285,6 +285,24 @@ class LiveRunner:
         if exc is not None:
             raise exc
 
+    def lag(self):
+        """How far the live phase is behind its source now (:class:`phases.source_lag.InputLag`; no Spark job):
+        versions after the last applied one (Delta), or records after the last micro-batch's end offsets
+        (Kafka)."""
+        from phases import source_lag
+        from phases.kafka_source import ChunkPlan
+
+        latest = self.incremental.latest_progress()
+        watermark = None if latest.running_max_us is None else latest.running_max_us - self.pipeline.delay_us
+        spec = self.pipeline.source
+        if spec.kind != "kafka":
+            return source_lag.delta_lag("source", spec, latest.complete_below - 1, watermark)
+        position = self.handoff.source_position if self.handoff else None
+        if latest.source_offsets is not None:
+            end = {int(p): o for p, o in latest.source_offsets.items()}
+            position = ChunkPlan(spec.topic, end, end, 1).to_json()
+        return source_lag.kafka_lag("source", spec, position, watermark)
+
     def arrival_chunks(self) -> dict[int, dict[int, tuple[int, int]]]:
         """A Kafka source's arrival-chunk log: chunk -> {partition: (from offset, until offset)}, for the
         backlog's chunks (the manifest's plan) and the live micro-batches still in the progress log (the newest

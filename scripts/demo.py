@@ -150,7 +150,7 @@ def main() -> None:
             last = progress[0]
             _line(
                 "live progress",
-                ", ".join(f"{k}={last[k]}" for k in ("batch_id", "watermark", "versions_behind") if k in last),
+                ", ".join(f"{k}={last[k]}" for k in ("batch_id", "watermark", "behind", "behind_unit") if k in last),
             )
 
         t = time.perf_counter()

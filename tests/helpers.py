@@ -122,7 +122,7 @@ def produce(bootstrap_servers: str, topic: str, records: list[tuple[int, Row | b
     None as they are) and returns each one's (partition, offset)."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "log_level": 3, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "log_level": 0, "linger.ms": 0})
     positions: list[tuple[int, int] | None] = [None] * len(records)
 
     def delivered(i):

@@ -44,8 +44,8 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
         ]
         progress = [o.metadata for o in observations if o.metadata["event"].value == "progress"]
         assert observations[0].metadata["event"].value == "started" and len(progress) >= 2
-        assert {"batch_id", "input_rows_per_s", "watermark", "watermark_lag_s", "versions_behind"} <= set(progress[-1])
-        assert progress[-1]["versions_behind"].value == 0
+        assert {"batch_id", "input_rows_per_s", "watermark", "watermark_lag_s", "behind"} <= set(progress[-1])
+        assert progress[-1]["behind"].value == 0
         expected, _ = reference.run({**VERSIONS, 4: v4}, DELAY_S * S)
         assert_results_equal(sink_rows(spark, f"{root}/engine/sink"), expected)
 

@@ -13,6 +13,7 @@ from assets.checks import CHECK_NAMES, NO_FAR_FUTURE
 from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from assets.switch import Handoff, decide
 from phases import manifest
+from phases.source_lag import InputLag
 from resources.storage import StorageResource
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline
@@ -125,14 +126,41 @@ def test_sensor_refuses_a_manifest_made_by_another_definition(spark, instance, r
 
 def test_switch_rule_uses_the_watermark_lag_when_the_source_moved_on():
     now = datetime(2026, 5, 1, 12, tzinfo=UTC)
-    handoff = Handoff("m1", "f", 10, int((now - timedelta(minutes=3)).timestamp() * 1e6), "run")
-    common = dict(handoff=handoff, fingerprint="f", failed_checks=[], source_head=12, now=now, launched_manifest=None)
+    wm = int((now - timedelta(minutes=3)).timestamp() * 1e6)
+    handoff = Handoff("m1", "f", 10, wm, "run")
+
+    def source(behind, unit="versions", watermark=wm):
+        return InputLag("source", "s", behind, unit, watermark, None if behind is not None else "no Delta log")
+
+    common = dict(handoff=handoff, fingerprint="f", failed_checks=[], lags=[source(2)], now=now, launched_manifest=None)
     assert decide(lag_threshold=timedelta(minutes=5), **common).action == "live"
     behind = decide(lag_threshold=timedelta(minutes=1), **common)
     assert behind.action == "catch_up" and "versions 11..12" in behind.reason
-    assert decide(lag_threshold=timedelta(0), **{**common, "source_head": 10}).action == "live"
-    assert decide(lag_threshold=timedelta(0), **{**common, "source_head": None}).action == "skip"
+    assert decide(lag_threshold=timedelta(0), **{**common, "lags": [source(0)]}).action == "live"
+    assert decide(lag_threshold=timedelta(0), **{**common, "lags": [source(None)]}).action == "skip"
     assert SwitchPolicy().lag_threshold == timedelta(minutes=10)
+
+
+def test_switch_rule_waits_while_any_input_is_in_backlog():
+    """FLIP-309: a two-input pipeline is in backlog while either input is; a Kafka input may be a few records
+    behind (max_records_behind)."""
+    now = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    fresh = int((now - timedelta(minutes=1)).timestamp() * 1e6)
+    stale = int((now - timedelta(hours=5)).timestamp() * 1e6)
+    handoff = Handoff("m1", "f", 10, fresh, "run")
+    left = InputLag("source", "events", 3, "records", fresh)
+    right = InputLag("right source", "r", 4, "versions", stale)
+    common = dict(handoff=handoff, fingerprint="f", failed_checks=[], now=now, launched_manifest=None)
+    rule = dict(lag_threshold=timedelta(minutes=5))
+    assert decide(lags=[left], **common, **rule).action == "live"
+    waiting = decide(lags=[left, right], **common, **rule)
+    assert waiting.action == "catch_up" and "right source: 4 versions behind" in waiting.reason
+    assert decide(lags=[left, InputLag("right source", "r", 0, "versions", stale)], **common, **rule).action == "live"
+    stale_left = InputLag("source", "events", 3, "records", stale)
+    assert decide(lags=[stale_left], **common, **rule, can_catch_up=False, max_records_behind=2).reason.startswith(
+        "switching although not caught up"
+    )
+    assert decide(lags=[stale_left], **common, **rule, max_records_behind=3).action == "live"
 
 
 def test_far_future_records_warn_in_a_check_without_blocking_the_switch(spark, instance, root):

@@ -70,12 +70,14 @@ def chunk_versions(chunks: dict, produced: dict[tuple[int, int], reference.Row])
     """The produced records grouped by the arrival chunk (partition, offset) fell into: the reference's versions."""
     versions: dict[int, list[reference.Row]] = {c: [] for c in chunks}
     for (partition, offset), row in produced.items():
-        owners = [
-            c for c, ranges in chunks.items() if ranges.get(partition, (0, 0))[0] <= offset < ranges[partition][1]
-        ]
+        owners = [c for c, ranges in chunks.items() if _within(ranges.get(partition), offset)]
         assert len(owners) == 1, f"record at {partition}@{offset} is in chunks {owners}: {chunks}"
         versions[owners[0]].append(row)
     return versions
+
+
+def _within(span: tuple[int, int] | None, offset: int) -> bool:
+    return span is not None and span[0] <= offset < span[1]
 
 
 def kafka_quarantine(spark, root: str) -> list[tuple[int, reference.Row, str]]:

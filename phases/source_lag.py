@@ -1,0 +1,75 @@
+"""How far each input of a pipeline is behind its handoff, without a Spark session (the switch sensor's probe).
+
+FLIP-309: a job is *processing backlog* while **any** of its sources is. An input is behind by the versions its
+Delta table committed after the handoff's version (read from the ``_delta_log`` folder), or by the records its
+Kafka topic holds after the handoff's end offsets (the broker's end offsets, through confluent-kafka). Together
+with each input's watermark this gives the switch rule (``assets.switch.decide``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phases import delta_log
+from phases.definition import DeltaSource, KafkaSource, Pipeline
+from phases.errors import SourceError
+
+
+@dataclass(frozen=True)
+class InputLag:
+    """One input's distance from its handoff position."""
+
+    label: str  # "source" or "right source"
+    location: str
+    behind: int | None  # versions (Delta) or records (Kafka) after the handoff; None: could not be read
+    unit: str  # "versions" or "records"
+    watermark_us: int | None  # the input's final backlog watermark (None: no valid record yet)
+    error: str | None = None  # why ``behind`` is unknown
+
+    def describe(self) -> str:
+        if self.behind is None:
+            return f"{self.label} {self.location}: {self.error}"
+        return f"{self.label} {self.location}: {self.behind} {self.unit} after the handoff"
+
+
+def delta_lag(label: str, spec: DeltaSource, handoff_version: int, watermark_us: int | None) -> InputLag:
+    head = delta_log.head_version(spec.path)
+    if head is None:
+        return InputLag(label, spec.path, None, "versions", watermark_us, "no Delta log (moved or deleted?)")
+    return InputLag(label, spec.path, max(0, head - handoff_version), "versions", watermark_us)
+
+
+def kafka_lag(label: str, spec: KafkaSource, position: str | None, watermark_us: int | None) -> InputLag:
+    """Records after the handoff's end offsets, summed over the partitions (a partition the topic gained since
+    counts from its earliest offset)."""
+    from phases.kafka_source import ChunkPlan, client_conf, partition_watermarks
+
+    try:
+        marks = partition_watermarks(client_conf(spec), spec.topic, timeout=10)
+    except SourceError as exc:
+        return InputLag(label, spec.location, None, "records", watermark_us, str(exc))
+    end = ChunkPlan.from_json(position).end if position else {}
+    behind = sum(max(0, hi - end.get(p, lo)) for p, (lo, hi) in marks.items())
+    return InputLag(label, spec.location, behind, "records", watermark_us)
+
+
+def input_lags(
+    pipeline: Pipeline,
+    *,
+    source_version: int,
+    source_position: str | None,
+    watermark_us: int | None,
+    right_source_version: int | None = None,
+    right_watermark_us: int | None = None,
+) -> list[InputLag]:
+    """The lag of every input of ``pipeline`` behind the handoff described by the arguments."""
+    lags = []
+    if isinstance(pipeline.source, KafkaSource):
+        lags.append(kafka_lag("source", pipeline.source, source_position, watermark_us))
+    else:
+        lags.append(delta_lag("source", pipeline.source, source_version, watermark_us))
+    right = pipeline.right_source
+    if right is not None:
+        version = -1 if right_source_version is None else right_source_version
+        lags.append(delta_lag("right source", right, version, right_watermark_us))
+    return lags
