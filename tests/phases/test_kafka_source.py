@@ -59,9 +59,13 @@ def _materialize(raw: list[list[tuple]]) -> list[list[tuple[int, reference.Row]]
     return rounds
 
 
-def kafka_pipeline(kafka, topic: str, root: str, **overrides):
+def kafka_pipeline(kafka, topic: str, root: str, *, options: dict | None = None, **overrides):
     source = KafkaSource(
-        topic=topic, bootstrap_servers=kafka.bootstrap_servers, value_schema=VALUE_SCHEMA, backlog_chunk_records=CHUNK
+        topic=topic,
+        bootstrap_servers=kafka.bootstrap_servers,
+        value_schema=VALUE_SCHEMA,
+        backlog_chunk_records=CHUNK,
+        options=options or {},
     )
     return make_pipeline(source, root, delay_s=DELAY_S, **overrides)
 
