@@ -213,10 +213,11 @@ class BacklogRunner:
         return self.kind.logic(self.spark, self.pipeline, schemas)
 
     def refuse_pieces(self, what: str) -> None:
-        if getattr(self.pipeline.source, "kind", "delta") == "kafka":
+        if self.pipeline.source.kind != "delta":
             raise PhaseStateError(
-                f"{what} is not available for pipeline {self.pipeline.name!r}: its source is a Kafka topic, read "
-                "by the backlog as one batch job over its arrival chunks; run the full backlog instead"
+                f"{what} is not available for pipeline {self.pipeline.name!r}: its source is a "
+                f"{self.pipeline.source.kind} source (Kafka topic), whose backlog runs as one batch job up to its "
+                "handoff position; run the full backlog instead"
             )
         if not self.kind.supports_increments:
             raise PhaseStateError(

@@ -564,6 +564,71 @@ class KafkaSource(_Model):
         return self.model_dump(mode="json", exclude={"bootstrap_servers", "options", "client_options"})
 
 
+class KafkaHandoff(_Model):
+    """Where a hybrid source hands over from its archive to its topic: explicit end offsets per partition, or a
+    timestamp resolved to offsets when the backlog starts (the first offset of each partition whose Kafka
+    timestamp is >= it; Kafka's ``offsetsForTimes``). Either way the resolved offsets are recorded in the handoff
+    manifest, and the live phase starts at exactly them."""
+
+    offsets: dict[int, int] | None = Field(
+        None, description="partition -> the first offset the live phase reads (a partition left out: from 0)."
+    )
+    timestamp: datetime | None = Field(None, description="Resolved to offsets per partition; naive is UTC.")
+
+    @model_validator(mode="after")
+    def _one(self) -> KafkaHandoff:
+        if (self.offsets is None) == (self.timestamp is None):
+            raise ValueError("handoff: give exactly one of 'offsets' (partition -> offset) or 'timestamp'")
+        if self.offsets is not None and any(p < 0 or o < 0 for p, o in self.offsets.items()):
+            raise ValueError(f"handoff.offsets: partitions and offsets must be >= 0; got {self.offsets}")
+        if self.timestamp is not None and self.timestamp.tzinfo is None:
+            from datetime import UTC
+
+            self.timestamp = self.timestamp.replace(tzinfo=UTC)
+        return self
+
+
+class HybridSource(_Model):
+    """FLIP-327's first example (Flink's ``HybridSource``): a Delta archive as the backlog, then a Kafka topic as
+    the live input, handed over at an explicit, recorded position.
+
+    No record is in both phases and none in neither, even when the archive and the topic overlap: the archive
+    keeps the Kafka position of each record it holds (``archive_partition_column`` / ``archive_offset_column``,
+    as Kafka Connect's sinks write them) and the backlog takes only records before the handoff offsets, the live
+    phase everything from them. Without those columns the archive is taken whole and the handoff offsets must be
+    exactly where it ends. Arrival order: the archive's versions, then one arrival chunk per live micro-batch.
+    """
+
+    kind: Literal["hybrid"] = "hybrid"
+    backlog: DeltaSource
+    live: KafkaSource
+    handoff: KafkaHandoff
+    archive_partition_column: str | None = None
+    archive_offset_column: str | None = None
+
+    @model_validator(mode="after")
+    def _columns(self) -> HybridSource:
+        pair = (self.archive_partition_column, self.archive_offset_column)
+        if (pair[0] is None) != (pair[1] is None):
+            raise ValueError("archive_partition_column and archive_offset_column go together: give both or neither")
+        if self.handoff.timestamp is not None and pair[0] is None:
+            raise ValueError(
+                "a handoff by timestamp resolves to offsets per partition, and the archive can be cut there only by "
+                "its records' Kafka positions: set archive_partition_column and archive_offset_column, or hand off "
+                "at explicit offsets where the archive ends"
+            )
+        return self
+
+    @property
+    def location(self) -> str:
+        return f"{self.backlog.location}, then {self.live.location}"
+
+    def state_spec(self) -> dict:
+        data = self.model_dump(mode="json", exclude={"live"})
+        data["live"] = self.live.state_spec()
+        return data
+
+
 class DeltaSink(_Model):
     """The pipeline's result table. A keyed aggregation upserts one row per key; windows, sessions, process
     functions, interval joins and co-groups append each result once."""
@@ -622,7 +687,7 @@ class Pipeline(_Model):
     """Sources + key + event time + watermark delay + operator + sink + settings, declared once."""
 
     name: str
-    source: DeltaSource | KafkaSource = Field(discriminator="kind")
+    source: DeltaSource | KafkaSource | HybridSource = Field(discriminator="kind")
     key_columns: list[str] = Field(min_length=1)
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
@@ -723,7 +788,7 @@ class Pipeline(_Model):
                 f"during backlog) or >= checkpoint_interval ({live.total_seconds()}s)"
             )
         kind = self.operator_kind
-        if isinstance(self.source, KafkaSource):
+        if isinstance(self.source, KafkaSource | HybridSource):
             if kind.two_inputs:
                 raise ValueError(
                     f"{self.operator.kind} reads two Delta sources; a Kafka source as its input is not supported yet. "
@@ -731,8 +796,9 @@ class Pipeline(_Model):
                 )
             if backlog != timedelta(0):
                 raise ValueError(
-                    "checkpoint_interval_during_backlog > 0 cuts the backlog by commit time, which a Kafka source "
-                    "does not have; set it to 0 (the Kafka backlog runs as one batch job over its arrival chunks)"
+                    "checkpoint_interval_during_backlog > 0 builds the backlog from increments, which a "
+                    f"{self.source.kind} source does not support (a Kafka backlog has no commit times; a hybrid "
+                    "source's backlog ends at its handoff); set it to 0"
                 )
         if backlog != timedelta(0) and not self.supports_increments:
             what = f"end_of_stream steps {[s.name for s in self.end_of_stream]}" if self.end_of_stream else ""
@@ -801,8 +867,9 @@ class Pipeline(_Model):
     @property
     def supports_increments(self) -> bool:
         """Whether the backlog can be built from pieces (catch-up increments, daily slices): only when its
-        state is a mergeable aggregate and no end-of-stream step needs the whole backlog at once."""
-        return not self.end_of_stream and self.operator_kind.supports_increments
+        state is a mergeable aggregate, no end-of-stream step needs the whole backlog at once, and the source is a
+        Delta table (a Kafka or hybrid source's backlog runs as one job up to its handoff position)."""
+        return not self.end_of_stream and self.operator_kind.supports_increments and self.source.kind == "delta"
 
     @property
     def right_source(self) -> DeltaSource | None:

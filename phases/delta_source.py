@@ -28,6 +28,8 @@ _MISSING_FILE = re.compile(
 
 
 class DeltaTableSource:
+    arrival = "versions"  # live: the records' commit versions (a version may span micro-batches)
+
     def __init__(self, spark: SparkSession, spec: DeltaSource):
         self.spark = spark
         self.path = spec.path

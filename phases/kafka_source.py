@@ -103,6 +103,8 @@ def parse_offsets(line: str, topic: str) -> dict[int, int] | None:
 class KafkaTopicSource:
     """Reads one topic for the backlog (Spark batch, by chunk plan) and the live phase (Spark stream)."""
 
+    arrival = "chunks"  # live: one arrival chunk per micro-batch
+
     def __init__(self, spark: SparkSession, spec: KafkaSource, *, position: str | None = None):
         """``position``: the handoff's chunk plan (JSON); the live phase starts at its end offsets."""
         self.spark = spark

@@ -295,8 +295,9 @@ class LiveRunner:
         latest = self.incremental.latest_progress()
         watermark = None if latest.running_max_us is None else latest.running_max_us - self.pipeline.delay_us
         spec = self.pipeline.source
-        if spec.kind != "kafka":
+        if spec.kind == "delta":
             return source_lag.delta_lag("source", spec, latest.complete_below - 1, watermark)
+        spec = spec.live if spec.kind == "hybrid" else spec
         position = self.handoff.source_position if self.handoff else None
         if latest.source_offsets is not None:
             end = {int(p): o for p, o in latest.source_offsets.items()}
@@ -309,13 +310,15 @@ class LiveRunner:
         :data:`phases.progress_log.RETAIN`). What W(chunk) was computed over: a reference replays exactly these."""
         from phases.kafka_source import ChunkPlan
 
-        if self.pipeline.source.kind != "kafka":
+        if self.pipeline.source.kind == "delta":
             raise PhaseStateError(f"pipeline {self.pipeline.name!r} reads a Delta table: its arrival order is versions")
         chunks: dict[int, dict[int, tuple[int, int]]] = {}
         previous: dict[int, int] = {}
         if self.handoff is not None:
             plan = ChunkPlan.from_json(self.handoff.source_position)
-            for chunk in range(plan.first, plan.last + 1):
+            # A hybrid source's backlog chunks are its archive's versions, not offset ranges.
+            backlog = range(plan.first, plan.last + 1) if self.pipeline.source.kind == "kafka" else ()
+            for chunk in backlog:
                 lo, hi = plan.offsets(chunk, chunk)
                 chunks[chunk] = {p: (lo[p], hi[p]) for p in plan.end}
             previous = dict(plan.end)

@@ -47,7 +47,7 @@ from phases import fs, maintenance, operators, progress_log, quarantine, tables
 from phases.backlog import tag_changes
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
-from phases.kafka_source import KafkaTopicSource, parse_offsets
+from phases.kafka_source import parse_offsets
 from phases.lateness import VERSION
 from phases.progress_log import ProgressLog
 from phases.source_reader import SourceReader
@@ -216,7 +216,7 @@ class IncrementalLive:
     def _kafka_offsets(self, batch_id: int) -> dict[str, int] | None:
         """The Kafka source's end offsets after ``batch_id`` (Spark's offset log), None for a Delta source."""
         source = self.inputs[0].source
-        if not isinstance(source, KafkaTopicSource):
+        if source.arrival != "chunks":
             return None
         path = f"{self.checkpoints}/{QUERY}/offsets/{batch_id}"
         for line in fs.read_text(self.spark, path).splitlines():
@@ -267,7 +267,7 @@ class IncrementalLive:
         records or None, the input's progress after the batch, the persisted rows to unpersist)."""
         p = self.pipeline
         rows = self._rows_of(batch, inp)
-        if isinstance(inp.source, KafkaTopicSource):
+        if inp.source.arrival == "chunks":
             # One micro-batch = one arrival chunk: the number after the previous batch's (the same on a replay).
             rows = rows.withColumn(VERSION, F.lit(before.complete_below).cast("long"))
             ends = {**ends, inp.label: (before.complete_below + 1, False)}

@@ -16,6 +16,11 @@ def resolve_paths(pipeline: Pipeline, root: str) -> Pipeline:
     """The pipeline with its relative paths (sources, sink, locations, end-of-stream outputs) under ``root``."""
 
     def moved(spec):
+        kind = getattr(spec, "kind", "delta")
+        if kind == "kafka":
+            return spec
+        if kind == "hybrid":
+            return spec.model_copy(update={"backlog": moved(spec.backlog)})
         return spec.model_copy(update={"path": under(root, spec.path)})
 
     update: dict = {

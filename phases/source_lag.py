@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phases import delta_log
-from phases.definition import DeltaSource, KafkaSource, Pipeline
+from phases.definition import DeltaSource, HybridSource, KafkaSource, Pipeline
 from phases.errors import SourceError
 
 
@@ -66,6 +66,8 @@ def input_lags(
     lags = []
     if isinstance(pipeline.source, KafkaSource):
         lags.append(kafka_lag("source", pipeline.source, source_position, watermark_us))
+    elif isinstance(pipeline.source, HybridSource):  # in backlog while the topic has records after the handoff
+        lags.append(kafka_lag("source", pipeline.source.live, source_position, watermark_us))
     else:
         lags.append(delta_lag("source", pipeline.source, source_version, watermark_us))
     right = pipeline.right_source

@@ -153,7 +153,7 @@ def test_kafka_pipeline_refuses_daily_slices_and_increments(spark, kafka, tmp_pa
 def test_kafka_definition_refuses_backlog_checkpoints():
     from phases.errors import DefinitionError
 
-    with pytest.raises(DefinitionError, match="commit time, which a Kafka source"):
+    with pytest.raises(DefinitionError, match="which a kafka source does not support"):
         make_pipeline(
             KafkaSource(topic="t", bootstrap_servers="127.0.0.1:9", value_schema=VALUE_SCHEMA),
             "/tmp/x",
@@ -219,3 +219,67 @@ def test_undecodable_and_late_records_are_quarantined_with_their_topic_partition
     ]
     assert sorted((v, reason) for v, _, reason in decodable) == sorted((v, reason) for v, _, reason in expected_q)
     assert all(partition is not None for _, partition, _ in decodable)
+
+
+ARCHIVE_SCHEMA = "key string, ts timestamp, value bigint, kafka_partition int, kafka_offset bigint"
+
+
+@pytest.mark.parametrize("by", ["offsets", "timestamp"])
+def test_hybrid_archive_then_topic_counts_every_record_once_when_they_overlap(spark, kafka, tmp_path, by):
+    """FLIP-327's first example: a Delta archive, then the topic. The archive holds the first records of each
+    partition and, past the handoff, some the topic also holds (an export that ran on); the handoff is explicit
+    offsets or a timestamp resolved to offsets. No record is in both phases and none in neither."""
+    import time as clock
+    from datetime import UTC, datetime
+
+    from phases import sources
+    from phases.definition import HybridSource, KafkaHandoff
+    from tests.helpers import ts
+
+    topic = f"hybrid-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    early = [(i % 2, (f"k{i % 3}", (100 + i) * SECOND, i)) for i in range(8)]  # offsets 0..3 of each partition
+    late = [(i % 2, (f"k{i % 3}", (200 + i) * SECOND, 100 + i)) for i in range(6)]  # offsets 4..6
+    late.append((0, ("k0", 50 * SECOND, 999)))  # behind the archive's watermark (107 - 15 s): quarantined live
+    positions = produce(kafka.bootstrap_servers, topic, early)
+    clock.sleep(1.5)
+    cut_at = datetime.now(UTC)
+    clock.sleep(1.5)
+    positions += produce(kafka.bootstrap_servers, topic, late)
+    by_position = dict(zip(positions, [row for _, row in early + late], strict=True))
+
+    archive = str(tmp_path / "archive")
+    sources.create_source(spark, archive, ARCHIVE_SCHEMA)
+    exported = sorted(by_position.items())  # the archive: offsets 0..3 and, overlapping the topic, 4..5
+    exported = [(pos, row) for pos, row in exported if pos[1] < 6]
+    for half in (exported[: len(exported) // 2], exported[len(exported) // 2 :]):  # two archive versions
+        rows = [(k, ts(t), v, p, o) for (p, o), (k, t, v) in half]
+        sources.append(spark, archive, rows)
+
+    handoff = KafkaHandoff(offsets={0: 4, 1: 4}) if by == "offsets" else KafkaHandoff(timestamp=cut_at)
+    source = HybridSource(
+        backlog={"path": archive},
+        live=KafkaSource(topic=topic, bootstrap_servers=kafka.bootstrap_servers, value_schema=VALUE_SCHEMA),
+        handoff=handoff,
+        archive_partition_column="kafka_partition",
+        archive_offset_column="kafka_offset",
+    )
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    manifest = BacklogRunner(spark, p).run()
+    assert manifest.source_version == 2
+    assert json.loads(manifest.source_position)["end"] == {"0": 4, "1": 4}
+    live = LiveRunner.from_manifest(spark, p)
+    live.start(available_now=True)
+
+    # The reference: archive versions 1 and 2 cut at the handoff offsets, then the live chunks the run recorded.
+    versions = {
+        v: [row for (part, offset), row in half if offset < 4]
+        for v, half in ((1, exported[: len(exported) // 2]), (2, exported[len(exported) // 2 :]))
+    }
+    live_rows = {pos: row for pos, row in by_position.items() if pos[1] >= 4}
+    versions.update(chunk_versions(live.arrival_chunks(), live_rows))
+    assert sum(len(rows) for rows in versions.values()) == len(by_position)  # every record in exactly one phase
+    expected, expected_q = reference.run(versions, DELAY_S * SECOND)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    assert kafka_quarantine(spark, str(tmp_path / "run")) == sorted(expected_q, key=repr)
+    assert expected_q, "the live record behind the watermark should be quarantined"
