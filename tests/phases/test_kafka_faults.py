@@ -42,12 +42,11 @@ def _assert_exact(spark, runner: LiveRunner, p, produced) -> None:
     assert kafka_quarantine(spark, p.locations.root) == sorted(expected_q, key=repr)
 
 
-@pytest.mark.parametrize("point", ["quarantine", "state", "sink", "progress"])
-def test_a_crash_at_each_point_of_a_live_micro_batch_is_replayed_exactly_once(
-    spark, kafka, tmp_path, monkeypatch, point
-):
-    """The micro-batch dies after some of its writes committed; the restart replays it from Spark's offset log
-    (the same offsets, the same chunk number): nothing is lost, nothing counted or quarantined twice."""
+def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_once(spark, kafka, tmp_path, monkeypatch):
+    """The same live micro-batch dies again and again, each time one write further: before its quarantine
+    append, at its state write, at its sink write, before its progress record. Each restart replays it from
+    Spark's offset log (the same offsets, the same chunk number) over what earlier attempts committed: nothing is
+    lost, nothing counted or quarantined twice."""
     import phases.live_increment as engine
 
     topic = f"crash-{uuid.uuid4().hex[:8]}"
@@ -57,27 +56,30 @@ def test_a_crash_at_each_point_of_a_live_micro_batch_is_replayed_exactly_once(
     _produce(kafka, topic, _rows(2, 100, 8), produced)
     BacklogRunner(spark, p).run()
     _produce(kafka, topic, _rows(2, 200, 12, late_every=4), produced)
+    real_append, real_replace, real_write = engine.tables.append_once, engine.tables.replace_rows, ProgressLog.write
 
-    def crash(*_a, **_k):
-        raise RuntimeError(f"simulated crash at the {point} write")
+    for point in ("quarantine", "state", "sink", "progress"):
 
-    if point == "quarantine":
-        monkeypatch.setattr(engine.tables, "append_once", crash)
-    elif point in ("state", "sink"):
-        real_replace = engine.tables.replace_rows
+        def crash(*_a, point=point, **_k):
+            raise RuntimeError(f"simulated crash at the {point} write")
 
-        def replace_or_crash(spark_, path, rows, keys):
-            if (path == p.sink.path) == (point == "sink"):
+        def append(*a, point=point, **k):
+            return crash() if point == "quarantine" else real_append(*a, **k)
+
+        def replace(spark_, path, rows, keys, point=point):
+            if point in ("state", "sink") and (path == p.sink.path) == (point == "sink"):
                 crash()
             return real_replace(spark_, path, rows, keys)
 
-        monkeypatch.setattr(engine.tables, "replace_rows", replace_or_crash)
-    else:
-        real_write = ProgressLog.write
-        monkeypatch.setattr(ProgressLog, "write", lambda self, b, r: crash() if b >= 0 else real_write(self, b, r))
-    with pytest.raises(Exception, match="simulated crash"):
-        LiveRunner.from_manifest(spark, p).start(available_now=True)
-    monkeypatch.undo()
+        def write(self, batch, record, point=point):
+            return crash() if point == "progress" and batch >= 0 else real_write(self, batch, record)
+
+        monkeypatch.setattr(engine.tables, "append_once", append)
+        monkeypatch.setattr(engine.tables, "replace_rows", replace)
+        monkeypatch.setattr(ProgressLog, "write", write)
+        with pytest.raises(Exception, match=f"simulated crash at the {point} write"):
+            LiveRunner.from_manifest(spark, p).start(available_now=True)
+        monkeypatch.undo()
 
     runner = LiveRunner.from_manifest(spark, p)
     runner.start(available_now=True)
