@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 
-from phases.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
+from phases.definition import Aggregation, DeltaSink, DeltaSource, KafkaSource, KeyedAggregate, Locations, Pipeline
 
 DEMO = Pipeline(
     name="demo_events",
@@ -23,4 +23,20 @@ DEMO = Pipeline(
     sink=DeltaSink(path="demo_events/sink"),
     locations=Locations(root="demo_events/engine"),
     checkpoint_interval=timedelta(seconds=2),
+)
+
+# The same pipeline over a Kafka topic (JSON values). The broker address is the deployment's: the storage resource
+# points the source at PHASES_KAFKA_BOOTSTRAP_SERVERS (`make demo ARGS="--source kafka"` starts a local broker).
+DEMO_KAFKA = DEMO.model_copy(
+    update={
+        "name": "demo_kafka",
+        "source": KafkaSource(
+            topic="demo_events",
+            bootstrap_servers="127.0.0.1:9092",
+            value_schema="key string, ts timestamp, value bigint",
+            backlog_chunk_records=50_000,
+        ),
+        "sink": DeltaSink(path="demo_kafka/sink"),
+        "locations": Locations(root="demo_kafka/engine"),
+    }
 )

@@ -12,15 +12,18 @@ def under(root: str, path: str) -> str:
     return f"{root.rstrip('/')}/{path}"
 
 
-def resolve_paths(pipeline: Pipeline, root: str) -> Pipeline:
-    """The pipeline with its relative paths (sources, sink, locations, end-of-stream outputs) under ``root``."""
+def resolve_paths(pipeline: Pipeline, root: str, kafka_bootstrap_servers: str | None = None) -> Pipeline:
+    """The pipeline with its relative paths (sources, sink, locations, end-of-stream outputs) under ``root``,
+    and its Kafka source pointed at ``kafka_bootstrap_servers`` when given (the deployment's broker)."""
 
     def moved(spec):
         kind = getattr(spec, "kind", "delta")
         if kind == "kafka":
+            if kafka_bootstrap_servers:
+                return spec.model_copy(update={"bootstrap_servers": kafka_bootstrap_servers})
             return spec
         if kind == "hybrid":
-            return spec.model_copy(update={"backlog": moved(spec.backlog)})
+            return spec.model_copy(update={"backlog": moved(spec.backlog), "live": moved(spec.live)})
         return spec.model_copy(update={"path": under(root, spec.path)})
 
     update: dict = {

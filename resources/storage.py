@@ -27,6 +27,11 @@ class StorageResource(dg.ConfigurableResource):
     """Root of the Delta tables (sink, state, manifests, quarantine, checkpoints) of every pipeline."""
 
     root: str = Field(default_factory=default_root, description="Folder or URI relative paths resolve under.")
+    kafka_bootstrap_servers: str | None = Field(
+        default_factory=lambda: os.environ.get("PHASES_KAFKA_BOOTSTRAP_SERVERS") or None,
+        description="The deployment's Kafka brokers (host:port,...): Kafka sources are pointed at them instead of the "
+        "address in their definition. Default: PHASES_KAFKA_BOOTSTRAP_SERVERS, else the definition's own.",
+    )
 
     def resolve(self, pipeline: Pipeline) -> Pipeline:
-        return resolve_paths(pipeline, self.root)
+        return resolve_paths(pipeline, self.root, self.kafka_bootstrap_servers)
