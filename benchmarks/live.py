@@ -13,6 +13,10 @@
 
 The source holds exactly ``state_keys`` keys (one record per key) before the handoff, so the state table
 the live micro-batches merge into has that many rows.
+
+``source="kafka"`` runs the same with the input on a Kafka topic (3 partitions, JSON values) on a local broker
+(:mod:`phases.local_kafka`): rows are produced through Spark's Kafka writer, each probe by the confluent-kafka
+producer, and a probe's latency runs from its Kafka timestamp (set when it was produced) to the sink commit.
 """
 
 from __future__ import annotations
@@ -31,22 +35,20 @@ from pyspark.sql import functions as F
 from benchmarks import data, variants
 from phases import synthetic, tables
 from phases.backlog import BacklogRunner
-from phases.definition import Pipeline
+from phases.definition import KafkaSource, Pipeline
 from phases.live import LiveRunner
+from phases.local_kafka import LocalKafka
 
 PROBE = "~probe-"  # sorts after every "k…" key: the sink files that can hold a probe are told by their stats
 SEED_VERSIONS = 4
 
 
-def _seed_source(spark: SparkSession, source: str, keys: int) -> None:
+def _seed_source(spark: SparkSession, feed, keys: int) -> None:
     """``keys`` distinct keys (the benchmark's ``k0000000`` form), one record each, in SEED_VERSIONS versions."""
-    synthetic.create_source(spark, source)
     per = -(-keys // SEED_VERSIONS)
     for i in range(SEED_VERSIONS):
         ids = spark.range(i * per, min(keys, (i + 1) * per))
-        synthetic.append(
-            spark,
-            source,
+        feed.write(
             ids.select(
                 F.concat(F.lit("k"), F.lpad(F.col("id").cast("string"), 7, "0")).alias("key"),
                 F.timestamp_seconds(F.lit(int(synthetic.BASE_TIME.timestamp()) + i * 60) + F.col("id") % 60).alias(
@@ -93,21 +95,84 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class _Feed:
-    """Appends versions of the keyed-reduce shape to the source, each with event times after the last."""
+    """Appends versions of the keyed-reduce shape to a Delta source, each with event times after the last."""
 
     def __init__(self, spark: SparkSession, source: str, keys: int):
         self.spark, self.source, self.keys = spark, source, keys
         self.index = SEED_VERSIONS
 
-    def append(self, rows: int, probe: str | None = None) -> int:
-        """Appends one version of ``rows`` rows (plus the probe row); returns its source version."""
+    def create(self) -> None:
+        synthetic.create_source(self.spark, self.source)
+
+    def write(self, batch) -> None:
+        synthetic.append(self.spark, self.source, batch)
+
+    def batch(self, rows: int, probe: str | None):
         batch = data.keyed_reduce_batch(self.spark, rows, self.keys, self.index)
         if probe is not None:
             at = synthetic.BASE_TIME + timedelta(minutes=self.index)
             batch = batch.unionByName(self.spark.createDataFrame([(probe, at, 1)], synthetic.EVENT_SCHEMA))
         self.index += 1
-        synthetic.append(self.spark, self.source, batch)
+        return batch
+
+    def append(self, rows: int, probe: str | None = None) -> int:
+        """Appends one version of ``rows`` rows (plus the probe row); returns its source version."""
+        self.write(self.batch(rows, probe))
         return tables.version(self.spark, self.source)
+
+    def arrivals(self, tokens: dict[str, int]) -> dict[str, float]:
+        """Probe -> when its version was committed (the commit file's time)."""
+        times = {v: at for v, at, _ in _commits(self.source)}
+        return {probe: times[v] for probe, v in tokens.items()}
+
+    def close(self) -> None:
+        pass
+
+
+class _KafkaFeed(_Feed):
+    """The same rows on a Kafka topic: Spark's Kafka writer for the rows, the confluent producer for a probe
+    (its Kafka timestamp is its arrival)."""
+
+    def __init__(self, spark: SparkSession, broker: LocalKafka, topic: str, keys: int):
+        super().__init__(spark, topic, keys)
+        self.broker, self.topic = broker, topic
+        from confluent_kafka import Producer
+
+        self.producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "log_level": 0, "linger.ms": 0})
+
+    def create(self) -> None:
+        self.broker.create_topic(self.topic, 3)
+
+    def write(self, batch) -> None:
+        (
+            batch.select(F.col("key"), F.to_json(F.struct("key", "ts", "value")).alias("value"))
+            .write.format("kafka")
+            .option("kafka.bootstrap.servers", self.broker.bootstrap_servers)
+            .option("topic", self.topic)
+            .save()
+        )
+
+    def append(self, rows: int, probe: str | None = None) -> float:
+        """Produces ``rows`` rows, then the probe; returns the probe's Kafka timestamp (seconds)."""
+        self.write(self.batch(rows, None))
+        if probe is None:
+            return time.time()
+        at = (synthetic.BASE_TIME + timedelta(minutes=self.index - 1)).isoformat().replace("+00:00", "Z")
+        stamp: list[float] = []
+        self.producer.produce(
+            self.topic,
+            key=probe.encode(),
+            value=json.dumps({"key": probe, "ts": at, "value": 1}).encode(),
+            on_delivery=lambda err, msg: stamp.append(msg.timestamp()[1] / 1000),
+        )
+        self.producer.flush()
+        return stamp[0]
+
+    def arrivals(self, tokens: dict[str, float]) -> dict[str, float]:
+        return dict(tokens)
+
+    def close(self) -> None:
+        self.producer.flush()
 
 
 def _batch_costs(live: LiveRunner, feed: _Feed, batches: int, rows: int) -> list[float]:
@@ -138,9 +203,9 @@ def _steady(live: LiveRunner, feed: _Feed, p: Pipeline, rate: int, versions: int
         time.sleep(max(0.0, interval_s - (time.perf_counter() - t)))
     offered = sent / (time.perf_counter() - began)
     live.process_available()
-    source_times = {v: at for v, at, _ in _commits(feed.source)}
+    arrived = feed.arrivals(probes)
     seen = _probe_commits(p.sink.path)
-    latencies = [seen[k] - source_times[v] for k, v in probes.items() if k in seen]
+    latencies = [seen[k] - arrived[k] for k in probes if k in seen]
     if len(latencies) != len(probes):
         raise SystemExit(f"live latency at {rate} rows/s: {len(probes) - len(latencies)} probes never reached the sink")
     return {
@@ -168,41 +233,71 @@ def measure(
     batch_rows: int = 2_000,
     drain_rows: int = 0,
     drain_versions: int = 10,
+    source_kind: str = "delta",
 ) -> dict:
     """The live rows for a pipeline with ``state_keys`` keys of state (see the module docstring)."""
-    base = work / f"live_{state_keys}"
+    base = work / f"live_{source_kind}_{state_keys}"
     shutil.rmtree(base, ignore_errors=True)
     source = str(base / "source")
+    broker = None
+    if source_kind == "kafka":
+        broker = LocalKafka(base / "kafka", heap="512m").start()
+        feed = _KafkaFeed(spark, broker, "events", state_keys)
+    else:
+        feed = _Feed(spark, source, state_keys)
+    try:
+        return _measure(
+            spark, base, feed, state_keys, rates, versions, interval_s, batches, batch_rows, drain_rows, drain_versions
+        )
+    finally:
+        feed.close()
+        if broker is not None:
+            broker.stop()
+
+
+def _measure(
+    spark, base, feed, state_keys, rates, versions, interval_s, batches, batch_rows, drain_rows, drain_versions
+) -> dict:
+    kafka = isinstance(feed, _KafkaFeed)
     t = time.perf_counter()
-    _seed_source(spark, source, state_keys)
+    feed.create()
+    _seed_source(spark, feed, state_keys)
+    feed.index = SEED_VERSIONS
     generate_s = time.perf_counter() - t
-    p = variants.pipeline(source, str(base / "two_phase")).model_copy(
+    p = variants.pipeline(str(base / "source"), str(base / "two_phase")).model_copy(
         update={"checkpoint_interval": timedelta(milliseconds=500)}
     )
+    if kafka:
+        value_schema = "key string, ts timestamp, value bigint"
+        source = KafkaSource(
+            topic=feed.topic, bootstrap_servers=feed.broker.bootstrap_servers, value_schema=value_schema
+        )
+        p = p.model_copy(update={"source": source})
     t = time.perf_counter()
     handoff = BacklogRunner(spark, p).run()
     result: dict = {
+        "source": "kafka" if kafka else "delta",
         "state_keys": handoff.state_rows,
         "generate_s": round(generate_s, 2),
         "backlog_s": round(time.perf_counter() - t, 2),
     }
-    print(f"[live {state_keys:,}] backlog of {handoff.state_rows:,} keys: {result['backlog_s']} s", flush=True)
-    feed = _Feed(spark, source, state_keys)
+    label = f"[live {result['source']} {state_keys:,}]"
+    print(f"{label} backlog of {handoff.state_rows:,} keys: {result['backlog_s']} s", flush=True)
     live = LiveRunner.from_manifest(spark, p)
     try:
         result["switch_s"] = round(live.start().start_seconds, 2)
-        print(f"[live {state_keys:,}] switch (first checkpoint): {result['switch_s']} s", flush=True)
+        print(f"{label} switch (first checkpoint): {result['switch_s']} s", flush=True)
         costs = _batch_costs(live, feed, batches, batch_rows)
         result["batch"] = {
             "rows": batch_rows,
             "seconds": [round(c, 2) for c in costs],
             "median_s": round(statistics.median(costs), 2),
         }
-        print(f"[live {state_keys:,}] micro-batch of {batch_rows:,} rows: {result['batch']}", flush=True)
+        print(f"{label} micro-batch of {batch_rows:,} rows: {result['batch']}", flush=True)
         result["latency"] = []
         for rate in rates:
             result["latency"].append(_steady(live, feed, p, rate, versions, interval_s))
-            print(f"[live {state_keys:,}] {result['latency'][-1]}", flush=True)
+            print(f"{label} {result['latency'][-1]}", flush=True)
     finally:
         live.stop()
     if drain_rows:
@@ -217,5 +312,5 @@ def measure(
         seconds = time.perf_counter() - t
         rows = drain_versions * (drain_rows // drain_versions)
         result["drain"] = {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
-        print(f"[live {state_keys:,}] drain: {result['drain']}", flush=True)
+        print(f"{label} drain: {result['drain']}", flush=True)
     return result

@@ -73,6 +73,8 @@ def markdown(results: dict) -> str:
         lines.append("")
     if results.get("live"):
         lines += _live_lines(results["live"])
+    if results.get("live_kafka"):
+        lines += _live_lines(results["live_kafka"], "Kafka topic (3 partitions, JSON); Kafka timestamp → sink commit")
     if "spill" in results:
         sp = results["spill"]
         if sp.get("failed"):
@@ -91,9 +93,9 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _live_lines(runs: list[dict]) -> list[str]:
+def _live_lines(runs: list[dict], source: str = "Delta source; source commit → sink commit") -> list[str]:
     lines = [
-        "### live phase (keyed reduce; source commit → sink commit; trigger 0.5 s)",
+        f"### live phase (keyed reduce; {source}; trigger 0.5 s)",
         "",
         "| keys of state | switch s | micro-batch s (rows) | rate rows/s (offered) | p50 s | p99 s | max s |",
         "|---|---|---|---|---|---|---|",

@@ -169,7 +169,25 @@ def run_live(spark, work: Path, live_keys: str | None, quick: bool) -> list[dict
     return runs
 
 
-PARTS = ("keyed reduce", "wordcount", "keyed process", "interval join", "live", "spill")
+def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> list[dict]:
+    """The live rows with the input on a Kafka topic (a local KRaft broker): at the smallest state size of the
+    Delta live rows, the switch, the micro-batch cost, latency at 2,000 and 20,000 rows/s and the drain."""
+    keys = min(int(k) for k in (live_keys or ("20000" if quick else "1000000")).split(","))
+    return [
+        live.measure(
+            spark,
+            work,
+            state_keys=keys,
+            rates=(2_000, 20_000),
+            versions=5 if quick else 30,
+            batches=3 if quick else 5,
+            drain_rows=100_000 if quick else 1_000_000,
+            source_kind="kafka",
+        )
+    ]
+
+
+PARTS = ("keyed reduce", "wordcount", "keyed process", "interval join", "live", "live-kafka", "spill")
 
 
 def main() -> None:
@@ -239,6 +257,8 @@ def main() -> None:
             )
         if "live" in only:
             results["live"] = run_live(spark, work, args.live_keys, args.quick)
+        if "live-kafka" in only:
+            results["live_kafka"] = run_live_kafka(spark, work, args.live_keys, args.quick)
         if "spill" in only and args.spill_memory:
             results["spill"] = run_spill(spark, str(work / "keyed_reduce" / "source"), work, args.spill_memory)
             print(f"[spill] {results['spill']}", flush=True)
