@@ -588,9 +588,30 @@ class KafkaHandoff(_Model):
         return self
 
 
+class FileFormat(StrEnum):
+    PARQUET = "parquet"
+    JSON = "json"
+
+
+class FileArchive(_Model):
+    """A folder of Parquet or JSON (JSON Lines) files as a hybrid source's backlog. Arrival order: the files by
+    name, one file one version (0, 1, ...); a file's modification time stands for its commit time. Names
+    starting with '_' or '.' are skipped (Spark's convention for metadata files). The records are read with the
+    live topic's declared value schema (plus the archive's Kafka position columns)."""
+
+    kind: Literal["files"] = "files"
+    path: str = Field(min_length=1)
+    format: FileFormat = FileFormat.PARQUET
+
+    @property
+    def location(self) -> str:
+        return f"{self.format.value} files in {self.path}"
+
+
 class HybridSource(_Model):
-    """FLIP-327's first example (Flink's ``HybridSource``): a Delta archive as the backlog, then a Kafka topic as
-    the live input, handed over at an explicit, recorded position.
+    """FLIP-327's first example (Flink's ``HybridSource``): an archive (a Delta table, or a folder of Parquet or
+    JSON files) as the backlog, then a Kafka topic as the live input, handed over at an explicit, recorded
+    position.
 
     No record is in both phases and none in neither, even when the archive and the topic overlap: the archive
     keeps the Kafka position of each record it holds (``archive_partition_column`` / ``archive_offset_column``,
@@ -600,7 +621,7 @@ class HybridSource(_Model):
     """
 
     kind: Literal["hybrid"] = "hybrid"
-    backlog: DeltaSource
+    backlog: DeltaSource | FileArchive = Field(discriminator="kind")
     live: KafkaSource
     handoff: KafkaHandoff
     archive_partition_column: str | None = None

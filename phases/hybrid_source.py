@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.definition import HybridSource
+from phases import fs
+from phases.definition import FileArchive, HybridSource
 from phases.delta_source import CHANGE_COLUMNS, DeltaTableSource
 from phases.errors import SourceError
 from phases.kafka_source import ChunkPlan, KafkaTopicSource, client_conf
@@ -28,8 +29,16 @@ class HybridArchiveSource:
     def __init__(self, spark: SparkSession, spec: HybridSource, *, position: str | None = None):
         self.spark = spark
         self.spec = spec
-        self.archive = DeltaTableSource(spark, spec.backlog)
         self.kafka = KafkaTopicSource(spark, spec.live, position=position)
+        if isinstance(spec.backlog, FileArchive):
+            cut = [
+                T.StructField(spec.archive_partition_column, T.IntegerType(), True),
+                T.StructField(spec.archive_offset_column, T.LongType(), True),
+            ]
+            columns = [*self.kafka.schema().fields, *(cut if spec.archive_partition_column else [])]
+            self.archive = FileArchiveSource(spark, spec.backlog, T.StructType(columns))
+        else:
+            self.archive = DeltaTableSource(spark, spec.backlog)
         self.topic = spec.live.topic
         self._handoff: dict[int, int] | None = None
 
@@ -86,7 +95,7 @@ class HybridArchiveSource:
         missing = [c for c in [*wanted, *cut] if c not in have]
         if missing:
             raise SourceError(
-                f"hybrid source: the archive {self.spec.backlog.path} lacks columns {missing} (the topic's "
+                f"hybrid source: the archive {self.spec.backlog.location} lacks columns {missing} (the topic's "
                 f"value_schema fields{' and the Kafka position columns' if cut else ''}); its columns: {sorted(have)}"
             )
 
@@ -139,3 +148,54 @@ def _offsets_for_time(conf: dict, topic: str, marks: dict[int, tuple[int, int]],
             )
         out[tp.partition] = tp.offset if tp.offset >= 0 else marks[tp.partition][1]
     return out
+
+
+class FileArchiveSource:
+    """A folder of Parquet/JSON files read as versions: file ``i`` (by name) is version ``i``."""
+
+    arrival = "versions"
+
+    def __init__(self, spark: SparkSession, spec: FileArchive, schema: T.StructType):
+        self.spark = spark
+        self.spec = spec
+        self._schema = schema
+
+    def files(self) -> list[str]:
+        """The archive's data files, by name (names starting with '_' or '.' skipped)."""
+        names = [n for n in fs.list_names(self.spark, self.spec.path) if not n.startswith(("_", "."))]
+        if not names:
+            raise SourceError(f"archive {self.spec.location}: no data files (does the folder exist?)")
+        return sorted(names)
+
+    def check(self) -> None:
+        self.files()
+
+    def schema(self) -> T.StructType:
+        return self._schema
+
+    def head_version(self) -> int:
+        return len(self.files()) - 1
+
+    def require_change_feed(self, end_version: int) -> None:
+        self.check()
+
+    def read_backlog(self, end_version: int, start_version: int = 0) -> DataFrame:
+        """The records of files start..end (by name), each with its file's index as ``_commit_version`` and the
+        file's modification time as ``_commit_timestamp``."""
+        names = self.files()[start_version : end_version + 1]
+        index = F.create_map(*[x for i, n in enumerate(names, start_version) for x in (F.lit(n), F.lit(i))])
+        paths = [f"{self.spec.path.rstrip('/')}/{n}" for n in names]
+        records = self.spark.read.format(self.spec.format.value).schema(self._schema).load(paths)
+        name = F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1)
+        return records.select(
+            *[F.col(f.name) for f in self._schema.fields],
+            F.lit("insert").alias("_change_type"),
+            index[name].cast("long").alias("_commit_version"),
+            F.col("_metadata.file_modification_time").alias("_commit_timestamp"),
+        )
+
+    def missing_file_error(self, exc: BaseException, versions: tuple[int, int]) -> SourceError | None:
+        return None
+
+    def commit_times(self):
+        raise SourceError(f"archive {self.spec.location}: a file archive has no commit history")

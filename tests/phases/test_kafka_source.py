@@ -224,11 +224,12 @@ def test_undecodable_and_late_records_are_quarantined_with_their_topic_partition
 ARCHIVE_SCHEMA = "key string, ts timestamp, value bigint, kafka_partition int, kafka_offset bigint"
 
 
-@pytest.mark.parametrize("by", ["offsets", "timestamp"])
-def test_hybrid_archive_then_topic_counts_every_record_once_when_they_overlap(spark, kafka, tmp_path, by):
-    """FLIP-327's first example: a Delta archive, then the topic. The archive holds the first records of each
-    partition and, past the handoff, some the topic also holds (an export that ran on); the handoff is explicit
-    offsets or a timestamp resolved to offsets. No record is in both phases and none in neither."""
+@pytest.mark.parametrize(("archive_kind", "by"), [("delta", "offsets"), ("delta", "timestamp"), ("json", "offsets")])
+def test_hybrid_archive_then_topic_counts_every_record_once_when_they_overlap(spark, kafka, tmp_path, archive_kind, by):
+    """FLIP-327's first example: an archive (a Delta table, or JSON files), then the topic. The archive holds
+    the first records of each partition and, past the handoff, some the topic also holds (an export that ran
+    on); the handoff is explicit offsets or a timestamp resolved to offsets. No record is in both phases and
+    none in neither."""
     import time as clock
     from datetime import UTC, datetime
 
@@ -249,16 +250,26 @@ def test_hybrid_archive_then_topic_counts_every_record_once_when_they_overlap(sp
     by_position = dict(zip(positions, [row for _, row in early + late], strict=True))
 
     archive = str(tmp_path / "archive")
-    sources.create_source(spark, archive, ARCHIVE_SCHEMA)
     exported = sorted(by_position.items())  # the archive: offsets 0..3 and, overlapping the topic, 4..5
     exported = [(pos, row) for pos, row in exported if pos[1] < 6]
-    for half in (exported[: len(exported) // 2], exported[len(exported) // 2 :]):  # two archive versions
+    halves = (exported[: len(exported) // 2], exported[len(exported) // 2 :])  # two archive versions (files)
+    if archive_kind == "delta":
+        sources.create_source(spark, archive, ARCHIVE_SCHEMA)
+    for i, half in enumerate(halves):
         rows = [(k, ts(t), v, p, o) for (p, o), (k, t, v) in half]
-        sources.append(spark, archive, rows)
+        if archive_kind == "delta":
+            sources.append(spark, archive, rows)
+        else:
+            lines = [
+                json.dumps({"key": k, "ts": t.isoformat(), "value": v, "kafka_partition": p, "kafka_offset": o})
+                for k, t, v, p, o in rows
+            ]
+            (tmp_path / "archive").mkdir(exist_ok=True)
+            (tmp_path / "archive" / f"part-{i:05d}.json").write_text("\n".join(lines) + "\n")
 
     handoff = KafkaHandoff(offsets={0: 4, 1: 4}) if by == "offsets" else KafkaHandoff(timestamp=cut_at)
     source = HybridSource(
-        backlog={"path": archive},
+        backlog={"path": archive} if archive_kind == "delta" else {"kind": "files", "path": archive, "format": "json"},
         live=KafkaSource(topic=topic, bootstrap_servers=kafka.bootstrap_servers, value_schema=VALUE_SCHEMA),
         handoff=handoff,
         archive_partition_column="kafka_partition",
@@ -266,16 +277,14 @@ def test_hybrid_archive_then_topic_counts_every_record_once_when_they_overlap(sp
     )
     p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
     manifest = BacklogRunner(spark, p).run()
-    assert manifest.source_version == 2
+    first = 1 if archive_kind == "delta" else 0  # a Delta archive's version 0 is its creation
+    assert manifest.source_version == first + 1
     assert json.loads(manifest.source_position)["end"] == {"0": 4, "1": 4}
     live = LiveRunner.from_manifest(spark, p)
     live.start(available_now=True)
 
     # The reference: archive versions 1 and 2 cut at the handoff offsets, then the live chunks the run recorded.
-    versions = {
-        v: [row for (part, offset), row in half if offset < 4]
-        for v, half in ((1, exported[: len(exported) // 2]), (2, exported[len(exported) // 2 :]))
-    }
+    versions = {first + i: [row for (part, offset), row in half if offset < 4] for i, half in enumerate(halves)}
     live_rows = {pos: row for pos, row in by_position.items() if pos[1] >= 4}
     versions.update(chunk_versions(live.arrival_chunks(), live_rows))
     assert sum(len(rows) for rows in versions.values()) == len(by_position)  # every record in exactly one phase
