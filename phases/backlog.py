@@ -295,6 +295,15 @@ class BacklogRunner:
         return done
 
     def _run_full(self, v: int, started: float) -> manifest.HandoffManifest:
+        try:
+            return self._run_full_pass(v, started)
+        finally:
+            for source in (self.source, self.right_source):
+                release = getattr(source, "release", None)
+                if release is not None:
+                    release()
+
+    def _run_full_pass(self, v: int, started: float) -> manifest.HandoffManifest:
         if self.pipeline.end_of_stream:
             t = time.perf_counter()
             EndOfStreamRunner(self.spark, self.pipeline).run_all(v)  # blocking, before the stream operator

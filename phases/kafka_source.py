@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -112,6 +113,7 @@ class KafkaTopicSource:
         self.topic = spec.topic
         self.position = position
         self._plan: ChunkPlan | None = None
+        self._cached: list[DataFrame] = []
 
     # --- the broker, without Spark ----------------------------------------------------------------
     def _client_conf(self) -> dict:
@@ -211,7 +213,17 @@ class KafkaTopicSource:
         )
         start = F.create_map(*[x for p, o in sorted(plan.start.items()) for x in (F.lit(p), F.lit(o))])
         chunk = F.lit(plan.first) + F.floor((F.col(OFFSET) - start[F.col(PARTITION)]) / F.lit(plan.size))
-        return self.decode(raw).withColumn("_commit_version", chunk.cast("long"))
+        # The backlog makes several passes (statistics, quarantine, operator): fetching and decoding the topic
+        # once, into Spark's disk cache, spares the broker and the JSON parser the others. release() drops it.
+        decoded = self.decode(raw).withColumn("_commit_version", chunk.cast("long")).persist(StorageLevel.DISK_ONLY)
+        self._cached.append(decoded)
+        return decoded
+
+    def release(self) -> None:
+        """Drops what :meth:`read_backlog` cached."""
+        for df in self._cached:
+            df.unpersist()
+        self._cached.clear()
 
     # --- the live phase ---------------------------------------------------------------------------
     def live_start_offsets(self) -> dict[int, int]:
