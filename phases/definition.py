@@ -13,9 +13,9 @@ import re
 from datetime import datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_serializer, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_serializer, model_validator
 
 from phases.models import SettingsModel
 
@@ -575,16 +575,21 @@ class KafkaHandoff(_Model):
     )
     timestamp: datetime | None = Field(None, description="Resolved to offsets per partition; naive is UTC.")
 
+    @field_validator("timestamp")
+    @classmethod
+    def _utc(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            from datetime import UTC
+
+            return v.replace(tzinfo=UTC)
+        return v
+
     @model_validator(mode="after")
     def _one(self) -> KafkaHandoff:
         if (self.offsets is None) == (self.timestamp is None):
             raise ValueError("handoff: give exactly one of 'offsets' (partition -> offset) or 'timestamp'")
         if self.offsets is not None and any(p < 0 or o < 0 for p, o in self.offsets.items()):
             raise ValueError(f"handoff.offsets: partitions and offsets must be >= 0; got {self.offsets}")
-        if self.timestamp is not None and self.timestamp.tzinfo is None:
-            from datetime import UTC
-
-            self.timestamp = self.timestamp.replace(tzinfo=UTC)
         return self
 
 
@@ -608,6 +613,13 @@ class FileArchive(_Model):
         return f"{self.format.value} files in {self.path}"
 
 
+def _archive_kind(value) -> str:
+    """A hybrid source's archive kind; a Delta table when not given."""
+    if isinstance(value, dict):
+        return value.get("kind", "delta")
+    return getattr(value, "kind", "delta")
+
+
 class HybridSource(_Model):
     """FLIP-327's first example (Flink's ``HybridSource``): an archive (a Delta table, or a folder of Parquet or
     JSON files) as the backlog, then a Kafka topic as the live input, handed over at an explicit, recorded
@@ -621,7 +633,10 @@ class HybridSource(_Model):
     """
 
     kind: Literal["hybrid"] = "hybrid"
-    backlog: DeltaSource | FileArchive = Field(discriminator="kind")
+    backlog: Annotated[
+        Annotated[DeltaSource, Tag("delta")] | Annotated[FileArchive, Tag("files")],
+        Discriminator(_archive_kind),
+    ] = Field(description="The archive: a Delta table ({'path': ...}) or files ({'kind': 'files', 'path': ...}).")
     live: KafkaSource
     handoff: KafkaHandoff
     archive_partition_column: str | None = None

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from phases.definition import Aggregation, DeltaSink, KeyedAggregate, Pipeline
+from phases.definition import Aggregation, DeltaSink, KeyedAggregate, Pipeline, ddl_field_names
 from phases.errors import DefinitionError
 from tests.conftest import make_pipeline
 
@@ -102,3 +102,59 @@ def test_every_definition_error_is_a_phases_error_with_the_field_paths(tmp_path)
         SparkSettings(shuffle_partitions=0)
     with pytest.raises(DefinitionError, match="invalid KeyedAggregate: 1 error"):
         KeyedAggregate(aggregations=[])
+
+
+def test_kafka_and_hybrid_sources_are_validated_with_messages_that_name_the_rule():
+    from datetime import datetime
+
+    from phases.definition import HybridSource, KafkaHandoff, KafkaSource
+
+    schema = "key string, ts timestamp, value bigint"
+    ok = KafkaSource(topic="events", bootstrap_servers="b:9092", value_schema=schema)
+    assert ok.field_names == ["key", "ts", "value"]
+    cases = [
+        (lambda: KafkaSource(topic="no spaces", bootstrap_servers="b:1", value_schema=schema), "not a Kafka topic"),
+        (lambda: KafkaSource(topic="t", bootstrap_servers="b:1", value_schema="_x int"), "reserved for the engine"),
+        (lambda: KafkaSource(topic="t", bootstrap_servers="b:1", value_schema="a int, a int"), "repeats fields"),
+        (lambda: KafkaSource(topic="t", bootstrap_servers="b:1", value_schema="a"), "not a field of a DDL schema"),
+        (
+            lambda: KafkaSource(
+                topic="t", bootstrap_servers="b:1", value_schema=schema, options={"startingOffsets": "x"}
+            ),
+            "set by the framework",
+        ),
+        (lambda: KafkaHandoff(), "exactly one of"),
+        (lambda: KafkaHandoff(offsets={0: -1}), ">= 0"),
+        (
+            lambda: HybridSource(backlog={"path": "a"}, live=ok, handoff={"timestamp": datetime(2026, 1, 1)}),
+            "set archive_partition_column and archive_offset_column",
+        ),
+        (
+            lambda: HybridSource(
+                backlog={"path": "a"}, live=ok, handoff={"offsets": {0: 1}}, archive_partition_column="p"
+            ),
+            "go together",
+        ),
+    ]
+    for build, message in cases:
+        with pytest.raises(DefinitionError, match=message):
+            build()
+    assert ddl_field_names("a struct<x: int, y: int>, b map<string, int>, c decimal(10, 2)") == ["a", "b", "c"]
+
+
+def test_the_kafka_broker_address_and_client_settings_are_not_part_of_the_fingerprint(tmp_path):
+    from phases.definition import KafkaSource
+
+    def pipeline(**source):
+        fields = {
+            "topic": "events",
+            "bootstrap_servers": "b:9092",
+            "value_schema": "key string, ts timestamp, value bigint",
+        }
+        return make_pipeline(KafkaSource(**{**fields, **source}), str(tmp_path))
+
+    same = pipeline().fingerprint()
+    assert pipeline(bootstrap_servers="other:9093", client_options={"socket.timeout.ms": "5000"}).fingerprint() == same
+    assert pipeline(options={"kafka.security.protocol": "SSL"}).fingerprint() == same
+    assert pipeline(backlog_chunk_records=10).fingerprint() != same  # chunks shape lateness, so the state
+    assert pipeline(topic="other").fingerprint() != same
