@@ -264,6 +264,17 @@ def phases_spark() -> Iterator[SparkSession]:
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def phases_kafka(tmp_path_factory: pytest.TempPathFactory):
+    """One real Kafka broker (KRaft, :class:`phases.local_kafka.LocalKafka`) on 127.0.0.1 for the test session,
+    with a fresh data folder: ``phases_kafka.bootstrap_servers``, ``phases_kafka.create_topic(name, partitions)``."""
+    from phases.local_kafka import LocalKafka
+
+    broker = LocalKafka(tmp_path_factory.mktemp("kafka-broker")).start()
+    yield broker
+    broker.stop()
+
+
 @pytest.fixture
 def delta_source(phases_spark: SparkSession, tmp_path: Path):
     """A factory: ``delta_source(versions, schema=EVENT_SCHEMA)`` writes a fresh source table under the test's

@@ -35,7 +35,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ``spark``; ``make test-fast`` runs the others."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & {"spark", "phases_spark", "delta_source", "kafka"} or item.get_closest_marker("slow"):
+        if fixtures & {"spark", "phases_spark", "delta_source", "kafka", "phases_kafka"} or item.get_closest_marker(
+            "slow"
+        ):
             item.add_marker(pytest.mark.spark)
 
 
@@ -46,13 +48,9 @@ def spark(phases_spark: SparkSession) -> SparkSession:
 
 
 @pytest.fixture(scope="session")
-def kafka(tmp_path_factory):
-    """One real Kafka broker (KRaft, from the setup's Maven jars) on 127.0.0.1 for the whole test session."""
-    from phases.local_kafka import LocalKafka
-
-    broker = LocalKafka(tmp_path_factory.mktemp("kafka-broker")).start()
-    yield broker
-    broker.stop()
+def kafka(phases_kafka):
+    """The pytest kit's Kafka broker (:mod:`phases.testing`): KRaft, from the setup's Maven jars, on 127.0.0.1."""
+    return phases_kafka
 
 
 def make_pipeline(source, root: str, *, delay_s: int = 15, **overrides) -> Pipeline:
