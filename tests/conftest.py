@@ -41,9 +41,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _forget_tables_between_modules():
+    """After each test module: drop the DataFrames it left cached and Delta's cached table logs. One JVM runs
+    the whole suite; each module makes its own tables, and a full suite once ran the driver out of heap late
+    ("Not enough memory to build and broadcast the table") with everything the earlier modules left behind."""
+    yield
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.catalog.clearCache()
+        session._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+
+
+@pytest.fixture(scope="session")
+def phases_spark():
+    """The kit's session (:mod:`phases.testing`) with a 3 GiB driver: the project's suite runs ~130 tests in one
+    JVM (a user's suite keeps the kit's 2 GiB)."""
+    from phases.session import SparkSettings, build_session
+
+    session = build_session(SparkSettings(shuffle_partitions=2, app_name="phases-tests", driver_memory="3g"))
+    yield session
+    session.stop()
+
+
 @pytest.fixture(scope="session")
 def spark(phases_spark: SparkSession) -> SparkSession:
-    """The pytest kit's session (:mod:`phases.testing`, loaded through its ``pytest11`` entry point)."""
+    """The test session's SparkSession (the kit's ``phases_spark``, with more driver memory)."""
     return phases_spark
 
 
