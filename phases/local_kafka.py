@@ -115,7 +115,7 @@ class LocalKafka:
             self._formatted = True
             return
         cluster_id = _cluster_id()
-        cmd = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props))
+        cmd = self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise SetupError(
@@ -207,7 +207,11 @@ def _accepts(port: int) -> bool:
 
 
 def _cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (what ``random-uuid`` prints)."""
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (what ``random-uuid`` prints), and,
+    like Kafka's own ``Uuid.randomUuid``, never starting with '-' (a command line would read it as an option)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
