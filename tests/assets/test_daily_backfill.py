@@ -63,6 +63,7 @@ def test_killed_backfill_resumes_only_unfinished_days_and_combines_to_the_whole_
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the child and the JVM it launched die together
     )
     try:
         deadline = time.monotonic() + 300
@@ -70,11 +71,14 @@ def test_killed_backfill_resumes_only_unfinished_days_and_combines_to_the_whole_
             assert proc.poll() is None, "the backfill run ended before any slice finished"
             assert time.monotonic() < deadline, "no slice finished within 300 s"
             time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)  # a crash: no cleanup, no Dagster failure event
+        # A crash of the machine: no cleanup, no Dagster failure event. The whole group, not the Python process
+        # alone: its Spark JVM would otherwise finish the py4j call it was running (the next slice's log append)
+        # after the kill, and the run would have done more than the test read at the kill.
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
     done_at_kill = _finished(spark, log_path)
     assert 1 <= len(done_at_kill) < DAYS, f"kill landed after {len(done_at_kill)} of {DAYS} slices"
 
