@@ -7,6 +7,8 @@ from enum import Enum
 import dagster as dg
 from pydantic import Field
 
+from assets import catalog
+from assets.progress import reporting
 from assets.settings import Names, Orchestration
 from phases.backlog import BacklogRunner
 from phases.definition import Pipeline
@@ -45,15 +47,36 @@ def delay_us(handoff: HandoffManifest) -> int:
     return handoff.backlog_max_event_time_us - handoff.final_watermark_us
 
 
+def handoff_machine_fields(handoff: HandoffManifest) -> dict:
+    """What the switch sensor reads back (:mod:`assets.handoff_events`): exact integers, in one JSON entry so that
+    GraphQL never truncates them and the UI does not plot ids."""
+    right_wm = None
+    if handoff.right_source_version is not None and handoff.right_max_event_time_us is not None:
+        right_wm = handoff.right_max_event_time_us - delay_us(handoff)
+    return {
+        "manifest_id": handoff.manifest_id,
+        "fingerprint": handoff.fingerprint,
+        "source_version": handoff.source_version,
+        "source_position": handoff.source_position,
+        "final_watermark_us": handoff.final_watermark_us,
+        "backlog_max_event_time_us": handoff.backlog_max_event_time_us,
+        "right_source_version": handoff.right_source_version,
+        "right_final_watermark_us": right_wm,
+    }
+
+
 def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dict:
+    """The handoff manifest asset's materialization: counts and durations (plotted), ids and positions (text),
+    the final watermark (a timestamp) and the exact fields for machines (``handoff``, JSON)."""
     seconds = max(handoff.backlog_seconds, 1e-9)
     meta: dict = {
+        "handoff": dg.MetadataValue.json(handoff_machine_fields(handoff)),
         "manifest_id": handoff.manifest_id,
         "kind": handoff.kind,
         "base_manifest_id": handoff.base_manifest_id or "",
         "fingerprint": handoff.fingerprint,
-        "source_path": handoff.source_path,
-        "source_version": handoff.source_version,
+        "source_path": catalog.uri(handoff.source_path),
+        "source_version": str(handoff.source_version),
         "source_position": handoff.source_position or "",
         "input_rows": handoff.input_rows,
         "keys": handoff.state_rows,
@@ -62,20 +85,68 @@ def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dic
         "invalid_rows": handoff.invalid_rows,
         "future_rows": handoff.future_rows or 0,
         "quarantined_rows": handoff.quarantined_rows,
-        "final_watermark_us": handoff.final_watermark_us if handoff.final_watermark_us is not None else -1,
-        "final_watermark": str(handoff.final_watermark) if handoff.final_watermark else "none (no valid record)",
+        "final_watermark": catalog.timestamp(handoff.final_watermark),
         "duration_s": round(handoff.backlog_seconds, 3),
         "rows_per_s": round(handoff.input_rows / seconds, 1),
-        "state_path": dg.MetadataValue.path(handoff.state_path),
+        "state_path": catalog.uri(handoff.state_path),
     }
     if handoff.right_source_version is not None:
-        meta["right_source_version"] = handoff.right_source_version
-        right_max = handoff.right_max_event_time_us
-        meta["right_final_watermark_us"] = -1 if right_max is None else right_max - delay_us(handoff)
-    if handoff.final_watermark is not None:
-        meta["final_watermark_ts"] = dg.MetadataValue.timestamp(handoff.final_watermark)
+        meta["right_source_version"] = str(handoff.right_source_version)
     meta.update({f"timing_{k}": round(v, 3) for k, v in timings.items()})
     return meta
+
+
+def backlog_specs(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetSpec]:
+    """The tables the backlog phase makes: the handoff manifest (``<name>_backlog``, upstream of the others),
+    the per-key state, the sink and the quarantine."""
+    names = Names(pipeline)
+    fingerprint = pipeline.fingerprint()
+    inputs = [names.source] + ([names.right_source] if pipeline.right_source is not None else [])
+    if settings.backfill is not None:
+        inputs.append(names.slices)
+
+    def spec(key: str, deps: list[str], about: str, table: str, kinds: set[str]) -> dg.AssetSpec:
+        return dg.AssetSpec(
+            key,
+            deps=deps,
+            code_version=fingerprint,
+            metadata={"dagster/table_name": f"{pipeline.name}.{table}"},
+            **catalog.spec_kwargs(pipeline, about, kinds=kinds),
+        )
+
+    return [
+        spec(
+            names.backlog,
+            inputs,
+            f"Backlog phase of {pipeline.name!r}: the source's versions 0..V (or its offsets up to the end) as one "
+            "sorted batch job, handed over to the live phase by this manifest, written last (its final watermark, "
+            "positions and counts).",
+            "manifests",
+            {"spark", "delta"},
+        ),
+        spec(
+            names.state,
+            [names.backlog],
+            "Per-key state of the handoff: what the backlog computed, then kept up to date by the live phase.",
+            "state",
+            {"delta"},
+        ),
+        spec(
+            names.sink,
+            [names.backlog],
+            f"The sink of {pipeline.name!r}: overwritten by the backlog, then updated by the live phase (its "
+            "materializations come from both).",
+            "sink",
+            {"delta"},
+        ),
+        spec(
+            names.quarantine,
+            [names.backlog],
+            "Records the pipeline did not apply, each with its reason (late, invalid, future, undecodable, ...).",
+            "quarantine",
+            {"delta"},
+        ),
+    ]
 
 
 def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetsDefinition]:
@@ -84,19 +155,14 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
     default_mode = "slices" if partitioned else "full"
     out: list[dg.AssetsDefinition] = []
 
-    @dg.asset(
-        name=names.backlog,
-        group_name=names.group,
-        kinds={"spark", "delta"},
-        deps=[names.slices] if partitioned else None,
-        description=(
-            f"Backlog phase of pipeline {pipeline.name!r}: per-key state of source versions 0..V in a fresh "
-            "Delta table, the sink overwritten, and last the handoff manifest the live phase starts from."
-        ),
+    @dg.multi_asset(
+        name=names.backlog_op,
+        specs=backlog_specs(pipeline, settings),
+        description=f"Backlog phase of {pipeline.name!r} (full, catch-up increment or combined daily slices).",
     )
     def backlog(
         context: dg.AssetExecutionContext, config: BacklogConfig, spark: SparkResource, storage: StorageResource
-    ) -> dg.MaterializeResult:
+    ):
         p = storage.resolve(pipeline)
         mode = config.mode.value if config.mode is not None else default_mode
         session = spark.session()
@@ -107,19 +173,46 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                     "'full', 'increment'"
                 )
             runner = SliceRunner(session, p, settings.backfill.start_date, take_over=config.take_over_dead_lease)
-            handoff, timings = runner.combine(), runner.backlog.timings
+            with reporting(context, session):
+                handoff = runner.combine()
+            timings = runner.backlog.timings
         else:
             runner = BacklogRunner(session, p, take_over=config.take_over_dead_lease)
-            if mode == "full":
-                handoff = runner.run(config.end_version, reset=config.reset)
-            else:
-                handoff = runner.run_increment(config.end_version)
+            with reporting(context, session):
+                if mode == "full":
+                    handoff = runner.run(config.end_version, reset=config.reset)
+                else:
+                    handoff = runner.run_increment(config.end_version)
             timings = runner.timings
         context.log.info(
             f"{mode} backlog of {pipeline.name!r}: versions 0..{handoff.source_version}, {handoff.input_rows} rows, "
             f"{handoff.state_rows} keys, final watermark {handoff.final_watermark}, manifest {handoff.manifest_id}"
         )
-        return dg.MaterializeResult(metadata={"mode": mode, **handoff_metadata(handoff, timings)})
+        written = {"written_by": f"backlog ({mode})", "manifest_id": handoff.manifest_id}
+        yield dg.MaterializeResult(
+            asset_key=names.backlog,
+            metadata={
+                "mode": mode,
+                **handoff_metadata(handoff, timings),
+                **catalog.table_metadata(p, p.locations.manifests, "manifests"),
+            },
+        )
+        yield dg.MaterializeResult(
+            asset_key=names.state,
+            metadata={**written, **catalog.table_metadata(p, handoff.state_path, "state")},
+        )
+        yield dg.MaterializeResult(
+            asset_key=names.sink,
+            metadata={**written, **catalog.table_metadata(p, p.sink.path, "sink")},
+        )
+        yield dg.MaterializeResult(
+            asset_key=names.quarantine,
+            metadata={
+                **written,
+                "quarantined_by_backlog": handoff.quarantined_rows,
+                **catalog.table_metadata(p, p.locations.quarantine, "quarantine"),
+            },
+        )
 
     out.append(backlog)
 
@@ -128,20 +221,23 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
 
         @dg.asset(
             name=names.slices,
-            group_name=names.group,
-            kinds={"spark", "delta"},
+            deps=[names.source],
             partitions_def=dg.DailyPartitionsDefinition(start_date=start.isoformat()),
             backfill_policy=dg.BackfillPolicy.single_run(),
-            description=(
+            code_version=pipeline.fingerprint(),
+            **catalog.spec_kwargs(
+                pipeline,
                 f"Daily backlog slices of {pipeline.name!r}: the source versions committed on each UTC day, "
                 "merged per key into a partial state. Idempotent per day; a re-run of a range executes only "
-                "the days not finished yet."
+                "the days not finished yet.",
+                kinds={"spark", "delta"},
             ),
         )
         def slices(context: dg.AssetExecutionContext, spark: SparkResource, storage: StorageResource):
             # A re-run of a range is how a crashed backfill recovers (FLIP-383): it takes over the backlog lease of
             # a run whose process is gone; a holder that is alive is never taken over.
-            runner = SliceRunner(spark.session(), storage.resolve(pipeline), start, take_over=True)
+            session = spark.session()
+            runner = SliceRunner(session, storage.resolve(pipeline), start, take_over=True)
             days = [date.fromisoformat(k) for k in context.partition_keys]
 
             def done(record) -> None:
@@ -150,7 +246,8 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                     f"{record.keys} keys, {record.aggregated_rows} rows, {record.seconds:.1f} s"
                 )
 
-            result = runner.run_range(days, on_done=done)
+            with reporting(context, session):
+                result = runner.run_range(days, on_done=done)
             if result.recovered:
                 context.log.info(f"slices finished by an earlier run, not executed again: {result.recovered}")
             records = result.records.values()

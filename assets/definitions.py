@@ -4,19 +4,28 @@ Adding a pipeline is one line in the merge below (plus its definition in assets/
 """
 
 import os
+from datetime import date
 
 import dagster as dg
 
 from assets.factory import default_resources, pipeline_definitions
-from assets.pipelines import DEMO, DEMO_KAFKA
-from assets.settings import Orchestration, SwitchPolicy
+from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA
+from assets.settings import DailyBackfill, LiveHealth, Orchestration, SwitchPolicy
 
 # The demo's sensor evaluates often so that the demo does not wait; production keeps the default (30 s).
-DEMO_SWITCH = SwitchPolicy(minimum_interval_seconds=int(os.environ.get("PHASES_SENSOR_INTERVAL_S", "5")))
+SENSOR_INTERVAL_S = int(os.environ.get("PHASES_SENSOR_INTERVAL_S", "5"))
+DEMO_SETTINGS = Orchestration(
+    switch=SwitchPolicy(minimum_interval_seconds=SENSOR_INTERVAL_S),
+    health=LiveHealth(
+        minimum_interval_seconds=SENSOR_INTERVAL_S,
+        backoff_seconds=float(os.environ.get("PHASES_RELAUNCH_BACKOFF_S", "30")),
+    ),
+)
+DAILY_SETTINGS = DEMO_SETTINGS.model_copy(update={"backfill": DailyBackfill(start_date=date(2026, 1, 1))})
 
-served = [pipeline_definitions(DEMO, Orchestration(switch=DEMO_SWITCH))]
+served = [pipeline_definitions(DEMO, DEMO_SETTINGS), pipeline_definitions(DEMO_DAILY, DAILY_SETTINGS)]
 if os.environ.get("PHASES_KAFKA_BOOTSTRAP_SERVERS"):  # a deployment with a Kafka broker serves the Kafka pipeline too
-    served.append(pipeline_definitions(DEMO_KAFKA, Orchestration(switch=DEMO_SWITCH)))
+    served.append(pipeline_definitions(DEMO_KAFKA, DEMO_SETTINGS))
 
 defs = dg.Definitions.merge(
     *served,

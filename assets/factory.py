@@ -11,8 +11,10 @@ import dagster as dg
 
 from assets.backlog import build_backlog_assets
 from assets.checks import build_backlog_checks
-from assets.live import build_live_job
+from assets.health import build_freshness_check, build_health_sensor
+from assets.live import build_live_asset, build_live_job
 from assets.settings import Names, Orchestration
+from assets.source import build_source_asset
 from assets.switch import build_switch_sensor
 from phases.definition import Pipeline
 from resources.spark import SparkResource
@@ -24,26 +26,27 @@ def default_resources() -> dict:
 
 
 def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = None) -> dg.Definitions:
-    """The backlog asset (+ daily slices), its blocking checks, the live job, the switch sensor and, with a
-    daily backfill, the backfill schedule of one pipeline. Resources ``spark`` and ``storage`` are bound
-    by the caller's Definitions (see :func:`default_resources`)."""
+    """Everything Dagster shows of one pipeline, as assets that are its tables:
+
+    * ``<name>_source`` (and ``_right_source``): observable sources, observed by the health sensor;
+    * ``<name>_backlog`` (the handoff manifest) with its blocking checks, ``_state``, ``_sink`` and
+      ``_quarantine``: one multi-asset, the backlog phase (plus ``_backlog_slices`` with a daily backfill);
+    * ``<name>_live``: the live phase, a long-running materialization; the sink's ``sink_fresh`` check;
+    * jobs (backlog, live, slices), the switch sensor, the health sensor, the daily schedule.
+
+    Resources ``spark`` and ``storage`` are bound by the caller's Definitions (see :func:`default_resources`)."""
     settings = settings or Orchestration()
     names = Names(pipeline)
     backlog_assets = build_backlog_assets(pipeline, settings)
-    live_asset = dg.AssetSpec(
-        names.live_asset,
-        deps=[names.backlog],
-        group_name=names.group,
-        kinds={"spark", "delta"},
-        description=f"The sink of {pipeline.name!r} as the live phase keeps it up to date (observed by the live job).",
-    )
     backlog_job = dg.define_asset_job(
         names.backlog_job,
-        selection=dg.AssetSelection.assets(names.backlog),
+        # The sink's freshness check is the health sensor's, not the backlog's.
+        selection=dg.AssetSelection.assets(names.backlog, names.state, names.sink, names.quarantine)
+        - dg.AssetSelection.checks(dg.AssetCheckKey(dg.AssetKey(names.sink), names.fresh)),
         executor_def=dg.in_process_executor,
         description="Backlog phase (full / increment / slices) and its blocking checks.",
     )
-    live_job = build_live_job(pipeline, settings)
+    live_job = build_live_job(pipeline)
     jobs: list = [backlog_job, live_job]
     schedules = []
     if settings.backfill is not None:
@@ -60,9 +63,12 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
             )
         )
     return dg.Definitions(
-        assets=[*backlog_assets, live_asset],
-        asset_checks=[build_backlog_checks(pipeline, settings)],
+        assets=[build_source_asset(pipeline), *backlog_assets, build_live_asset(pipeline, settings)],
+        asset_checks=[build_backlog_checks(pipeline, settings), build_freshness_check(pipeline, settings)],
         jobs=jobs,
-        sensors=[build_switch_sensor(pipeline, settings, live_job, backlog_job)],
+        sensors=[
+            build_switch_sensor(pipeline, settings, live_job, backlog_job),
+            build_health_sensor(pipeline, settings, live_job),
+        ],
         schedules=schedules,
     )

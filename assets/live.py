@@ -1,23 +1,34 @@
-"""The live job: a long-running run that starts the seeded live phase and reports its progress.
+"""The live asset: a long-running materialization that runs the seeded live phase and reports what it does.
 
-Terminating the run from the UI makes Dagster send SIGINT to the run's process; once a SparkContext
-exists PySpark turns it into ``KeyboardInterrupt`` (``DagsterExecutionInterruptedError`` before that), both
-``BaseException``s: the ``finally`` stops the streaming queries cleanly. Launching the job again for the
-same manifest resumes both queries from their checkpoints.
+While it runs, the ``<name>_live`` asset is materialized at every report interval with the interval's
+measurements (:mod:`phases.live_report`) and ``state`` = running, and the sink asset each time the live phase
+committed a new sink version (row count, version, schema). Its lifecycle is visible on the asset:
+
+* terminating the run from the UI makes Dagster send SIGINT; once a SparkContext exists PySpark turns it into
+  ``KeyboardInterrupt`` (``DagsterExecutionInterruptedError`` before that). The asset stops the query, records
+  ``state`` = stopped with the reason and ends without a failure: a terminate is a clean stop;
+* any other error records ``state`` = failed with the error, then fails the step; the health sensor
+  (:mod:`assets.health`) relaunches it from its checkpoint.
+
+Launching the job again for the same manifest resumes the query from its checkpoint.
 """
 
 import time
-from datetime import UTC, datetime
 
 import dagster as dg
+from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
+from assets import catalog
 from assets.settings import Names, Orchestration
+from phases import table_stats
 from phases.definition import Pipeline
 from phases.live import LiveRunner
-from phases.source_lag import InputLag
+from phases.live_report import LiveMeter, LiveReport
 from resources.spark import SparkResource
 from resources.storage import StorageResource
+
+RUNNING, STOPPED, FAILED = "running", "stopped", "failed"
 
 
 class LiveConfig(dg.Config):
@@ -37,87 +48,143 @@ class LiveConfig(dg.Config):
     )
 
 
-def _lag_seconds(watermark: str | None) -> float | None:
-    if not watermark:
-        return None
-    at = datetime.fromisoformat(watermark.replace("Z", "+00:00"))
-    return round((datetime.now(UTC) - at).total_seconds(), 3)
+def report_metadata(report: LiveReport, manifest_id: str) -> dict:
+    """One report as the live asset's materialization: measurements as numbers (plotted), ids and positions as
+    text, times as timestamps."""
 
+    def measured(value: float | None, digits: int = 3):
+        return round(value, digits) if value is not None else dg.MetadataValue.text("none")
 
-def progress_metadata(status: dict, lag: InputLag | None) -> dict:
-    agg, tag = status["aggregate"], status["tagger"]
-    processed = tag.get("source_version")
-    behind = lag.behind if lag is not None and lag.behind is not None else -1
-    meta = {
-        "manifest_id": status["run"],
-        "batch_id": agg["batch_id"] if agg["batch_id"] is not None else -1,
-        "tagger_batch_id": tag["batch_id"] if tag["batch_id"] is not None else -1,
-        "input_rows_per_s": round(float(tag["input_rows_per_second"] or 0.0), 3),
-        "processed_rows_per_s": round(float(agg["processed_rows_per_second"] or 0.0), 3),
-        "watermark": agg["watermark"] or "none",
-        "watermark_lag_s": _lag_seconds(agg["watermark"]) if agg["watermark"] else -1.0,
-        "source_version": processed if processed is not None else -1,
-        # versions (Delta) or records (Kafka) the source has after what the live phase applied
-        "behind": behind,
-        "behind_unit": lag.unit if lag is not None else "versions",
+    return {
+        "state": RUNNING,
+        "manifest_id": manifest_id,
+        "input_rows": report.input_rows,
+        "input_rows_per_s": round(report.input_rows_per_s, 3),
+        "processed_rows_per_s": measured(report.processed_rows_per_s, 1),
+        "batch_duration_s": measured(report.batch_duration_s),
+        "batches": report.batches,
+        "data_batches": report.data_batches,
+        "behind": report.behind if report.behind is not None else dg.MetadataValue.text("unknown"),
+        "behind_unit": report.behind_unit,
+        "event_time_lag_s": measured(report.event_time_lag_s),
+        "watermark_age_s": measured(report.watermark_age_s),
+        "watermark": catalog.timestamp(report.watermark),
+        "applied_max_event_time": catalog.timestamp(report.applied_max_event_time),
+        "head_max_event_time": catalog.timestamp(report.head_max_event_time),
+        "applied_position": report.applied_position,
+        "head_position": report.head_position or "unknown",
+        "last_batch_id": str(report.last_batch_id) if report.last_batch_id is not None else "none",
     }
-    return meta
 
 
-def build_live_job(pipeline: Pipeline, settings: Orchestration) -> dg.JobDefinition:
+def _interrupted(exc: BaseException) -> bool:
+    return isinstance(exc, KeyboardInterrupt | DagsterExecutionInterruptedError)
+
+
+def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDefinition:
     names = Names(pipeline)
-    asset_key = dg.AssetKey(names.live_asset)
+    live_key, sink_key = dg.AssetKey(names.live_asset), dg.AssetKey(names.sink)
 
-    @dg.op(name=names.live_op, description=f"Runs the live phase of {pipeline.name!r} until terminated.")
-    def live_phase(context: dg.OpExecutionContext, config: LiveConfig, spark: SparkResource, storage: StorageResource):
+    @dg.asset(
+        name=names.live_asset,
+        deps=[names.backlog, names.state],
+        code_version=pipeline.fingerprint(),
+        op_tags={"phases/pipeline": pipeline.name},
+        **catalog.spec_kwargs(
+            pipeline,
+            f"Live phase of {pipeline.name!r}: one Structured Streaming query seeded from the handoff, keeping the "
+            "state and the sink up to date until it is stopped. Materialized at every report with its measurements "
+            "and its state (running, stopped, failed).",
+            kinds={"spark", "delta"},
+        ),
+    )
+    def live(context: dg.AssetExecutionContext, config: LiveConfig, spark: SparkResource, storage: StorageResource):
         p = storage.resolve(pipeline)
         interval = config.report_interval_seconds or settings.live.report_interval_seconds
         runner = LiveRunner.from_manifest(spark.session(), p, config.manifest_id, take_over=config.take_over_dead_lease)
-        context.log.info(f"starting the live phase of {p.name!r} from manifest {runner.run_name}")
+        mid = runner.run_name
+        context.log.info(f"starting the live phase of {p.name!r} from manifest {mid}")
+        sink_version = None
+        reason = None
+
+        def sink_update(force: bool = False) -> None:
+            nonlocal sink_version
+            stats = table_stats.stats(p.sink.path)
+            if stats is None or (stats.version == sink_version and not force):
+                return
+            sink_version = stats.version
+            context.log_event(
+                dg.AssetMaterialization(
+                    asset_key=sink_key,
+                    metadata={
+                        "written_by": "live",
+                        "manifest_id": mid,
+                        **catalog.table_metadata(p, p.sink.path, "sink"),
+                    },
+                )
+            )
+
+        meter = LiveMeter(runner)  # before the start: the rows its first micro-batch applies are reported too
         try:
             start = runner.start()
             started = time.monotonic()
             context.log.info(
-                f"live phase running: first checkpoint committed {start.start_seconds:.1f} s after the queries "
-                f"started (state replay of manifest {runner.run_name}); reporting every {interval:g} s"
+                f"live phase running: first checkpoint committed {start.start_seconds:.1f} s after the query "
+                f"started (manifest {mid}); reporting every {interval:g} s"
             )
             context.log_event(
-                dg.AssetObservation(
-                    asset_key=asset_key,
-                    metadata={"event": "started", "manifest_id": runner.run_name, "start_s": start.start_seconds},
+                dg.AssetMaterialization(
+                    asset_key=live_key,
+                    metadata={"state": RUNNING, "event": "started", "manifest_id": mid, "start_s": start.start_seconds},
                 )
             )
+            sink_update()
             while True:
                 time.sleep(interval)
                 runner.raise_if_failed()
-                meta = progress_metadata(runner.status(), runner.lag())
-                context.log.info(
-                    "live progress: " + ", ".join(f"{k}={v}" for k, v in meta.items() if k != "manifest_id")
-                )
-                context.log_event(dg.AssetObservation(asset_key=asset_key, metadata={"event": "progress", **meta}))
+                report = meter.report()
+                context.log.info(f"live progress: {report.describe()}")
+                context.log_event(dg.AssetMaterialization(asset_key=live_key, metadata=report_metadata(report, mid)))
+                sink_update()
                 if config.max_runtime_seconds is not None and time.monotonic() - started >= config.max_runtime_seconds:
                     context.log.info(
                         f"max_runtime_seconds={config.max_runtime_seconds:g} reached; processing what is "
                         "available, then stopping"
                     )
                     runner.process_available()
-                    meta = progress_metadata(runner.status(), runner.lag())
-                    context.log_event(dg.AssetObservation(asset_key=asset_key, metadata={"event": "stopped", **meta}))
+                    sink_update()
+                    reason = f"max_runtime_seconds={config.max_runtime_seconds:g} reached"
                     break
-        except BaseException as exc:  # termination arrives as KeyboardInterrupt / DagsterExecutionInterruptedError
-            context.log.info(f"live phase stopping on {type(exc).__name__}")
-            raise
+        except BaseException as exc:
+            if not _interrupted(exc):
+                context.log.error(f"live phase failed: {type(exc).__name__}: {exc}")
+                context.log_event(
+                    dg.AssetObservation(
+                        asset_key=live_key,
+                        metadata={
+                            "state": FAILED,
+                            "manifest_id": mid,
+                            "error": f"{type(exc).__name__}: {str(exc)[:2000]}",
+                        },
+                    )
+                )
+                raise
+            reason = "terminated: the run was asked to stop (SIGINT from Dagster)"
         finally:
             runner.stop()
-            context.log.info("live phase queries stopped; a new run resumes from their checkpoints")
+            context.log.info("live phase query stopped; a new run resumes from its checkpoint")
+        context.log.info(f"live phase stopped cleanly: {reason}")
+        return dg.MaterializeResult(metadata={"state": STOPPED, "reason": reason, "manifest_id": mid})
 
-    @dg.job(
-        name=names.live_job,
+    return live
+
+
+def build_live_job(pipeline: Pipeline):
+    names = Names(pipeline)
+    return dg.define_asset_job(
+        names.live_job,
+        selection=dg.AssetSelection.assets(names.live_asset),
         executor_def=dg.in_process_executor,
         description=f"Live phase of {pipeline.name!r} (long-running; terminate it to stop).",
         tags={"phases/pipeline": pipeline.name},
     )
-    def live_job():
-        live_phase()
-
-    return live_job

@@ -23,6 +23,9 @@ DEMO = Pipeline(
     sink=DeltaSink(path="demo_events/sink"),
     locations=Locations(root="demo_events/engine"),
     checkpoint_interval=timedelta(seconds=2),
+    description="Per-key count, sum, min, max, mean and an XOR checksum of the demo's events.",
+    owners=["team:data-platform"],
+    tags={"domain": "demo", "tier": "bronze"},
 )
 
 # The same pipeline over a Kafka topic (JSON values). The broker address is the deployment's: the storage resource
@@ -38,5 +41,17 @@ DEMO_KAFKA = DEMO.model_copy(
         ),
         "sink": DeltaSink(path="demo_kafka/sink"),
         "locations": Locations(root="demo_kafka/engine"),
+    }
+)
+
+# The same aggregation over a source whose backlog is built in daily slices (the daily-partitioned backlog asset, its
+# schedule and partition backfills). Its source starts empty: `make demo` writes the keyed demo's source only.
+DEMO_DAILY = DEMO.model_copy(
+    update={
+        "name": "demo_daily",
+        "source": DeltaSource(path="demo_daily/source"),
+        "sink": DeltaSink(path="demo_daily/sink"),
+        "locations": Locations(root="demo_daily/engine"),
+        "description": "The demo's aggregation, its backlog built from daily slices (one partition per UTC day).",
     }
 )

@@ -55,11 +55,30 @@ class LiveReporting(_Model):
     report_interval_seconds: float = Field(10.0, gt=0, description="Progress events and observations cadence.")
 
 
+class LiveHealth(_Model):
+    """The health sensor: the sink's freshness check, source observations, and relaunching a dead live run."""
+
+    max_lag: timedelta = Field(
+        timedelta(minutes=10),
+        description="The sink's freshness check fails when the oldest source data the live phase has not applied "
+        "was committed longer ago than this.",
+    )
+    minimum_interval_seconds: int = Field(30, ge=1, description="How often the daemon evaluates the health sensor.")
+    relaunch: bool = Field(True, description="Relaunch a failed live run from its checkpoint.")
+    max_relaunches: int = Field(5, ge=0, description="Consecutive relaunches of one handoff's live phase, at most.")
+    backoff_seconds: float = Field(
+        30.0, ge=0, description="Wait after the first failure; doubled after each further one (capped below)."
+    )
+    max_backoff_seconds: float = Field(600.0, ge=0, description="The longest wait between relaunches.")
+    running_by_default: bool = Field(True, description="Start the sensor with the daemon, no click needed.")
+
+
 class Orchestration(_Model):
     switch: SwitchPolicy = SwitchPolicy()
     checks: CheckPolicy = CheckPolicy()
     backfill: DailyBackfill | None = Field(None, description="None: one unpartitioned backlog asset.")
     live: LiveReporting = LiveReporting()
+    health: LiveHealth = LiveHealth()
 
 
 class Names:
@@ -68,13 +87,21 @@ class Names:
     def __init__(self, pipeline: Pipeline):
         n = pipeline.name
         self.group = n
-        self.backlog = f"{n}_backlog"
+        self.source = f"{n}_source"
+        self.right_source = f"{n}_right_source"
+        self.backlog = f"{n}_backlog"  # the handoff manifest
+        self.backlog_op = f"{n}_backlog_phase"
+        self.state = f"{n}_state"
+        self.sink = f"{n}_sink"
+        self.quarantine = f"{n}_quarantine"
+        self.source_op = f"{n}_source_heads"
+        self.health = f"{n}_live_health"
+        self.fresh = "sink_fresh"
         self.slices = f"{n}_backlog_slices"
         self.live_asset = f"{n}_live"
         self.backlog_job = f"{n}_backlog_job"
         self.slices_job = f"{n}_backlog_slices_job"
         self.live_job = f"{n}_live_job"
-        self.live_op = f"{n}_live_phase"
         self.switch = f"{n}_switch"
         self.schedule = f"{n}_daily_backfill"
         self.checks = f"{n}_backlog_checks"

@@ -170,13 +170,13 @@ def build_switch_sensor(
             return dg.RunRequest(
                 run_key=f"live:{decision.manifest_id}",
                 job_name=names.live_job,
-                run_config={"ops": {names.live_op: {"config": {"manifest_id": decision.manifest_id}}}},
+                run_config={"ops": {names.live_asset: {"config": {"manifest_id": decision.manifest_id}}}},
                 tags={"phases/manifest_id": decision.manifest_id, "phases/switch_reason": decision.reason[:200]},
             )
         return dg.RunRequest(
             run_key=f"catch-up:{decision.manifest_id}",
             job_name=names.backlog_job,
-            run_config={"ops": {names.backlog: {"config": {"mode": "increment"}}}},
+            run_config={"ops": {names.backlog_op: {"config": {"mode": "increment"}}}},
             tags={"phases/base_manifest_id": decision.manifest_id, "phases/switch_reason": decision.reason[:200]},
         )
 

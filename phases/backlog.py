@@ -19,9 +19,11 @@ idempotently. An orphaned ``state/<id>`` table of a crashed run is never referen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import PurePosixPath
@@ -29,7 +31,7 @@ from pathlib import PurePosixPath
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import fs, lateness, leases, maintenance, manifest, operators, progress_log, quarantine, tables
+from phases import fs, lateness, leases, maintenance, manifest, operators, progress, progress_log, quarantine, tables
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import ManifestError, PhaseStateError, SourceError
@@ -181,9 +183,16 @@ class BacklogRunner:
         self.take_over = take_over
         self.removed_orphans: list[str] = []  # state tables of crashed runs this run removed
 
-    def lease(self) -> leases.hold:
-        """The pipeline's backlog lease for this runner (re-entrant): one backlog at a time."""
-        return leases.hold(self.spark, self.pipeline, "backlog", self.holder, take_over=self.take_over)
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[None]:
+        """The pipeline's backlog lease for this runner (re-entrant): one backlog at a time. In a terminal, the
+        run shows a progress bar (:func:`phases.progress.console`)."""
+        hold = leases.hold(self.spark, self.pipeline, "backlog", self.holder, take_over=self.take_over)
+        with hold, progress.console(self.spark):
+            yield
+
+    def _step(self, name: str):
+        return progress.step(self.spark, self.pipeline.name, "backlog", name)
 
     def refuse_after_switch(self, reset: bool) -> None:
         """Raises PhaseStateError once the live phase of the latest manifest has started (unless reset)."""
@@ -306,25 +315,28 @@ class BacklogRunner:
     def _run_full_pass(self, v: int, started: float) -> manifest.HandoffManifest:
         if self.pipeline.end_of_stream:
             t = time.perf_counter()
-            EndOfStreamRunner(self.spark, self.pipeline).run_all(v)  # blocking, before the stream operator
+            with self._step("end-of-stream steps"):
+                EndOfStreamRunner(self.spark, self.pipeline).run_all(v)  # blocking, before the stream operator
             self.timings["end_of_stream_s"] = time.perf_counter() - t
         p, spark = self.pipeline, self.spark
         logic = self.logic()  # checks the definition against the sources' schemas before any pass
         self.source.require_change_feed(v)
-        inputs = [tag_version_range(spark, p, self.source, (0, v), None, self.timings)]
-        right = None
-        if self.right_source is not None:
-            v_right = self.right_source.head_version()
-            self.right_source.require_change_feed(v_right)
-            inputs.append(tag_version_range(spark, p, self.right_source, (0, v_right), None, self.timings))
-            right = (v_right, inputs[1].running_max_us)
+        with self._step("statistics (watermarks)"):
+            inputs = [tag_version_range(spark, p, self.source, (0, v), None, self.timings)]
+            right = None
+            if self.right_source is not None:
+                v_right = self.right_source.head_version()
+                self.right_source.require_change_feed(v_right)
+                inputs.append(tag_version_range(spark, p, self.right_source, (0, v_right), None, self.timings))
+                right = (v_right, inputs[1].running_max_us)
         t = time.perf_counter()
         rows = inputs[0].quarantine
         if len(inputs) == 2:
             reason = F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason"))
             rows = rows.unionByName(inputs[1].quarantine.withColumn("reason", reason))
         empty = not any(i.has_quarantine for i in inputs)
-        quarantine.replace_backlog(spark, p.locations.quarantine, p.name, rows, empty=empty)
+        with self._step("quarantine"):
+            quarantine.replace_backlog(spark, p.locations.quarantine, p.name, rows, empty=empty)
         self.timings["quarantine_s"] = time.perf_counter() - t
         write = self.kind.backlog(spark, p, logic, inputs)
         return self.write_handoff(
@@ -353,13 +365,15 @@ class BacklogRunner:
             return base
         logic = self.logic()
         lo = base.source_version + 1
-        part = version_range_partial(
-            self.spark, p, self.source, logic, (lo, v), base.backlog_max_event_time_us, self.timings
-        )
+        with self._step("statistics (watermarks)"):
+            part = version_range_partial(
+                self.spark, p, self.source, logic, (lo, v), base.backlog_max_event_time_us, self.timings
+            )
         t = time.perf_counter()
-        quarantine.replace_backlog(
-            self.spark, p.locations.quarantine, p.name, part.quarantine, (lo, v), empty=not part.has_quarantine
-        )
+        with self._step("quarantine"):
+            quarantine.replace_backlog(
+                self.spark, p.locations.quarantine, p.name, part.quarantine, (lo, v), empty=not part.has_quarantine
+            )
         self.timings["quarantine_s"] = time.perf_counter() - t
         previous = self.spark.read.format("delta").load(base.state_path).select(*part.buffers.columns)
         state = logic.merge_partials(previous.unionByName(part.buffers))
@@ -400,12 +414,15 @@ class BacklogRunner:
         state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
         try:
             t = time.perf_counter()
-            write.write_state(state_path)
+            with self._step("state"):
+                write.write_state(state_path)
             self.timings["state_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            write.write_sink(p.sink.path)
+            with self._step("sink"):
+                write.write_sink(p.sink.path)
             self.timings["sink_s"] = time.perf_counter() - t
-            counts = write.counts(self.spark, state_path, p.sink.path)
+            with self._step("manifest"):
+                counts = write.counts(self.spark, state_path, p.sink.path)
         finally:
             write.close()
         return self._write_manifest(
@@ -440,7 +457,10 @@ class BacklogRunner:
         """Appends the handoff manifest, last: after it, the live phase may start. ``right``: the right
         source's version and max event time (two-input operators)."""
         p = self.pipeline
-        late, invalid, future = quarantine.backlog_counts(self.spark, p.locations.quarantine, p.name, source_version)
+        with self._step("manifest"):
+            late, invalid, future = quarantine.backlog_counts(
+                self.spark, p.locations.quarantine, p.name, source_version
+            )
         handoff = manifest.HandoffManifest(
             manifest_id=manifest_id,
             pipeline=p.name,

@@ -25,6 +25,10 @@ STATE_SCHEMA_VERSION = 1
 OPERATOR_VERSION = 1
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+_TEAM = re.compile(r"^team:[A-Za-z0-9_.\- ]+$")
+_TAG_VALUE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
+_TAG_KEY = re.compile(r"^([A-Za-z0-9_.\-]{1,63}/)?[A-Za-z0-9_.\-]{1,63}$")
 # Column names the engine adds to its own tables; a user column may not start with this.
 RESERVED_PREFIX = "_"
 
@@ -760,6 +764,16 @@ class Pipeline(_Model):
         "checkpoint_interval) it commits a handoff after each increment of at most this much source time "
         "(commit time), so a crash re-runs at most one increment.",
     )
+    # Catalog only (what an orchestrator shows of the pipeline's tables); not part of the fingerprint.
+    description: str | None = Field(None, description="What the pipeline computes, shown on each of its assets.")
+    owners: list[str] = Field(
+        default_factory=list, description="Who owns the pipeline's tables: e-mail addresses or 'team:<name>'."
+    )
+    tags: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels of the pipeline's tables (key: letters, digits, '_', '-', '.', optionally one "
+        "'prefix/'; value: at most 63 of the same characters, or empty).",
+    )
 
     @field_validator("name")
     @classmethod
@@ -813,6 +827,31 @@ class Pipeline(_Model):
     def _interval(cls, v: timedelta) -> timedelta:
         if v <= timedelta(0):
             raise ValueError(f"checkpoint_interval must be > 0; got {v}")
+        return v
+
+    @field_validator("owners")
+    @classmethod
+    def _owners(cls, v: list[str]) -> list[str]:
+        for owner in v:
+            if not (_EMAIL.match(owner) or _TEAM.match(owner)):
+                raise ValueError(
+                    f"owner {owner!r} is neither an e-mail address nor 'team:<name>' (e.g. 'team:data-eng')"
+                )
+        return v
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _TAG_KEY.match(key):
+                raise ValueError(
+                    f"tag key {key!r} is not valid: letters, digits, '_', '-', '.', at most 63 of them, optionally "
+                    "after one 'prefix/'"
+                )
+            if not _TAG_VALUE.match(value):
+                raise ValueError(
+                    f"tag {key!r}: value {value!r} is not valid: at most 63 letters, digits, '_', '-', '.'"
+                )
         return v
 
     @model_validator(mode="after")

@@ -66,3 +66,23 @@ def live_started(spark: SparkSession, live_run_root: str) -> bool:
     """True once a live run under ``live_run_root`` has recorded its switch (it then owns its state table)."""
     root = live_run_root.rstrip("/")
     return bool(ProgressLog(spark, f"{root}/{FOLDER}").batch_ids()) or tables.exists(spark, f"{root}/{LEGACY_TABLE}")
+
+
+def latest_local(live_run_root: str) -> tuple[int, dict] | None:
+    """:meth:`ProgressLog.latest` without Spark, for sensors: local paths and ``file:`` URIs only (None when the
+    run has no record, or its folder is not local)."""
+    from pathlib import Path
+
+    root = live_run_root.removeprefix("file://").removeprefix("file:")
+    if "://" in root:
+        return None
+    folder = Path(root) / FOLDER
+    if not folder.is_dir():
+        return None
+    ids = sorted(int(p.stem) for p in folder.iterdir() if p.suffix == ".json" and p.stem.lstrip("-").isdigit())
+    for batch_id in reversed(ids):  # a record deleted by retention between the listing and the read: the next
+        try:
+            return batch_id, json.loads((folder / f"{batch_id}.json").read_text())
+        except FileNotFoundError:
+            continue
+    return None

@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases import quarantine, tables
+from phases import progress, quarantine, tables
 from phases.backlog import BacklogRunner, version_range_partial
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
@@ -160,14 +160,17 @@ class SliceRunner:
             )
             self._replace_partial(empty, sid)
         else:
-            part = version_range_partial(spark, p, self.backlog.source, logic, versions, self._prior_max(versions[0]))
-            q = part.quarantine.persist()
-            try:
-                quarantine.replace_backlog(spark, p.locations.quarantine, p.name, q, versions)
-                quarantined = q.count()
-            finally:
-                q.unpersist()
-            self._replace_partial(part.buffers.select(F.lit(sid).alias(SLICE), *part.buffers.columns), sid)
+            with progress.step(spark, p.name, "backlog", f"slice {sid}"):
+                part = version_range_partial(
+                    spark, p, self.backlog.source, logic, versions, self._prior_max(versions[0])
+                )
+                q = part.quarantine.persist()
+                try:
+                    quarantine.replace_backlog(spark, p.locations.quarantine, p.name, q, versions)
+                    quarantined = q.count()
+                finally:
+                    q.unpersist()
+                self._replace_partial(part.buffers.select(F.lit(sid).alias(SLICE), *part.buffers.columns), sid)
             stats = (
                 spark.read.format("delta")
                 .load(self.partials_path)

@@ -8,7 +8,9 @@ with each input's watermark this gives the switch rule (``assets.switch.decide``
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from phases import delta_log
 from phases.definition import DeltaSource, HybridSource, KafkaSource, Pipeline
@@ -75,3 +77,64 @@ def input_lags(
         version = -1 if right_source_version is None else right_source_version
         lags.append(delta_lag("right source", right, version, right_watermark_us))
     return lags
+
+
+@dataclass(frozen=True)
+class Unapplied:
+    """What the source holds that the live phase has not applied yet (the sink's freshness)."""
+
+    location: str
+    behind: int | None  # versions (Delta) or records (Kafka); None: could not be read
+    unit: str
+    oldest_at: datetime | None  # commit time (Delta) or record timestamp (Kafka) of the oldest one not applied
+    error: str | None = None
+
+
+def unapplied(pipeline: Pipeline, *, applied_version: int, applied_offsets: dict[int, int] | None) -> Unapplied:
+    """How much of the pipeline's source is after the applied position, and since when it waits."""
+    source = pipeline.source.live if isinstance(pipeline.source, HybridSource) else pipeline.source
+    if isinstance(source, KafkaSource):
+        return _kafka_unapplied(source, applied_offsets or {})
+    head = delta_log.head_version(source.path)
+    if head is None:
+        return Unapplied(source.path, None, "versions", None, "no Delta log (moved or deleted?)")
+    if head <= applied_version:
+        return Unapplied(source.path, 0, "versions", None)
+    from phases import table_stats
+
+    first = applied_version + 1
+    return Unapplied(
+        source.path, head - applied_version, "versions", table_stats.commit_times(source.path, first).get(first)
+    )
+
+
+def _kafka_unapplied(spec: KafkaSource, applied: dict[int, int]) -> Unapplied:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from phases.kafka_source import client_conf, partition_watermarks
+
+    conf = client_conf(spec)
+    try:
+        marks = partition_watermarks(conf, spec.topic, timeout=10)
+    except SourceError as exc:
+        return Unapplied(spec.location, None, "records", None, str(exc))
+    waiting = {p: max(applied.get(p, lo), lo) for p, (lo, hi) in marks.items() if hi > max(applied.get(p, lo), lo)}
+    behind = sum(hi - waiting[p] for p, (_, hi) in marks.items() if p in waiting)
+    if not waiting:
+        return Unapplied(spec.location, 0, "records", None)
+    consumer = Consumer({**conf, "group.id": "phases-probe", "enable.auto.commit": False})
+    times = []
+    try:
+        consumer.assign([TopicPartition(spec.topic, p, o) for p, o in waiting.items()])
+        remaining, deadline = set(waiting), time.monotonic() + 10
+        while remaining and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None or msg.partition() not in remaining:
+                continue
+            remaining.discard(msg.partition())
+            kind, ms = msg.timestamp()
+            if ms is not None and ms >= 0:
+                times.append(datetime.fromtimestamp(ms / 1000, tz=UTC))
+    finally:
+        consumer.close()
+    return Unapplied(spec.location, behind, "records", min(times) if times else None)

@@ -1,5 +1,6 @@
-"""The live job in-process: starts from the sensor's manifest, reports progress as observations, stops
-cleanly, and a second run resumes from the checkpoints."""
+"""The live job in-process: starts from the sensor's manifest, materializes the live asset with measurements
+checked against known input and the sink with its row count, stops cleanly, and a second run resumes from the
+checkpoint."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ def _commits(path: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(path) if n.isdigit())
 
 
+def _live_materializations(result: dg.ExecuteInProcessResult, asset: str) -> list[dict]:
+    out = []
+    for event in result.get_asset_materialization_events():
+        materialization = event.step_materialization_data.materialization
+        if materialization.asset_key == dg.AssetKey(asset):
+            out.append({k: getattr(v, "value", v) for k, v in materialization.metadata.items()})
+    return out
+
+
 def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_path):
     root = str(tmp_path)
     write_source(spark, f"{root}/src", VERSIONS)
@@ -32,20 +42,28 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
         v4 = [("a", 80 * S, 20), ("f", 75 * S, 21), ("c", 1 * S, 22)]  # ("c", 1 s) is late
         append_version(spark, f"{root}/src", v4)
         config = {"manifest_id": mid, "report_interval_seconds": 1.0, "max_runtime_seconds": 4.0}
-        run_config = {"ops": {names.live_op: {"config": config}}}
+        run_config = {"ops": {names.live_asset: {"config": config}}}
         live_job = defs.resolve_job_def(names.live_job)
 
         first = live_job.execute_in_process(instance=instance, run_config=run_config)
         assert first.success
-        observations = [
-            e.event_specific_data.asset_observation
-            for e in first.all_events
-            if e.event_type_value == "ASSET_OBSERVATION"
-        ]
-        progress = [o.metadata for o in observations if o.metadata["event"].value == "progress"]
-        assert observations[0].metadata["event"].value == "started" and len(progress) >= 2
-        assert {"batch_id", "input_rows_per_s", "watermark", "watermark_lag_s", "behind"} <= set(progress[-1])
-        assert progress[-1]["behind"].value == 0
+        reports = _live_materializations(first, names.live_asset)
+        assert reports[0]["event"] == "started" and reports[-1]["state"] == "stopped", reports[-1]
+        assert reports[-1]["reason"].startswith("max_runtime_seconds")
+        running = [r for r in reports if r.get("state") == "running" and "input_rows" in r]
+        assert len(running) >= 2
+        # Truthful measurements against known input: v4's three records were read once, by a batch that took time.
+        assert sum(r["input_rows"] for r in running) == len(v4)
+        busy = [r for r in running if r["input_rows"] > 0]
+        assert busy and all(r["processed_rows_per_s"] > 0 and r["batch_duration_s"] > 0 for r in busy)
+        assert running[-1]["behind"] == 0 and running[-1]["event_time_lag_s"] == 0.0
+        assert running[-1]["applied_position"] == "v4" and running[-1]["head_position"] == "v4"
+        last = running[-1]  # timestamps (seconds since the epoch), not text: v4's newest record is at 80 s
+        assert last["applied_max_event_time"] - last["watermark"] == DELAY_S
+        assert last["head_max_event_time"] == last["applied_max_event_time"]
+        sink_events = _live_materializations(first, names.sink)
+        assert sink_events and sink_events[-1]["written_by"] == "live"
+        assert sink_events[-1]["dagster/row_count"] == len(sink_rows(spark, f"{root}/engine/sink"))
         expected, _ = reference.run({**VERSIONS, 4: v4}, DELAY_S * S)
         assert_results_equal(sink_rows(spark, f"{root}/engine/sink"), expected)
 

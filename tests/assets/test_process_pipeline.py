@@ -48,7 +48,7 @@ def test_process_pipeline_backlog_checks_switch_and_live_close_open_sessions(spa
         config = {"manifest_id": handoff.manifest_id, "report_interval_seconds": 1.0, "max_runtime_seconds": 4.0}
         live = defs.resolve_job_def(names.live_job)
         assert live.execute_in_process(
-            instance=instance, run_config={"ops": {names.live_op: {"config": config}}}
+            instance=instance, run_config={"ops": {names.live_asset: {"config": config}}}
         ).success
         expected = reference.run_process({**VERSIONS, 3: [("d", 70 * S, 4)]}, DELAY_S * S, Sessions(), ts)
         got = _sink(spark, f"{root}/engine/sink")

@@ -47,9 +47,9 @@ def test_backlog_asset_reports_the_handoff_and_its_checks_pass(spark, instance, 
     p = relative_pipeline(delay_s=DELAY_S)
     names, defs = Names(p), definitions(spark, root, p, LENIENT)
     result = _materialize(defs, instance, names)
-    meta = result.asset_materializations_for_node(names.backlog)[0].metadata
+    meta = result.asset_materializations_for_node(names.backlog_op)[0].metadata
     assert {k: meta[k].value for k in ("source_version", "input_rows", "keys", "late_rows", "invalid_rows")} == {
-        "source_version": 3,
+        "source_version": "3",  # an id: text, not plotted
         "input_rows": 10,
         "keys": 4,
         "late_rows": 2,
@@ -62,7 +62,18 @@ def test_backlog_asset_reports_the_handoff_and_its_checks_pass(spark, instance, 
     assert meta["future_rows"].value == 0
     handoff = manifest.latest(spark, f"{root}/engine/manifests", p.name)
     assert meta["manifest_id"].value == handoff.manifest_id
-    assert meta["final_watermark_us"].value == handoff.final_watermark_us
+    assert meta["handoff"].value["final_watermark_us"] == handoff.final_watermark_us  # exact, in the JSON entry
+    assert meta["final_watermark"].value == handoff.final_watermark_us / 1e6  # a timestamp for people
+    # Catalog metadata of the tables the backlog made: name, schema (the Columns tab), row count.
+    sink = result.asset_materializations_for_node(names.backlog_op)
+    by_key = {m.asset_key.to_user_string(): m.metadata for m in sink}
+    assert set(by_key) == {names.backlog, names.state, names.sink, names.quarantine}
+    sink_meta = by_key[names.sink]
+    assert sink_meta["dagster/table_name"].value == f"{p.name}.sink"
+    assert sink_meta["dagster/row_count"].value == 4
+    assert [c.name for c in sink_meta["dagster/column_schema"].value.columns][:1] == ["key"]
+    assert by_key[names.quarantine]["dagster/row_count"].value == 3
+    assert by_key[names.state]["dagster/row_count"].value == 4
 
 
 def test_sensor_skips_when_nothing_is_materialized(spark, instance, root):
@@ -79,7 +90,7 @@ def test_sensor_launches_live_once_when_caught_up(spark, instance, root):
     data = _tick(defs, instance, root, names.switch)
     [req] = data.run_requests
     assert (req.job_name, req.run_key) == (names.live_job, f"live:{mid}")
-    assert req.run_config["ops"][names.live_op]["config"]["manifest_id"] == mid
+    assert req.run_config["ops"][names.live_asset]["config"]["manifest_id"] == mid
     assert json.loads(data.cursor)["launched"] == mid
     again = _tick(defs, instance, root, names.switch, cursor=data.cursor)  # already launched
     assert not again.run_requests and "already launched" in again.skip_message
@@ -168,7 +179,7 @@ def test_far_future_records_warn_in_a_check_without_blocking_the_switch(spark, i
     names, defs = Names(p), definitions(spark, root, p, LENIENT)
     append_version(spark, f"{root}/src", [("a", reference.FAR_FUTURE_US, 1)])  # dated 2099
     result = _materialize(defs, instance, names)
-    meta = result.asset_materializations_for_node(names.backlog)[0].metadata
+    meta = result.asset_materializations_for_node(names.backlog_op)[0].metadata
     assert meta["future_rows"].value == 1
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     warning = evaluations[NO_FAR_FUTURE]
@@ -198,7 +209,7 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
     )
     p = make_pipeline(source, "engine", delay_s=DELAY_S)
     names, defs = Names(p), definitions(spark, str(tmp_path), p, LENIENT)
-    meta = _materialize(defs, instance, names).asset_materializations_for_node(names.backlog)[0].metadata
+    meta = _materialize(defs, instance, names).asset_materializations_for_node(names.backlog_op)[0].metadata
     assert json.loads(meta["source_position"].value)["end"] == {"0": 3, "1": 3}
     assert meta["input_rows"].value == 6
 

@@ -34,7 +34,7 @@ def test_windowed_backlog_checks_pass_and_increments_emit_each_window_once(spark
     names = Names(p)
     defs = definitions(spark, root, p, Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.5)))
     job = defs.resolve_job_def(names.backlog_job)
-    increment = {"ops": {names.backlog: {"config": {"mode": "increment"}}}}
+    increment = {"ops": {names.backlog_op: {"config": {"mode": "increment"}}}}
     with dg.instance_for_test() as instance:
         first = job.execute_in_process(instance=instance)
         assert first.success and all(e.passed for e in first.get_asset_check_evaluations())

@@ -1,0 +1,114 @@
+"""What a Delta table's log says about it, read with delta-rs (no Spark, no JVM): its version, row count, schema,
+the maximum of a column and commit times.
+
+Sensors and catalog metadata need these in milliseconds, from a process that has no SparkSession. Row counts and
+maxima come from the per-file statistics Delta writes into its log (``numRecords``, ``maxValues``), so nothing is
+scanned; a file written without statistics makes the figure unknown (None), never a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from phases.errors import SourceError
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # Delta's type name: string, long, timestamp, struct<...>, ...
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class TableStats:
+    path: str
+    version: int
+    rows: int | None  # None: a data file has no numRecords statistic
+    files: int
+    columns: tuple[Column, ...]
+    commit_time: datetime | None  # the version's commit (in-commit timestamp, else the log's timestamp)
+    max_values: dict[str, datetime | int | float | str | None]  # the requested columns' maxima (from file stats)
+
+
+def _uri(path: str) -> str:
+    return path[len("file:") :] if path.startswith("file:") and not path.startswith("file://") else path
+
+
+def _table(path: str, version: int | None = None):
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(_uri(path), version=version)
+    except TableNotFoundError:
+        return None
+    except Exception as exc:  # delta-rs raises several kinds for unreadable logs; name the table
+        raise SourceError(f"cannot read the Delta log of {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _type_name(dtype) -> str:
+    kind = type(dtype).__name__
+    if kind == "PrimitiveType":
+        return dtype.type
+    if kind == "ArrayType":
+        return f"array<{_type_name(dtype.element_type)}>"
+    if kind == "MapType":
+        return f"map<{_type_name(dtype.key_type)},{_type_name(dtype.value_type)}>"
+    if kind == "StructType":
+        return "struct<" + ",".join(f"{f.name}:{_type_name(f.type)}" for f in dtype.fields) + ">"
+    return str(dtype)
+
+
+def _commit_time(commit: dict) -> datetime | None:
+    ms = commit.get("inCommitTimestamp") or commit.get("timestamp")
+    return None if ms is None else datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
+
+
+def stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:
+    """The table's current version and what its log records of it; None when ``path`` holds no Delta table."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = _table(path)
+    if table is None:
+        return None
+    actions = pa.table(table.get_add_actions(flatten=True))
+    rows = None
+    if "num_records" in actions.column_names:
+        counts = actions.column("num_records")
+        rows = int(pc.sum(counts).as_py() or 0) if counts.null_count == 0 else None
+    maxima: dict = {}
+    for name in max_of:
+        column = f"max.{name}"
+        if (
+            actions.num_rows == 0
+            or column not in actions.column_names
+            or actions.column(column).null_count == actions.num_rows
+        ):
+            maxima[name] = None
+        else:
+            maxima[name] = pc.max(actions.column(column)).as_py()
+    history = table.history(1)
+    columns = tuple(Column(f.name, _type_name(f.type), f.nullable) for f in table.schema().fields)
+    return TableStats(
+        path=path,
+        version=table.version(),
+        rows=rows,
+        files=actions.num_rows,
+        columns=columns,
+        commit_time=_commit_time(history[0]) if history else None,
+        max_values=maxima,
+    )
+
+
+def commit_times(path: str, first_version: int) -> dict[int, datetime]:
+    """Commit time of each version from ``first_version`` to the head (empty when there is none)."""
+    table = _table(path)
+    if table is None or table.version() < first_version:
+        return {}
+    commits = table.history(table.version() - first_version + 1)
+    return {
+        int(c["version"]): t for c in commits if (t := _commit_time(c)) is not None and c["version"] >= first_version
+    }
