@@ -4,7 +4,7 @@ Adding a pipeline is one line in the merge below (plus its definition in assets/
 """
 
 import os
-from datetime import date
+from datetime import date, timedelta
 
 import dagster as dg
 
@@ -19,6 +19,7 @@ DEMO_SETTINGS = Orchestration(
     health=LiveHealth(
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         backoff_seconds=float(os.environ.get("PHASES_RELAUNCH_BACKOFF_S", "30")),
+        max_lag=timedelta(seconds=float(os.environ.get("PHASES_SINK_MAX_LAG_S", "600"))),
     ),
 )
 DAILY_SETTINGS = DEMO_SETTINGS.model_copy(update={"backfill": DailyBackfill(start_date=date(2026, 1, 1))})

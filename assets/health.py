@@ -115,6 +115,11 @@ def failure_of(instance: dg.DagsterInstance, run_id: str) -> str | None:
             first = (error.message or "").strip().splitlines()
             text = first[0] if first else ""
             return f"{error.cls_name}: {text.removeprefix(error.cls_name + ': ')}"[:300]
+    # A run worker that was killed leaves no step failure: its code server reports the process's exit instead.
+    engine = instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+    for record in reversed(engine):
+        if "exit code" in (record.message or "") or "unexpectedly" in (record.message or ""):
+            return f"RunWorkerLost: {record.message.splitlines()[0]}"[:300]
     run = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
     if run:
         return f"RunFailure: {(run[-1].message or 'run failed').splitlines()[0]}"[:300]

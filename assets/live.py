@@ -50,24 +50,24 @@ class LiveConfig(dg.Config):
 
 def report_metadata(report: LiveReport, manifest_id: str) -> dict:
     """One report as the live asset's materialization: measurements as numbers (plotted), ids and positions as
-    text, times as timestamps."""
-
-    def measured(value: float | None, digits: int = 3):
-        return round(value, digits) if value is not None else dg.MetadataValue.text("none")
-
+    text, times as timestamps. A measurement with no value in the interval (no row arrived: no processing rate) is
+    left out, so its plot has a gap rather than a made-up zero."""
+    measured = {
+        "processed_rows_per_s": report.processed_rows_per_s,
+        "batch_duration_s": report.batch_duration_s,
+        "behind": report.behind,
+        "event_time_lag_s": report.event_time_lag_s,
+        "watermark_age_s": report.watermark_age_s,
+    }
     return {
         "state": RUNNING,
         "manifest_id": manifest_id,
         "input_rows": report.input_rows,
         "input_rows_per_s": round(report.input_rows_per_s, 3),
-        "processed_rows_per_s": measured(report.processed_rows_per_s, 1),
-        "batch_duration_s": measured(report.batch_duration_s),
         "batches": report.batches,
         "data_batches": report.data_batches,
-        "behind": report.behind if report.behind is not None else dg.MetadataValue.text("unknown"),
+        **{k: round(v, 3) if isinstance(v, float) else v for k, v in measured.items() if v is not None},
         "behind_unit": report.behind_unit,
-        "event_time_lag_s": measured(report.event_time_lag_s),
-        "watermark_age_s": measured(report.watermark_age_s),
         "watermark": catalog.timestamp(report.watermark),
         "applied_max_event_time": catalog.timestamp(report.applied_max_event_time),
         "head_max_event_time": catalog.timestamp(report.head_max_event_time),

@@ -44,16 +44,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def prepare_home(home: Path) -> None:
-    """A DAGSTER_HOME with telemetry off and run monitoring on (runs of dead processes get marked failed)."""
+def prepare_home(home: Path, storage_yaml: str = "") -> None:
+    """A DAGSTER_HOME with telemetry off and run monitoring on; ``storage_yaml`` (a ``storage:`` section, e.g.
+    :meth:`scripts.local_postgres.LocalPostgres.dagster_yaml`) replaces the default SQLite files under it."""
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
-        config.write_text(DAGSTER_YAML)
+        config.write_text(DAGSTER_YAML + storage_yaml)
 
 
 class DagsterStack:
-    def __init__(self, home: Path, data_root: Path, *, port: int | None = None, sensor_interval_s: int = 2):
+    def __init__(
+        self,
+        home: Path,
+        data_root: Path,
+        *,
+        port: int | None = None,
+        sensor_interval_s: int = 2,
+        env: dict[str, str] | None = None,
+        cli: str = "dagster",
+        storage_yaml: str = "",
+    ):
+        """``env``: more environment for the stack (e.g. ``PHASES_RELAUNCH_BACKOFF_S``, ``PHASES_SINK_MAX_LAG_S``).
+        ``cli``: ``dagster`` (``dagster dev -w workspace.yaml``) or ``dg`` (``dg dev`` with the project's
+        ``[tool.dg]`` settings). ``storage_yaml``: the instance's storage (default: SQLite under ``home``)."""
+        if cli not in ("dagster", "dg"):
+            raise ValueError(f"cli must be 'dagster' or 'dg'; got {cli!r}")
+        self.cli = cli
+        self.storage_yaml = storage_yaml
+        self.extra_env = dict(env or {})
         self.home = Path(home).resolve()
         self.data_root = Path(data_root).resolve()
         self.port = port or free_port()
@@ -68,16 +87,21 @@ class DagsterStack:
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self, timeout_s: float = 180) -> float:
         """Starts ``dagster dev`` and waits until the code location is loaded; returns the seconds taken."""
-        prepare_home(self.home)
+        prepare_home(self.home, self.storage_yaml)
         env = {
             **os.environ,
             "DAGSTER_HOME": str(self.home),
             "PHASES_DATA_ROOT": str(self.data_root),
             "PHASES_SENSOR_INTERVAL_S": str(self.sensor_interval_s),
             "PYTHONPATH": str(PROJECT),
+            **self.extra_env,
         }
-        dagster = Path(sys.executable).with_name("dagster")
-        cmd = [str(dagster), "dev", "-w", str(PROJECT / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(self.port)]
+        if self.cli == "dg":
+            env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
+            cmd = [str(Path(sys.executable).with_name("dg")), "dev", "--host", "127.0.0.1", "--port", str(self.port)]
+        else:
+            dagster = Path(sys.executable).with_name("dagster")
+            cmd = [str(dagster), "dev", "-w", str(PROJECT / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(self.port)]
         started = time.monotonic()
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -200,6 +224,14 @@ class DagsterStack:
         )
         return [e.get("message") or "" for e in data["runOrError"]["eventConnection"]["events"]]
 
+    def event_types(self, run_id: str, limit: int = 2000) -> list[str]:
+        data = self.graphql(
+            "query($id: ID!, $limit: Int) { runOrError(runId: $id) { ... on Run { eventConnection(limit: $limit) "
+            "{ events { __typename } } } } }",
+            {"id": run_id, "limit": limit},
+        )
+        return [e["__typename"] for e in data["runOrError"]["eventConnection"]["events"]]
+
     def wait_for_message(self, run_id: str, text: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -214,17 +246,77 @@ class DagsterStack:
     def _metadata(self, entries: list[dict]) -> dict:
         out = {}
         for e in entries:
-            for field in ("intValue", "floatValue", "text", "path", "timestamp", "boolValue"):
+            if e.get("__typename") == "JsonMetadataEntry":
+                out[e["label"]] = json.loads(e["jsonString"])
+                continue
+            if e.get("__typename") == "TableSchemaMetadataEntry":
+                out[e["label"]] = e["schema"]["columns"]
+                continue
+            for field in ("intValue", "floatValue", "text", "path", "url", "timestamp", "boolValue"):
                 if field in e and e[field] is not None:
                     out[e["label"]] = e[field]
                     break
         return out
 
     _ENTRIES = (
-        "metadataEntries { label ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue } "
-        "... on TextMetadataEntry { text } ... on PathMetadataEntry { path } "
+        "metadataEntries { __typename label ... on IntMetadataEntry { intValue } "
+        "... on FloatMetadataEntry { floatValue } ... on TextMetadataEntry { text } ... on PathMetadataEntry { path } "
+        "... on UrlMetadataEntry { url } ... on JsonMetadataEntry { jsonString } "
+        "... on TableSchemaMetadataEntry { schema { columns { name type } } } "
         "... on TimestampMetadataEntry { timestamp } ... on BoolMetadataEntry { boolValue } }"
     )
+
+    def materialization_entries(self, asset: str, limit: int = 50) -> list[dict]:
+        """The raw metadata entries (with their GraphQL type) of the asset's newest materializations."""
+        data = self.graphql(
+            "query($path: [String!]!, $limit: Int) { assetOrError(assetKey: {path: $path}) { ... on Asset { "
+            f"assetMaterializations(limit: $limit) {{ runId timestamp {self._ENTRIES} }} }} }} }}",
+            {"path": [asset], "limit": limit},
+        )
+        return (data["assetOrError"] or {}).get("assetMaterializations") or []
+
+    def materializations(self, asset: str, limit: int = 50) -> list[dict]:
+        return [
+            {"run_id": m["runId"], **self._metadata(m["metadataEntries"])}
+            for m in self.materialization_entries(asset, limit)
+        ]
+
+    def parents(self, asset: str) -> set[str]:
+        data = self.graphql(
+            "query($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode { "
+            "dependencyKeys { path } } } }",
+            {"path": [asset]},
+        )
+        return {"/".join(k["path"]) for k in data["assetNodeOrError"]["dependencyKeys"]}
+
+    def check_executions(self, asset: str, check: str, limit: int = 50) -> list[dict]:
+        """Evaluations of one asset check, newest first: status, success, description, metadata."""
+        data = self.graphql(
+            "query($key: AssetKeyInput!, $check: String!, $limit: Int!) { assetCheckExecutions(assetKey: $key, "
+            "checkName: $check, limit: $limit) { runId status timestamp evaluation { success description "
+            f"{self._ENTRIES} }} }} }}",
+            {"key": {"path": [asset]}, "check": check, "limit": limit},
+        )
+        out = []
+        for e in data["assetCheckExecutions"]:
+            ev = e["evaluation"] or {}
+            out.append(
+                {
+                    "run_id": e["runId"],
+                    "status": e["status"],
+                    "success": ev.get("success"),
+                    "description": ev.get("description"),
+                    **self._metadata(ev.get("metadataEntries") or []),
+                }
+            )
+        return out
+
+    def run_pid(self, run_id: str) -> int:
+        """The process id of a run's worker, from its 'Started process for run (pid: N)' engine event."""
+        for message in self.messages(run_id):
+            if "Started process for run" in message and "pid: " in message:
+                return int(message.split("pid: ")[1].split(")")[0])
+        raise StackError(f"run {run_id} logged no process id")
 
     def latest_materialization(self, asset: str) -> dict | None:
         data = self.graphql(
@@ -268,57 +360,3 @@ class DagsterStack:
             },
         )
         return data["sensorOrError"]["sensorState"]["ticks"]
-
-
-def screenshot(
-    url: str,
-    png: Path,
-    *,
-    width: int = 1600,
-    height: int = 1000,
-    wait_for: tuple[str, ...] = (),
-    timeout_s: float = 180.0,
-) -> str:
-    """A headless Chromium screenshot of ``url``; returns the rendered DOM (for text checks).
-
-    Headless Chromium has no "wait for element" flag, only a virtual-time budget after which it dumps the
-    page. One fixed budget is a race with the UI's own loading (a full-suite run once got the DOM before the
-    asset names had rendered), so the DOM is dumped with a growing budget until every text in ``wait_for`` is
-    in it, up to ``timeout_s``; only then is the picture taken, with the budget that worked.
-    """
-    chromium = next((c for c in ("chromium", "chromium-browser") if _which(c)), None)
-    if chromium is None:
-        raise StackError("chromium is not installed (scripts/setup.sh installs Debian's chromium package)")
-    base = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-default-apps",
-        "--disable-sync",
-        "--no-first-run",
-        "--hide-scrollbars",
-        f"--window-size={width},{height}",
-    ]
-    deadline, budget_ms, dom = time.monotonic() + timeout_s, 10_000, ""
-    while True:
-        flags = [*base, f"--virtual-time-budget={budget_ms}"]
-        out = subprocess.run([chromium, *flags, "--dump-dom", url], check=True, capture_output=True, timeout=180)
-        dom = out.stdout.decode(errors="replace")
-        missing = [text for text in wait_for if text not in dom]
-        if not missing:
-            break
-        if time.monotonic() > deadline:
-            raise StackError(f"{url} did not show {missing} within {timeout_s:.0f} s")
-        budget_ms = min(budget_ms * 2, 60_000)
-        time.sleep(1)
-    subprocess.run([chromium, *flags, f"--screenshot={png}", url], check=True, capture_output=True, timeout=180)
-    return dom
-
-
-def _which(cmd: str) -> bool:
-    from shutil import which
-
-    return which(cmd) is not None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -29,7 +28,8 @@ from phases.live import LiveRunner
 from phases.local_kafka import LocalKafka
 from phases.session import SparkSettings, build_session
 from resources.storage import StorageResource
-from scripts.dagster_stack import DagsterStack, StackError, screenshot
+from scripts.browser import BrowserError, screenshot
+from scripts.dagster_stack import LOCATION, DagsterStack
 
 
 def pandas_reference(changes: pd.DataFrame, delay_us: int) -> tuple[pd.DataFrame, int]:
@@ -207,7 +207,7 @@ def main() -> None:
         tags = {tag["key"]: tag["value"] for tag in live["tags"]}
         _line("sensor", f"{names.switch} launched {names.live_job} run {live['runId']} ({tags.get('dagster/run_key')})")
         stack.wait_for_message(live["runId"], "live phase running", timeout_s=1800)
-        started = next(o for o in stack.observations(names.live_asset) if o.get("event") == "started")
+        started = next(m for m in stack.materializations(names.live_asset) if m.get("event") == "started")
         figures["switch"] = (
             f"{time.perf_counter() - backlog_done:.1f} s (backlog run done -> sensor tick -> live run's first "
             f"checkpoint, {meta['keys']:,} keys; queries start -> checkpoint {started['start_s']:.1f} s)"
@@ -236,17 +236,15 @@ def main() -> None:
             f"{time.perf_counter() - t:.1f} s ({args.live_versions * args.live_rows:,} rows appended -> in the sink; "
             "includes the pandas reference)"
         )
-        progress = [o for o in stack.observations(names.live_asset) if o.get("event") == "progress"]
-        if progress:
-            last = progress[0]
-            _line(
-                "live progress",
-                ", ".join(f"{k}={last[k]}" for k in ("batch_id", "watermark", "behind", "behind_unit") if k in last),
-            )
+        reports = [m for m in stack.materializations(names.live_asset) if "input_rows_per_s" in m]
+        if reports:
+            last = reports[0]
+            keys = ("applied_position", "behind", "behind_unit", "processed_rows_per_s", "event_time_lag_s")
+            _line("live report", ", ".join(f"{k}={last[k]}" for k in keys if k in last))
 
         t = time.perf_counter()
         stack.terminate(live["runId"])
-        status = stack.wait_run(live["runId"], {"CANCELED"}, timeout_s=300)
+        status = stack.wait_run(live["runId"], {"CANCELED", "SUCCESS"}, timeout_s=300)
         _line("terminated", f"live run {status.lower()} in {time.perf_counter() - t:.1f} s (queries stopped)")
 
         actual = spark.read.format("delta").load(p.sink.path).toPandas().set_index("key").sort_index()
@@ -261,11 +259,13 @@ def main() -> None:
             and late == expected_late
         )
         shot: Path | str = root / "asset_graph.png"
-        try:
-            # With two pipelines served (Kafka), the lineage page shows their groups, collapsed.
-            wait_for = (names.backlog, names.live_asset) if args.source == "delta" else (names.group,)
-            screenshot(f"{stack.url}/asset-groups", shot, wait_for=wait_for)
-        except (StackError, OSError, subprocess.SubprocessError) as exc:
+        try:  # the pipeline's group: its tables and the live phase, in a real (headless) browser
+            screenshot(
+                f"{stack.url}/locations/{LOCATION}/asset-groups/{names.group}",
+                shot,
+                wait_for=(names.source, names.backlog, names.sink, names.live_asset),
+            )
+        except (BrowserError, OSError) as exc:
             shot = f"not taken ({exc})"
 
         print("\n=== two-phase demo through Dagster ===")

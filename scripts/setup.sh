@@ -12,13 +12,22 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-# Headless Chromium for the end-to-end test's screenshot of the Dagster UI. Not needed by the demo's core:
+# Headless Chromium for the end-to-end test's real browser (Playwright drives it). Not needed by the demo's core:
 # a failed install only warns here (the end-to-end test then fails and says why). PHASES_NO_BROWSER=1 skips.
 if [ "${PHASES_NO_BROWSER:-0}" != 1 ] && ! command -v chromium >/dev/null 2>&1; then
   echo "setup: installing chromium (Debian package)"
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null) \
     || echo "setup: WARNING: could not install chromium; the UI screenshot test will fail" >&2
+fi
+
+# PostgreSQL (Debian's package) for the end-to-end test's production-like Dagster instance
+# (scripts/local_postgres.py starts it on 127.0.0.1 with a fresh data directory). PHASES_NO_POSTGRES=1 skips.
+if [ "${PHASES_NO_POSTGRES:-0}" != 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "setup: installing postgresql (Debian package)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq postgresql >/dev/null) \
+    || echo "setup: WARNING: could not install postgresql; the end-to-end test will fail and say why" >&2
 fi
 
 PY=${PYTHON:-}

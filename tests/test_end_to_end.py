@@ -1,10 +1,18 @@
-"""End to end through a real Dagster stack: webserver + daemon on a loopback port, the backlog launched over
-GraphQL, the switch sensor launching the live run, new data reaching the sink, the live run terminated
-from outside, the materialization metadata read back, and a headless Chromium screenshot of the asset graph."""
+"""End to end through a real Dagster stack: webserver + daemon on a loopback port. The lineage and catalog metadata
+over GraphQL; the backlog launched over GraphQL; the switch sensor launching the live run; new data reaching the
+sink with the live run's materializations; the live run's process killed, seen as failed on the live asset and in
+the sink's freshness check, and relaunched by the health sensor from its checkpoint; a terminate from outside as a
+clean stop, clicked in the UI. A real browser (Playwright driving the system Chromium) checks the lineage page, the
+sink's and the live asset's plots and the live asset's "stopped" state; its screenshots are kept in
+``.artifacts/ui/``."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import struct
+import subprocess
 import time
 import zlib
 from pathlib import Path
@@ -16,7 +24,9 @@ from assets.pipelines import DEMO
 from assets.settings import Names
 from phases import synthetic
 from resources.storage import StorageResource
-from scripts.dagster_stack import DagsterStack, screenshot
+from scripts.browser import browser_page, wait_for_texts
+from scripts.dagster_stack import PROJECT, DagsterStack
+from scripts.local_postgres import LocalPostgres
 
 NAMES = Names(DEMO)
 
@@ -37,24 +47,95 @@ def _png_size_and_colours(path: Path) -> tuple[int, int, int]:
     return width, height, len(set(raw[: 4 * width * 50]))
 
 
-def test_backlog_sensor_live_and_termination_through_the_dagster_ui(spark, tmp_path):
+def _sink_events(spark, p) -> tuple[int, int]:
+    total = spark.read.format("delta").load(p.sink.path).agg(F.sum("events")).collect()[0][0]
+    late_live = spark.read.format("delta").load(p.locations.quarantine).filter("phase = 'live'").count()
+    return total, late_live
+
+
+def _wait_sink(spark, p, expected_events: int, timeout_s: float = 180) -> None:
+    deadline, got = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        total, late_live = _sink_events(spark, p)
+        got = (total, expected_events - late_live)
+        if total == expected_events - late_live:
+            return
+        time.sleep(1)
+    raise AssertionError(f"sink events {got[0]}, expected {got[1]}")
+
+
+def _wait(what: str, probe, timeout_s: float, every_s: float = 1.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (the run worker and its Spark JVM), as a lost machine would."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    for child in children:
+        _kill_tree(int(child))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+GRAPHQL_INT_MAX = 2**31 - 1
+ARTIFACTS = Path(os.environ.get("PHASES_TEST_ARTIFACTS", PROJECT / ".artifacts" / "ui"))
+
+
+def _shot(page, name: str) -> Path:
+    """Saves a screenshot as a test artifact (``.artifacts/ui/``, or ``PHASES_TEST_ARTIFACTS``)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    return path
+
+
+def _plots(page, url: str, label: str) -> None:
+    """Opens an asset's overview, switches its metadata to plots and waits for the plot of ``label``."""
+    page.goto(url)
+    wait_for_texts(page, ("Metadata",))
+    page.get_by_role("button", name="Plots").first.click()
+    page.get_by_text(label, exact=True).first.wait_for(state="visible", timeout=120_000)
+    page.get_by_text(label, exact=True).first.scroll_into_view_if_needed()
+
+
+def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spark, tmp_path):
     data_root, timings = tmp_path / "data", {}
     p = StorageResource(root=str(data_root)).resolve(DEMO)
     synthetic.create_source(spark, p.source.path)
     for i in range(4):
         synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=5000, keys=2000, batch_index=i))
 
-    stack = DagsterStack(tmp_path / "dagster_home", data_root, sensor_interval_s=2)
+    # A short freshness bound and a relaunch backoff long enough to see the check fail while the live run is dead.
+    env = {"PHASES_SINK_MAX_LAG_S": "5", "PHASES_RELAUNCH_BACKOFF_S": "25"}
     t0 = time.monotonic()
-    timings["stack loaded"] = stack.start()
+    postgres = LocalPostgres(tmp_path / "postgres").start()  # a production-like instance: storage in PostgreSQL
+    timings["postgres up"] = time.monotonic() - t0
+    stack = DagsterStack(
+        tmp_path / "dagster_home", data_root, sensor_interval_s=2, env=env, storage_yaml=postgres.dagster_yaml()
+    )
     try:
+        timings["stack loaded"] = stack.start()
+        assert not list((tmp_path / "dagster_home").glob("**/*.db")), "the instance must not use SQLite files"
+        # The lineage is the tables: source -> handoff manifest -> state / sink / quarantine; live after the handoff.
+        assert stack.parents(NAMES.backlog) == {NAMES.source}
+        for table in (NAMES.state, NAMES.sink, NAMES.quarantine):
+            assert stack.parents(table) == {NAMES.backlog}
+        assert stack.parents(NAMES.live_asset) == {NAMES.backlog, NAMES.state}
+
         t = time.monotonic()
-        dom = screenshot(
-            f"{stack.url}/asset-groups", tmp_path / "asset_graph.png", wait_for=(NAMES.backlog, NAMES.live_asset)
-        )
-        timings["screenshot"] = time.monotonic() - t
-        assert NAMES.backlog in dom and NAMES.live_asset in dom
-        width, height, colours = _png_size_and_colours(tmp_path / "asset_graph.png")
+        with browser_page() as page:  # the group's lineage in a real browser: every table is a node
+            page.goto(f"{stack.url}/locations/two_phase_pipelines/asset-groups/{NAMES.group}")
+            wait_for_texts(page, (NAMES.source, NAMES.backlog, NAMES.state, NAMES.sink, NAMES.quarantine))
+            wait_for_texts(page, (NAMES.live_asset,))
+            graph = _shot(page, "asset_graph")
+        timings["lineage page"] = time.monotonic() - t
+        width, height, colours = _png_size_and_colours(graph)
         assert (width, height) == (1600, 1000) and colours > 10, "blank screenshot"
 
         t = time.monotonic()
@@ -62,11 +143,22 @@ def test_backlog_sensor_live_and_termination_through_the_dagster_ui(spark, tmp_p
         stack.wait_run(backlog_run, {"SUCCESS"}, timeout_s=400)
         timings["backlog run"] = time.monotonic() - t
         meta = stack.latest_materialization(NAMES.backlog)
-        assert meta["run_id"] == backlog_run and meta["source_version"] == 4
+        assert meta["run_id"] == backlog_run and meta["source_version"] == "4"
+        assert meta["handoff"]["source_version"] == 4 and meta["handoff"]["final_watermark_us"] > GRAPHQL_INT_MAX
         assert meta["input_rows"] == 20_000 and meta["keys"] > 1000 and meta["rows_per_s"] > 0
         assert meta["quarantined_rows"] == meta["late_rows"] + meta["invalid_rows"]
+        assert abs(meta["final_watermark"] - meta["handoff"]["final_watermark_us"] / 1e6) < 1e-3
         checks = stack.check_results(backlog_run)
         assert set(checks) == {*CHECK_NAMES, NO_FAR_FUTURE} and all(checks.values()), checks
+        sink = stack.latest_materialization(NAMES.sink)
+        assert sink["run_id"] == backlog_run and sink["dagster/row_count"] == meta["keys"]
+        assert [c["name"] for c in sink["dagster/column_schema"]][0] == "key"
+        assert sink["dagster/table_name"] == "demo_events.sink" and sink["dagster/uri"] == p.sink.path
+        # Every number GraphQL reads as an Int fits in 32 bits (larger ones come back null).
+        for asset in (NAMES.backlog, NAMES.state, NAMES.sink, NAMES.quarantine):
+            for m in stack.materialization_entries(asset):
+                ints = [e for e in m["metadataEntries"] if e["__typename"] == "IntMetadataEntry"]
+                assert all(e["intValue"] is not None for e in ints), (asset, ints)
 
         t = time.monotonic()
         live = stack.wait_for_run_of(NAMES.live_job, timeout_s=120)
@@ -80,30 +172,111 @@ def test_backlog_sensor_live_and_termination_through_the_dagster_ui(spark, tmp_p
         t = time.monotonic()
         synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=3000, keys=2000, batch_index=4))
         expected_events = meta["aggregated_rows"] + 3000  # every new record is on time (no late fraction hit)
-        deadline = time.monotonic() + 180
-        total = None
-        while time.monotonic() < deadline:
-            total = spark.read.format("delta").load(p.sink.path).agg(F.sum("events")).collect()[0][0]
-            late_live = spark.read.format("delta").load(p.locations.quarantine).filter("phase = 'live'").count()
-            if total == expected_events - late_live:
-                break
-            time.sleep(1)
-        assert total == expected_events - late_live, (total, expected_events, late_live)
+        _wait_sink(spark, p, expected_events)
         timings["new version in sink"] = time.monotonic() - t
-
-        t = time.monotonic()
-        stack.terminate(live["runId"])
-        stack.wait_run(live["runId"], {"CANCELED"}, timeout_s=120)
-        timings["live run terminated"] = time.monotonic() - t
-        messages = stack.messages(live["runId"])
-        assert any("live phase queries stopped" in m for m in messages)
-        observations = stack.observations(NAMES.live_asset)
-        assert any(o.get("event") == "started" for o in observations)
-        ticks = stack.sensor_ticks(NAMES.switch)
-        assert any(live["runId"] in tick["runIds"] for tick in ticks) or any(
-            "already launched" in (tick["skipReason"] or "") for tick in ticks
+        live_sink = _wait(
+            "a sink materialization by the live run",
+            lambda: next((m for m in stack.materializations(NAMES.sink) if m["run_id"] == live["runId"]), None),
+            timeout_s=60,
         )
+        assert live_sink["written_by"] == "live" and live_sink["dagster/row_count"] >= meta["keys"]
+        report = _wait(
+            "a live report of the new rows",
+            lambda: next(
+                (
+                    m
+                    for m in stack.materializations(NAMES.live_asset)
+                    if m["run_id"] == live["runId"] and m.get("input_rows", 0) > 0
+                ),
+                None,
+            ),
+            timeout_s=60,
+        )
+        assert report["state"] == "running" and report["processed_rows_per_s"] > 0 and report["watermark"] > 1e9
+        with browser_page() as page:  # the sink's and the live asset's plots
+            _plots(page, f"{stack.url}/assets/{NAMES.sink}", "dagster/row_count")
+            _shot(page, "sink_plots")
+            _plots(page, f"{stack.url}/assets/{NAMES.live_asset}", "processed_rows_per_s")
+            _shot(page, "live_plots")
+        assert _wait(
+            "the freshness check passing",
+            lambda: (e := stack.check_executions(NAMES.sink, NAMES.fresh)) and e[0]["success"],
+            timeout_s=60,
+        )
+
+        # The live run's process is lost (SIGKILL, its JVM too): the health sensor shows it failed on the live
+        # asset, the freshness check fails once new data waits longer than 5 s, then the run is relaunched from
+        # its checkpoint and applies that data.
+        t = time.monotonic()
+        _kill_tree(stack.run_pid(live["runId"]))
+        stack.wait_run(live["runId"], {"FAILURE"}, timeout_s=120)
+        synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=2000, keys=2000, batch_index=5))
+        failed = _wait(
+            "the live asset showing the failure",
+            lambda: next((o for o in stack.observations(NAMES.live_asset) if o.get("state") == "failed"), None),
+            timeout_s=60,
+        )
+        assert failed["run_id"] == live["runId"]
+        stale = _wait(
+            "the freshness check failing while the live run is dead",
+            lambda: next(
+                (
+                    e
+                    for e in stack.check_executions(NAMES.sink, NAMES.fresh)
+                    if e["success"] is False and e.get("live_state") == "failed"
+                ),
+                None,
+            ),
+            timeout_s=60,
+        )
+        assert stale["behind"] >= 1 and stale["lag_s"] > 5, stale
+        timings["failure seen"] = time.monotonic() - t
+        relaunched = _wait(
+            "a relaunched live run",
+            lambda: next((r for r in stack.runs(NAMES.live_job) if r["runId"] != live["runId"]), None),
+            timeout_s=120,
+        )
+        rtags = {tag["key"]: tag["value"] for tag in relaunched["tags"]}
+        assert rtags["phases/relaunch"] == "1" and rtags["phases/relaunch_of"] == live["runId"]
+        assert "failed" in rtags["phases/relaunch_reason"]
+        stack.wait_for_message(relaunched["runId"], "live phase running", timeout_s=300)
+        _wait_sink(spark, p, expected_events + 2000)
+        timings["relaunched and caught up"] = time.monotonic() - t
+        assert _wait(
+            "the freshness check passing again",
+            lambda: (e := stack.check_executions(NAMES.sink, NAMES.fresh)) and e[0]["success"],
+            timeout_s=60,
+        )
+
+        # Terminating from the UI is a clean stop: no step failure, the live asset says "stopped" and why, and the
+        # health sensor does not relaunch it.
+        t = time.monotonic()
+        with browser_page() as page:  # the user's way: the run page's Terminate button, then the dialog's
+            page.goto(f"{stack.url}/runs/{relaunched['runId']}")
+            page.get_by_role("button", name="Terminate").first.click()
+            page.get_by_role("dialog").get_by_role("button", name="Terminate").click()
+            page.goto(f"{stack.url}/assets/{NAMES.live_asset}")
+            wait_for_texts(page, ("terminated: the run was asked to stop",), timeout_s=120)
+            page.get_by_text("stopped", exact=True).first.wait_for(state="visible")
+            _shot(page, "live_stopped")
+        status = _wait(
+            "the terminated run to end",
+            lambda: (s := stack.run_status(relaunched["runId"])) in {"CANCELED", "SUCCESS"} and s,
+            timeout_s=120,
+        )
+        timings["live run terminated"] = time.monotonic() - t
+        events = stack.event_types(relaunched["runId"])
+        assert "ExecutionStepFailureEvent" not in events, events
+        stopped = stack.materializations(NAMES.live_asset)[0]
+        assert stopped["run_id"] == relaunched["runId"] and stopped["state"] == "stopped", stopped
+        assert stopped["reason"].startswith("terminated")
+        time.sleep(6)  # three health ticks
+        assert len(stack.runs(NAMES.live_job)) == 2
+        ticks = stack.sensor_ticks(NAMES.health)
+        assert any("not relaunched" in (tick["skipReason"] or "") for tick in ticks), ticks
+        print(f"\nterminated run ended {status}")
     finally:
         stack.stop()
+        postgres.stop()
     timings["total"] = time.monotonic() - t0
     print("\nend-to-end timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))

@@ -57,3 +57,52 @@ def test_orchestration_settings_are_validated_with_field_names():
         SwitchPolicy(minimum_interval_seconds=0)
     with pytest.raises(DefinitionError, match="max_quarantine_fraction"):
         Orchestration(checks={"max_quarantine_fraction": 2})
+
+
+def test_the_asset_graph_is_the_tables_source_to_handoff_to_state_sink_and_quarantine():
+    names = Names(DEMO)
+    graph = defs.resolve_asset_graph()
+    key = dg.AssetKey
+    assert graph.get(key(names.source)).is_observable  # an input written by others, observed
+    assert graph.get(key(names.backlog)).parent_keys == {key(names.source)}
+    for table in (names.state, names.sink, names.quarantine):
+        assert graph.get(key(table)).parent_keys == {key(names.backlog)}
+    assert graph.get(key(names.live_asset)).parent_keys == {key(names.backlog), key(names.state)}
+    # The live job materializes the live asset; the health sensor targets it (the asset's automations).
+    assert defs.resolve_job_def(names.live_job).asset_layer.selected_asset_keys == {key(names.live_asset)}
+    assert defs.resolve_sensor_def(names.health).job_name == names.live_job
+    assert dg.AssetCheckKey(key(names.sink), names.fresh) in graph.asset_check_keys
+    backlog_checks = defs.resolve_job_def(names.backlog_job).asset_layer.asset_graph.asset_check_keys
+    assert dg.AssetCheckKey(key(names.sink), names.fresh) not in backlog_checks  # the sensor's, not the backlog's
+
+
+def test_catalog_metadata_comes_from_the_pipeline_definition():
+    names = Names(DEMO)
+    spec = defs.resolve_assets_def(names.sink).specs_by_key[dg.AssetKey(names.sink)]
+    assert spec.owners == ["team:data-platform"] and spec.tags["domain"] == "demo"
+    assert spec.code_version == DEMO.fingerprint() and spec.metadata["dagster/table_name"] == "demo_events.sink"
+    assert DEMO.description in spec.description and spec.kinds == {"delta"}
+    assert defs.resolve_assets_def(names.live_asset).specs_by_key[dg.AssetKey(names.live_asset)].kinds == {
+        "spark",
+        "delta",
+    }
+
+
+def test_default_definitions_show_a_keyed_and_a_daily_partitioned_pipeline():
+    from assets.pipelines import DEMO_DAILY
+
+    daily = Names(DEMO_DAILY)
+    assert defs.resolve_assets_def(daily.slices).partitions_def is not None
+    assert defs.resolve_schedule_def(daily.schedule).job_name == daily.slices_job
+
+
+def test_owners_and_tags_are_validated_with_their_rule():
+    with pytest.raises(DefinitionError, match="owner 'bob'.*team:<name>"):
+        relative_pipeline(owners=["bob"])
+    with pytest.raises(DefinitionError, match="tag key 'a b'"):
+        relative_pipeline(tags={"a b": "x"})
+    with pytest.raises(DefinitionError, match="tag 'tier': value"):
+        relative_pipeline(tags={"tier": "x" * 64})
+    assert relative_pipeline(owners=["a@b.io", "team:data"], tags={"dagster/x": ""}).fingerprint() == (
+        relative_pipeline().fingerprint()
+    )  # catalog fields never change the fingerprint

@@ -1,0 +1,60 @@
+"""The health sensor's relaunch rule (a pure function): relaunch a failed live run after a doubling backoff, at most
+``max_relaunches`` times; never one stopped on purpose; stop at once when an engine error repeats."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from assets.health import LiveRunRecord, decide_relaunch
+from assets.settings import LiveHealth
+
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
+POLICY = LiveHealth(backoff_seconds=30, max_backoff_seconds=100, max_relaunches=3)
+
+
+def failed(run_id: str, ago_s: float, error: str = "RunWorkerLost: exit code -9") -> LiveRunRecord:
+    return LiveRunRecord(run_id, "FAILURE", NOW - timedelta(seconds=ago_s), error)
+
+
+def test_a_running_or_stopped_live_run_is_left_alone():
+    assert decide_relaunch([], POLICY, NOW).action == "none"
+    running = LiveRunRecord("r2", "STARTED", None, None)
+    assert decide_relaunch([running, failed("r1", 5)], POLICY, NOW).action == "none"
+    stopped = decide_relaunch([LiveRunRecord("r1", "CANCELED", NOW, None)], POLICY, NOW)
+    assert stopped.action == "none" and "stopped" in stopped.reason
+    assert decide_relaunch([LiveRunRecord("r1", "SUCCESS", NOW, None)], POLICY, NOW).action == "none"
+
+
+def test_a_failed_run_is_relaunched_after_a_doubling_backoff():
+    assert decide_relaunch([failed("r1", 10)], POLICY, NOW).action == "wait"
+    first = decide_relaunch([failed("r1", 31)], POLICY, NOW)
+    assert (first.action, first.attempt) == ("relaunch", 1) and "exit code -9" in first.reason
+    # The second consecutive failure waits 60 s, the third 100 s (the cap), not 120 s.
+    assert decide_relaunch([failed("r2", 59), failed("r1", 200)], POLICY, NOW).action == "wait"
+    assert decide_relaunch([failed("r2", 61), failed("r1", 200)], POLICY, NOW).attempt == 2
+    third = [failed("r3", 101), failed("r2", 200), failed("r1", 300)]
+    assert decide_relaunch(third, POLICY, NOW).action == "relaunch"
+
+
+def test_relaunching_stops_at_the_cap_and_says_why():
+    runs = [failed(f"r{i}", 1000 + i) for i in range(4)]
+    decision = decide_relaunch(runs, POLICY, NOW)
+    assert decision.action == "give_up" and "max_relaunches=3" in decision.reason
+    # A success in between resets the count.
+    runs = [failed("r5", 1000), LiveRunRecord("r4", "CANCELED", NOW, None), *runs]
+    assert decide_relaunch(runs, POLICY, NOW).action == "relaunch"
+
+
+def test_an_engine_error_that_repeats_is_not_relaunched_again():
+    held = "LeaseHeld: pipeline 'x' live lease is held by live run m (pid 7, alive)"
+    once = decide_relaunch([failed("r1", 100, held)], POLICY, NOW)
+    assert once.action == "relaunch"
+    twice = decide_relaunch([failed("r2", 100, held), failed("r1", 200, held)], POLICY, NOW)
+    assert twice.action == "give_up" and "same error" in twice.reason and "LeaseHeld" in twice.reason
+    # A lost worker twice is not an engine error: it is retried up to the cap.
+    assert decide_relaunch([failed("r2", 100), failed("r1", 200)], POLICY, NOW).action == "relaunch"
+
+
+def test_relaunching_can_be_turned_off():
+    off = LiveHealth(relaunch=False)
+    assert decide_relaunch([failed("r1", 1000)], off, NOW).action == "give_up"
