@@ -33,6 +33,9 @@ class BacklogConfig(dg.Config):
     )
     end_version: int | None = Field(None, ge=0, description="Last source version to read (full/increment).")
     reset: bool = Field(False, description="full: start over even though the live phase already started.")
+    progress_interval_seconds: float = Field(
+        5.0, gt=0, description="How often the run logs its progress (step, Spark stage, tasks, rows read)."
+    )
     take_over_dead_lease: bool = Field(
         True,
         description="Take the pipeline's backlog lease over from a backlog run whose process is gone (a crashed or "
@@ -173,12 +176,12 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                     "'full', 'increment'"
                 )
             runner = SliceRunner(session, p, settings.backfill.start_date, take_over=config.take_over_dead_lease)
-            with reporting(context, session):
+            with reporting(context, session, config.progress_interval_seconds):
                 handoff = runner.combine()
             timings = runner.backlog.timings
         else:
             runner = BacklogRunner(session, p, take_over=config.take_over_dead_lease)
-            with reporting(context, session):
+            with reporting(context, session, config.progress_interval_seconds):
                 if mode == "full":
                     handoff = runner.run(config.end_version, reset=config.reset)
                 else:

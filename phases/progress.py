@@ -41,7 +41,7 @@ class Snapshot:
     stage_name: str
     tasks_done: int
     tasks_total: int
-    input_rows: int  # read so far by the running stages
+    input_rows: int  # read so far by the run's stages (those of a phases step)
     elapsed_s: float  # since the reporter started
     stage_left_s: float | None  # the running stage's time left at its pace so far (None: no task done yet)
 
@@ -53,18 +53,47 @@ class Snapshot:
         )
 
 
-def snapshot(spark: SparkSession, started: float) -> Snapshot | None:
+class _Rows:
+    """Input rows read by the run's stages (those of a phases step), finished ones included: stage ids are
+    sequential, so every stage since the reporter started is looked up once it is no longer active."""
+
+    def __init__(self, store):
+        self.store = store
+        self.finished: dict[int, int] = {}
+        self.first: int | None = None  # the first stage id the reporter saw
+
+    def _stage(self, stage_id: int):
+        try:
+            return self.store.lastStageAttempt(stage_id)
+        except Exception:  # skipped or evicted stage: nothing read
+            return None
+
+    def total(self, active: dict[int, tuple[str, int]]) -> int:
+        if active and self.first is None:
+            self.first = min(active)
+        top = max([*active, *self.finished, -1])
+        for stage_id in range(self.first if self.first is not None else top + 1, top + 1):
+            if stage_id in self.finished or stage_id in active:
+                continue
+            stage = self._stage(stage_id)
+            if stage is not None and str(stage.status()) not in ("ACTIVE", "PENDING"):
+                described = stage.description().get() if stage.description().isDefined() else ""
+                self.finished[stage_id] = int(stage.inputRecords()) if described.startswith(_PREFIX) else 0
+        return sum(self.finished.values()) + sum(rows for described, rows in active.values() if described)
+
+
+def snapshot(spark: SparkSession, started: float, rows: _Rows | None = None) -> Snapshot | None:
     """What the session runs now (the newest active stage of a phases step), or None when idle."""
     store = spark.sparkContext._jsc.sc().statusStore()
     stages = store.activeStages()
     now_ms = time.time() * 1000
     best = None
-    rows = 0
+    active: dict[int, tuple[str, int]] = {}
     for i in range(stages.size()):
         stage = stages.apply(i)
         description = stage.description().get() if stage.description().isDefined() else ""
-        rows += int(stage.inputRecords())
         ours = description.startswith(_PREFIX)
+        active[int(stage.stageId())] = (description if ours else "", int(stage.inputRecords()))
         if best is None or (ours and not best[1]) or (ours == best[1] and stage.stageId() > best[0].stageId()):
             best = (stage, ours, description)
     if best is None:
@@ -76,13 +105,14 @@ def snapshot(spark: SparkSession, started: float) -> Snapshot | None:
     if done > 0 and submitted.isDefined():
         running_ms = now_ms - submitted.get().getTime()
         left = max(0.0, running_ms / 1000 * (total - done) / done)
+    read = rows.total(active) if rows is not None else sum(r for d, r in active.values() if d)
     return Snapshot(
         step=description.removeprefix(_PREFIX),
         stage_id=int(stage.stageId()),
         stage_name=str(stage.name()).split(" at ")[0],
         tasks_done=done,
         tasks_total=total,
-        input_rows=rows,
+        input_rows=read,
         elapsed_s=time.monotonic() - started,
         stage_left_s=left,
     )
@@ -99,11 +129,12 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="phases-progress", daemon=True)
         self._started = time.monotonic()
+        self._rows = _Rows(spark.sparkContext._jsc.sc().statusStore())
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):
             try:
-                snap = snapshot(self.spark, self._started)
+                snap = snapshot(self.spark, self._started, self._rows)
             except Exception:  # the session may be stopping; progress is best effort, the run is not
                 continue
             if snap is not None:

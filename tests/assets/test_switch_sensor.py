@@ -46,7 +46,11 @@ def _materialize(defs, instance, names: Names, run_config: dict | None = None, o
 def test_backlog_asset_reports_the_handoff_and_its_checks_pass(spark, instance, root):
     p = relative_pipeline(delay_s=DELAY_S)
     names, defs = Names(p), definitions(spark, root, p, LENIENT)
-    result = _materialize(defs, instance, names)
+    every = {"ops": {names.backlog_op: {"config": {"progress_interval_seconds": 0.1}}}}
+    result = _materialize(defs, instance, names, run_config=every)
+    # While it ran, the backlog logged its progress: the step, the Spark stage and its tasks.
+    lines = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.startswith("progress: ")]
+    assert any(f"{p.name} backlog: " in line and "tasks " in line for line in lines), lines
     meta = result.asset_materializations_for_node(names.backlog_op)[0].metadata
     assert {k: meta[k].value for k in ("source_version", "input_rows", "keys", "late_rows", "invalid_rows")} == {
         "source_version": "3",  # an id: text, not plotted
