@@ -65,8 +65,9 @@ def decide_relaunch(runs: list[LiveRunRecord], policy: LiveHealth, now: datetime
     if not runs:
         return RelaunchDecision("none", "no live run yet")
     latest = runs[0]
-    if latest.status in RUNNING_STATUSES:
-        return RelaunchDecision("none", f"live run {latest.run_id} is {latest.status.lower()}")
+    alive = next((run for run in runs if run.status in RUNNING_STATUSES), None)
+    if alive is not None:  # a second start refused by the lease of a live run that still runs: nothing to do
+        return RelaunchDecision("none", f"live run {alive.run_id} is {alive.status.lower()}")
     if latest.status != "FAILURE":
         return RelaunchDecision(
             "none", f"live run {latest.run_id} was stopped ({latest.status.lower()}); not relaunched"
@@ -199,10 +200,9 @@ def sink_freshness(
 def live_state_of(runs: list[LiveRunRecord]) -> str:
     if not runs:
         return "not started"
-    status = runs[0].status
-    if status in RUNNING_STATUSES:
+    if any(run.status in RUNNING_STATUSES for run in runs):
         return "running"
-    return "failed" if status == "FAILURE" else "stopped"
+    return "failed" if runs[0].status == "FAILURE" else "stopped"
 
 
 def build_freshness_check(pipeline: Pipeline, settings: Orchestration) -> dg.AssetChecksDefinition:
@@ -264,7 +264,8 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
 
         # A run that ended without the live asset saying so (its process was killed): say it on the asset.
         reported = cursor.get("reported", [])
-        if runs and state != "running" and runs[0].run_id not in reported:
+        # (A run that ended successfully said "stopped" itself.)
+        if runs and state != "running" and runs[0].status != "SUCCESS" and runs[0].run_id not in reported:
             reported = [*reported[-20:], runs[0].run_id]
             events.append(
                 dg.AssetObservation(

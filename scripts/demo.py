@@ -14,13 +14,14 @@ import argparse
 import os
 import shutil
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from pyspark.sql import functions as F
 
-from assets.pipelines import DEMO, DEMO_KAFKA
+from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA
 from assets.settings import Names
 from phases import quarantine, synthetic
 from phases.definition import Pipeline
@@ -131,6 +132,20 @@ class KafkaFeed:
         self.broker.stop()
 
 
+def daily_source(spark, data: Path, days: int = 3, rows: int = 2000) -> Path:
+    """The daily-partitioned demo pipeline's source: one version committed on each of the last ``days`` days
+    (commit times set the way a table written over days has them), so that its partitions can be backfilled from
+    the UI."""
+    path = Path(StorageResource(root=str(data)).resolve(DEMO_DAILY).source.path)
+    synthetic.create_source(spark, str(path))
+    today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    for i in range(days):
+        synthetic.append(spark, str(path), synthetic.event_batch(spark, rows=rows, keys=rows // 4, batch_index=i))
+        stamp = (today - timedelta(days=days - i)).timestamp()
+        os.utime(path / "_delta_log" / f"{i + 1:020d}.json", (stamp, stamp))
+    return path
+
+
 def _line(label: str, value: str) -> None:
     print(f"{label:>22}: {value}", flush=True)
 
@@ -178,6 +193,10 @@ def main() -> None:
     _line(
         "generated", f"{per_version * args.backlog_versions:,} rows in {args.backlog_versions} batches ({args.source})"
     )
+
+    if args.source == "delta":
+        daily_source(spark, data)
+        _line("daily pipeline", f"{DEMO_DAILY.name}: one version on each of the last 3 days (backfill it from the UI)")
 
     stack = DagsterStack(home, data, port=args.port, sensor_interval_s=2)
     loaded = stack.start()

@@ -154,6 +154,19 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         assert sink["run_id"] == backlog_run and sink["dagster/row_count"] == meta["keys"]
         assert [c["name"] for c in sink["dagster/column_schema"]][0] == "key"
         assert sink["dagster/table_name"] == "demo_events.sink" and sink["dagster/uri"] == p.sink.path
+        [latest] = stack.materialization_entries(NAMES.backlog, 1)
+        types = {e["label"]: e["__typename"] for e in latest["metadataEntries"]}
+        assert types["final_watermark"] == "TimestampMetadataEntry" and types["handoff"] == "JsonMetadataEntry"
+        assert types["source_version"] == "TextMetadataEntry" and types["manifest_id"] == "TextMetadataEntry"
+        assert types["input_rows"] == "IntMetadataEntry" and types["rows_per_s"] == "FloatMetadataEntry"
+        assert types["state_path"] == "PathMetadataEntry" and types["source_path"] == "PathMetadataEntry"
+        # The health sensor observed the source: its data version and row count.
+        source = _wait(
+            "an observation of the source at version 4",
+            lambda: next((o for o in stack.observations(NAMES.source) if o.get("position") == "v4"), None),
+            timeout_s=60,
+        )
+        assert source["dagster/row_count"] == 20_000 and source["max_event_time"] > 1e9
         # Every number GraphQL reads as an Int fits in 32 bits (larger ones come back null).
         for asset in (NAMES.backlog, NAMES.state, NAMES.sink, NAMES.quarantine):
             for m in stack.materialization_entries(asset):
@@ -193,6 +206,15 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             timeout_s=60,
         )
         assert report["state"] == "running" and report["processed_rows_per_s"] > 0 and report["watermark"] > 1e9
+        live_types = {
+            e["label"]: e["__typename"]
+            for m in stack.materialization_entries(NAMES.live_asset)
+            if m["runId"] == live["runId"]
+            for e in m["metadataEntries"]
+        }
+        assert live_types["watermark"] == "TimestampMetadataEntry"
+        assert live_types["last_batch_id"] == "TextMetadataEntry"
+        assert live_types["processed_rows_per_s"] == "FloatMetadataEntry" and live_types["behind"] == "IntMetadataEntry"
         with browser_page() as page:  # the sink's and the live asset's plots
             _plots(page, f"{stack.url}/assets/{NAMES.sink}", "dagster/row_count")
             _shot(page, "sink_plots")

@@ -20,6 +20,10 @@ def test_a_running_or_stopped_live_run_is_left_alone():
     assert decide_relaunch([], POLICY, NOW).action == "none"
     running = LiveRunRecord("r2", "STARTED", None, None)
     assert decide_relaunch([running, failed("r1", 5)], POLICY, NOW).action == "none"
+    # A second start refused by the lease of the live run that still runs: that run is fine, nothing to relaunch.
+    second = failed("r3", 500, "LeaseHeld: the live lease is held by live run m (alive)")
+    decision = decide_relaunch([second, running], POLICY, NOW)
+    assert decision.action == "none" and "r2 is started" in decision.reason
     stopped = decide_relaunch([LiveRunRecord("r1", "CANCELED", NOW, None)], POLICY, NOW)
     assert stopped.action == "none" and "stopped" in stopped.reason
     assert decide_relaunch([LiveRunRecord("r1", "SUCCESS", NOW, None)], POLICY, NOW).action == "none"

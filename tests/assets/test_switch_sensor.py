@@ -223,3 +223,22 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
     # Event times of early 2026: the watermark lags by months, and a Kafka pipeline has no catch-up increments.
     assert request.run_key.startswith("live:") and "3 records behind" in reason, reason
     assert reason.startswith("switching although not caught up"), reason
+
+    # The health sensor's probes, without Spark: the topic's head (end offsets, newest event time of each partition)
+    # and the sink's freshness from Kafka record timestamps. Nothing is applied yet: 3 records wait.
+    from datetime import UTC, datetime, timedelta
+
+    from assets.handoff_events import read_handoff
+    from assets.health import sink_freshness
+    from phases.source_head import source_heads
+    from tests.helpers import ts
+
+    resolved = StorageResource(root=str(tmp_path)).resolve(p)
+    [head] = source_heads(resolved)
+    assert head.end_offsets == {0: 4, 1: 5} and head.position == "0:4,1:5" and head.rows == 9
+    assert head.max_event_time == ts(31 * S)  # the newest record of partition 1 ("y", 31 s)
+    handoff = read_handoff(instance, dg.AssetKey(names.backlog))
+    now = datetime.now(UTC)
+    stale = sink_freshness(resolved, handoff, timedelta(0), "not started", now + timedelta(seconds=1))
+    assert not stale.passed and stale.metadata["behind"] == 3 and stale.metadata["lag_s"] > 0, stale
+    assert sink_freshness(resolved, handoff, timedelta(hours=1), "not started", now).passed
