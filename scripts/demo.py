@@ -146,6 +146,11 @@ def daily_source(spark, data: Path, days: int = 3, rows: int = 2000) -> Path:
     return path
 
 
+def _when(value) -> str:
+    """A timestamp metadata value (seconds since the epoch) as ISO text; text values as they are."""
+    return datetime.fromtimestamp(value, UTC).isoformat() if isinstance(value, int | float) else str(value)
+
+
 def _line(label: str, value: str) -> None:
     print(f"{label:>22}: {value}", flush=True)
 
@@ -217,7 +222,8 @@ def main() -> None:
         _line(
             "materialized",
             f"{names.backlog}: V={meta['source_version']} keys={meta['keys']:,} input={meta['input_rows']:,} "
-            f"late={meta['late_rows']:,} invalid={meta['invalid_rows']:,} final watermark {meta['final_watermark']}",
+            f"late={meta['late_rows']:,} invalid={meta['invalid_rows']:,} "
+            f"final watermark {_when(meta['final_watermark'])}",
         )
         checks = stack.check_results(backlog_run)
         _line("checks", ", ".join(f"{k} {'passed' if v else 'FAILED'}" for k, v in checks.items()))
