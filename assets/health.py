@@ -24,7 +24,7 @@ import dagster as dg
 from assets import source as source_assets
 from assets.handoff_events import Handoff, read_handoff
 from assets.settings import LiveHealth, Names, Orchestration
-from phases import errors, progress_log
+from phases import errors, leases, progress_log  # noqa: F401 - leases defines LeaseHeld (a PhasesError)
 from phases.definition import Pipeline
 from phases.kafka_source import ChunkPlan
 from phases.source_lag import unapplied
@@ -35,14 +35,13 @@ REPORT_AT_LEAST_EVERY = timedelta(seconds=60)
 
 
 def _engine_errors() -> set[str]:
-    import phases.leases  # noqa: F401 - LeaseHeld is defined there
-
+    """Names of the engine's exception classes that are deterministic: the same cause fails the same way."""
     out, todo = set(), [errors.PhasesError]
     while todo:
         cls = todo.pop()
         out.add(cls.__name__)
         todo.extend(cls.__subclasses__())
-    return out
+    return out - {errors.LiveQueryStopped.__name__}  # the query's own failure may be transient: retried to the cap
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ Launching the job again for the same manifest resumes the query from its checkpo
 import time
 
 import dagster as dg
-from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
 from assets import catalog
@@ -78,7 +77,7 @@ def report_metadata(report: LiveReport, manifest_id: str) -> dict:
 
 
 def _interrupted(exc: BaseException) -> bool:
-    return isinstance(exc, KeyboardInterrupt | DagsterExecutionInterruptedError)
+    return isinstance(exc, KeyboardInterrupt | dg.DagsterExecutionInterruptedError)
 
 
 def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDefinition:

@@ -26,3 +26,8 @@ class ManifestError(PhasesError):
 
 class PhaseStateError(PhasesError):
     """A phase was asked to run in a state that would break the backlog/live contract."""
+
+
+class LiveQueryStopped(PhaseStateError):
+    """The running live query stopped with an error of its own (a broker gone, the JVM out of memory, a task that
+    kept failing): the cause may be transient, and a restart resumes from the checkpoint."""

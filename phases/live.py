@@ -24,7 +24,7 @@ from phases import leases, manifest, operators, schema_evolution, tables
 from phases.backlog import live_checkpoint_root
 from phases.definition import Pipeline
 from phases.end_of_stream import EndOfStreamRunner, prepared_schema
-from phases.errors import DefinitionError, PhaseStateError
+from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError
 from phases.live_increment import IncrementalLive, LiveInput, Progress
 from phases.source_reader import open_source
 
@@ -274,7 +274,7 @@ class LiveRunner:
         q = self.incremental.query
         if q is not None and not q.isActive:
             exc = q.exception()
-            raise PhaseStateError(
+            raise LiveQueryStopped(
                 f"the live query of {self.pipeline.name!r} stopped"
                 + (f": {exc}" if exc is not None else " without an error (stopped from outside)")
             )

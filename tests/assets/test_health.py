@@ -55,8 +55,11 @@ def test_an_engine_error_that_repeats_is_not_relaunched_again():
     assert once.action == "relaunch"
     twice = decide_relaunch([failed("r2", 100, held), failed("r1", 200, held)], POLICY, NOW)
     assert twice.action == "give_up" and "same error" in twice.reason and "LeaseHeld" in twice.reason
-    # A lost worker twice is not an engine error: it is retried up to the cap.
+    # A lost worker twice is not an engine error, nor is the live query's own failure (a broker gone): both are
+    # retried up to the cap.
     assert decide_relaunch([failed("r2", 100), failed("r1", 200)], POLICY, NOW).action == "relaunch"
+    gone = "LiveQueryStopped: the live query of 'x' stopped: broker not available"
+    assert decide_relaunch([failed("r2", 100, gone), failed("r1", 200, gone)], POLICY, NOW).action == "relaunch"
 
 
 def test_relaunching_can_be_turned_off():
