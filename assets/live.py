@@ -106,10 +106,10 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
         sink_version = None
         reason = None
 
-        def sink_update(force: bool = False) -> None:
+        def sink_update() -> None:
             nonlocal sink_version
             stats = table_stats.stats(p.sink.path)
-            if stats is None or (stats.version == sink_version and not force):
+            if stats is None or stats.version == sink_version:
                 return
             sink_version = stats.version
             context.log_event(

@@ -82,7 +82,7 @@ class _Rows:
         return sum(self.finished.values()) + sum(rows for described, rows in active.values() if described)
 
 
-def snapshot(spark: SparkSession, started: float, rows: _Rows | None = None) -> Snapshot | None:
+def snapshot(spark: SparkSession, started: float, rows: _Rows) -> Snapshot | None:
     """What the session runs now (the newest active stage of a phases step), or None when idle."""
     store = spark.sparkContext._jsc.sc().statusStore()
     stages = store.activeStages()
@@ -105,14 +105,13 @@ def snapshot(spark: SparkSession, started: float, rows: _Rows | None = None) -> 
     if done > 0 and submitted.isDefined():
         running_ms = now_ms - submitted.get().getTime()
         left = max(0.0, running_ms / 1000 * (total - done) / done)
-    read = rows.total(active) if rows is not None else sum(r for d, r in active.values() if d)
     return Snapshot(
         step=description.removeprefix(_PREFIX),
         stage_id=int(stage.stageId()),
         stage_name=str(stage.name()).split(" at ")[0],
         tasks_done=done,
         tasks_total=total,
-        input_rows=read,
+        input_rows=rows.total(active),
         elapsed_s=time.monotonic() - started,
         stage_left_s=left,
     )
@@ -173,12 +172,10 @@ def console(spark: SparkSession, every_s: float = 1.0) -> Iterator[None]:
         bar.n = snap.tasks_done
         bar.refresh()
 
-    _active.on = True
     try:
-        with ProgressReporter(spark, show, every_s):
+        with reported(spark, show, every_s):
             yield
     finally:
-        _active.on = False
         bar.close()
 
 

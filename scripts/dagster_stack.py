@@ -44,6 +44,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def dev_command(port: int, workspace_yaml: bool = False) -> tuple[str, list[str]]:
+    """(program, argv) of the UI, run in the project folder: ``dg dev`` (the project's ``[tool.dg]``), or
+    ``dagster dev -w workspace.yaml``."""
+    if workspace_yaml:
+        dagster = str(Path(sys.executable).with_name("dagster"))
+        return dagster, [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
+    dg = str(Path(sys.executable).with_name("dg"))
+    return dg, [dg, "dev", "--host", "127.0.0.1", "--port", str(port)]
+
+
 def prepare_home(home: Path, storage_yaml: str = "") -> None:
     """A DAGSTER_HOME with telemetry off and run monitoring on; ``storage_yaml`` (a ``storage:`` section, e.g.
     :meth:`scripts.local_postgres.LocalPostgres.dagster_yaml`) replaces the default SQLite files under it."""
@@ -98,10 +108,7 @@ class DagsterStack:
         }
         if self.cli == "dg":
             env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
-            cmd = [str(Path(sys.executable).with_name("dg")), "dev", "--host", "127.0.0.1", "--port", str(self.port)]
-        else:
-            dagster = Path(sys.executable).with_name("dagster")
-            cmd = [str(dagster), "dev", "-w", str(PROJECT / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(self.port)]
+        _, cmd = dev_command(self.port, workspace_yaml=self.cli == "dagster")
         started = time.monotonic()
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

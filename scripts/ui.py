@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from scripts.dagster_stack import PROJECT, prepare_home
+from scripts.dagster_stack import PROJECT, dev_command, prepare_home
 
 
 def main() -> None:
@@ -37,15 +37,6 @@ def main() -> None:
     print(f"Dagster UI on http://127.0.0.1:{args.port} (DAGSTER_HOME={home}, tables under {args.data})", flush=True)
     os.chdir(PROJECT)
     os.execv(*dev_command(args.port, args.workspace_yaml))
-
-
-def dev_command(port: int, workspace_yaml: bool = False) -> tuple[str, list[str]]:
-    """(program, argv) of the UI: ``dg dev`` in the project, or ``dagster dev -w workspace.yaml``."""
-    if workspace_yaml:
-        dagster = str(Path(sys.executable).with_name("dagster"))
-        return dagster, [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
-    dg = str(Path(sys.executable).with_name("dg"))
-    return dg, [dg, "dev", "--host", "127.0.0.1", "--port", str(port)]
 
 
 if __name__ == "__main__":
