@@ -226,6 +226,9 @@ def _whole_ms(v: timedelta, what: str) -> timedelta:
     return v
 
 
+MAX_BUCKETS_PER_ROW = 1000  # interval join: buckets one left row may be repeated in
+
+
 class IntervalJoin(_Model):
     """Inner interval join of the pipeline's source (left) with a second Delta source (``right``, with the
     same key and event-time columns) on the keys: every pair with
@@ -233,24 +236,52 @@ class IntervalJoin(_Model):
     the right columns prefixed ``right_``. Each input's lateness follows its own versions (its own W(v)).
 
     The backlog joins the on-time rows of both inputs and hands over the rows that can still match a future
-    row (left rows with ``ts + upper`` beyond the right's final watermark, and vice versa); the live phase
-    runs Spark's stream-stream join over those rows plus the live rows, skipping backlog-backlog pairs.
+    row (left rows with ``ts + upper`` beyond the right's final watermark, and vice versa); each live
+    micro-batch joins its new rows with each other and with the rows held in that state. Both phases match
+    rows on the keys and on event-time buckets (``bucket``), so a key with many rows costs about what its
+    matching pairs cost.
     """
 
     kind: Literal["interval_join"] = "interval_join"
     right: DeltaSource
     lower: timedelta = Field(description="right.ts >= left.ts + lower (may be negative).")
     upper: timedelta = Field(description="right.ts <= left.ts + upper.")
+    bucket: timedelta | None = Field(
+        None,
+        description="Width of the event-time buckets the join matches on besides the keys: each left row meets "
+        "the right rows of the buckets its interval touches, so a key with many rows is not compared pair by "
+        "pair. None: upper - lower (at least 1 ms), which puts a left row in at most two buckets. Changes no "
+        "result; not part of the fingerprint.",
+    )
 
     @field_validator("lower", "upper")
     @classmethod
     def _ms(cls, v: timedelta) -> timedelta:
         return _whole_ms(v, "interval bounds")
 
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: timedelta | None) -> timedelta | None:
+        if v is not None and v <= timedelta(0):
+            raise ValueError(f"interval_join: bucket must be > 0 (or None for upper - lower); got {v}")
+        return None if v is None else _whole_ms(v, "bucket")
+
+    @property
+    def bucket_width(self) -> timedelta:
+        """The bucket in use: ``bucket``, or ``upper - lower`` but at least 1 ms."""
+        return self.bucket or max(self.upper - self.lower, timedelta(milliseconds=1))
+
     @model_validator(mode="after")
     def _order(self) -> IntervalJoin:
         if self.lower > self.upper:
             raise ValueError(f"interval_join: lower ({self.lower}) must be <= upper ({self.upper})")
+        per_row = (self.upper - self.lower) // self.bucket_width + 1
+        if per_row > MAX_BUCKETS_PER_ROW:
+            raise ValueError(
+                f"interval_join: bucket {self.bucket} puts a left row in up to {per_row} buckets "
+                f"(upper - lower = {self.upper - self.lower}); at most {MAX_BUCKETS_PER_ROW} are allowed: "
+                "choose a wider bucket, or None for upper - lower"
+            )
         return self
 
 
@@ -975,7 +1006,7 @@ class Pipeline(_Model):
             "key_columns": list(self.key_columns),
             "event_time": self.event_time,
             "watermark_delay_us": self.delay_us,
-            "operator": self.operator.model_dump(mode="json"),
+            "operator": self.operator.model_dump(mode="json", exclude={"bucket"}),  # a join bucket shapes no state
             # Only when used, so that pipelines without them keep their fingerprint.
             **({"steps": [step.model_dump(mode="json") for step in self.steps]} if self.steps else {}),
             **(

@@ -36,6 +36,7 @@ from phases.partition_ops import load_function
 LEFT, RIGHT = "left", "right"
 RIGHT_PREFIX = "right_"
 LEFT_ROWS, RIGHT_ROWS = "_left", "_right"  # state / co-group buffers: the window's (or key's) rows per input
+BUCKET = "_bucket"  # interval join: the event-time bucket a pair meets in
 
 
 def _us(delta: timedelta) -> int:
@@ -94,6 +95,7 @@ class IntervalJoinLogic(TwoInputLogic):
         super().__init__(pipeline, left_schema, right_schema)
         op: IntervalJoin = pipeline.operator
         self.lower_ms, self.upper_ms = _us(op.lower) // 1000, _us(op.upper) // 1000
+        self.bucket_us = _us(op.bucket_width)
         out_left = [f for f in self.left_fields if f.name not in self.keys]
         out_right = [
             T.StructField(RIGHT_PREFIX + f.name, f.dataType, True) for f in self.right_fields if f.name not in self.keys
@@ -136,13 +138,34 @@ class IntervalJoinLogic(TwoInputLogic):
         cols += [F.col(f"r.`{f.name}`").alias(f.name) for f in self.output_schema.fields[len(cols) :]]
         return joined.select(*cols)
 
+    def _bucket(self, micros: Column) -> Column:
+        """The event-time bucket of ``micros`` (µs since the epoch): floor division, exact for any sign."""
+        width = F.lit(self.bucket_us)
+        return ((micros - F.pmod(micros, width)) / width).cast("long")
+
+    def pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
+        """Every pair of a ``left`` and a ``right`` row (both with the inputs' own columns) that the join emits,
+        as output rows. Besides the keys, the rows meet on event-time buckets: a left row is repeated for each
+        bucket its interval ``[ts + lower, ts + upper]`` touches, a right row sits in the bucket of its event
+        time, so every matching pair meets in exactly one bucket and Spark compares only rows of nearby times
+        (not every pair of a key)."""
+        ts = F.unix_micros(F.col(f"`{self.event_time}`"))
+        first = self._bucket(ts + F.lit(self.lower_ms * 1000))
+        last = self._bucket(ts + F.lit(self.upper_ms * 1000))
+        bucketed_left = left.withColumn(BUCKET, F.explode(F.sequence(first, last)))
+        renamed = self._renamed_right(right)
+        bucketed_right = renamed.withColumn(
+            BUCKET, self._bucket(F.unix_micros(F.col(f"`{RIGHT_PREFIX}{self.event_time}`")))
+        )
+        cond = self._condition() & (F.col(f"l.{BUCKET}") == F.col(f"r.{BUCKET}"))
+        return self._select_output(bucketed_left.alias("l").join(bucketed_right.alias("r"), cond, "inner"))
+
     def backlog(
         self, left: DataFrame, right: DataFrame, left_wm: int | None, right_wm: int | None
     ) -> tuple[DataFrame, DataFrame]:
         """(output pairs grouped by key, state: per key the rows that can still match a future row)."""
-        joined = left.alias("l").join(self._renamed_right(right).alias("r"), self._condition(), "inner")
         partitions = int(left.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-        out = self._select_output(joined).repartition(partitions, *self.keys).sortWithinPartitions(*self.keys)
+        out = self.pairs(left, right).repartition(partitions, *self.keys).sortWithinPartitions(*self.keys)
         ts = F.col(self.event_time)
         # A future right row has ts > right_wm: a left row can match one iff ts + upper > right_wm.
         keep_left = (

@@ -28,9 +28,7 @@ class IntervalJoinStep:
         self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
 
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
-        logic = self.logic
-        joined = left.alias("l").join(logic._renamed_right(right).alias("r"), logic._condition(), "inner")
-        return logic._select_output(joined)
+        return self.logic.pairs(left, right)
 
     def apply_inputs(self, spark, records, watermarks, closing_us, batch, app) -> None:
         logic, keys, et = self.logic, self.logic.keys, self.logic.event_time

@@ -33,9 +33,12 @@ from tests.phases.two_input_functions import match_summary
 LOWER_S, UPPER_S, WINDOW_S = -5, 10, 10
 
 
-def _join(right: str) -> IntervalJoin:
+def _join(right: str, bucket_s: int | None = None) -> IntervalJoin:
     return IntervalJoin(
-        right=DeltaSource(path=right), lower=timedelta(seconds=LOWER_S), upper=timedelta(seconds=UPPER_S)
+        right=DeltaSource(path=right),
+        lower=timedelta(seconds=LOWER_S),
+        upper=timedelta(seconds=UPPER_S),
+        bucket=None if bucket_s is None else timedelta(seconds=bucket_s),
     )
 
 
@@ -110,14 +113,19 @@ def _run_two_phase_and_single(
     cut_right=st.integers(min_value=0, max_value=5),
     files=st.integers(min_value=1, max_value=3),
     per_trigger=st.integers(min_value=1, max_value=2),
+    bucket_s=st.sampled_from([None, 1, 4, 40]),
 )
 def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs_and_splits(
-    spark, tmp_path, left, right, cut_left, cut_right, files, per_trigger
+    spark, tmp_path, left, right, cut_left, cut_right, files, per_trigger, bucket_s
 ):
+    """Also for any event-time bucket: narrower than the interval (a left row in several buckets), the
+    default (upper - lower) and wider."""
     lv, rv = _materialize(left), _materialize(right)
     cl, cr = min(cut_left, len(lv)), min(cut_right, len(rv))
     root = tmp_path / uuid.uuid4().hex
-    two_phase, single, backlog_sink = _run_two_phase_and_single(spark, root, lv, rv, cl, cr, _join, files, per_trigger)
+    two_phase, single, backlog_sink = _run_two_phase_and_single(
+        spark, root, lv, rv, cl, cr, lambda right: _join(right, bucket_s), files, per_trigger
+    )
     bounds = (DELAY_S * SECOND, LOWER_S * SECOND, UPPER_S * SECOND)
     before = reference.run_interval_join(
         {v: r for v, r in lv.items() if v <= cl}, {v: r for v, r in rv.items() if v <= cr}, *bounds
@@ -207,6 +215,18 @@ def test_two_input_backlog_output_is_grouped_by_key(spark, tmp_path):
 def test_two_input_definitions_are_validated(tmp_path):
     with pytest.raises(DefinitionError, match="lower .* must be <= upper"):
         IntervalJoin(right=DeltaSource(path="r"), lower=timedelta(seconds=5), upper=timedelta(seconds=1))
+    with pytest.raises(DefinitionError, match="bucket must be > 0"):
+        IntervalJoin(right=DeltaSource(path="r"), lower=timedelta(0), upper=timedelta(1), bucket=timedelta(0))
+    with pytest.raises(DefinitionError, match="up to 3601 buckets .* at most 1000"):
+        IntervalJoin(
+            right=DeltaSource(path="r"), lower=timedelta(0), upper=timedelta(hours=1), bucket=timedelta(seconds=1)
+        )
+    a, b = (
+        make_pipeline("l", "root", operator=_join("r", bucket_s)).fingerprint()
+        for bucket_s in (None, 4)  # a bucket shapes no state: a handoff stays valid when it changes
+    )
+    assert a == b
+    assert _join("r").bucket_width == timedelta(seconds=UPPER_S - LOWER_S)
     with pytest.raises(DefinitionError, match="co_group windows are tumbling"):
         CoGroup(
             right=DeltaSource(path="r"),
@@ -246,3 +266,43 @@ def test_a_join_batch_that_dies_after_its_pairs_before_its_state_is_replayed_exa
         ("a", 12 * SECOND, 4, 20 * SECOND, 5),
     ]
     assert _pairs(spark, p.sink.path) == sorted(expected, key=repr)
+
+
+@pytest.mark.parametrize("bucket_ms", [None, 5, 700, 3_000, 60_000])
+def test_bucketed_join_finds_every_pair_of_an_interval_for_any_bucket(spark, bucket_ms):
+    """The join's time buckets (narrower than the interval, the default, wider; event times on both sides of
+    the epoch and on bucket edges) find exactly the pairs a comparison of every pair of a key finds."""
+    import random
+    from datetime import UTC, datetime
+
+    from phases.two_input import IntervalJoinLogic
+
+    rng = random.Random(bucket_ms or 0)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    times = [rng.choice([-1, 1]) * rng.randrange(0, 20_000) for _ in range(300)]  # ms around the epoch
+    times += [0, -1, 1, 2_999, 3_000, -3_000, -3_001]
+    left = [(rng.choice("ab"), t, i) for i, t in enumerate(times[:160])]
+    right = [(rng.choice("ab"), t, i) for i, t in enumerate(times[160:])]
+    lower_ms, upper_ms = -1_500, 2_000
+    op = IntervalJoin(
+        right=DeltaSource(path="r"),
+        lower=timedelta(milliseconds=lower_ms),
+        upper=timedelta(milliseconds=upper_ms),
+        bucket=None if bucket_ms is None else timedelta(milliseconds=bucket_ms),
+    )
+    p = make_pipeline("l", "root", operator=op)
+
+    def frame(rows):
+        return spark.createDataFrame(
+            [(k, epoch + timedelta(milliseconds=t), v) for k, t, v in rows], "key string, ts timestamp, value long"
+        )
+
+    lf, rf = frame(left), frame(right)
+    logic = IntervalJoinLogic(p, lf.schema, rf.schema)
+    got = sorted(
+        (r["key"], r["value"], r["right_value"]) for r in logic.pairs(lf, rf).collect()
+    )  # fmt: skip
+    expected = sorted(
+        (lk, lv, rv) for lk, lt, lv in left for rk, rt, rv in right if lk == rk and lt + lower_ms <= rt <= lt + upper_ms
+    )
+    assert expected and got == expected
