@@ -20,6 +20,25 @@ def right_batch(spark: SparkSession, rows: int, keys: int, index: int) -> DataFr
     )
 
 
+def hourly_batch(seed: int):
+    """The low-cardinality join's inputs: an hour of event time a version, so that a key's rows are spread
+    thin in time (seed 7 left, 11 right)."""
+
+    def batch(spark: SparkSession, rows: int, keys: int, index: int) -> DataFrame:
+        return synthetic.event_batch(
+            spark,
+            rows=rows,
+            keys=keys,
+            batch_index=index,
+            seconds_per_batch=3600,
+            late_fraction=0.0,
+            jitter_seconds=0,
+            seed=seed,
+        )
+
+    return batch
+
+
 def wordcount_batch(spark: SparkSession, rows: int, words: int, index: int) -> DataFrame:
     """WordCount's shape: string keys with a skewed (Zipf-like) frequency, value 1."""
     u = (F.abs(F.xxhash64(F.col("id"), F.lit(index), F.lit(3))) % 1_000_000 + 1) / 1_000_001.0

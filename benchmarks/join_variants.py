@@ -1,66 +1,148 @@
-"""The interval-join workload's variants: every (left, right) pair of one key with
-``left.ts + LOWER <= right.ts <= left.ts + UPPER`` as a plain Spark batch join of the two sources, as one
-streaming job (the framework's own live path from the first versions, ~20 micro-batches or one)
-and as the two-phase framework. Outputs are compared as multisets."""
+"""The interval-join workloads' variants: every (left, right) pair of one key with
+``left.ts + lower <= right.ts <= left.ts + upper``.
+
+* plain batch: a Spark batch join of the two tables (the generated data has no late records), written to Delta;
+* stream: what a user would run instead of this framework, a plain Spark stream-stream join of the two Delta
+  sources with a watermark on each, RocksDB state, a checkpoint, appending to a Delta table, in the same
+  number of micro-batches as the other stream modes (or one);
+* two-phase: this framework (backlog, handoff, live start).
+
+Outputs are compared as multisets."""
 
 from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import operator_variants
 from benchmarks.variants import Timing
 from phases.definition import DeltaSink, DeltaSource, IntervalJoin, Locations, Pipeline
 
-LOWER, UPPER = timedelta(seconds=-30), timedelta(seconds=30)
 COLUMNS = ["key", "ts", "value", "right_ts", "right_value"]
+DELAY = timedelta(minutes=1)
 
 
-def pipeline(left: str, right: str, root: str) -> Pipeline:
+@dataclass(frozen=True)
+class Bounds:
+    """The join's interval, and the framework's bucket (None: its default)."""
+
+    lower: timedelta = timedelta(seconds=-30)
+    upper: timedelta = timedelta(seconds=30)
+    bucket: timedelta | None = None
+
+
+def pipeline(left: str, right: str, root: str, bounds: Bounds) -> Pipeline:
     return Pipeline(
         name="bench_join",
         source=DeltaSource(path=left),
         key_columns=["key"],
         event_time="ts",
-        watermark_delay=timedelta(minutes=1),
-        operator=IntervalJoin(right=DeltaSource(path=right), lower=LOWER, upper=UPPER),
+        watermark_delay=DELAY,
+        operator=IntervalJoin(
+            right=DeltaSource(path=right), lower=bounds.lower, upper=bounds.upper, bucket=bounds.bucket
+        ),
         sink=DeltaSink(path=f"{root}/sink"),
         locations=Locations(root=root),
     )
 
 
-def plain_batch(spark: SparkSession, left: str, right: str, out: str) -> Timing:
-    """A batch join of the two tables as they are now (the generated data has no late records)."""
+def _condition(bounds: Bounds) -> Column:
+    lower, upper = (int(b / timedelta(milliseconds=1)) for b in (bounds.lower, bounds.upper))
+    return (
+        (F.col("l.key") == F.col("r.key"))
+        & (F.col("r.ts") >= F.col("l.ts") + F.expr(f"INTERVAL {lower} MILLISECONDS"))
+        & (F.col("r.ts") <= F.col("l.ts") + F.expr(f"INTERVAL {upper} MILLISECONDS"))
+    )
+
+
+def _pairs(left: DataFrame, right: DataFrame, bounds: Bounds) -> DataFrame:
+    return (
+        left.alias("l")
+        .join(right.alias("r"), _condition(bounds))
+        .select(
+            F.col("l.key").alias("key"),
+            F.col("l.ts").alias("ts"),
+            F.col("l.value").alias("value"),
+            F.col("r.ts").alias("right_ts"),
+            F.col("r.value").alias("right_value"),
+        )
+    )
+
+
+HAND_BUCKET = timedelta(minutes=1)
+
+
+def _hand_bucketed_pairs(left: DataFrame, right: DataFrame, bounds: Bounds) -> DataFrame:
+    """What a user writes when a key has few values: a bucket equi-key, each left row repeated for every
+    bucket its interval touches (written here, independent of the framework's bucketing)."""
+    width = HAND_BUCKET // timedelta(microseconds=1)
+    lower, upper = (b // timedelta(microseconds=1) for b in (bounds.lower, bounds.upper))
+    us = F.unix_micros(F.col("ts"))
+    lb = left.withColumn("bucket", F.explode(F.sequence(F.floor((us + lower) / width), F.floor((us + upper) / width))))
+    rb = right.withColumn("bucket", F.floor(us / width))
+    cond = _condition(bounds) & (F.col("l.bucket") == F.col("r.bucket"))
+    return (
+        lb.alias("l")
+        .join(rb.alias("r"), cond)
+        .select(
+            F.col("l.key").alias("key"),
+            F.col("l.ts").alias("ts"),
+            F.col("l.value").alias("value"),
+            F.col("r.ts").alias("right_ts"),
+            F.col("r.value").alias("right_value"),
+        )
+    )
+
+
+def plain_batch(spark: SparkSession, left: str, right: str, out: str, bounds: Bounds, bucketed: bool = False) -> Timing:
+    """A batch join of the two tables as they are now, written to a Delta table: a range join, or with a
+    hand-written bucket key (``bucketed``)."""
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
-    lt = spark.read.format("delta").load(left).alias("l")
-    rt = spark.read.format("delta").load(right).alias("r")
-    cond = (
-        (F.col("l.key") == F.col("r.key"))
-        & (F.col("r.ts") >= F.col("l.ts") + F.expr(f"INTERVAL {int(LOWER.total_seconds())} SECONDS"))
-        & (F.col("r.ts") <= F.col("l.ts") + F.expr(f"INTERVAL {int(UPPER.total_seconds())} SECONDS"))
-    )
-    pairs = lt.join(rt, cond).select(
-        F.col("l.key").alias("key"),
-        F.col("l.ts").alias("ts"),
-        F.col("l.value").alias("value"),
-        F.col("r.ts").alias("right_ts"),
-        F.col("r.value").alias("right_value"),
-    )
+    lt, rt = (spark.read.format("delta").load(p) for p in (left, right))
+    pairs = _hand_bucketed_pairs(lt, rt, bounds) if bucketed else _pairs(lt, rt, bounds)
     pairs.write.format("delta").save(f"{out}/sink")
-    return Timing("plain batch", time.perf_counter() - t, {})
+    join = f"bucket key ({HAND_BUCKET.total_seconds():.0f} s)" if bucketed else "range join"
+    return Timing("plain batch", time.perf_counter() - t, {"join": join})
 
 
-def stream(spark: SparkSession, left: str, right: str, root: str, files_per_trigger: int | None) -> Timing:
-    return operator_variants.stream(spark, pipeline(left, right, root), files_per_trigger)
+def stream(
+    spark: SparkSession, left: str, right: str, root: str, bounds: Bounds, files_per_trigger: int | None
+) -> Timing:
+    """Spark's own stream-stream join over both sources from their first version: ``files_per_trigger``
+    files of each a micro-batch (None: one micro-batch)."""
+    shutil.rmtree(root, ignore_errors=True)
+
+    def read(path: str) -> DataFrame:
+        reader = spark.readStream.format("delta")
+        if files_per_trigger is not None:
+            reader = reader.option("maxFilesPerTrigger", files_per_trigger)
+        return reader.load(path).withWatermark("ts", f"{int(DELAY.total_seconds())} seconds")
+
+    t = time.perf_counter()
+    query = (
+        _pairs(read(left), read(right), bounds)
+        .writeStream.format("delta")
+        .outputMode("append")
+        .option("checkpointLocation", f"{root}/checkpoint")
+        .trigger(availableNow=True)
+        .start(f"{root}/sink")
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - t
+    batches = sum(1 for p in query.recentProgress if p["numInputRows"] > 0)
+    return Timing("stream" if files_per_trigger else "stream, one batch", seconds, {"micro_batches": batches})
 
 
-def two_phase(spark: SparkSession, left: str, right: str, root: str) -> Timing:
-    return operator_variants.two_phase(spark, pipeline(left, right, root))
+def two_phase(spark: SparkSession, left: str, right: str, root: str, bounds: Bounds) -> Timing:
+    timing = operator_variants.two_phase(spark, pipeline(left, right, root, bounds))
+    timing.detail["bucket_s"] = pipeline(left, right, root, bounds).operator.bucket_width.total_seconds()
+    return timing
 
 
 def same_outputs(spark: SparkSession, expected: str, actual: str) -> bool:

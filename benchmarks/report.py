@@ -58,9 +58,13 @@ def markdown(results: dict) -> str:
             detail = ", ".join(f"{k} {v}" for k, v in t.get("detail", {}).items())
             mem = t.get("memory") or {}
             peak = f"{mem.get('jvm_peak_mib', '–')} / {mem.get('python_worker_peak_mib', '–')}"
+            if t.get("extrapolated"):
+                variant = f"{variant} (extrapolated)"
             lines.append(
                 f"| {variant} | {t['seconds']:.1f} | {ratio:.2f}× | {speed} | {t['equal']} | {peak} | {detail} |"
             )
+        for note in w.get("notes", []):
+            lines += ["", note]
         if "seeding" in w:
             s = w["seeding"]
             s.setdefault("switch_s", s.get("native_s"))  # results written before the one-query live phase
@@ -126,6 +130,9 @@ def _live_lines(runs: list[dict], source: str = "Delta source; source commit →
     return lines
 
 
+COLORS = {"plain batch": "#888", "stream": "#c55", "stream, one batch": "#e95", "two-phase": "#4a4"}
+
+
 def chart(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -137,10 +144,13 @@ def chart(results: dict, path: Path) -> None:
     for ax, (name, w) in zip(axes[0], workloads, strict=True):
         variants = list(w["timings"])
         seconds = [w["timings"][v]["seconds"] for v in variants]
-        bars = ax.bar(variants, seconds, color=["#888", "#c55", "#e95", "#4a4"][: len(variants)])
+        colors = [COLORS.get(v, "#58a") for v in variants]
+        hatches = ["//" if w["timings"][v].get("extrapolated") else "" for v in variants]
+        bars = ax.bar(variants, seconds, color=colors, hatch=hatches)
         ax.bar_label(bars, fmt="%.1f s")
         ax.set_title(f"{name}: {w['rows']:,} rows / {w['keys']:,} keys")
-        ax.set_ylabel("seconds")
+        ax.set_yscale("log")
+        ax.set_ylabel("seconds (log; hatched: extrapolated)")
         ax.tick_params(axis="x", labelrotation=15)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

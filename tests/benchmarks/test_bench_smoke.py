@@ -7,7 +7,13 @@ from __future__ import annotations
 import json
 
 from benchmarks import data, live, report
-from benchmarks.run import run_join_workload, run_process_workload, run_spill, run_workload
+from benchmarks.run import (
+    run_join_workload,
+    run_low_cardinality_join,
+    run_process_workload,
+    run_spill,
+    run_workload,
+)
 
 
 def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_path):
@@ -19,9 +25,12 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     results["workloads"]["wordcount"] = run_workload(
         spark, "wordcount", data.wordcount_batch, 20_000, 2_000, 4, tmp_path, False, stream_batches=3
     )
-    # ~2 rows a key over 6 versions: some keys go idle and their timers fire
-    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path, stream_batches=3)
+    # ~2 rows a key over 6 versions: some keys go idle and their timers fire; the stream in one batch a version
+    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path)
     results["workloads"]["interval join"] = run_join_workload(spark, 2_000, 200, 4, tmp_path, stream_batches=3)
+    results["workloads"]["low-cardinality join"] = run_low_cardinality_join(
+        spark, 4_000, 3, 4, tmp_path, stream_rows=[500, 1_000], stream_batches=3
+    )
     results["live"] = [
         live.measure(
             spark, tmp_path, state_keys=200, rates=(100,), versions=3, batches=2, batch_rows=50, drain_rows=300,
@@ -37,7 +46,15 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert timings["stream"]["detail"]["micro_batches"] >= 2
     assert loaded["workloads"]["keyed reduce"]["seeding"]["keys"] > 1_900  # ~2,000 keys drawn by 20,000 rows
     process = loaded["workloads"]["keyed process"]
-    assert set(process["timings"]) == set(timings) and process["outputs"] > 0
+    assert set(process["timings"]) == {"plain batch", "stream", "two-phase"} and process["outputs"] > 0
+    assert process["timings"]["stream"]["detail"]["micro_batches"] == 6  # one a version
+    low = loaded["workloads"]["low-cardinality join"]
+    assert set(low["timings"]) == {"plain batch", "two-phase", "stream"} and low["outputs"] > 0
+    assert (
+        low["timings"]["stream"]["extrapolated"]
+        and "1,000 rows a side" in low["timings"]["stream"]["detail"]["measured"]
+    )
+    assert low["timings"]["two-phase"]["detail"]["bucket_s"] == 2.0
     join = loaded["workloads"]["interval join"]
     assert set(join["timings"]) == set(timings) and join["outputs"] > 0
     assert join["timings"]["stream"]["detail"]["micro_batches"] >= 2
