@@ -4,6 +4,7 @@ workers, read from /proc (Linux). ``reset()`` clears the kernel's high-water mar
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -39,15 +40,17 @@ def _hwm_kib(pid: int) -> int:
 
 def reset(spark: SparkSession) -> None:
     """Resets the peak-RSS marks of the JVM and the live Python workers ("5" > clear_refs)."""
-    for pid in [jvm_pid(spark), *_python_workers()]:
+    for pid in [jvm_pid(spark), os.getpid(), *_python_workers()]:
         with contextlib.suppress(OSError):
             Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 def peaks(spark: SparkSession) -> dict:
-    """Peak RSS in MiB since the last reset: the JVM, and the largest Python worker."""
+    """Peak RSS in MiB since the last reset: the JVM (driver and, in local mode, executor), the Python driver
+    process, and the largest Python worker."""
     workers = [_hwm_kib(pid) for pid in _python_workers()]
     return {
         "jvm_peak_mib": round(_hwm_kib(jvm_pid(spark)) / 1024),
+        "python_driver_peak_mib": round(_hwm_kib(os.getpid()) / 1024),
         "python_worker_peak_mib": round(max(workers, default=0) / 1024),
     }

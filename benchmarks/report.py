@@ -75,6 +75,10 @@ def markdown(results: dict) -> str:
                 f"({s['initial_state_s'] / s['switch_s']:.1f}× slower).",
             ]
         lines.append("")
+    if results.get("growth"):
+        from benchmarks import growth
+
+        lines += growth.lines(results["growth"])
     if results.get("live"):
         lines += _live_lines(results["live"])
     if results.get("live_kafka"):
@@ -162,4 +166,8 @@ def write(results: dict, out: Path) -> tuple[Path, Path, Path]:
     js.write_text(json.dumps(results, indent=2))
     md.write_text(markdown(results))
     chart(results, png)
+    if results.get("growth"):
+        from benchmarks import growth
+
+        growth.chart(results["growth"], out / "growth.png")
     return js, md, png

@@ -66,3 +66,19 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert loaded["spill"]["equal"] is True, loaded["spill"]
     assert "| two-phase |" in md.read_text() and "p99" in md.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_growth_curve_runs_each_size_and_extrapolates_a_stream_too_long_to_run_whole(spark, tmp_path):
+    from benchmarks import growth
+
+    rows = growth.measure(spark, tmp_path, [4_000, 2_000], stream_whole_max_rows=2_000, partial_batches=2, versions=4)
+    assert [r["rows"] for r in rows] == [2_000, 4_000]
+    small, large = rows
+    assert not small["stream_extrapolated"] and large["stream_extrapolated"]
+    assert large["stream_measured"]["batches"] == 2 < large["stream_batches"]
+    assert large["stream_s"] > large["stream_measured"]["seconds"]
+    assert all(r["memory"]["two-phase"]["python_driver_peak_mib"] > 0 for r in rows)
+    md = "\n".join(growth.lines(rows))
+    assert "| 4,000 |" in md and "(extrapolated)" in md
+    growth.chart(rows, tmp_path / "growth.png")
+    assert (tmp_path / "growth.png").read_bytes()[:4] == b"\x89PNG"
