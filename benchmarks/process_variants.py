@@ -141,8 +141,9 @@ def _fold(marks: dict[int, int | None], final: int | None, idle_ms: int, schema:
 
 class IdleTotalsProcessor(StatefulProcessor):
     """The workload as a user writes it for ``transformWithState``: the session in value state, its timer at
-    ``last + IDLE``. Spark hands a batch's rows over before it fires the batch's timers, so a session whose
-    timer is due at this batch's watermark is emitted first (the rule: timers fire before the rows)."""
+    ``last + IDLE``. The rule fires a key's due timers before its rows of the same version; within a batch
+    Spark hands the rows over first, so a session whose timer is due at this batch's watermark is emitted
+    here, before the rows join (if the timer already fired, the state is gone and nothing is due)."""
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
