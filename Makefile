@@ -1,5 +1,5 @@
 # The two commands a new user runs: `make demo` and `make test`. Each sets itself up first (idempotent).
-.PHONY: setup demo test test-fast ui bench bench-quick lint format
+.PHONY: setup demo test test-fast ui bench bench-quick bench-peers lint format
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,12 @@ bench: setup
 
 bench-quick: setup
 	.venv/bin/python -m benchmarks.run --quick $(ARGS)
+
+# Optional, not part of `make test`: the keyed reduce through Apache Flink (apache-flink in .venv-peers, ~850 MB).
+bench-peers: setup
+	@test -x .venv-peers/bin/python || python3.11 -m venv .venv-peers
+	@.venv-peers/bin/pip install -q -r benchmarks/peers-requirements.txt
+	.venv/bin/python -m benchmarks.peers $(ARGS)
 
 ui: setup
 	.venv/bin/python -m scripts.ui $(ARGS)

@@ -75,6 +75,8 @@ def markdown(results: dict) -> str:
                 f"({s['initial_state_s'] / s['switch_s']:.1f}× slower).",
             ]
         lines.append("")
+    if results.get("peers"):
+        lines += peer_lines(results["peers"])
     if results.get("growth"):
         from benchmarks import growth
 
@@ -99,6 +101,29 @@ def markdown(results: dict) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+def peer_lines(peers: dict) -> list[str]:
+    """The keyed reduce through Apache Flink beside this framework (``make bench-peers``), one run."""
+    ours = peers["ours"]
+    two, plain = ours["two-phase"], ours["plain batch (Spark)"]
+    out = [
+        f"### keyed reduce beside Apache Flink ({peers['rows']:,} rows, {peers['keys']:,} keys, same Parquet files; "
+        f"{peers['at']})",
+        "",
+        "| run | seconds | two-phase time ÷ this run's | results equal | detail |",
+        "|---|---|---|---|---|",
+        f"| two-phase (this framework) | {two:.1f} | 1.00× | True | backlog {ours['backlog']:.1f} s |",
+        f"| plain batch (Spark) | {plain:.1f} | {two / plain:.2f}× | True | |",
+    ]
+    for f in peers["flink"]:
+        label = "Flink batch" if f["mode"] == "batch" else f"Flink streaming, {f['state_backend']} state"
+        out.append(
+            f"| {label} | {f['job_s']:.1f} | {two / f['job_s']:.2f}× | {f['equal']} | job only; with JVM and "
+            f"planner start {f['with_startup_s']:.1f} s, output {f['output_format']} |"
+        )
+    out.append("")
+    return out
 
 
 def _live_lines(runs: list[dict], source: str = "Delta source; source commit → sink commit") -> list[str]:
@@ -144,6 +169,8 @@ def chart(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(results["workloads"].items())
+    if not workloads:  # e.g. a results file that so far holds only the peers run
+        return
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
     for ax, (name, w) in zip(axes[0], workloads, strict=True):
         variants = list(w["timings"])

@@ -71,6 +71,13 @@ SPARK = Bundle(
 )
 KAFKA_BROKER = Bundle("kafka-broker", KAFKA_BROKER_COORDINATES, "kafka-broker", lambda group, artifact: True)
 BUNDLES = (SPARK, KAFKA_BROKER)
+# Only for `make bench-peers` (not part of the setup): Flink's Parquet format, for the Flink peer benchmark.
+FLINK_PEERS = Bundle(
+    "flink-peers",
+    ("org.apache.flink:flink-sql-parquet:2.3.0",),
+    "flink-peers",
+    lambda group, artifact: artifact == "flink-sql-parquet",
+)
 
 
 def _pom(coordinates: tuple[str, ...]) -> str:
