@@ -60,10 +60,10 @@ def _condition(bounds: Bounds) -> Column:
     )
 
 
-def _pairs(left: DataFrame, right: DataFrame, bounds: Bounds) -> DataFrame:
+def _output(left: DataFrame, right: DataFrame, condition: Column) -> DataFrame:
     return (
         left.alias("l")
-        .join(right.alias("r"), _condition(bounds))
+        .join(right.alias("r"), condition)
         .select(
             F.col("l.key").alias("key"),
             F.col("l.ts").alias("ts"),
@@ -72,6 +72,10 @@ def _pairs(left: DataFrame, right: DataFrame, bounds: Bounds) -> DataFrame:
             F.col("r.value").alias("right_value"),
         )
     )
+
+
+def _pairs(left: DataFrame, right: DataFrame, bounds: Bounds) -> DataFrame:
+    return _output(left, right, _condition(bounds))
 
 
 HAND_BUCKET = timedelta(minutes=1)
@@ -85,18 +89,7 @@ def _hand_bucketed_pairs(left: DataFrame, right: DataFrame, bounds: Bounds) -> D
     us = F.unix_micros(F.col("ts"))
     lb = left.withColumn("bucket", F.explode(F.sequence(F.floor((us + lower) / width), F.floor((us + upper) / width))))
     rb = right.withColumn("bucket", F.floor(us / width))
-    cond = _condition(bounds) & (F.col("l.bucket") == F.col("r.bucket"))
-    return (
-        lb.alias("l")
-        .join(rb.alias("r"), cond)
-        .select(
-            F.col("l.key").alias("key"),
-            F.col("l.ts").alias("ts"),
-            F.col("l.value").alias("value"),
-            F.col("r.ts").alias("right_ts"),
-            F.col("r.value").alias("right_value"),
-        )
-    )
+    return _output(lb, rb, _condition(bounds) & (F.col("l.bucket") == F.col("r.bucket")))
 
 
 def plain_batch(spark: SparkSession, left: str, right: str, out: str, bounds: Bounds, bucketed: bool = False) -> Timing:
@@ -124,24 +117,14 @@ def stream(
             reader = reader.option("maxFilesPerTrigger", files_per_trigger)
         return reader.load(path).withWatermark("ts", f"{int(DELAY.total_seconds())} seconds")
 
-    t = time.perf_counter()
-    query = (
-        _pairs(read(left), read(right), bounds)
-        .writeStream.format("delta")
-        .outputMode("append")
-        .option("checkpointLocation", f"{root}/checkpoint")
-        .trigger(availableNow=True)
-        .start(f"{root}/sink")
-    )
-    query.awaitTermination()
-    seconds = time.perf_counter() - t
-    batches = sum(1 for p in query.recentProgress if p["numInputRows"] > 0)
+    seconds, batches = operator_variants.append_to_delta(_pairs(read(left), read(right), bounds), root)
     return Timing("stream" if files_per_trigger else "stream, one batch", seconds, {"micro_batches": batches})
 
 
 def two_phase(spark: SparkSession, left: str, right: str, root: str, bounds: Bounds) -> Timing:
-    timing = operator_variants.two_phase(spark, pipeline(left, right, root, bounds))
-    timing.detail["bucket_s"] = pipeline(left, right, root, bounds).operator.bucket_width.total_seconds()
+    p = pipeline(left, right, root, bounds)
+    timing = operator_variants.two_phase(spark, p)
+    timing.detail["bucket_s"] = p.operator.bucket_width.total_seconds()
     return timing
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import time
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from benchmarks.variants import Timing
 from phases.backlog import BacklogRunner
@@ -25,6 +25,21 @@ def stream(spark: SparkSession, p: Pipeline, files_per_trigger: int | None) -> T
     return Timing(
         "stream" if files_per_trigger else "stream, one batch", time.perf_counter() - t, {"micro_batches": batches}
     )
+
+
+def append_to_delta(outputs: DataFrame, root: str) -> tuple[float, int]:
+    """Runs a plain streaming query the way a user writes one: appending to the Delta table ``root/sink`` with
+    its checkpoint under ``root``, over everything available. (seconds, micro-batches that read rows)."""
+    t = time.perf_counter()
+    query = (
+        outputs.writeStream.format("delta")
+        .outputMode("append")
+        .option("checkpointLocation", f"{root}/checkpoint")
+        .trigger(availableNow=True)
+        .start(f"{root}/sink")
+    )
+    query.awaitTermination()
+    return time.perf_counter() - t, sum(1 for p in query.recentProgress if p["numInputRows"] > 0)
 
 
 def two_phase(spark: SparkSession, p: Pipeline) -> Timing:

@@ -48,15 +48,11 @@ def _flink_output(spark: SparkSession, out: str, mode: str):
     return rows.groupBy("key").agg(F.max_by(F.struct("n", "total"), F.col("n")).alias("m")).select("key", "m.*")
 
 
-def _same(spark: SparkSession, expected: str, actual) -> bool:
-    a = spark.read.format("delta").load(expected).select("key", "n", "total")
-    return a.count() == actual.count() and a.exceptAll(actual).limit(1).count() == 0
-
-
-def run_flink(spark: SparkSession, source: str, plain: str, work: Path, mode: str, backend: str) -> dict:
+def run_flink(
+    spark: SparkSession, source: str, plain: str, work: Path, mode: str, backend: str, jars: list[str]
+) -> dict:
     out = work / f"flink_{mode}_{backend}"
     shutil.rmtree(out, ignore_errors=True)
-    jars = [*jvm_deps.fetch(bundle=jvm_deps.FLINK_PEERS), *_hadoop_jars()]
     cmd = [
         str(PEERS_PYTHON), str(ROOT / "benchmarks" / "flink_job.py"), "--mode", mode, "--state-backend", backend,
         "--source", source, "--out", str(out), "--jars", ";".join(jars),
@@ -70,7 +66,7 @@ def run_flink(spark: SparkSession, source: str, plain: str, work: Path, mode: st
         raise SystemExit(f"Flink {mode} ({backend}) failed (exit {done.returncode}):\n{tail}")
     result = json.loads(line.removeprefix("FLINK_RESULT "))
     result["process_s"] = round(wall, 2)
-    result["equal"] = _same(spark, plain, _flink_output(spark, str(out), mode))
+    result["equal"] = variants.same_results(spark, plain, _flink_output(spark, str(out), mode))
     print(f"[peers] Flink {mode} ({backend}): {result}", flush=True)
     if not result["equal"]:
         raise SystemExit(f"Flink {mode} ({backend}) results differ from Spark's plain batch job's")
@@ -104,7 +100,8 @@ def main() -> None:
             "backlog": two.detail["backlog_s"],
         }
         print(f"[peers] ours: {ours}", flush=True)
-        flink = [run_flink(spark, source, str(work / "plain"), work, mode, backend) for mode, backend in RUNS]
+        jars = [*jvm_deps.fetch(bundle=jvm_deps.FLINK_PEERS), *_hadoop_jars()]
+        flink = [run_flink(spark, source, str(work / "plain"), work, mode, backend, jars) for mode, backend in RUNS]
     finally:
         spark.stop()
     out = Path(args.out)

@@ -189,23 +189,15 @@ def stream(spark: SparkSession, source: str, root: str, files_per_trigger: int) 
     """``transformWithState`` over the source from its first version, ``files_per_trigger`` files a
     micro-batch (one version's files: a micro-batch's watermark is then its version's ``W(v)``)."""
     shutil.rmtree(root, ignore_errors=True)
-    t = time.perf_counter()
-    query = (
+    outputs = (
         spark.readStream.format("delta")
         .option("maxFilesPerTrigger", files_per_trigger)
         .load(source)
         .withWatermark("ts", f"{int(DELAY.total_seconds())} seconds")
         .groupBy("key")
         .transformWithState(IdleTotalsProcessor(), outputStructType=OUTPUT, outputMode="Append", timeMode="EventTime")
-        .writeStream.format("delta")
-        .outputMode("append")
-        .option("checkpointLocation", f"{root}/checkpoint")
-        .trigger(availableNow=True)
-        .start(f"{root}/sink")
     )
-    query.awaitTermination()
-    seconds = time.perf_counter() - t
-    batches = sum(1 for p in query.recentProgress if p["numInputRows"] > 0)
+    seconds, batches = operator_variants.append_to_delta(outputs, root)
     return Timing("stream", seconds, {"micro_batches": batches, "query": "transformWithState (row API)"})
 
 

@@ -119,7 +119,8 @@ def two_phase(spark: SparkSession, source: str, root: str) -> tuple[Timing, Pipe
     return Timing("two-phase", total, detail), p
 
 
-def same_results(spark: SparkSession, expected: str, actual: str) -> bool:
+def same_results(spark: SparkSession, expected: str, actual: str | DataFrame) -> bool:
+    """The keyed-reduce result table ``expected`` holds the rows of ``actual`` (a Delta table or a DataFrame)."""
     a = spark.read.format("delta").load(expected).select("key", "n", "total")
-    b = spark.read.format("delta").load(actual).select("key", "n", "total")
+    b = (spark.read.format("delta").load(actual) if isinstance(actual, str) else actual).select("key", "n", "total")
     return a.count() == b.count() and a.exceptAll(b).limit(1).count() == 0
