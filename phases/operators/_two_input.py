@@ -3,19 +3,30 @@ closing watermark (the smaller of the two inputs'), and their refusal of backlog
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import types as T
 
 from phases.definition import Pipeline
-from phases.operators.base import HandoffCounts, OperatorKind, Watermarks
+from phases.operators.base import HandoffCounts, OperatorKind, Watermarks, counted, observed
 from phases.two_input import CoGroupLogic
 
 
 class TwoInputHandoff:
     """The operator's backlog output and the rows/windows still open, with the on-time records of both."""
 
-    def __init__(self, spark: SparkSession, out: DataFrame, state: DataFrame, inputs: list[DataFrame]):
-        self.spark, self.out, self.state, self.inputs = spark, out, state, inputs
+    def __init__(
+        self,
+        spark: SparkSession,
+        out: DataFrame,
+        state: DataFrame,
+        inputs: list[DataFrame],
+        input_rows: list[Observation],
+    ):
+        """``inputs``: both inputs' on-time records; ``input_rows`` their counts, observed as the writes of
+        ``out`` and ``state`` read them."""
+        self.spark, self._inputs, self._input_rows = spark, inputs, input_rows
+        self.state, self._state_rows = counted(state, "handoff state")
+        self.out, self._sink_rows = counted(out, "handoff sink")
 
     def write_state(self, path: str) -> None:
         self.state.write.format("delta").mode("errorifexists").save(path)
@@ -24,10 +35,13 @@ class TwoInputHandoff:
         self.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
+        """From the writes themselves (the inputs counted as the writes read them), else by a scan."""
+        state, sink = observed(self._state_rows), observed(self._sink_rows)
+        inputs = [observed(o) for o in self._input_rows]
         return HandoffCounts(
-            spark.read.format("delta").load(state_path).count(),
-            sum(df.count() for df in self.inputs),
-            spark.read.format("delta").load(sink_path).count(),
+            int(state["rows"]) if state else spark.read.format("delta").load(state_path).count(),
+            sum(int(m["rows"]) if m else df.count() for m, df in zip(inputs, self._inputs, strict=True)),
+            int(sink["rows"]) if sink else spark.read.format("delta").load(sink_path).count(),
         )
 
     def close(self) -> None:
@@ -48,8 +62,11 @@ class TwoInputKind(OperatorKind):
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs) -> TwoInputHandoff:
         left, right = inputs
         wm = [None if t.running_max_us is None else t.running_max_us - pipeline.delay_us for t in inputs]
-        out, state = logic.backlog(left.prepared, right.prepared, wm[0], wm[1])
-        return TwoInputHandoff(spark, out, state, [left.prepared, right.prepared])
+        (left_in, left_rows), (right_in, right_rows) = (
+            counted(t.prepared, f"{side} input") for t, side in zip(inputs, ("left", "right"), strict=True)
+        )
+        out, state = logic.backlog(left_in, right_in, wm[0], wm[1])
+        return TwoInputHandoff(spark, out, state, [left.prepared, right.prepared], [left_rows, right_rows])
 
     def live_step(self, logic, state_path: str, sink_path: str):
         return self.step_class(logic, state_path, sink_path)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 if TYPE_CHECKING:
@@ -27,6 +28,22 @@ class HandoffCounts:
     state_rows: int  # rows of the handed-over state table
     aggregated: int  # on-time records the operator took in versions 0..V (a record once)
     sink_rows: int  # rows in the sink after the handoff
+
+
+def counted(df: DataFrame, name: str, **sums: Column) -> tuple[DataFrame, Observation]:
+    """``df`` observed: its row count (``rows``) and the given sums arrive with the action that writes it,
+    instead of a second scan of what was written (``observation.get`` after the action)."""
+    observation = Observation(name)
+    metrics = [F.count(F.lit(1)).alias("rows"), *(column.alias(alias) for alias, column in sums.items())]
+    return df.observe(observation, *metrics), observation
+
+
+def observed(observation: Observation) -> dict[str, Any] | None:
+    """The metrics :func:`counted` observed, or None when the action ran without the observed node: Spark's
+    adaptive execution replaces a subtree it finds empty, and the metrics with it (an empty row). Callers
+    then count by a scan."""
+    row = observation._jo.getRow()  # blocks until the first action on the observed frame ends
+    return None if row.length() == 0 else observation.get
 
 
 class HandoffWrite(Protocol):

@@ -15,7 +15,7 @@ from phases import schema_evolution, tables
 from phases.definition import WINDOW_END, Pipeline
 from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic
 from phases.manifest import HandoffManifest
-from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, sorted_by_key
+from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, sorted_by_key
 
 
 class AggregationHandoff:
@@ -42,21 +42,31 @@ class AggregationHandoff:
 
     def write_state(self, path: str) -> None:
         merged = self.state
+        observation = None
         if self.windowed:
             self.rows_merged = int(merged.agg(F.sum(ROWS)).collect()[0][0] or 0)
             merged = merged.filter(~self.logic.closed(merged, self.watermark))
+        else:
+            # Keyed: the state is every key; its key and row counts come from the write itself (no re-scan).
+            merged, observation = counted(merged, "handoff state", merged=F.sum(ROWS))
         merged.write.format("delta").mode("errorifexists").save(path)
         self.state_path = path
+        if observation is not None:
+            metrics = observed(observation)
+            if metrics is None:  # an empty plan Spark replaced: count the table
+                table = self.spark.read.format("delta").load(path)
+                metrics = table.agg(F.count(F.lit(1)).alias("rows"), F.sum(ROWS).alias("merged")).collect()[0]
+            self.stats = {"keys": metrics["rows"], "rows": metrics["merged"]}
+            self.rows_merged = int(metrics["merged"] or 0)
 
     def write_sink(self, path: str) -> None:
         logic, spark = self.logic, self.spark
         state_table = spark.read.format("delta").load(self.state_path)
-        self.stats = state_table.agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows")).collect()[0]
         writer = None
         if not self.windowed:
-            self.rows_merged = int(self.stats["rows"] or 0)
             out = logic.finalize(state_table)
         else:
+            self.stats = state_table.agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows")).collect()[0]
             out = logic.finalize(self.state.filter(logic.closed(self.state, self.watermark)))
             lower = self.base.final_watermark_us if self.base is not None else None
             if lower is not None:

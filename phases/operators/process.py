@@ -12,7 +12,7 @@ from pyspark.sql import types as T
 
 from phases import tables
 from phases.definition import Pipeline
-from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind
+from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed
 from phases.process_operator import ROWS, TIMERS, ProcessLogic
 
 _TOUCHED = "_touched"
@@ -26,21 +26,25 @@ class ProcessHandoff:
         self.passed = logic.backlog_pass(prepared, final_watermark_us).persist(StorageLevel.DISK_ONLY)
 
     def write_state(self, path: str) -> None:
-        self.logic.states(self.passed).write.format("delta").mode("errorifexists").save(path)
+        states, self._state = counted(self.logic.states(self.passed), "handoff state", records=F.sum(ROWS))
+        states.write.format("delta").mode("errorifexists").save(path)
 
     def write_sink(self, path: str) -> None:
-        out = self.logic.outputs(self.passed)
+        out, self._sink = counted(self.logic.outputs(self.passed), "handoff sink")
         out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
-        stats = (
-            spark.read.format("delta")
-            .load(state_path)
-            .agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows"))
-            .collect()[0]
-        )
-        sink_rows = spark.read.format("delta").load(sink_path).count()
-        return HandoffCounts(int(stats["keys"]), int(stats["rows"] or 0), sink_rows)
+        """From the writes themselves, else (an empty plan Spark replaced) by a scan of the tables."""
+        state, sink = observed(self._state), observed(self._sink)
+        if state is None:
+            state = (
+                spark.read.format("delta")
+                .load(state_path)
+                .agg(F.count(F.lit(1)).alias("rows"), F.sum(ROWS).alias("records"))
+                .collect()[0]
+            )
+        sink_rows = int(sink["rows"]) if sink else spark.read.format("delta").load(sink_path).count()
+        return HandoffCounts(int(state["rows"]), int(state["records"] or 0), sink_rows)
 
     def close(self) -> None:
         self.passed.unpersist()
