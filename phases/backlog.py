@@ -1,7 +1,9 @@
 """The backlog phase: a bounded, blocking Spark batch job over the source snapshot at version V.
 
-Records are validated, tagged late by the version watermark (:mod:`phases.lateness`), repartitioned by
-key and sorted by key and event time, lifted into aggregation buffers and merged per key. No streaming
+Records are validated, tagged late by the version watermark (:mod:`phases.lateness`), lifted into
+aggregation buffers and merged per key by Spark's hash aggregation (the merge is order-insensitive, so
+there is no sort by key: Spark combines map-side before its shuffle; the process kind, whose functions see
+a key's records in order, sorts in :mod:`phases.process_operator`). No streaming
 checkpoint is taken (FLIP-327 with ``checkpoint_interval_during_backlog == 0``). Writes, in order:
 
 1. the quarantined records (replacing this pipeline's earlier backlog rows of the same versions);
@@ -36,7 +38,6 @@ from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import ManifestError, PhaseStateError, SourceError
 from phases.keyed_aggregate import KeyedAggregationLogic
-from phases.operators.base import sorted_by_key
 from phases.records import REASON, with_reason
 from phases.source_reader import SourceReader, open_source
 
@@ -80,7 +81,7 @@ def version_range_partial(
     slice, as a catch-up increment or as part of one backlog job.
     """
     tagged = tag_version_range(spark, pipeline, source, versions, prior_max_us, timings)
-    buffers = logic.merge(logic.lift(sorted_by_key(spark, pipeline, tagged.prepared)))
+    buffers = logic.merge(logic.lift(tagged.prepared))
     return Partial(
         buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us, has_quarantine=tagged.has_quarantine
     )

@@ -132,11 +132,3 @@ class OneInputStep:
 
     def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
         raise NotImplementedError
-
-
-def sorted_by_key(spark: SparkSession, pipeline: Pipeline, on_time: DataFrame) -> DataFrame:
-    """The backlog's input layout: hash-partitioned by key, sorted by key then event time."""
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    return on_time.repartition(partitions, *pipeline.key_columns).sortWithinPartitions(
-        *pipeline.key_columns, pipeline.event_time
-    )

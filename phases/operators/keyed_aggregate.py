@@ -15,7 +15,7 @@ from phases import schema_evolution, tables
 from phases.definition import WINDOW_END, Pipeline
 from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic
 from phases.manifest import HandoffManifest
-from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, sorted_by_key
+from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed
 
 
 class AggregationHandoff:
@@ -161,7 +161,9 @@ class KeyedAggregateKind(OperatorKind):
 
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs) -> AggregationHandoff:
         (tagged,) = inputs
-        buffers = logic.merge(logic.lift(sorted_by_key(spark, pipeline, tagged.prepared)))
+        # Not sorted by key first: the merge is order-insensitive (commutative monoids), and Spark's hash
+        # aggregation combines map-side before its shuffle, where a repartition by key shuffled every record.
+        buffers = logic.merge(logic.lift(tagged.prepared))
         return self.handoff(spark, pipeline, logic, buffers, tagged.running_max_us)
 
     @staticmethod
