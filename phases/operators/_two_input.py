@@ -7,7 +7,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import types as T
 
 from phases.definition import Pipeline
-from phases.operators.base import HandoffCounts, OperatorKind, Watermarks, counted, observed
+from phases.operators.base import HandoffCounts, OperatorKind, Watermarks, counted, observed, table_counts
 from phases.two_input import CoGroupLogic
 
 
@@ -36,12 +36,14 @@ class TwoInputHandoff:
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
         """From the writes themselves (the inputs counted as the writes read them), else by a scan."""
-        state, sink = observed(self._state_rows), observed(self._sink_rows)
-        inputs = [observed(o) for o in self._input_rows]
+        inputs = (
+            observed(o, lambda df=df: {"rows": df.count()})
+            for o, df in zip(self._input_rows, self._inputs, strict=True)
+        )
         return HandoffCounts(
-            int(state["rows"]) if state else spark.read.format("delta").load(state_path).count(),
-            sum(int(m["rows"]) if m else df.count() for m, df in zip(inputs, self._inputs, strict=True)),
-            int(sink["rows"]) if sink else spark.read.format("delta").load(sink_path).count(),
+            int(observed(self._state_rows, lambda: table_counts(spark, state_path))["rows"]),
+            sum(int(m["rows"]) for m in inputs),
+            int(observed(self._sink_rows, lambda: table_counts(spark, sink_path))["rows"]),
         )
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ per-micro-batch step (:class:`LiveStep`). The drivers (:mod:`phases.backlog`, :m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -38,12 +39,17 @@ def counted(df: DataFrame, name: str, **sums: Column) -> tuple[DataFrame, Observ
     return df.observe(observation, *metrics), observation
 
 
-def observed(observation: Observation) -> dict[str, Any] | None:
-    """The metrics :func:`counted` observed, or None when the action ran without the observed node: Spark's
-    adaptive execution replaces a subtree it finds empty, and the metrics with it (an empty row). Callers
-    then count by a scan."""
+def table_counts(spark: SparkSession, path: str, **sums: Column) -> dict[str, Any]:
+    """The row count (``rows``) and the given sums of the Delta table at ``path``, by a scan."""
+    metrics = [F.count(F.lit(1)).alias("rows"), *(column.alias(alias) for alias, column in sums.items())]
+    return spark.read.format("delta").load(path).agg(*metrics).collect()[0].asDict()
+
+
+def observed(observation: Observation, scan: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The metrics :func:`counted` observed, or ``scan()`` when the action ran without the observed node:
+    Spark's adaptive execution replaces a subtree it finds empty, and the metrics with it (an empty row)."""
     row = observation._jo.getRow()  # blocks until the first action on the observed frame ends
-    return None if row.length() == 0 else observation.get
+    return scan() if row.length() == 0 else observation.get
 
 
 class HandoffWrite(Protocol):

@@ -15,7 +15,7 @@ from phases import schema_evolution, tables
 from phases.definition import WINDOW_END, Pipeline
 from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic
 from phases.manifest import HandoffManifest
-from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed
+from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
 
 
 class AggregationHandoff:
@@ -38,7 +38,7 @@ class AggregationHandoff:
         self.windowed = isinstance(logic, WindowedAggregationLogic)
         self.state = state.persist() if self.windowed else state
         self.rows_merged = 0
-        self.stats = None
+        self.keys = 0  # rows of the handed-over state
 
     def write_state(self, path: str) -> None:
         merged = self.state
@@ -52,12 +52,8 @@ class AggregationHandoff:
         merged.write.format("delta").mode("errorifexists").save(path)
         self.state_path = path
         if observation is not None:
-            metrics = observed(observation)
-            if metrics is None:  # an empty plan Spark replaced: count the table
-                table = self.spark.read.format("delta").load(path)
-                metrics = table.agg(F.count(F.lit(1)).alias("rows"), F.sum(ROWS).alias("merged")).collect()[0]
-            self.stats = {"keys": metrics["rows"], "rows": metrics["merged"]}
-            self.rows_merged = int(metrics["merged"] or 0)
+            metrics = observed(observation, lambda: table_counts(self.spark, path, merged=F.sum(ROWS)))
+            self.keys, self.rows_merged = int(metrics["rows"]), int(metrics["merged"] or 0)
 
     def write_sink(self, path: str) -> None:
         logic, spark = self.logic, self.spark
@@ -66,7 +62,7 @@ class AggregationHandoff:
         if not self.windowed:
             out = logic.finalize(state_table)
         else:
-            self.stats = state_table.agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows")).collect()[0]
+            self.keys = int(table_counts(spark, self.state_path)["rows"])
             out = logic.finalize(self.state.filter(logic.closed(self.state, self.watermark)))
             lower = self.base.final_watermark_us if self.base is not None else None
             if lower is not None:
@@ -80,17 +76,15 @@ class AggregationHandoff:
         writer.save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
-        keys = int(self.stats["keys"])
         # Keyed: the sink was overwritten with one row per state key. Windowed: count the emitted windows.
-        sink_rows = spark.read.format("delta").load(sink_path).count() if self.windowed else keys
+        sink_rows = table_counts(spark, sink_path)["rows"] if self.windowed else self.keys
         # Rows aggregated: a record counts once per window it falls into.
         before_rows, before_state_rows = 0, 0
         if self.base is not None:
             before_rows = self.base.aggregated_rows
-            base_state = spark.read.format("delta").load(self.base.state_path)
-            before_state_rows = int(base_state.agg(F.sum(ROWS)).collect()[0][0] or 0)
+            before_state_rows = int(table_counts(spark, self.base.state_path, merged=F.sum(ROWS))["merged"] or 0)
         aggregated = before_rows + (self.rows_merged - before_state_rows) // self.logic.windows_per_record
-        return HandoffCounts(keys, aggregated, sink_rows)
+        return HandoffCounts(self.keys, aggregated, int(sink_rows))
 
     def close(self) -> None:
         if self.windowed:

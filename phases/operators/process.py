@@ -12,7 +12,7 @@ from pyspark.sql import types as T
 
 from phases import tables
 from phases.definition import Pipeline
-from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed
+from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
 from phases.process_operator import ROWS, TIMERS, ProcessLogic
 
 _TOUCHED = "_touched"
@@ -34,17 +34,10 @@ class ProcessHandoff:
         out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
-        """From the writes themselves, else (an empty plan Spark replaced) by a scan of the tables."""
-        state, sink = observed(self._state), observed(self._sink)
-        if state is None:
-            state = (
-                spark.read.format("delta")
-                .load(state_path)
-                .agg(F.count(F.lit(1)).alias("rows"), F.sum(ROWS).alias("records"))
-                .collect()[0]
-            )
-        sink_rows = int(sink["rows"]) if sink else spark.read.format("delta").load(sink_path).count()
-        return HandoffCounts(int(state["rows"]), int(state["records"] or 0), sink_rows)
+        """From the writes themselves, else by a scan of the tables."""
+        state = observed(self._state, lambda: table_counts(spark, state_path, records=F.sum(ROWS)))
+        sink = observed(self._sink, lambda: table_counts(spark, sink_path))
+        return HandoffCounts(int(state["rows"]), int(state["records"] or 0), int(sink["rows"]))
 
     def close(self) -> None:
         self.passed.unpersist()
