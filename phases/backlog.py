@@ -33,7 +33,19 @@ from pathlib import PurePosixPath
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import fs, lateness, leases, maintenance, manifest, operators, progress, progress_log, quarantine, tables
+from phases import (
+    fs,
+    lateness,
+    leases,
+    maintenance,
+    manifest,
+    operators,
+    progress,
+    progress_log,
+    quarantine,
+    tables,
+    version_bounds,
+)
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
 from phases.end_of_stream import EndOfStreamRunner, prepare, prepared_schema
 from phases.errors import ManifestError, PhaseStateError, SourceError
@@ -80,7 +92,7 @@ def version_range_partial(
     continues the version watermark, so a range's late records are the same whether it runs alone, as a
     slice, as a catch-up increment or as part of one backlog job.
     """
-    tagged = tag_version_range(spark, pipeline, source, versions, prior_max_us, timings)
+    tagged = tag_version_range(spark, pipeline, source, versions, prior_max_us, timings, per_record_watermarks=False)
     buffers = logic.merge(logic.lift(tagged.prepared))
     return Partial(
         buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us, has_quarantine=tagged.has_quarantine
@@ -99,6 +111,7 @@ class TaggedRange:
     running_max_us: int | None
     has_on_time: bool = True
     has_quarantine: bool = True
+    from_log: bool = False  # tagged without the statistics scan: the source's log proved every record on time
 
 
 def tag_version_range(
@@ -108,8 +121,20 @@ def tag_version_range(
     versions: tuple[int, int],
     prior_max_us: int | None,
     timings: dict[str, float] | None = None,
+    *,
+    per_record_watermarks: bool = True,
 ) -> TaggedRange:
+    """Versions lo..hi of ``source`` validated and tagged. An operator that needs no per-record W(v)
+    (``per_record_watermarks=False``: the aggregation kinds) skips the statistics scan when the source's log
+    proves that no record of the range is late or invalid (:mod:`phases.version_bounds`)."""
     lo, hi = versions
+    if not per_record_watermarks:
+        t = time.perf_counter()
+        proved = _tag_proved_on_time(spark, pipeline, source, versions, prior_max_us)
+        if timings is not None:
+            timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
+        if proved is not None:
+            return proved
     try:
         return tag_changes(spark, pipeline, source.read_backlog(hi, lo), prior_max_us, timings, phase="backlog")
     except Exception as exc:  # the first action on the change feed: a vacuumed version fails here
@@ -161,6 +186,58 @@ def tag_changes(
         running,
         has_on_time=has_on_time,
         has_quarantine=bool(late_versions or invalid_versions),
+    )
+
+
+def _tag_proved_on_time(
+    spark: SparkSession, pipeline: Pipeline, source: SourceReader, versions: tuple[int, int], prior_max_us: int | None
+) -> TaggedRange | None:
+    """The range tagged without the statistics scan, or None when the log cannot prove every record on time
+    and valid. The records then carry no ``_watermark_us``; the exact maximum event time (the watermark the
+    handoff carries) is read from the rows at the top millisecond of the versions that can hold it."""
+    log_bounds = getattr(source, "log_bounds", None)
+    if log_bounds is None:
+        return None
+    lo, hi = versions
+    bounds = log_bounds(lo, hi, pipeline.event_time, list(pipeline.key_columns))
+    if bounds is None or not version_bounds.proves_all_on_time(bounds, prior_max_us, pipeline.delay_us):
+        return None
+    filled = [b for b in bounds if b.max_floor_us is not None]
+    if pipeline.min_event_time_us is not None and any(b.min_floor_us < pipeline.min_event_time_us for b in filled):
+        return None
+    if pipeline.max_future_us is not None and filled:
+        commits = {v: int(t.timestamp() * 1_000_000) for v, t in source.commit_times()}
+        slack = 60_000_000  # the log's commit time and the change feed's may differ by the commit's duration
+        if any(
+            b.version not in commits or b.max_ceil_us > commits[b.version] + pipeline.max_future_us - slack
+            for b in filled
+        ):
+            return None
+    if any(b.rows and b.min_floor_us is None for b in bounds):
+        return None
+    changes = source.read_backlog(hi, lo)
+    if not filled:
+        range_max = None
+    else:
+        top = max(b.max_floor_us for b in filled)
+        tops = [b.version for b in filled if b.max_ceil_us >= top]
+        at_top = source.read_backlog(max(tops), min(tops)).filter(
+            F.col(lateness.VERSION).isin(tops) & (F.unix_micros(F.col(pipeline.event_time)) >= F.lit(top))
+        )
+        range_max = at_top.agg(F.max(F.unix_micros(F.col(pipeline.event_time)))).collect()[0][0]
+        if range_max is None:  # the log and the rows disagree: let the scan decide
+            return None
+        range_max = int(range_max)
+    running = max((m for m in (prior_max_us, range_max) if m is not None), default=None)
+    q_rows = spark.createDataFrame([], quarantine.SCHEMA)
+    return TaggedRange(
+        prepare(changes, pipeline, spark),
+        q_rows,
+        range_max,
+        running,
+        has_on_time=any(b.rows for b in bounds),
+        has_quarantine=False,
+        from_log=True,
     )
 
 
@@ -323,13 +400,18 @@ class BacklogRunner:
         logic = self.logic()  # checks the definition against the sources' schemas before any pass
         self.source.require_change_feed(v)
         with self._step("statistics (watermarks)"):
-            inputs = [tag_version_range(spark, p, self.source, (0, v), None, self.timings)]
+            per_record = self.kind.per_record_watermarks
+            inputs = [
+                tag_version_range(spark, p, self.source, (0, v), None, self.timings, per_record_watermarks=per_record)
+            ]
             right = None
             if self.right_source is not None:
                 v_right = self.right_source.head_version()
                 self.right_source.require_change_feed(v_right)
                 inputs.append(tag_version_range(spark, p, self.right_source, (0, v_right), None, self.timings))
                 right = (v_right, inputs[1].running_max_us)
+        if inputs[0].from_log:
+            self.timings["statistics_from_log"] = 1.0
         t = time.perf_counter()
         rows = inputs[0].quarantine
         if len(inputs) == 2:

@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases import tables
+from phases import tables, version_bounds
 from phases.definition import DeltaSource
 from phases.errors import SourceError
 
@@ -141,6 +141,13 @@ class DeltaTableSource:
             return None
         stem = rows[0]["f"].rsplit("/", 1)[-1].split(".", 1)[0]
         return int(stem) if stem.isdigit() else None
+
+    def log_bounds(self, first: int, last: int, event_time: str, keys: list[str]) -> list | None:
+        """What the log says of the records versions first..last added (:mod:`phases.version_bounds`), or
+        None when it cannot tell or the range starts inside the versions read as one snapshot."""
+        if self.starting_version > 0 and first < self.starting_version:
+            return None
+        return version_bounds.read(self.path, first, last, event_time, keys)
 
     def _commit_time(self, version: int) -> datetime:
         times = dict(self.commit_times())

@@ -93,6 +93,7 @@ class OperatorKind:
     supports_increments: ClassVar[bool] = False  # catch-up increments, daily slices, backlog checkpoints
     no_increments_because: ClassVar[str] = ""  # why not, for the error
     windowed: ClassVar[bool] = False  # state and sink rows are identified by the window bounds too
+    per_record_watermarks: ClassVar[bool] = True  # reads each record's W(v) (``_watermark_us``): timers
     needs_ms_delay: ClassVar[bool] = False  # uses Spark's millisecond-resolution watermark arithmetic
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> Any:

@@ -144,6 +144,7 @@ class KeyedStep(OneInputStep):
 class KeyedAggregateKind(OperatorKind):
     name = "keyed_aggregate"
     supports_increments = True
+    per_record_watermarks = False  # lateness only; windows close on the final watermark
     logic_class = KeyedAggregationLogic
     step_class = KeyedStep
 

@@ -114,3 +114,42 @@ def test_configuration_errors_name_the_column_and_the_rule(spark, tmp_path, sour
     spark.range(3).withColumn("ts", F.current_timestamp()).write.format("delta").save(plain)
     with pytest.raises(SourceError, match="change data feed"):
         BacklogRunner(spark, make_pipeline(plain, root)).run()
+
+
+# Versions in event-time order (each later than the earlier ones' max minus the delay), with microseconds
+# inside the logged milliseconds: the log proves every record on time.
+ORDERED = {
+    1: [("a", 10 * S + 1, 1), ("b", 12 * S + 999, 2)],
+    2: [("a", 13 * S, 3), ("c", 20 * S + 500, 4)],
+    3: [("b", 30 * S + 123, 5), ("d", 30 * S + 777, 6)],
+}
+
+
+def test_backlog_of_versions_the_log_proves_on_time_skips_the_scan_and_hands_off_the_exact_maximum(
+    spark, tmp_path, monkeypatch
+):
+    path = str(tmp_path / "source")
+    write_source(spark, path, ORDERED)
+    proved = BacklogRunner(spark, make_pipeline(path, str(tmp_path / "log"), delay_s=DELAY_S))
+    handoff = proved.run()
+    assert proved.timings.get("statistics_from_log") == 1.0
+    expected, expected_q = reference.run(ORDERED, DELAY_S * S)
+    assert expected_q == []
+    assert_results_equal(sink_rows(spark, proved.pipeline.sink.path), expected)
+    assert handoff.backlog_max_event_time_us == 30 * S + 777  # exact, below the log's millisecond
+
+    from phases.delta_source import DeltaTableSource
+
+    monkeypatch.setattr(DeltaTableSource, "log_bounds", lambda self, *args: None)  # the scan, as before
+    scanned = BacklogRunner(spark, make_pipeline(path, str(tmp_path / "scan"), delay_s=DELAY_S))
+    reference_handoff = scanned.run()
+    assert "statistics_from_log" not in scanned.timings
+    assert_results_equal(sink_rows(spark, scanned.pipeline.sink.path), expected)
+    same = ("backlog_max_event_time_us", "final_watermark_us", "state_rows", "aggregated_rows", "late_rows")
+    assert {f: getattr(handoff, f) for f in same} == {f: getattr(reference_handoff, f) for f in same}
+
+
+def test_backlog_with_a_late_record_is_not_proved_by_the_log(spark, tmp_path, source):
+    runner = BacklogRunner(spark, make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S))
+    runner.run()
+    assert "statistics_from_log" not in runner.timings
