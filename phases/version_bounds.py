@@ -9,8 +9,9 @@ that needs no per-record watermark can skip the statistics scan.
 
 Read with delta-rs (no JVM) by stepping the snapshot one version at a time and diffing its files, which is
 linear in versions × files: ranges beyond :data:`MAX_DIFFED_FILES` return None (the caller scans). A version
-that removed a file (a delete, update, merge, overwrite or compaction), a file without statistics or without a
-null count of a needed column also return None: nothing is guessed.
+that removed a file (a delete, update, merge, overwrite or compaction), a table that supports deletion vectors
+(a delete then keeps the file's path), a file without statistics or without a null count of a needed column
+also return None: nothing is guessed.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def read(path: str, first: int, last: int, event_time: str, keys: list[str]) -> 
 
     from phases.table_stats import _table
 
+    head = _table(path, last)
+    if head is None or _has_deletion_vectors(head):
+        return None  # a delete by deletion vector keeps the file's path: a diff of paths would miss it
     table = _table(path, first - 1) if first > 0 else None
     if first > 0 and table is None:
         return None
@@ -73,6 +77,12 @@ def read(path: str, first: int, last: int, event_time: str, keys: list[str]) -> 
         out.append(bounds)
         before = set(paths)
     return out
+
+
+def _has_deletion_vectors(table) -> bool:
+    protocol = table.protocol()
+    features = {*(protocol.reader_features or ()), *(protocol.writer_features or ())}
+    return "deletionVectors" in features
 
 
 def _bounds(version: int, adds, event_time: str, keys: list[str]) -> VersionBounds | None:
