@@ -75,11 +75,12 @@ def _steps(root: str, n: int) -> list[EndOfStreamStep]:
 
 
 def _partitioned(spark, versions: dict, n: int) -> pd.DataFrame:
-    """Valid records of ``versions`` with the partition Spark's hash partitioning puts them in
-    (``pmod(hash(key, ts, value), n)``: the documented Murmur3 of ``repartition``), as pandas."""
+    """Valid records of ``versions`` (:func:`tests.reference.invalid_reason`: no null, nothing far in the future)
+    with the partition Spark's hash partitioning puts them in (``pmod(hash(key, ts, value), n)``: the
+    documented Murmur3 of ``repartition``), as pandas."""
     from tests.helpers import ts
 
-    rows = [(k, ts(t), v) for vs in versions.values() for k, t, v in vs if k is not None and t is not None]
+    rows = [(k, ts(t), v) for vs in versions.values() for k, t, v in vs if reference.invalid_reason(k, t) is None]
     if not rows:
         return pd.DataFrame(columns=["key", "ts", "value", "p"])
     df = spark.createDataFrame(rows, "key string, ts timestamp, value long")
