@@ -35,10 +35,14 @@ class VersionBounds:
         return None if self.max_floor_us is None else self.max_floor_us + _MS - 1
 
 
-def _us(value) -> int | None:
-    if value is None:
-        return None
-    return int(value.timestamp() * 1_000_000) if hasattr(value, "timestamp") else int(value)
+def _micros(column):
+    """A statistics column as int64 microseconds since the epoch, whatever the time zone of the machine (a
+    naive ``datetime`` would be read in local time)."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(column.type):
+        return column.cast(pa.timestamp("us", column.type.tz)).cast(pa.int64())
+    return column
 
 
 def read(path: str, first: int, last: int, event_time: str, keys: list[str]) -> list[VersionBounds] | None:
@@ -86,6 +90,7 @@ def _has_deletion_vectors(table) -> bool:
 
 
 def _bounds(version: int, adds, event_time: str, keys: list[str]) -> VersionBounds | None:
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     needed = ["num_records", f"min.{event_time}", f"max.{event_time}", f"null_count.{event_time}"]
@@ -96,10 +101,15 @@ def _bounds(version: int, adds, event_time: str, keys: list[str]) -> VersionBoun
         return None
     rows = int(pc.sum(adds.column("num_records")).as_py())
     nulls = sum(int(pc.sum(adds.column(c)).as_py()) for c in needed[3:])
-    lo, hi = adds.column(needed[1]), adds.column(needed[2])
+    lo, hi = _micros(adds.column(needed[1])), _micros(adds.column(needed[2]))
+    if not (pa.types.is_integer(lo.type) and pa.types.is_integer(hi.type)):
+        return None  # an event-time column the statistics do not keep as a timestamp
     if rows - int(pc.sum(adds.column(needed[3])).as_py()) > 0 and (lo.null_count or hi.null_count):
         return None  # a file with event times but no min/max statistic
-    return VersionBounds(version, rows, _us(pc.min(lo).as_py()), _us(pc.max(hi).as_py()), nulls)
+    min_floor, max_floor = pc.min(lo).as_py(), pc.max(hi).as_py()
+    if min_floor is not None and min_floor < 0:
+        return None  # before 1970 a truncation toward zero would round up, and the floor would not be one
+    return VersionBounds(version, rows, min_floor, max_floor, nulls)
 
 
 def proves_all_on_time(bounds: list[VersionBounds], prior_max_us: int | None, delay_us: int) -> bool:
