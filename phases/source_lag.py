@@ -1,7 +1,7 @@
 """How far each input of a pipeline is behind its handoff, without a Spark session (the switch sensor's probe).
 
 FLIP-309: a job is *processing backlog* while **any** of its sources is. An input is behind by the versions its
-Delta table committed after the handoff's version (read from the ``_delta_log`` folder), or by the records its
+Delta table committed after the handoff's version (read from its log with delta-rs), or by the records its
 Kafka topic holds after the handoff's end offsets (the broker's end offsets, through confluent-kafka). Together
 with each input's watermark this gives the switch rule (``assets.switch.decide``).
 """
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from phases import delta_log
+from phases import table_stats
 from phases.definition import DeltaSource, HybridSource, KafkaSource, Pipeline
 from phases.errors import SourceError
 
@@ -35,7 +35,10 @@ class InputLag:
 
 
 def delta_lag(label: str, spec: DeltaSource, handoff_version: int, watermark_us: int | None) -> InputLag:
-    head = delta_log.head_version(spec.path)
+    try:
+        head = table_stats.head_version(spec.path)
+    except SourceError as exc:
+        return InputLag(label, spec.path, None, "versions", watermark_us, str(exc))
     if head is None:
         return InputLag(label, spec.path, None, "versions", watermark_us, "no Delta log (moved or deleted?)")
     return InputLag(label, spec.path, max(0, head - handoff_version), "versions", watermark_us)
@@ -95,13 +98,14 @@ def unapplied(pipeline: Pipeline, *, applied_version: int, applied_offsets: dict
     source = pipeline.source.live if isinstance(pipeline.source, HybridSource) else pipeline.source
     if isinstance(source, KafkaSource):
         return _kafka_unapplied(source, applied_offsets or {})
-    head = delta_log.head_version(source.path)
+    try:
+        head = table_stats.head_version(source.path)
+    except SourceError as exc:
+        return Unapplied(source.path, None, "versions", None, str(exc))
     if head is None:
         return Unapplied(source.path, None, "versions", None, "no Delta log (moved or deleted?)")
     if head <= applied_version:
         return Unapplied(source.path, 0, "versions", None)
-    from phases import table_stats
-
     first = applied_version + 1
     return Unapplied(
         source.path, head - applied_version, "versions", table_stats.commit_times(source.path, first).get(first)

@@ -1,5 +1,5 @@
 """What a Delta table's log says about it, read with delta-rs (no Spark, no JVM): its version, row count, schema,
-the maximum of a column and commit times.
+the maximum of a column and commit times; local paths and object-store URIs alike.
 
 Sensors and catalog metadata need these in milliseconds, from a process that has no SparkSession. Row counts and
 maxima come from the per-file statistics Delta writes into its log (``numRecords``, ``maxValues``), so nothing is
@@ -36,12 +36,12 @@ def _uri(path: str) -> str:
     return path[len("file:") :] if path.startswith("file:") and not path.startswith("file://") else path
 
 
-def _table(path: str, version: int | None = None):
+def _table(path: str, version: int | None = None, *, without_files: bool = False):
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(_uri(path), version=version)
+        return DeltaTable(_uri(path), version=version, without_files=without_files)
     except TableNotFoundError:
         return None
     except Exception as exc:  # delta-rs raises several kinds for unreadable logs; name the table
@@ -64,6 +64,13 @@ def _type_name(dtype) -> str:
 def _commit_time(commit: dict) -> datetime | None:
     ms = commit.get("inCommitTimestamp") or commit.get("timestamp")
     return None if ms is None else datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
+
+
+def head_version(path: str) -> int | None:
+    """The table's latest commit version, or None when ``path`` holds no Delta table. Reads the log from its
+    last checkpoint on (no data file list), so a sensor can ask every few seconds."""
+    table = _table(path, without_files=True)
+    return None if table is None else table.version()
 
 
 def stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:

@@ -1,0 +1,44 @@
+"""A Delta table's head version read from its log with delta-rs, no JVM: what the switch sensor probes every
+few seconds. Tables here are written by delta-rs itself, so these tests run in ``make test-fast``."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from phases import table_stats
+from phases.definition import DeltaSource
+from phases.errors import SourceError
+from phases.source_lag import delta_lag
+
+
+def _append(path: str, n: int) -> None:
+    write_deltalake(path, pa.table({"key": [f"k{i}" for i in range(n)], "value": list(range(n))}), mode="append")
+
+
+def test_head_version_follows_each_commit_and_is_none_without_a_table(tmp_path):
+    path = str(tmp_path / "source")
+    assert table_stats.head_version(path) is None  # nothing there
+    (tmp_path / "source").mkdir()
+    assert table_stats.head_version(path) is None  # a folder, no log
+    for expected in range(3):
+        _append(path, 2)
+        assert table_stats.head_version(path) == expected
+        assert table_stats.head_version(f"file:{path}") == expected  # a file: URI names the same table
+        assert table_stats.head_version(f"file://{path}") == expected
+
+
+def test_the_sensor_lag_counts_versions_after_the_handoff_and_names_an_unreadable_log(tmp_path):
+    path = str(tmp_path / "source")
+    for _ in range(4):
+        _append(path, 1)
+    lag = delta_lag("source", DeltaSource(path=path), handoff_version=1, watermark_us=None)
+    assert (lag.behind, lag.error) == (2, None)
+    (tmp_path / "source" / "_delta_log" / "00000000000000000004.json").write_text("not json\n")
+    with pytest.raises(SourceError, match="cannot read the Delta log"):
+        table_stats.head_version(path)
+    broken = delta_lag("source", DeltaSource(path=path), handoff_version=1, watermark_us=None)
+    assert broken.behind is None and "cannot read the Delta log" in broken.error
+    missing = delta_lag("source", DeltaSource(path=str(tmp_path / "gone")), handoff_version=1, watermark_us=None)
+    assert missing.behind is None and "no Delta log" in missing.error
