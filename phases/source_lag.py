@@ -34,13 +34,19 @@ class InputLag:
         return f"{self.label} {self.location}: {self.behind} {self.unit} after the handoff"
 
 
-def delta_lag(label: str, spec: DeltaSource, handoff_version: int, watermark_us: int | None) -> InputLag:
+def _head_version(path: str) -> tuple[int | None, str | None]:
+    """(the Delta table's head version, None) or (None, why it is unknown)."""
     try:
-        head = table_stats.head_version(spec.path)
+        head = table_stats.head_version(path)
     except SourceError as exc:
-        return InputLag(label, spec.path, None, "versions", watermark_us, str(exc))
+        return None, str(exc)
+    return (head, None) if head is not None else (None, "no Delta log (moved or deleted?)")
+
+
+def delta_lag(label: str, spec: DeltaSource, handoff_version: int, watermark_us: int | None) -> InputLag:
+    head, error = _head_version(spec.path)
     if head is None:
-        return InputLag(label, spec.path, None, "versions", watermark_us, "no Delta log (moved or deleted?)")
+        return InputLag(label, spec.path, None, "versions", watermark_us, error)
     return InputLag(label, spec.path, max(0, head - handoff_version), "versions", watermark_us)
 
 
@@ -98,12 +104,9 @@ def unapplied(pipeline: Pipeline, *, applied_version: int, applied_offsets: dict
     source = pipeline.source.live if isinstance(pipeline.source, HybridSource) else pipeline.source
     if isinstance(source, KafkaSource):
         return _kafka_unapplied(source, applied_offsets or {})
-    try:
-        head = table_stats.head_version(source.path)
-    except SourceError as exc:
-        return Unapplied(source.path, None, "versions", None, str(exc))
+    head, error = _head_version(source.path)
     if head is None:
-        return Unapplied(source.path, None, "versions", None, "no Delta log (moved or deleted?)")
+        return Unapplied(source.path, None, "versions", None, error)
     if head <= applied_version:
         return Unapplied(source.path, 0, "versions", None)
     first = applied_version + 1

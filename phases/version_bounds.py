@@ -55,18 +55,19 @@ def read(path: str, first: int, last: int, event_time: str, keys: list[str]) -> 
     head = _table(path, last)
     if head is None or _has_deletion_vectors(head):
         return None  # a delete by deletion vector keeps the file's path: a diff of paths would miss it
-    table = _table(path, first - 1) if first > 0 else None
-    if first > 0 and table is None:
+    # One table object stepped forward (``load_as_version`` applies the commits since its version), not a log
+    # replay from the last checkpoint per version.
+    table = _table(path, max(first - 1, 0))
+    if table is None:
         return None
     before: set[str] = set()
-    if table is not None:
+    if first > 0:
         before = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
     out: list[VersionBounds] = []
     diffed = 0
     for version in range(first, last + 1):
-        table = _table(path, version)
-        if table is None:
-            return None
+        if table.version() != version:
+            table.load_as_version(version)
         actions = pa.table(table.get_add_actions(flatten=True))
         diffed += actions.num_rows
         if diffed > MAX_DIFFED_FILES:
