@@ -28,7 +28,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import PurePosixPath
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -44,6 +43,7 @@ from phases import (
     progress_log,
     quarantine,
     tables,
+    uris,
     version_bounds,
 )
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
@@ -55,7 +55,7 @@ from phases.source_reader import SourceReader, open_source
 
 
 def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
-    return str(PurePosixPath(pipeline.locations.checkpoints) / run_name)
+    return uris.join(pipeline.locations.checkpoints, run_name)
 
 
 def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
@@ -494,7 +494,7 @@ class BacklogRunner:
         quarantine rows of versions 0..source_version must already be written."""
         p = self.pipeline
         manifest_id = uuid.uuid4().hex
-        state_path = str(PurePosixPath(p.locations.state_root) / manifest_id)
+        state_path = uris.join(p.locations.state_root, manifest_id)
         try:
             t = time.perf_counter()
             with self._step("state"):

@@ -12,11 +12,11 @@ import json
 import re
 from datetime import datetime, timedelta
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_serializer, model_validator
 
+from phases import uris
 from phases.models import SettingsModel
 
 # Bumped whenever the layout of the state table or the meaning of its columns changes.
@@ -714,7 +714,7 @@ class Locations(_Model):
     root: str = Field(min_length=1)
 
     def _sub(self, name: str) -> str:
-        return str(Path(self.root) / name)
+        return uris.join(self.root, name)
 
     @property
     def state_root(self) -> str:
@@ -734,7 +734,7 @@ class Locations(_Model):
 
     def live_run(self, run_name: str) -> str:
         """The live phase's own tables of one run (its progress and the held-back part of a split version)."""
-        return str(Path(self.root) / "live" / run_name)
+        return uris.join(self.root, "live", run_name)
 
 
 class Maintenance(_Model):

@@ -70,7 +70,16 @@ SPARK = Bundle(
     lambda group, artifact: group in _SPARK_GROUPS or artifact in _SPARK_ARTIFACTS,
 )
 KAFKA_BROKER = Bundle("kafka-broker", KAFKA_BROKER_COORDINATES, "kafka-broker", lambda group, artifact: True)
-BUNDLES = (SPARK, KAFKA_BROKER)
+# s3a:// tables: Hadoop's S3A connector of the Hadoop release pyspark ships (hadoop-client-api 3.5.0) and the AWS
+# SDK v2 bundle it was built against (~690 MB). Loaded only by sessions that ask for it (SparkSettings.s3a).
+HADOOP_AWS_COORDINATE = "org.apache.hadoop:hadoop-aws:3.5.0"
+S3A = Bundle(
+    "s3a",
+    (HADOOP_AWS_COORDINATE,),
+    "s3a",
+    lambda group, artifact: artifact in ("hadoop-aws", "wildfly-openssl") or group.startswith("software.amazon"),
+)
+BUNDLES = (SPARK, KAFKA_BROKER, S3A)
 # Only for `make bench-peers` (not part of the setup): Flink's Parquet format, for the Flink peer benchmark.
 FLINK_PEERS = Bundle(
     "flink-peers",

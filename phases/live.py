@@ -14,13 +14,12 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import leases, manifest, operators, schema_evolution, tables
+from phases import leases, manifest, operators, schema_evolution, tables, uris
 from phases.backlog import live_checkpoint_root
 from phases.definition import Pipeline
 from phases.end_of_stream import EndOfStreamRunner, prepared_schema
@@ -69,7 +68,7 @@ class LiveRunner:
         self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
         self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
         loc = pipeline.locations
-        self.state_path = handoff.state_path if handoff else str(PurePosixPath(loc.state_root) / STREAMING_ONLY)
+        self.state_path = handoff.state_path if handoff else uris.join(loc.state_root, STREAMING_ONLY)
         self.right_source = open_source(spark, pipeline.right_source) if pipeline.right_source else None
         self.kind = operators.kind_of(pipeline)
         self.logic = self._logic()

@@ -39,6 +39,24 @@ class SparkSettings(SettingsModel):
         "10,000, makes a VACUUM of a small table take half a minute on a small machine; None uses "
         "shuffle_partitions.",
     )
+    python: str | None = Field(
+        None,
+        description="Interpreter of the executors' Python workers (PYSPARK_PYTHON). On a cluster it must exist on "
+        "every worker with pyspark, pandas, pyarrow and protobuf installed; the engine's own code arrives through "
+        "py_files. None: the driver's interpreter (right for local[N]).",
+    )
+    py_files: list[str] = Field(
+        default_factory=list,
+        description="Zip archives or .py files added to every executor's Python path, as spark-submit --py-files "
+        "does: the engine's packages and those holding the pipeline's functions (phases.shipping.package_archive "
+        "builds one). Not needed on local[N].",
+    )
+    s3a: bool = Field(
+        False,
+        description="Load Hadoop's S3A connector and the AWS SDK (the setup's jar cache) for s3a:// tables, with "
+        "Delta's single-driver S3 log store. The store itself (endpoint, credentials) is configured through "
+        "spark.hadoop.fs.s3a.* entries in extra_conf, or the AWS SDK's environment variables.",
+    )
     extra_conf: dict[str, str] = Field(default_factory=dict)
 
 
@@ -47,11 +65,18 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
     s = settings or SparkSettings()
     # Python workers (mapInPandas, user functions) must run the driver's interpreter, with the project's
     # packages; otherwise Spark starts whatever `python3` is first on PATH.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if s.python:
+        os.environ["PYSPARK_PYTHON"] = s.python
+    else:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    jars = jvm_deps.jar_paths()
+    if s.s3a:
+        jars += jvm_deps.jar_paths(bundle=jvm_deps.S3A)
     builder = (
         SparkSession.builder.master(s.master)
         .appName(s.app_name)
-        .config("spark.jars", ",".join(jvm_deps.jar_paths()))
+        .config("spark.jars", ",".join(jars))
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.driver.memory", s.driver_memory)
@@ -73,9 +98,16 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
     )
+    if s.s3a:
+        # Delta's documented log store for S3 written by one Spark driver at a time: it makes a commit atomic only
+        # within this JVM. Several drivers writing one table need S3DynamoDBLogStore (see the README's deployment).
+        builder = builder.config("spark.delta.logStore.s3a.impl", "io.delta.storage.S3SingleDriverLogStore")
+        builder = builder.config("spark.hadoop.fs.s3a.impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
     for key, value in s.extra_conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    for path in s.py_files:
+        spark.sparkContext.addPyFile(path)
     # The backlog reads the source's change feed from version 0, which Delta counts as time travel and by
     # default refuses beyond delta.deletedFileRetentionDuration (7 days). An append-only source removes no
     # files, so its old versions stay readable; a vacuumed-away file still fails the read, loudly.

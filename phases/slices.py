@@ -19,14 +19,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases import progress, quarantine, tables
+from phases import progress, quarantine, tables, uris
 from phases.backlog import BacklogRunner, version_range_partial
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
@@ -89,9 +88,9 @@ class SliceRunner:
         self.pipeline = pipeline
         self.start_date = start_date
         self.backlog = BacklogRunner(spark, pipeline, take_over=take_over)
-        root = PurePosixPath(pipeline.locations.root)
-        self.partials_path = str(root / "slices" / "partials")
-        self.log_path = str(root / "slices" / "log")
+        root = pipeline.locations.root
+        self.partials_path = uris.join(root, "slices", "partials")
+        self.log_path = uris.join(root, "slices", "log")
 
     # --- which versions a day holds ----------------------------------------------------------------
     def day_versions(self, day: date, commit_times: list[tuple[int, datetime]] | None = None) -> tuple[int, int] | None:

@@ -17,6 +17,15 @@ class SparkResource(dg.ConfigurableResource):
     driver_memory: str = "2g"
     state_store: str = "rocksdb"
     ui_enabled: bool = False
+    python: str | None = Field(
+        None, description="The executors' Python interpreter on a cluster (see SparkSettings.python)."
+    )
+    py_files: list[str] = Field(
+        default_factory=list,
+        description="Archives shipped to the executors' Python path (see SparkSettings.py_files; "
+        "phases.shipping.package_archive builds one).",
+    )
+    s3a: bool = Field(False, description="Load the S3A connector for s3a:// tables (see SparkSettings.s3a).")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
     stop_after_run: bool = Field(
         True, description="Stop the session when the run ends (False: leave a shared session, e.g. in tests)."
@@ -31,6 +40,9 @@ class SparkResource(dg.ConfigurableResource):
             driver_memory=self.driver_memory,
             state_store=self.state_store,
             ui_enabled=self.ui_enabled,
+            python=self.python,
+            py_files=list(self.py_files),
+            s3a=self.s3a,
             extra_conf=dict(self.conf),
         )
 

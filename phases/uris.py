@@ -1,0 +1,47 @@
+"""Table and folder locations as URIs: local paths, ``file:`` URIs and object-store URIs (``s3a://``,
+``abfss://``, ``gs://``, ``hdfs://``) alike.
+
+``pathlib`` must not build them: ``PurePosixPath("s3a://bucket/x")`` collapses the ``//`` after the scheme.
+Everything the engine derives from a location (state tables, manifests, checkpoints, the live run's folders) is
+joined here instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def scheme(location: str) -> str | None:
+    """The URI scheme (``s3a``, ``file``, ...), or None for a plain path."""
+    match = _SCHEME.match(location)
+    return match.group(0)[:-1].lower() if match else None
+
+
+def is_local(location: str) -> bool:
+    """True for a plain path or a ``file:`` URI: a folder this machine's file system holds."""
+    return scheme(location) in (None, "file")
+
+
+def local_path(location: str) -> str:
+    """The file-system path of a local location (``file:/x``, ``file:///x`` and ``/x`` are the same folder).
+
+    Raises ValueError for an object-store URI: the caller is local-only and must say so."""
+    if not is_local(location):
+        raise ValueError(f"{location!r} is not a local path or file: URI")
+    if location.lower().startswith("file://"):
+        return location[len("file://") :] or "/"
+    if location.lower().startswith("file:"):
+        return location[len("file:") :]
+    return location
+
+
+def join(root: str, *parts: str) -> str:
+    """``root`` with ``parts`` appended, one ``/`` between each; the scheme and authority are kept as given."""
+    out = root.rstrip("/") if root.rstrip("/") else root
+    for part in parts:
+        part = part.strip("/")
+        if part:
+            out = f"{out}/{part}" if not out.endswith("/") else f"{out}{part}"
+    return out
