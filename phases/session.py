@@ -63,20 +63,24 @@ class SparkSettings(SettingsModel):
 def build_session(settings: SparkSettings | None = None) -> SparkSession:
     """Returns the active session configured by ``settings`` (or creates it)."""
     s = settings or SparkSettings()
-    # Python workers (mapInPandas, user functions) must run the driver's interpreter, with the project's
-    # packages; otherwise Spark starts whatever `python3` is first on PATH.
+    # Python workers (mapInPandas, user functions) run the driver's interpreter unless told otherwise (a cluster's
+    # workers have their own); without PYSPARK_PYTHON Spark starts whatever `python3` is first on PATH.
     if s.python:
         os.environ["PYSPARK_PYTHON"] = s.python
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     jars = jvm_deps.jar_paths()
-    if s.s3a:
-        jars += jvm_deps.jar_paths(bundle=jvm_deps.S3A)
+    s3a_classpath = None
+    if s.s3a and s.master.startswith("local"):
+        # One JVM: put the connector on its classpath. Through spark.jars the local executor would copy the
+        # ~690 MB AWS SDK bundle into its temporary folder at every start.
+        s3a_classpath = os.pathsep.join(jvm_deps.jar_paths(bundle=jvm_deps.S3A))
+    elif s.s3a:
+        jars += jvm_deps.jar_paths(bundle=jvm_deps.S3A)  # shipped to every executor, as Delta's jars are
     builder = (
         SparkSession.builder.master(s.master)
         .appName(s.app_name)
         .config("spark.jars", ",".join(jars))
-        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.driver.memory", s.driver_memory)
@@ -103,8 +107,14 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         # within this JVM. Several drivers writing one table need S3DynamoDBLogStore (see the README's deployment).
         builder = builder.config("spark.delta.logStore.s3a.impl", "io.delta.storage.S3SingleDriverLogStore")
         builder = builder.config("spark.hadoop.fs.s3a.impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
+        if s3a_classpath:
+            extra = s.extra_conf.get("spark.driver.extraClassPath")
+            builder = builder.config(
+                "spark.driver.extraClassPath", f"{extra}{os.pathsep}{s3a_classpath}" if extra else s3a_classpath
+            )
     for key, value in s.extra_conf.items():
-        builder = builder.config(key, value)
+        if not (s3a_classpath and key == "spark.driver.extraClassPath"):
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     for path in s.py_files:
         spark.sparkContext.addPyFile(path)
