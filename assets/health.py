@@ -159,7 +159,7 @@ def sink_freshness(
 ) -> Freshness:
     """The sink is fresh when nothing in the source waits longer than ``max_lag`` to be applied (from the live run's
     own progress log; before the live phase's first record, from the handoff)."""
-    record = progress_log.latest_local(resolved.locations.live_run(handoff.manifest_id))
+    record = progress_log.latest_without_spark(resolved.locations.live_run(handoff.manifest_id))
     if record is not None:
         applied_version = int(record[1]["complete_below"]) - 1
         offsets = record[1].get("source_offsets")

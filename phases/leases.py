@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from phases import uris
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
 
@@ -64,7 +65,8 @@ _lock = threading.Lock()
 
 
 class _LocalStore:
-    """Local paths: ``O_CREAT | O_EXCL`` makes creation atomic."""
+    """Local paths and ``file:`` URIs (converted to paths by the caller): ``O_CREAT | O_EXCL`` makes creation
+    atomic."""
 
     def create(self, path: str, body: str) -> bool:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -134,17 +136,26 @@ class _HadoopStore:
 
     def touch(self, path: str) -> None:
         fs, p = self._fs(path)
+        if uris.scheme(path) in _OBJECT_STORES:
+            # Object stores keep no settable modification time (S3A's setTimes does nothing): the heartbeat
+            # rewrites the object, which a PUT replaces whole (a reader sees the old body or the new one).
+            found = self.read(path)
+            if found is None:
+                return
+            out = fs.create(p, True)
+            try:
+                out.write(bytearray(found[0].encode()))
+            finally:
+                out.close()
+            return
         fs.setTimes(p, int(time.time() * 1000), -1)
 
 
+_OBJECT_STORES = ("s3a", "s3", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cos")
+
+
 def _store(spark: SparkSession, path: str):
-    if "://" in path and not path.startswith("file://"):
-        return _HadoopStore(spark)
-    return _LocalStore()
-
-
-def _local(path: str) -> str:
-    return path[len("file://") :] if path.startswith("file://") else path
+    return _LocalStore() if uris.is_local(path) else _HadoopStore(spark)
 
 
 def lease_path(pipeline: Pipeline, role: str) -> str:
@@ -199,7 +210,7 @@ def acquire(
     path = lease_path(pipeline, role)
     store = _store(spark, path)
     if isinstance(store, _LocalStore):
-        path = _local(path)
+        path = uris.local_path(path)
     what = "backlog" if role == "backlog" else "live phase"
     with _lock:
         if path in _held and _held[path][0].holder == holder:

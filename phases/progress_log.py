@@ -17,7 +17,7 @@ import json
 
 from pyspark.sql import SparkSession
 
-from phases import fs, tables
+from phases import fs, tables, uris
 
 RETAIN = 100
 FOLDER = "progress_log"  # under the live run's folder
@@ -68,21 +68,22 @@ def live_started(spark: SparkSession, live_run_root: str) -> bool:
     return bool(ProgressLog(spark, f"{root}/{FOLDER}").batch_ids()) or tables.exists(spark, f"{root}/{LEGACY_TABLE}")
 
 
-def latest_local(live_run_root: str) -> tuple[int, dict] | None:
-    """:meth:`ProgressLog.latest` without Spark, for sensors: local paths and ``file:`` URIs only (None when the
-    run has no record, or its folder is not local)."""
-    from pathlib import Path
+def latest_without_spark(live_run_root: str) -> tuple[int, dict] | None:
+    """:meth:`ProgressLog.latest` without Spark, for sensors and health checks: local folders and object-store
+    URIs alike (:func:`phases.uris.pyarrow_filesystem`). None when the run has no record yet."""
+    import pyarrow.fs as pafs
 
-    root = live_run_root.removeprefix("file://").removeprefix("file:")
-    if "://" in root:
-        return None
-    folder = Path(root) / FOLDER
-    if not folder.is_dir():
-        return None
-    ids = sorted(int(p.stem) for p in folder.iterdir() if p.suffix == ".json" and p.stem.lstrip("-").isdigit())
+    filesystem, folder = uris.pyarrow_filesystem(uris.join(live_run_root, FOLDER))
+    infos = filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+    ids = sorted(
+        int(i.base_name[:-5])
+        for i in infos
+        if i.type == pafs.FileType.File and i.base_name.endswith(".json") and i.base_name[:-5].lstrip("-").isdigit()
+    )
     for batch_id in reversed(ids):  # a record deleted by retention between the listing and the read: the next
         try:
-            return batch_id, json.loads((folder / f"{batch_id}.json").read_text())
+            with filesystem.open_input_stream(f"{folder}/{batch_id}.json") as stream:
+                return batch_id, json.loads(stream.read())
         except FileNotFoundError:
             continue
     return None

@@ -45,3 +45,26 @@ def join(root: str, *parts: str) -> str:
         if part:
             out = f"{out}/{part}" if not out.endswith("/") else f"{out}{part}"
     return out
+
+
+# Hadoop's scheme names against those of pyarrow's (and the object stores' own) file systems.
+_PYARROW_SCHEMES = {"s3a": "s3", "s3n": "s3", "abfss": "abfss", "abfs": "abfs", "gs": "gs", "gcs": "gs", "hdfs": "hdfs"}
+
+
+def pyarrow_filesystem(location: str):
+    """(pyarrow file system, path within it) for reading a location without Spark (a sensor, a health check).
+
+    Object stores take their settings from the SDKs' environment variables (``AWS_ENDPOINT_URL``,
+    ``AWS_ACCESS_KEY_ID``, ...; ``AZURE_STORAGE_*``; Google's application default credentials), the same ones
+    delta-rs reads."""
+    import pyarrow.fs as pafs
+
+    if is_local(location):
+        return pafs.LocalFileSystem(), local_path(location)
+    name = scheme(location)
+    mapped = _PYARROW_SCHEMES.get(name or "")
+    if mapped is None:
+        raise ValueError(
+            f"{location!r}: no reader without Spark for scheme {name!r}; valid: {sorted(_PYARROW_SCHEMES)} and local"
+        )
+    return pafs.FileSystem.from_uri(mapped + location[len(name) :])

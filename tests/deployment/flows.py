@@ -42,6 +42,7 @@ KEYED_LIVE = [("a", 70 * S, 10), ("e", 66 * S, 11), ("b", 3 * S, 12)]  # ("b", 3
 PROCESS_DELAY_S = 15
 PROCESS_VERSIONS = {1: [("a", 0, 1), ("a", S, 2), ("b", 0, 5)], 2: [("b", 2 * S, 3), ("c", 40 * S, 1)]}
 PROCESS_LIVE = [("d", 70 * S, 4)]  # W -> 55 s: c's session (ends 50 s) closes in the live phase
+NAMES = {"keyed": "keyed", "process": "sessions"}  # flow -> pipeline name
 # The switch is wanted at once, whatever the watermark's lag (event times of 2026-01-01 are far behind now).
 SETTINGS = Orchestration(
     checks=CheckPolicy(max_quarantine_fraction=0.5), switch=SwitchPolicy(lag_threshold=timedelta(days=36500))
@@ -80,7 +81,7 @@ def _flow(spark_resource: SparkResource, root: str, pipeline, versions: dict, li
 
 
 def keyed(spark_resource: SparkResource, root: str) -> None:
-    pipeline = make_pipeline("src", "engine", delay_s=DELAY_S, name="keyed")
+    pipeline = make_pipeline("src", "engine", delay_s=DELAY_S, name=NAMES["keyed"])
     sink = _flow(spark_resource, root, pipeline, KEYED_VERSIONS, KEYED_LIVE)
     expected, _ = reference.run({**KEYED_VERSIONS, 4: KEYED_LIVE}, DELAY_S * S)
     assert_results_equal(sink_rows(spark_resource.session(), sink), expected)
@@ -94,7 +95,7 @@ def process(spark_resource: SparkResource, root: str) -> None:
         "src",
         "engine",
         delay_s=PROCESS_DELAY_S,
-        name="sessions",
+        name=NAMES["process"],
         operator=ProcessOperator(function="tests.phases.process_functions:Sessions"),
     )
     sink = _flow(spark_resource, root, pipeline, PROCESS_VERSIONS, PROCESS_LIVE)

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from phases import table_stats, tables
+from phases import leases, manifest, progress_log, table_stats, tables
 from resources.spark import SparkResource
 from tests.deployment import flows
 from tests.deployment.local_s3 import LocalS3
@@ -50,4 +50,20 @@ def test_keyed_and_process_pipelines_run_end_to_end_on_s3a_tables(spark, bucket)
                 continue  # one table per handoff under it
             assert tables.exists(spark, path), path
             assert table_stats.head_version(path) == tables.version(spark, path), path
+        # The live run's progress log, as the health checks read it (no Spark): it applied the last version.
+        handoff = manifest.latest(spark, f"{root}/engine/manifests", flows.NAMES[name])
+        batch_id, record = progress_log.latest_without_spark(f"{root}/engine/live/{handoff.manifest_id}")
+        assert int(record["complete_below"]) == handoff.source_version + 2, record
     print(f"object-store tier: flows {seconds}")
+
+
+def test_a_lease_heartbeat_on_s3_moves_the_objects_time_and_keeps_its_body(spark, bucket):
+    """S3A's setTimes does nothing: without a rewrite a live holder's lease would look dead after
+    ``stale_after_s`` on another host, and ``take_over_dead_lease`` would take it over."""
+    store, path = leases._HadoopStore(spark), f"s3a://{bucket}/leases/p.live.json"
+    assert store.create(path, '{"holder": "a"}') and not store.create(path, '{"holder": "b"}')
+    body, first = store.read(path)
+    time.sleep(1.2)  # S3 keeps object times to the second
+    store.touch(path)
+    again, second = store.read(path)
+    assert again == body == '{"holder": "a"}' and second > first
