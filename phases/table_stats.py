@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from phases import uris
 from phases.errors import SourceError
 
 
@@ -33,19 +34,22 @@ class TableStats:
 
 
 def _uri(path: str) -> str:
-    return path[len("file:") :] if path.startswith("file:") and not path.startswith("file://") else path
+    """What delta-rs opens: a local path for local locations (``file:/x`` is not a URI it reads), else the URI
+    itself (``s3a://`` is its ``s3://``; the store's settings come from the SDK's environment variables)."""
+    return uris.local_path(path) if uris.is_local(path) else path
 
 
-def _table(path: str, version: int | None = None, *, without_files: bool = False):
+def _table(path: str, version: int | None = None):
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(_uri(path), version=version, without_files=without_files)
+        return DeltaTable(_uri(path), version=version)
     except TableNotFoundError:
         return None
     except Exception as exc:  # delta-rs raises several kinds for unreadable logs; name the table
-        raise SourceError(f"cannot read the Delta log of {path}: {type(exc).__name__}: {exc}") from exc
+        said = (str(exc).splitlines() or [""])[0]  # delta-rs appends a native backtrace after the first line
+        raise SourceError(f"cannot read the Delta log of {path}: {type(exc).__name__}: {said}") from exc
 
 
 def _type_name(dtype) -> str:
@@ -68,8 +72,9 @@ def _commit_time(commit: dict) -> datetime | None:
 
 def head_version(path: str) -> int | None:
     """The table's latest commit version, or None when ``path`` holds no Delta table. Reads the log from its
-    last checkpoint on (no data file list), so a sensor can ask every few seconds."""
-    table = _table(path, without_files=True)
+    last checkpoint on. deltalake 1.6 loads the active files' metadata with it (its ``without_files`` is
+    deprecated and ignored): a checkpoint's Parquet plus the JSON commits after it."""
+    table = _table(path)
     return None if table is None else table.version()
 
 

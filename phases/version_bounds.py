@@ -16,7 +16,10 @@ also return None: nothing is guessed.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
+from phases.errors import SourceError
 
 MAX_DIFFED_FILES = 2_000_000  # versions × files diffed before giving up on the log
 _MS = 1000
@@ -48,6 +51,16 @@ def _micros(column):
 def read(path: str, first: int, last: int, event_time: str, keys: list[str]) -> list[VersionBounds] | None:
     """Bounds of versions first..last of the Delta table at ``path`` from its log, or None when the log cannot
     tell (see the module docstring)."""
+    try:
+        return _read(path, first, last, event_time, keys)
+    except SourceError as exc:
+        # delta-rs cannot read the log where Spark can (an object store whose settings are only in Spark's
+        # Hadoop configuration, not in the SDK's environment variables): the scan tells the same, slower.
+        warnings.warn(f"{exc}; the per-version event-time bounds come from a scan instead", stacklevel=2)
+        return None
+
+
+def _read(path: str, first: int, last: int, event_time: str, keys: list[str]) -> list[VersionBounds] | None:
     import pyarrow as pa
 
     from phases.table_stats import _table

@@ -42,3 +42,14 @@ def test_the_sensor_lag_counts_versions_after_the_handoff_and_names_an_unreadabl
     assert broken.behind is None and "cannot read the Delta log" in broken.error
     missing = delta_lag("source", DeltaSource(path=str(tmp_path / "gone")), handoff_version=1, watermark_us=None)
     assert missing.behind is None and "no Delta log" in missing.error
+
+
+def test_a_log_delta_rs_cannot_read_makes_the_backlog_scan_instead_and_says_so(tmp_path):
+    from phases import version_bounds
+
+    path = str(tmp_path / "source")
+    for _ in range(3):
+        _append(path, 1)
+    (tmp_path / "source" / "_delta_log" / "00000000000000000002.json").write_text("not json\n")
+    with pytest.warns(UserWarning, match="cannot read the Delta log.*scan instead"):
+        assert version_bounds.read(f"file:{path}", 0, 2, "ts", ["key"]) is None
