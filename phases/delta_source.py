@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases import tables, version_bounds
+from phases import table_stats, tables, version_bounds
 from phases.definition import DeltaSource
 from phases.errors import SourceError
 
@@ -114,7 +114,7 @@ class DeltaTableSource:
         if match is None:
             return None
         file = match.group(1) or match.group(2)
-        version = self._version_adding(file)
+        version = self._version_adding(file, versions)
         which = f"version {version}" if version is not None else f"a version in {versions[0]}..{versions[1]}"
         head = self.head_version()
         return SourceError(
@@ -127,20 +127,13 @@ class DeltaTableSource:
             "(delta.deletedFileRetentionDuration) than the backlog needs"
         )
 
-    def _version_adding(self, file: str) -> int | None:
-        """The version whose commit added ``file`` (looked up in the log only on this error path)."""
+    def _version_adding(self, file: str, versions: tuple[int, int]) -> int | None:
+        """The version whose commit added ``file`` (read from the log with delta-rs, only on this error path)."""
         name = file.rstrip("/").rsplit("/", 1)[-1]
         try:
-            log = self.spark.read.json(f"{self.path.rstrip('/')}/_delta_log/*.json")
-            if "add" not in log.columns:
-                return None
-            rows = log.where(F.col("add.path").endswith(name)).select(F.input_file_name().alias("f")).limit(1).collect()
-        except Exception:  # noqa: BLE001 - a diagnostic: the error still names the file and the range
+            return table_stats.version_adding(self.path, name, *versions)
+        except SourceError:  # a diagnostic: the error still names the file and the range
             return None
-        if not rows:
-            return None
-        stem = rows[0]["f"].rsplit("/", 1)[-1].split(".", 1)[0]
-        return int(stem) if stem.isdigit() else None
 
     def log_bounds(self, first: int, last: int, event_time: str, keys: list[str]) -> list | None:
         """What the log says of the records versions first..last added (:mod:`phases.version_bounds`), or

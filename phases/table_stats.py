@@ -124,3 +124,31 @@ def commit_times(path: str, first_version: int) -> dict[int, datetime]:
     return {
         int(c["version"]): t for c in commits if (t := _commit_time(c)) is not None and c["version"] >= first_version
     }
+
+
+def version_adding(path: str, file_name: str, first: int, last: int) -> int | None:
+    """The version in first..last whose commit added the data file named ``file_name`` (its last path part),
+    from the log's snapshots stepped forward one version at a time; None when no version in the range added it.
+    A diagnostic for a file that is gone: the log still names it."""
+    import pyarrow as pa
+
+    table = _table(path, max(first - 1, 0))
+    if table is None:
+        return None
+
+    def holds(t) -> bool:
+        names = pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()
+        return any(n.rsplit("/", 1)[-1] == file_name for n in names)
+
+    had = first > 0 and holds(table)
+    for version in range(first, last + 1):
+        if table.version() != version:
+            try:
+                table.load_as_version(version)
+            except Exception:  # noqa: BLE001 - a version the log no longer holds: nothing to name
+                return None
+        now = holds(table)
+        if now and not had:
+            return version
+        had = now
+    return None

@@ -17,9 +17,11 @@ from phases import fs
 def exists(spark: SparkSession, path: str) -> bool:
     """True when ``path`` holds a Delta table with at least one commit.
 
-    Looks at the log folder itself: ``DeltaTable.isDeltaTable`` answers from the session's cached
-    ``DeltaLog`` snapshot, which stays "no table" after a first miss even once another process (a
-    Dagster run, a backfill) has created the table.
+    Looks for commit files in the log folder through Hadoop's FileSystem (any store Spark writes to: local,
+    ``s3a://``, ``abfss://``, ``gs://``); it reads no log content. ``DeltaTable.isDeltaTable`` answers from the
+    session's cached ``DeltaLog`` snapshot, which stays "no table" after a first miss even once another process
+    (a Dagster run, a backfill) has created the table; dropping that cache on every call would make the live
+    micro-batches, which ask this of their own tables, rebuild snapshots.
     """
     return fs.has_files(spark, f"{path.rstrip('/')}/_delta_log/*.json")
 

@@ -53,3 +53,22 @@ def test_a_log_delta_rs_cannot_read_makes_the_backlog_scan_instead_and_says_so(t
     (tmp_path / "source" / "_delta_log" / "00000000000000000002.json").write_text("not json\n")
     with pytest.warns(UserWarning, match="cannot read the Delta log.*scan instead"):
         assert version_bounds.read(f"file:{path}", 0, 2, "ts", ["key"]) is None
+
+
+def test_the_version_that_added_a_data_file_is_found_in_the_log(tmp_path):
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "source")
+    added = {}
+    for version in range(4):
+        _append(path, 2)
+        before = set().union(*added.values()) if added else set()
+        names = {f.rsplit("/", 1)[-1] for f in DeltaTable(path).file_uris()}
+        added[version] = names - before
+    [one] = added[2]
+    assert table_stats.version_adding(path, one, 0, 3) == 2
+    assert table_stats.version_adding(path, one, 1, 2) == 2
+    assert table_stats.version_adding(path, one, 3, 3) is None  # added before the range
+    [first] = added[0]
+    assert table_stats.version_adding(f"file://{path}", first, 0, 3) == 0
+    assert table_stats.version_adding(path, "no-such-file.parquet", 0, 3) is None
