@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from phases import uris
 from phases.definition import Pipeline
 
 
 def under(root: str, path: str) -> str:
     """``path`` itself when absolute or a URI, else ``root/path``."""
-    if path.startswith("/") or "://" in path or path.startswith("file:"):
+    if path.startswith("/") or uris.scheme(path) is not None:
         return path
-    return f"{root.rstrip('/')}/{path}"
+    return uris.join(root, path)
 
 
 def resolve_paths(pipeline: Pipeline, root: str, kafka_bootstrap_servers: str | None = None) -> Pipeline:

@@ -51,3 +51,12 @@ def test_local_locations_and_their_paths(location, local, path):
     else:
         with pytest.raises(ValueError, match="not a local path"):
             uris.local_path(location)
+
+
+def test_relative_pipeline_paths_resolve_under_an_object_store_root():
+    from phases.resolve import under
+
+    assert under("s3a://lake/pipelines/", "engine") == "s3a://lake/pipelines/engine"
+    assert under("s3a://lake/pipelines", "gs://other/x") == "gs://other/x"
+    assert under("s3a://lake/pipelines", "file:/data/x") == "file:/data/x"
+    assert under("s3a://lake/pipelines", "/abs/x") == "/abs/x"
