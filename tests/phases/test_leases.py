@@ -85,3 +85,20 @@ def test_a_dead_holders_lease_is_taken_over_only_explicitly(spark, pipeline):
         json.dump({**stale, "holder": "live run elsewhere", "pid": os.getpid(), "since_us": 1}, f)
     with pytest.raises(leases.LeaseHeld, match="cannot take over .* still alive"):
         LiveRunner.from_manifest(spark, pipeline, take_over=True).start(available_now=True)
+
+
+def test_a_lease_under_a_file_uri_root_is_the_folders_file_not_a_relative_file_folder(spark, tmp_path, monkeypatch):
+    """``file:/x`` roots (the cluster tier's) once made ``os.open("file:/x/...")``: a folder named ``file:`` in
+    the working directory, which another process's lease check would never see."""
+    monkeypatch.chdir(tmp_path)
+    p = make_pipeline(f"file:{tmp_path}/source", f"file:{tmp_path}/run")
+    lease = leases.acquire(spark, p, "backlog", "test-holder")
+    try:
+        assert os.path.exists(f"{tmp_path}/run/leases/{p.name}.backlog.json")
+        assert not os.path.exists(tmp_path / "file:")
+        with pytest.raises(leases.LeaseHeld):
+            leases.acquire(spark, p.model_copy(update={"locations": p.locations.model_copy(
+                update={"root": f"{tmp_path}/run"})}), "backlog", "other-holder")  # fmt: skip
+    finally:
+        leases.release(spark, lease)
+    assert not os.path.exists(f"{tmp_path}/run/leases/{p.name}.backlog.json")
