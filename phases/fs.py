@@ -8,6 +8,8 @@ import tempfile
 
 from pyspark.sql import SparkSession
 
+from phases import uris
+
 
 def _fs_path(spark: SparkSession, path: str):
     jvm = spark.sparkContext._jvm
@@ -66,7 +68,8 @@ def list_names(spark: SparkSession, path: str) -> list[str]:
 
 
 def _is_local(path: str) -> bool:
-    return "://" not in path and not path.startswith("file:")
+    """A plain path: the OS answers directly (URIs, ``file:`` ones too, go through Hadoop's FileSystem)."""
+    return uris.scheme(path) is None
 
 
 def create_once(spark: SparkSession, path: str, text: str) -> bool:

@@ -105,6 +105,13 @@ class _HadoopStore:
         p = self.jvm.org.apache.hadoop.fs.Path(path)
         return p.getFileSystem(self.conf), p
 
+    @staticmethod
+    def _put(out, body: str) -> None:
+        try:
+            out.write(bytearray(body.encode()))
+        finally:
+            out.close()
+
     def create(self, path: str, body: str) -> bool:
         fs, p = self._fs(path)
         fs.mkdirs(p.getParent())
@@ -112,10 +119,7 @@ class _HadoopStore:
             out = fs.create(p, False)
         except Exception:  # noqa: BLE001 - FileAlreadyExistsException through py4j
             return False
-        try:
-            out.write(bytearray(body.encode()))
-        finally:
-            out.close()
+        self._put(out, body)
         return True
 
     def read(self, path: str) -> tuple[str, int] | None:
@@ -136,22 +140,14 @@ class _HadoopStore:
 
     def touch(self, path: str) -> None:
         fs, p = self._fs(path)
-        if uris.scheme(path) in _OBJECT_STORES:
+        if uris.is_object_store(path):
             # Object stores keep no settable modification time (S3A's setTimes does nothing): the heartbeat
             # rewrites the object, which a PUT replaces whole (a reader sees the old body or the new one).
             found = self.read(path)
-            if found is None:
-                return
-            out = fs.create(p, True)
-            try:
-                out.write(bytearray(found[0].encode()))
-            finally:
-                out.close()
+            if found is not None:
+                self._put(fs.create(p, True), found[0])
             return
         fs.setTimes(p, int(time.time() * 1000), -1)
-
-
-_OBJECT_STORES = ("s3a", "s3", "gs", "abfs", "abfss", "wasb", "wasbs", "oss", "cos")
 
 
 def _store(spark: SparkSession, path: str):

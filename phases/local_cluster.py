@@ -60,10 +60,7 @@ class LocalSparkCluster:
     def master_url(self) -> str:
         return f"spark://127.0.0.1:{self.port}"
 
-    def _env(self, name: str) -> dict[str, str]:
-        java = shutil.which("java")
-        if java is None:
-            raise SetupError("Java is needed to run a Spark cluster and is not on PATH; run `make setup`")
+    def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         for inherited in ("PYTHONPATH", "SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS"):
             env.pop(inherited, None)
@@ -86,7 +83,7 @@ class LocalSparkCluster:
             process = subprocess.Popen(
                 [str(spark_home() / "bin" / "spark-class"), main, *args],
                 cwd=folder,
-                env=self._env(name),
+                env=self._env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -100,6 +97,8 @@ class LocalSparkCluster:
         """Starts the master, then the workers, and waits until the master counts every worker alive."""
         if self._processes:
             return self
+        if shutil.which("java") is None:
+            raise SetupError("Java is needed to run a Spark cluster and is not on PATH; run `make setup`")
         if self.work_dir.exists():
             shutil.rmtree(self.work_dir)
         (self.work_dir / "conf").mkdir(parents=True)

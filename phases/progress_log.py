@@ -24,6 +24,12 @@ FOLDER = "progress_log"  # under the live run's folder
 LEGACY_TABLE = "progress"  # runs started before the log kept their progress in this Delta table
 
 
+def _batch_id(name: str) -> int | None:
+    """The batch id of a record's file name (``<id>.json``), None for any other file."""
+    stem, dot, ext = name.rpartition(".")
+    return int(stem) if dot and ext == "json" and stem.lstrip("-").isdigit() else None
+
+
 class ProgressLog:
     """The records of one live run under ``root`` (``<batch id>.json``)."""
 
@@ -34,12 +40,7 @@ class ProgressLog:
         return f"{self.root}/{batch_id}.json"
 
     def batch_ids(self) -> list[int]:
-        ids = []
-        for name in fs.list_names(self.spark, self.root):
-            stem, dot, ext = name.rpartition(".")
-            if dot and ext == "json" and stem.lstrip("-").isdigit():
-                ids.append(int(stem))
-        return sorted(ids)
+        return sorted(i for name in fs.list_names(self.spark, self.root) if (i := _batch_id(name)) is not None)
 
     def write(self, batch_id: int, record: dict) -> None:
         """Records ``batch_id`` (kept as it is when already there) and drops records beyond retention."""
@@ -75,11 +76,7 @@ def latest_without_spark(live_run_root: str) -> tuple[int, dict] | None:
 
     filesystem, folder = uris.pyarrow_filesystem(uris.join(live_run_root, FOLDER))
     infos = filesystem.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
-    ids = sorted(
-        int(i.base_name[:-5])
-        for i in infos
-        if i.type == pafs.FileType.File and i.base_name.endswith(".json") and i.base_name[:-5].lstrip("-").isdigit()
-    )
+    ids = sorted(b for i in infos if i.type == pafs.FileType.File and (b := _batch_id(i.base_name)) is not None)
     for batch_id in reversed(ids):  # a record deleted by retention between the listing and the read: the next
         try:
             with filesystem.open_input_stream(f"{folder}/{batch_id}.json") as stream:

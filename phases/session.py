@@ -70,11 +70,12 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     jars = jvm_deps.jar_paths()
-    s3a_classpath = None
+    conf = dict(s.extra_conf)
     if s.s3a and s.master.startswith("local"):
         # One JVM: put the connector on its classpath. Through spark.jars the local executor would copy the
         # ~690 MB AWS SDK bundle into its temporary folder at every start.
-        s3a_classpath = os.pathsep.join(jvm_deps.jar_paths(bundle=jvm_deps.S3A))
+        key = "spark.driver.extraClassPath"
+        conf[key] = os.pathsep.join([*filter(None, [conf.get(key)]), *jvm_deps.jar_paths(bundle=jvm_deps.S3A)])
     elif s.s3a:
         jars += jvm_deps.jar_paths(bundle=jvm_deps.S3A)  # shipped to every executor, as Delta's jars are
     builder = (
@@ -107,14 +108,8 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         # within this JVM. Several drivers writing one table need S3DynamoDBLogStore (see the README's deployment).
         builder = builder.config("spark.delta.logStore.s3a.impl", "io.delta.storage.S3SingleDriverLogStore")
         builder = builder.config("spark.hadoop.fs.s3a.impl", "org.apache.hadoop.fs.s3a.S3AFileSystem")
-        if s3a_classpath:
-            extra = s.extra_conf.get("spark.driver.extraClassPath")
-            builder = builder.config(
-                "spark.driver.extraClassPath", f"{extra}{os.pathsep}{s3a_classpath}" if extra else s3a_classpath
-            )
-    for key, value in s.extra_conf.items():
-        if not (s3a_classpath and key == "spark.driver.extraClassPath"):
-            builder = builder.config(key, value)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     for path in s.py_files:
         spark.sparkContext.addPyFile(path)

@@ -8,6 +8,7 @@ scanned; a file written without statistics makes the figure unknown (None), neve
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -126,29 +127,52 @@ def commit_times(path: str, first_version: int) -> dict[int, datetime]:
     }
 
 
-def version_adding(path: str, file_name: str, first: int, last: int) -> int | None:
-    """The version in first..last whose commit added the data file named ``file_name`` (its last path part),
-    from the log's snapshots stepped forward one version at a time; None when no version in the range added it.
-    A diagnostic for a file that is gone: the log still names it."""
+@dataclass(frozen=True)
+class VersionAdds:
+    """What one version did to the table's files, from two consecutive snapshots of its log."""
+
+    version: int
+    added: object  # pyarrow.Table: the flattened add actions of the files this version added
+    files: int  # files in the version's snapshot
+    removed: bool  # a file of the previous snapshot is gone (not an append)
+
+
+def version_adds(path: str, first: int, last: int) -> Iterator[VersionAdds] | None:
+    """Versions first..last one by one, or None when ``path`` holds no Delta table. One table object is stepped
+    forward (``load_as_version`` applies the commits since its version), not a log replay from the last
+    checkpoint per version. Raises SourceError when the log cannot be read."""
     import pyarrow as pa
 
     table = _table(path, max(first - 1, 0))
     if table is None:
         return None
 
-    def holds(t) -> bool:
-        names = pa.table(t.get_add_actions(flatten=True)).column("path").to_pylist()
-        return any(n.rsplit("/", 1)[-1] == file_name for n in names)
+    def steps() -> Iterator[VersionAdds]:
+        before: set[str] = set()
+        if first > 0:
+            before = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+        for version in range(first, last + 1):
+            if table.version() != version:
+                try:
+                    table.load_as_version(version)
+                except Exception as exc:  # noqa: BLE001 - a version the log no longer holds, or cannot parse
+                    said = (str(exc).splitlines() or [""])[0]
+                    raise SourceError(f"cannot read version {version} of the Delta log of {path}: {said}") from exc
+            actions = pa.table(table.get_add_actions(flatten=True))
+            paths = actions.column("path").to_pylist()
+            new = [i for i, name in enumerate(paths) if name not in before]
+            added = actions.take(pa.array(new, type=pa.int64()))
+            yield VersionAdds(version, added, actions.num_rows, not before.issubset(paths))
+            before = set(paths)
 
-    had = first > 0 and holds(table)
-    for version in range(first, last + 1):
-        if table.version() != version:
-            try:
-                table.load_as_version(version)
-            except Exception:  # noqa: BLE001 - a version the log no longer holds: nothing to name
-                return None
-        now = holds(table)
-        if now and not had:
-            return version
-        had = now
+    return steps()
+
+
+def version_adding(path: str, file_name: str, first: int, last: int) -> int | None:
+    """The version in first..last whose commit added the data file named ``file_name`` (its last path part);
+    None when no version in the range added it. A diagnostic for a file that is gone: the log still names it."""
+    steps = version_adds(path, first, last)
+    for step in steps or ():
+        if any(name.rsplit("/", 1)[-1] == file_name for name in step.added.column("path").to_pylist()):
+            return step.version
     return None

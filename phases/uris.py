@@ -24,6 +24,14 @@ def is_local(location: str) -> bool:
     return scheme(location) in (None, "file")
 
 
+_OBJECT_STORES = frozenset({"s3a", "s3", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs", "oss", "cos"})
+
+
+def is_object_store(location: str) -> bool:
+    """True for an object-store URI (``s3a://``, ``gs://``, ``abfss://``, ...): no rename, no settable times."""
+    return scheme(location) in _OBJECT_STORES
+
+
 def local_path(location: str) -> str:
     """The file-system path of a local location (``file:/x``, ``file:///x`` and ``/x`` are the same folder).
 

@@ -61,39 +61,26 @@ def read(path: str, first: int, last: int, event_time: str, keys: list[str]) -> 
 
 
 def _read(path: str, first: int, last: int, event_time: str, keys: list[str]) -> list[VersionBounds] | None:
-    import pyarrow as pa
-
-    from phases.table_stats import _table
+    from phases.table_stats import _table, version_adds
 
     head = _table(path, last)
     if head is None or _has_deletion_vectors(head):
         return None  # a delete by deletion vector keeps the file's path: a diff of paths would miss it
-    # One table object stepped forward (``load_as_version`` applies the commits since its version), not a log
-    # replay from the last checkpoint per version.
-    table = _table(path, max(first - 1, 0))
-    if table is None:
+    steps = version_adds(path, first, last)
+    if steps is None:
         return None
-    before: set[str] = set()
-    if first > 0:
-        before = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
     out: list[VersionBounds] = []
     diffed = 0
-    for version in range(first, last + 1):
-        if table.version() != version:
-            table.load_as_version(version)
-        actions = pa.table(table.get_add_actions(flatten=True))
-        diffed += actions.num_rows
+    for step in steps:
+        diffed += step.files
         if diffed > MAX_DIFFED_FILES:
             return None
-        paths = actions.column("path").to_pylist()
-        if not before.issubset(paths):
+        if step.removed:
             return None  # a file was removed: not an append
-        new = [i for i, p in enumerate(paths) if p not in before]
-        bounds = _bounds(version, actions.take(pa.array(new, type=pa.int64())), event_time, keys)
+        bounds = _bounds(step.version, step.added, event_time, keys)
         if bounds is None:
             return None
         out.append(bounds)
-        before = set(paths)
     return out
 
 
