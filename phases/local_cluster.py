@@ -46,7 +46,7 @@ class LocalSparkCluster:
         daemon_heap: str = "256m",
     ):
         if workers < 1 or cores < 1:
-            raise ValueError(f"a cluster needs one worker and one core at least (workers={workers}, cores={cores})")
+            raise SetupError(f"a cluster needs one worker and one core at least (workers={workers}, cores={cores})")
         self.work_dir = Path(work_dir)
         self.workers = workers
         self.cores = cores

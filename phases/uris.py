@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from phases.errors import DefinitionError
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
 
@@ -35,9 +37,9 @@ def is_object_store(location: str) -> bool:
 def local_path(location: str) -> str:
     """The file-system path of a local location (``file:/x``, ``file:///x`` and ``/x`` are the same folder).
 
-    Raises ValueError for an object-store URI: the caller is local-only and must say so."""
+    Raises DefinitionError (a ValueError) for an object-store URI: the caller is local-only and must say so."""
     if not is_local(location):
-        raise ValueError(f"{location!r} is not a local path or file: URI")
+        raise DefinitionError(f"{location!r} is not a local path or file: URI")
     if location.lower().startswith("file://"):
         return location[len("file://") :] or "/"
     if location.lower().startswith("file:"):
@@ -72,7 +74,7 @@ def pyarrow_filesystem(location: str):
     name = scheme(location)
     mapped = _PYARROW_SCHEMES.get(name or "")
     if mapped is None:
-        raise ValueError(
+        raise DefinitionError(
             f"{location!r}: no reader without Spark for scheme {name!r}; valid: {sorted(_PYARROW_SCHEMES)} and local"
         )
     return pafs.FileSystem.from_uri(mapped + location[len(name) :])
