@@ -58,7 +58,16 @@ def join(root: str, *parts: str) -> str:
 
 
 # Hadoop's scheme names against those of pyarrow's (and the object stores' own) file systems.
-_PYARROW_SCHEMES = {"s3a": "s3", "s3n": "s3", "abfss": "abfss", "abfs": "abfs", "gs": "gs", "gcs": "gs", "hdfs": "hdfs"}
+_PYARROW_SCHEMES = {
+    "s3": "s3",
+    "s3a": "s3",
+    "s3n": "s3",
+    "abfss": "abfss",
+    "abfs": "abfs",
+    "gs": "gs",
+    "gcs": "gs",
+    "hdfs": "hdfs",
+}
 
 
 def pyarrow_filesystem(location: str):
