@@ -31,3 +31,17 @@ class PhaseStateError(PhasesError):
 class LiveQueryStopped(PhaseStateError):
     """The running live query stopped with an error of its own (a broker gone, the JVM out of memory, a task that
     kept failing): the cause may be transient, and a restart resumes from the checkpoint."""
+
+
+class LiveResumeError(PhaseStateError):
+    """The live phase cannot resume exactly from what its checkpoint, its progress log and its tables say (a
+    folder removed by hand, a record damaged): the message names what is missing and the way out."""
+
+
+class ProgressRecordDamaged(PhaseStateError):
+    """A live progress record's file is not a whole record (``path``). A restart sets it aside and replays its
+    micro-batch when the checkpoint still has that micro-batch's offsets, or refuses with a LiveResumeError."""
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path

@@ -116,3 +116,13 @@ def delete_file(spark: SparkSession, path: str) -> None:
         return
     fs, p = _fs_path(spark, path)
     fs.delete(p, False)
+
+
+def rename(spark: SparkSession, source: str, target: str) -> None:
+    """Moves the file ``source`` to ``target`` (the target must not exist)."""
+    if _is_local(source):
+        os.rename(source, target)
+        return
+    fs, p = _fs_path(spark, source)
+    if not fs.rename(p, spark.sparkContext._jvm.org.apache.hadoop.fs.Path(target)):
+        raise OSError(f"could not rename {source} to {target}")

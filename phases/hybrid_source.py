@@ -121,13 +121,19 @@ class HybridArchiveSource:
         return self.archive.commit_times()
 
     # --- live: the topic from the handoff offsets ---------------------------------------------------
-    def read_live(self, after_version: int | None, max_files_per_trigger: int | None = None) -> DataFrame:
+    def read_live(
+        self,
+        after_version: int | None,
+        max_files_per_trigger: int | None = None,
+        *,
+        start_offsets: dict[int, int] | None = None,
+    ) -> DataFrame:
         if self.kafka.position is None:
             raise SourceError(
                 f"hybrid source {self.spec.location}: the live phase starts only from a handoff (the archive's backlog "
                 "records where the topic takes over); there is no single streaming job over an archive and a topic"
             )
-        return self.kafka.read_live(after_version, max_files_per_trigger)
+        return self.kafka.read_live(after_version, max_files_per_trigger, start_offsets=start_offsets)
 
 
 def _offsets_for_time(conf: dict, topic: str, marks: dict[int, tuple[int, int]], at) -> dict[int, int]:

@@ -226,21 +226,28 @@ class KafkaTopicSource:
         self._cached.clear()
 
     # --- the live phase ---------------------------------------------------------------------------
-    def live_start_offsets(self) -> dict[int, int]:
-        """Where the live phase starts: the handoff's end offsets, and partitions the topic gained since from
-        their start; fails when retention deleted offsets the live phase still needs."""
+    def live_start_offsets(self, after: dict[int, int] | None = None) -> dict[int, int]:
+        """Where the live phase starts: ``after`` (the end offsets of the live micro-batch a new query resumes
+        after) or the handoff's end offsets, and partitions the topic gained since from their start; fails when
+        retention deleted offsets the live phase still needs."""
         marks = self.watermarks()
-        if self.position is None:
+        if after is None and self.position is None:
             return {p: EARLIEST for p in marks}
-        end = ChunkPlan.from_json(self.position).end
+        end = after if after is not None else ChunkPlan.from_json(self.position).end
         self._require_available(end, "the live phase")
         return {p: end.get(p, EARLIEST) for p in marks}
 
-    def read_live(self, after_version: int | None, max_files_per_trigger: int | None = None) -> DataFrame:
+    def read_live(
+        self,
+        after_version: int | None,
+        max_files_per_trigger: int | None = None,
+        *,
+        start_offsets: dict[int, int] | None = None,
+    ) -> DataFrame:
         """The decoded stream from :meth:`live_start_offsets` (``max_files_per_trigger``: at most that many
         offsets per micro-batch). The chunk number is given per micro-batch (:mod:`phases.live_increment`)."""
         reader = self._reader(self.spark.readStream).option(
-            "startingOffsets", offsets_json(self.topic, self.live_start_offsets())
+            "startingOffsets", offsets_json(self.topic, self.live_start_offsets(start_offsets))
         )
         if max_files_per_trigger is not None:
             reader = reader.option("maxOffsetsPerTrigger", max_files_per_trigger)

@@ -72,9 +72,9 @@ class LiveRunner:
         self.right_source = open_source(spark, pipeline.right_source) if pipeline.right_source else None
         self.kind = operators.kind_of(pipeline)
         self.logic = self._logic()
-        inputs = [LiveInput("", self.source, handoff.source_version if handoff else None)]
+        inputs = [LiveInput("", self.source)]
         if self.right_source is not None:
-            inputs.append(LiveInput("right", self.right_source, handoff.right_source_version if handoff else None))
+            inputs.append(LiveInput("right", self.right_source))
         self.incremental = IncrementalLive(
             spark,
             pipeline,

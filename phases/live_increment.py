@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import fs, maintenance, operators, progress_log, quarantine, tables
+from phases import fs, live_resume, maintenance, operators, progress_log, quarantine, tables
 from phases.backlog import tag_changes
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
@@ -52,7 +52,6 @@ from phases.lateness import VERSION
 from phases.progress_log import ProgressLog
 from phases.source_reader import SourceReader
 
-QUERY = "increment"  # the query's checkpoint sub-folder
 HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
 _INPUT = "_input"  # two-input query: the input a row comes from ("" or "right")
 _ROW_COLUMNS = ("_row", "_row_right")  # two-input query: each input's row, packed
@@ -88,6 +87,9 @@ class Progress:
     # A Kafka source: the end offsets (partition -> offset) after this batch; with the previous record's, the
     # offset ranges of the batch's arrival chunk (the live half of the arrival-chunk log).
     source_offsets: dict[str, int] | None = None
+    # The query generation that wrote the record: its micro-batch 0 is the log's batch ``query_base``
+    # (:mod:`phases.live_resume`; a new one starts when the checkpoint was lost).
+    query_base: int = 0
 
     def of(self, label: str) -> InputProgress:
         prefix = f"{label}_" if label else ""
@@ -104,8 +106,15 @@ class Progress:
         closed_us: int | None,
         at_us: int = 0,
         source_offsets: dict[str, int] | None = None,
+        query_base: int = 0,
     ) -> Progress:
-        fields: dict = {"batch_id": batch_id, "closed_us": closed_us, "at_us": at_us, "source_offsets": source_offsets}
+        fields: dict = {
+            "batch_id": batch_id,
+            "closed_us": closed_us,
+            "at_us": at_us,
+            "source_offsets": source_offsets,
+            "query_base": query_base,
+        }
         for label, inp in inputs.items():
             prefix = f"{label}_" if label else ""
             fields[f"{prefix}complete_below"] = inp.complete_below
@@ -121,6 +130,13 @@ class Progress:
         names = {f.name for f in dataclasses.fields(Progress)}
         return Progress(**{k: v for k, v in record.items() if k in names})
 
+    def without_held(self) -> Progress:
+        """The same positions with no version held in part (a new query reads such a version again whole)."""
+        held = {"held_version": None}
+        if self.right_complete_below is not None:
+            held["right_held_version"] = None
+        return dataclasses.replace(self, **held)
+
 
 # --- the driver ----------------------------------------------------------------------------------------
 
@@ -131,7 +147,6 @@ class LiveInput:
 
     label: str
     source: SourceReader
-    after_version: int | None  # the handoff's version of this source (None: from the first version)
 
     def suffix(self, what: str) -> str:
         return f"{what}_{self.label}" if self.label else what
@@ -164,6 +179,10 @@ class IncrementalLive:
         self.query: StreamingQuery | None = None
         self._progress: dict[int, Progress] = {}
         self._table_ids: dict[str, str] = {}
+        # The query generation (phases.live_resume): its micro-batch N is the progress log's batch base + N.
+        self.base = 0
+        self.query_folder = live_resume.generation_folder(checkpoints, 0)
+        self._resumed_from = start
 
     def use(self, logic) -> None:
         """Runs the next micro-batches with ``logic`` (rebuilt after a source schema change)."""
@@ -172,30 +191,54 @@ class IncrementalLive:
 
     # --- tables ----------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Creates the sink, quarantine and state if missing, and writes the switch's progress row."""
+        """Creates the sink, quarantine and state if missing; picks the query generation that resumes exactly
+        (:mod:`phases.live_resume`) and writes the switch's progress record when the log has none."""
         spark, p = self.spark, self.pipeline
         quarantine.ensure(spark, p.locations.quarantine)
         tables.ensure(spark, p.sink.path, self.logic.output_schema)
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
         if p.maintenance.auto_compact:
             maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
-        if not self.progress_log.batch_ids():
-            # The switch's record: the live phase's immediate checkpoint. A run started before the log was a
-            # folder of files kept its progress in a Delta table: it goes on from that table's last row.
-            legacy = _last_legacy_progress(spark, legacy_progress_path(p, self.run_name))
-            start = legacy if legacy is not None else self.start_progress
-            self.progress_log.write(start.batch_id, start.record())
+        # The switch's record: the live phase's immediate checkpoint. A run started before the log was a folder of
+        # files kept its progress in a Delta table: it goes on from that table's last row.
+        legacy = _last_legacy_progress(spark, legacy_progress_path(p, self.run_name))
+        switch = legacy if legacy is not None else self.start_progress
+        resume = live_resume.plan(
+            spark, self.progress_log, self.checkpoints, switch.record(), self._applied_writes, self._way_out()
+        )
+        if resume.write_record:
+            self.progress_log.write(resume.latest_id, resume.record)
+        self.base, self.query_folder = resume.base, resume.folder
+        self._resumed_from = Progress.from_record(resume.record)
+        self._progress = {}
+
+    def _way_out(self) -> str:
+        return live_resume.way_out(self.pipeline.name, self.checkpoints, self.progress_log.root)
+
+    def _applied_writes(self) -> dict[str, int]:
+        """The newest micro-batch (progress-log batch id) each of the run's tables recorded a write of."""
+        paths = [self.state_path, self.pipeline.sink.path, self.pipeline.locations.quarantine]
+        paths += [self._pending_path(inp) for inp in self.inputs]
+        newest: dict[str, int] = {}
+        for path in dict.fromkeys(paths):
+            found = live_resume.live_writes(path, self.pipeline.name, self.run_name)
+            if found is not None:
+                newest[path] = found
+        return newest
 
     def app(self, what: str) -> str:
-        return f"{self.pipeline.name}:{self.run_name}:{what}"
+        return live_resume.app_id(self.pipeline.name, self.run_name, what)
 
     def _pending_path(self, inp: LiveInput) -> str:
         return f"{self.pending_root}/{inp.suffix('pending')}"
 
     def _progress_after(self, batch_id: int) -> Progress:
-        """The progress recorded by micro-batch ``batch_id`` (-1: the switch's)."""
+        """The progress recorded by micro-batch ``batch_id`` (-1: the switch's). A new query generation's first
+        micro-batch reads a version the record held in part again whole."""
         if batch_id in self._progress:
             return self._progress[batch_id]
+        if batch_id == self.base - 1 and self.base > 0:
+            return self._resumed_from.without_held()
         record = self.progress_log.read(batch_id)
         if record is None:
             latest = self.progress_log.latest()
@@ -218,7 +261,7 @@ class IncrementalLive:
         source = self.inputs[0].source
         if source.arrival != "chunks":
             return None
-        path = f"{self.checkpoints}/{QUERY}/offsets/{batch_id}"
+        path = f"{self.query_folder}/offsets/{batch_id}"
         for line in fs.read_text(self.spark, path).splitlines():
             offsets = parse_offsets(line, source.topic)
             if offsets is not None:
@@ -232,7 +275,7 @@ class IncrementalLive:
         From Spark's offset log, written before the batch runs (one line per source, told apart by the
         Delta table id): Delta's offset is (reservoirVersion, index); index -1 means every version below
         reservoirVersion is read, index >= 0 that reservoirVersion is read up to that file only."""
-        path = f"{self.checkpoints}/{QUERY}/offsets/{batch_id}"
+        path = f"{self.query_folder}/offsets/{batch_id}"
         text = fs.read_text(self.spark, path)
         by_id = {table_id: label for label, table_id in self._table_ids.items()}
         out: dict[str, tuple[int, bool]] = {}
@@ -292,11 +335,14 @@ class IncrementalLive:
         after = InputProgress(max(end_version, before.complete_below), tagged.running_max_us, held_version)
         return (tagged.prepared if tagged.has_on_time else None), after, rows
 
-    def apply_batch(self, batch: DataFrame, batch_id: int) -> None:
+    def apply_batch(self, batch: DataFrame, query_batch_id: int) -> None:
+        """Micro-batch ``query_batch_id`` of the query: the progress log's batch ``base + query_batch_id``, the id
+        its writes carry."""
         spark, p = batch.sparkSession, self.pipeline
+        batch_id = self.base + query_batch_id
         before = self._progress_after(batch_id - 1)
-        kafka_offsets = self._kafka_offsets(batch_id)
-        ends = self._end_offsets(batch_id) if kafka_offsets is None else {}
+        kafka_offsets = self._kafka_offsets(query_batch_id)
+        ends = self._end_offsets(query_batch_id) if kafka_offsets is None else {}
         records: dict[str, DataFrame | None] = {}
         after: dict[str, InputProgress] = {}
         persisted: list[DataFrame] = []
@@ -313,7 +359,12 @@ class IncrementalLive:
             if any(r is not None for r in records.values()) or closing != before.closed_us:
                 self.step.apply_inputs(spark, records, watermarks, closing, batch_id, self.app)
             progress = Progress.of_inputs(
-                batch_id, after, closing if closing is not None else before.closed_us, _now_us(), kafka_offsets
+                batch_id,
+                after,
+                closing if closing is not None else before.closed_us,
+                _now_us(),
+                kafka_offsets,
+                query_base=self.base,
             )
             self.progress_log.write(batch_id, progress.record())
             self._progress = {batch_id: progress}
@@ -325,7 +376,7 @@ class IncrementalLive:
     def _stream(self) -> DataFrame:
         """The query's input: the one source's change feed, or the inputs' change feeds in one union, each
         input's row packed in its own struct column (their schemas differ) next to the change columns."""
-        streams = [inp.source.read_live(inp.after_version, self.max_files_per_trigger) for inp in self.inputs]
+        streams = [self._read_live(inp) for inp in self.inputs]
         if len(streams) == 1:
             return streams[0]
         user = [[f for f in s.schema.fields if not f.name.startswith("_")] for s in streams]
@@ -342,6 +393,17 @@ class IncrementalLive:
             packed.append(stream.select(F.lit(inp.label).alias(_INPUT), *rows, *meta))
         return packed[0].unionByName(packed[1])
 
+    def _read_live(self, inp: LiveInput) -> DataFrame:
+        """The input's stream from the positions of the record the query generation starts after (Spark ignores
+        them once its checkpoint has offsets): Delta versions after the last complete one, Kafka offsets."""
+        start = self._resumed_from.of(inp.label)
+        after_version = start.complete_below - 1 if start.complete_below > 0 else None
+        offsets = self._resumed_from.source_offsets
+        if inp.source.arrival == "chunks" and offsets is not None:
+            start_offsets = {int(partition): o for partition, o in offsets.items()}
+            return inp.source.read_live(after_version, self.max_files_per_trigger, start_offsets=start_offsets)
+        return inp.source.read_live(after_version, self.max_files_per_trigger)
+
     def start(self, trigger: dict, name: str) -> StreamingQuery:
         self.prepare()
         self._table_ids = {inp.label: inp.source.table_id() for inp in self.inputs}
@@ -349,7 +411,7 @@ class IncrementalLive:
             self._stream()
             .writeStream.queryName(name)
             .foreachBatch(self.apply_batch)
-            .option("checkpointLocation", f"{self.checkpoints}/{QUERY}")
+            .option("checkpointLocation", self.query_folder)
             .trigger(**trigger)
             .start()
         )

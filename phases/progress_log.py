@@ -18,6 +18,7 @@ import json
 from pyspark.sql import SparkSession
 
 from phases import fs, tables, uris
+from phases.errors import ProgressRecordDamaged
 
 RETAIN = 100
 FOLDER = "progress_log"  # under the live run's folder
@@ -49,18 +50,41 @@ class ProgressLog:
             fs.delete_file(self.spark, self._path(batch_id - RETAIN))
 
     def read(self, batch_id: int) -> dict | None:
-        """The record of ``batch_id``, None when there is none."""
+        """The record of ``batch_id``, None when there is none; :class:`ProgressRecordDamaged` when its file is
+        not a whole record (truncated, half-written by a store without atomic renames, edited by hand)."""
         path = self._path(batch_id)
         if not fs.exists(self.spark, path):
             return None
-        return json.loads(fs.read_text(self.spark, path))
+        return parse(fs.read_text(self.spark, path), path)
 
     def latest(self) -> tuple[int, dict] | None:
         """(batch id, record) of the newest record, None when the log is empty."""
         ids = self.batch_ids()
         if not ids:
             return None
-        return ids[-1], json.loads(fs.read_text(self.spark, self._path(ids[-1])))
+        return ids[-1], parse(fs.read_text(self.spark, self._path(ids[-1])), self._path(ids[-1]))
+
+    def set_aside(self, batch_id: int) -> str:
+        """Renames a damaged record out of the log (``<id>.json.damaged-<µs>``, kept for inspection); returns the
+        new path."""
+        import time
+
+        target = f"{self._path(batch_id)}.damaged-{time.time_ns() // 1000}"
+        fs.rename(self.spark, self._path(batch_id), target)
+        return target
+
+
+def parse(text: str, path: str) -> dict:
+    """A record's JSON, or :class:`ProgressRecordDamaged` naming the file."""
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise ProgressRecordDamaged(
+            f"progress record {path} is damaged ({exc}): it is not a whole record", path
+        ) from exc
+    if not isinstance(record, dict) or "batch_id" not in record or "complete_below" not in record:
+        raise ProgressRecordDamaged(f"progress record {path} is damaged: it is not a progress record", path)
+    return record
 
 
 def live_started(spark: SparkSession, live_run_root: str) -> bool:
@@ -80,7 +104,7 @@ def latest_without_spark(live_run_root: str) -> tuple[int, dict] | None:
     for batch_id in reversed(ids):  # a record deleted by retention between the listing and the read: the next
         try:
             with filesystem.open_input_stream(f"{folder}/{batch_id}.json") as stream:
-                return batch_id, json.loads(stream.read())
-        except FileNotFoundError:
-            continue
+                return batch_id, parse(stream.read().decode("utf-8"), f"{folder}/{batch_id}.json")
+        except (FileNotFoundError, ProgressRecordDamaged):
+            continue  # a damaged newest record: the live phase sets it aside at its next start
     return None

@@ -176,3 +176,13 @@ def version_adding(path: str, file_name: str, first: int, last: int) -> int | No
         if any(name.rsplit("/", 1)[-1] == file_name for name in step.added.column("path").to_pylist()):
             return step.version
     return None
+
+
+def transaction_versions(path: str, app_ids: list[str]) -> dict[str, int]:
+    """The newest idempotent-write version Delta recorded for each of ``app_ids`` (``txnAppId`` / ``txnVersion``)
+    in the table at ``path``; app ids the table never saw (or no table) are left out."""
+    table = _table(path)
+    if table is None:
+        return {}
+    found = {app: table.transaction_version(app) for app in app_ids}
+    return {app: int(v) for app, v in found.items() if v is not None}

@@ -1,0 +1,163 @@
+"""The live phase after an operator lost part of its records: a removed checkpoint folder, a removed or damaged
+progress log, both. A restart resumes exactly (the result equals one streaming job over all the data) or is
+refused with an engine error that names what is missing and the way out; never a silent difference."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phases.backlog import BacklogRunner
+from phases.errors import LiveResumeError
+from phases.live import LiveRunner
+from tests import reference
+from tests.conftest import examples, make_pipeline
+from tests.helpers import append_version, assert_results_equal, create_source, sink_rows
+
+S = 1_000_000
+DELAY_S = 15
+BACKLOG = {1: [("a", 100 * S, 1), ("b", 90 * S, 2)], 2: [("a", 110 * S, 3)]}
+
+
+def _live_version(v: int) -> list:
+    """Version ``v``'s rows: a new key, an old one, and one late record."""
+    return [(f"k{v}", (100 + 10 * v) * S, v), ("a", (105 + 10 * v) * S, 10 * v), ("b", 60 * S, -v)]
+
+
+def _started(spark, root: str):
+    source = f"{root}/source"
+    create_source(spark, source)
+    for v in sorted(BACKLOG):
+        append_version(spark, source, BACKLOG[v])
+    p = make_pipeline(source, f"{root}/run", delay_s=DELAY_S)
+    handoff = BacklogRunner(spark, p).run()
+    return p, handoff.manifest_id
+
+
+def _live(spark, p) -> None:
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+
+
+def _checkpoint(p, manifest_id: str) -> str:
+    return f"{p.locations.checkpoints}/{manifest_id}"
+
+
+def _progress_log(p, manifest_id: str) -> str:
+    return f"{p.locations.live_run(manifest_id)}/progress_log"
+
+
+def test_a_removed_checkpoint_resumes_from_the_progress_log_and_loses_nothing(spark, tmp_path):
+    """The issue's steps: live over two versions, the checkpoint folder removed, one more version, restart. The
+    restart used to read from the handoff again under the old micro-batch numbers, and Delta skipped its writes as
+    already applied: the new version never reached the sink."""
+    p, mid = _started(spark, str(tmp_path))
+    versions = dict(BACKLOG)
+    for v in (3, 4):
+        versions[v] = _live_version(v)
+        append_version(spark, p.source.path, versions[v])
+        _live(spark, p)
+    shutil.rmtree(_checkpoint(p, mid))
+    for v in (5, 6):
+        versions[v] = _live_version(v)
+        append_version(spark, p.source.path, versions[v])
+        _live(spark, p)
+    expected, _ = reference.run(versions, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+
+
+def test_a_damaged_newest_progress_record_is_rebuilt_by_replaying_its_micro_batch(spark, tmp_path):
+    """A truncated newest record used to stop every restart with a raw JSONDecodeError inside Spark's error. Its
+    micro-batch's offsets are still in the checkpoint: the record is set aside and the micro-batch replayed (its
+    writes are skipped as applied), which writes the record again."""
+    p, mid = _started(spark, str(tmp_path))
+    versions = dict(BACKLOG)
+    for v in (3, 4):
+        versions[v] = _live_version(v)
+        append_version(spark, p.source.path, versions[v])
+        _live(spark, p)
+    log = _progress_log(p, mid)
+    newest = max(int(n.split(".")[0]) for n in os.listdir(log) if n.endswith(".json"))
+    with open(f"{log}/{newest}.json", "r+") as f:
+        f.truncate(17)
+    versions[5] = _live_version(5)
+    append_version(spark, p.source.path, versions[5])
+    _live(spark, p)
+    expected, _ = reference.run(versions, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    assert any(n.startswith(f"{newest}.json.damaged") for n in os.listdir(log)), "the damaged record is kept aside"
+
+
+def test_a_removed_progress_log_after_live_writes_is_refused_with_the_way_out(spark, tmp_path):
+    p, mid = _started(spark, str(tmp_path))
+    for v in (3, 4):
+        append_version(spark, p.source.path, _live_version(v))
+        _live(spark, p)
+    shutil.rmtree(_progress_log(p, mid))
+    append_version(spark, p.source.path, _live_version(5))
+    with pytest.raises(LiveResumeError) as err:
+        _live(spark, p)
+    msg = str(err.value)
+    assert "progress log" in msg and _progress_log(p, mid) in msg
+    assert "reset=True" in msg and "restore" in msg
+
+
+LOSSES = st.sampled_from(["checkpoint", "progress log", "both", "newest record", "nothing"])
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    before=st.integers(min_value=0, max_value=2),
+    loss=LOSSES,
+    after=st.integers(min_value=1, max_value=2),
+    second_loss=LOSSES,
+)
+def test_any_lost_record_then_appends_and_restarts_equals_the_reference_or_is_refused(
+    spark, tmp_path, before, loss, after, second_loss
+):
+    """Live runs over ``before`` versions, a loss, ``after`` more versions and restarts, a second loss, one more
+    version and a restart: the sink equals the reference over every version, or a restart is refused with
+    :class:`LiveResumeError`."""
+    root = str(tmp_path / uuid.uuid4().hex)
+    p, mid = _started(spark, root)
+    versions = dict(BACKLOG)
+    v = max(versions)
+
+    def append_and_run() -> None:
+        nonlocal v
+        v += 1
+        versions[v] = _live_version(v)
+        append_version(spark, p.source.path, versions[v])
+        _live(spark, p)
+
+    def lose(what: str) -> None:
+        log = _progress_log(p, mid)
+        if what in ("checkpoint", "both") and os.path.exists(_checkpoint(p, mid)):
+            shutil.rmtree(_checkpoint(p, mid))
+        if what in ("progress log", "both") and os.path.exists(log):
+            shutil.rmtree(log)
+        if what == "newest record" and os.path.exists(log):
+            ids = [int(n[: -len(".json")]) for n in os.listdir(log) if n.endswith(".json")]
+            if ids:
+                with open(f"{log}/{max(ids)}.json", "w") as f:
+                    f.write('{"batch_id": ')
+
+    _live(spark, p)  # the switch
+    try:
+        for _ in range(before):
+            append_and_run()
+        lose(loss)
+        for _ in range(after):
+            append_and_run()
+        lose(second_loss)
+        append_and_run()
+    except LiveResumeError as refused:
+        assert "reset=True" in str(refused)
+        return
+    expected, _ = reference.run(versions, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
