@@ -326,9 +326,29 @@ class BacklogRunner:
         return v
 
     def run(self, end_version: int | None = None, *, reset: bool = False) -> manifest.HandoffManifest:
-        """Runs the backlog over versions 0..end_version (default: the head now) and hands off."""
-        with self.lease():
+        """Runs the backlog over versions 0..end_version (default: the head now) and hands off. ``reset`` starts
+        over after a switch; it also holds the pipeline's live lease while it runs, so it is refused while a live
+        phase runs (and no live phase starts on the tables it rewrites)."""
+        with self.lease(), self._live_lease_for_reset(reset):
             return self._run(end_version, reset)
+
+    @contextlib.contextmanager
+    def _live_lease_for_reset(self, reset: bool) -> Iterator[None]:
+        if not reset:
+            yield
+            return
+        try:
+            hold = leases.hold(self.spark, self.pipeline, "live", self.holder, take_over=self.take_over)
+            hold.__enter__()
+        except leases.LeaseHeld as exc:
+            raise leases.LeaseHeld(
+                f"pipeline {self.pipeline.name!r}: a reset is refused while its live phase runs: a reset rewrites the "
+                f"state and the sink under it. Stop the live phase first, then reset. ({exc})"
+            ) from exc
+        try:
+            yield
+        finally:
+            hold.__exit__(None, None, None)
 
     def _run(self, end_version: int | None, reset: bool) -> manifest.HandoffManifest:
         started = time.perf_counter()

@@ -78,9 +78,31 @@ class Aggregation(_Model):
                     f"aggregation {self.name!r}: kind 'reduce' needs 'reduce', a SQL expression that uses "
                     "both `acc` and `x` (e.g. 'acc * x', 'greatest(acc, x)')"
                 )
+            problem = sql_expression_problem(self.reduce)
+            if problem is not None:
+                raise ValueError(
+                    f"aggregation {self.name!r}: reduce {self.reduce!r} is not a Spark SQL expression: {problem}"
+                )
         elif self.reduce is not None:
             raise ValueError(f"aggregation {self.name!r}: 'reduce' is only valid with kind 'reduce'")
         return self
+
+
+def sql_expression_problem(text: str) -> str | None:
+    """What Spark's SQL parser says is wrong with the expression ``text`` (None: it parses). Needs an active
+    SparkSession (parsing runs no job); without one, None: the operator's logic parses it again before any work."""
+    from pyspark.errors import ParseException
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return None
+    try:  # in parentheses, as the engine embeds it: 'acc +* x' alone would parse as 'acc + *' aliased 'x'
+        spark._jsparkSession.sessionState().sqlParser().parseExpression(f"({text})")
+    except ParseException as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        return " ".join(lines[:2])
+    return None
 
 
 def _unique_names(aggregations: list[Aggregation]) -> list[Aggregation]:

@@ -10,11 +10,13 @@ order: the archive's versions 0..V, then one chunk per live micro-batch (V+1, V+
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+import json
+
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases import fs
+from phases import fs, uris
 from phases.definition import FileArchive, HybridSource
 from phases.delta_source import CHANGE_COLUMNS, DeltaTableSource
 from phases.errors import SourceError
@@ -31,11 +33,13 @@ class HybridArchiveSource:
         self.spec = spec
         self.kafka = KafkaTopicSource(spark, spec.live, position=position)
         if isinstance(spec.backlog, FileArchive):
-            cut = [
-                T.StructField(spec.archive_partition_column, T.IntegerType(), True),
-                T.StructField(spec.archive_offset_column, T.LongType(), True),
-            ]
-            columns = [*self.kafka.schema().fields, *(cut if spec.archive_partition_column else [])]
+            cut = []
+            if spec.archive_partition_column is not None:  # else the archive is taken whole
+                cut = [
+                    T.StructField(spec.archive_partition_column, T.IntegerType(), True),
+                    T.StructField(spec.archive_offset_column, T.LongType(), True),
+                ]
+            columns = [*self.kafka.schema().fields, *cut]
             self.archive = FileArchiveSource(spark, spec.backlog, T.StructType(columns))
         else:
             self.archive = DeltaTableSource(spark, spec.backlog)
@@ -187,21 +191,130 @@ class FileArchiveSource:
 
     def read_backlog(self, end_version: int, start_version: int = 0) -> DataFrame:
         """The records of files start..end (by name), each with its file's index as ``_commit_version`` and the
-        file's modification time as ``_commit_timestamp``."""
+        file's modification time as ``_commit_timestamp``.
+
+        Parquet stores some columns in forms Spark does not read into the declared type; those files are read with
+        the column as its 64-bit integer and converted exactly, after a check (one Spark job over those columns):
+
+        - timestamps in nanoseconds (``TIMESTAMP(NANOS)``: what pandas and pyarrow write by default) become
+          Spark's microseconds; a value that is no whole microsecond is a :class:`SourceError`;
+        - 64-bit integers (pandas' ``int64``) where the schema says ``int``, ``smallint`` or ``tinyint`` are
+          narrowed; a value out of range is a :class:`SourceError`.
+
+        Either error names the file, the column and the value."""
         names = self.files()[start_version : end_version + 1]
         index = F.create_map(*[x for i, n in enumerate(names, start_version) for x in (F.lit(n), F.lit(i))])
         paths = [f"{self.spec.path.rstrip('/')}/{n}" for n in names]
-        records = self.spark.read.format(self.spec.format.value).schema(self._schema).load(paths)
         name = F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1)
-        return records.select(
-            *[F.col(f.name) for f in self._schema.fields],
-            F.lit("insert").alias("_change_type"),
-            index[name].cast("long").alias("_commit_version"),
-            F.col("_metadata.file_modification_time").alias("_commit_timestamp"),
-        )
+        out = None
+        for wide, group in self._by_wide_columns(paths).items():
+            longs = {c for c, _ in wide}
+            as_read = [T.StructField(f.name, T.LongType(), True) if f.name in longs else f for f in self._schema.fields]
+            records = self.spark.read.format(self.spec.format.value).schema(T.StructType(as_read)).load(group)
+            exact = self._exact(records, dict(wide)) if wide else [F.col(f.name) for f in self._schema.fields]
+            frame = records.select(
+                *exact,
+                F.lit("insert").alias("_change_type"),
+                index[name].cast("long").alias("_commit_version"),
+                F.col("_metadata.file_modification_time").alias("_commit_timestamp"),
+            )
+            out = frame if out is None else out.unionByName(frame)
+        return out
+
+    def _by_wide_columns(self, paths: list[str]) -> dict[frozenset[tuple[str, str]], list[str]]:
+        """The files grouped by which schema columns they store as 64-bit integers Spark will not read into the
+        declared type: (column, "nanos" | "int64") pairs, from the Parquet footers (pyarrow; JSON: none)."""
+        declared = {f.name: f.dataType for f in self._schema.fields}
+        groups: dict[frozenset[tuple[str, str]], list[str]] = {}
+        for path in paths:
+            wide: frozenset[tuple[str, str]] = frozenset()
+            if self.spec.format.value == "parquet":
+                stored = _int64_columns(path)
+                wide = frozenset((c, how) for c, how in stored.items() if _needs_conversion(declared.get(c), how))
+            groups.setdefault(wide, []).append(path)
+        return groups
+
+    def _exact(self, records: DataFrame, wide: dict[str, str]) -> list[Column]:
+        """The schema's columns, ``wide`` ones converted from their 64-bit integers; :class:`SourceError` naming the
+        first value that has no exact conversion."""
+        declared = {f.name: f.dataType for f in self._schema.fields}
+        problems = {}
+        for c, how in wide.items():
+            if how == "nanos":
+                problems[c] = F.col(c) % 1000 != 0
+            else:
+                bits = {T.IntegerType: 31, T.ShortType: 15, T.ByteType: 7}[type(declared[c])]
+                problems[c] = (F.col(c) < -(2**bits)) | (F.col(c) >= 2**bits)
+        bad = F.lit(False)
+        for problem in problems.values():
+            bad = bad | F.coalesce(problem, F.lit(False))
+        found = records.filter(bad).select("_metadata.file_path", *wide).limit(1).collect()
+        if found:
+            row = found[0]
+            c = next(c for c in wide if row[c] is not None and not _exact_value(row[c], wide[c], declared[c]))
+            if wide[c] == "nanos":
+                why = (
+                    f"stores timestamps in nanoseconds (Parquet TIMESTAMP(NANOS), pandas' and pyarrow's default) and "
+                    f"holds {row[c]} ns, which is not a whole number of microseconds (Spark's timestamp unit): rewrite "
+                    "the file with microsecond timestamps (pandas: df.to_parquet(path, coerce_timestamps='us')) or "
+                    "round its values"
+                )
+            else:
+                why = (
+                    f"stores 64-bit integers and holds {row[c]}, which does not fit the declared "
+                    f"{declared[c].simpleString()}: declare the column bigint"
+                )
+            raise SourceError(f"archive {self.spec.location}: file {row['file_path']}: column {c!r} {why}")
+        out = []
+        for f in self._schema.fields:
+            how = wide.get(f.name)
+            if how == "nanos":
+                out.append(F.timestamp_micros(F.expr(f"`{f.name}` div 1000")).alias(f.name))
+            elif how == "int64":
+                out.append(F.col(f.name).cast(f.dataType).alias(f.name))
+            else:
+                out.append(F.col(f.name))
+        return out
 
     def missing_file_error(self, exc: BaseException, versions: tuple[int, int]) -> SourceError | None:
         return None
 
     def commit_times(self):
         raise SourceError(f"archive {self.spec.location}: a file archive has no commit history")
+
+
+def _needs_conversion(declared: T.DataType | None, stored: str) -> bool:
+    if stored == "nanos":
+        return isinstance(declared, T.TimestampType)
+    return isinstance(declared, (T.IntegerType, T.ShortType, T.ByteType))
+
+
+def _exact_value(value: int, how: str, declared: T.DataType) -> bool:
+    if how == "nanos":
+        return value % 1000 == 0
+    bits = {T.IntegerType: 31, T.ShortType: 15, T.ByteType: 7}[type(declared)]
+    return -(2**bits) <= value < 2**bits
+
+
+def _int64_columns(path: str) -> dict[str, str]:
+    """Top-level columns of the Parquet file at ``path`` stored as 64-bit integers: "nanos" for
+    ``TIMESTAMP(NANOS)``, "int64" for plain integers (its footer only; {} when pyarrow cannot open it)."""
+    import pyarrow.parquet as pq
+
+    try:
+        filesystem, inner = uris.pyarrow_filesystem(path)
+        schema = pq.ParquetFile(inner, filesystem=filesystem).schema
+    except Exception:  # noqa: BLE001 - a store pyarrow cannot open: Spark's own read reports what is wrong
+        return {}
+    out = {}
+    for i in range(len(schema)):
+        column = schema.column(i)
+        if "." in column.path or column.physical_type != "INT64":
+            continue
+        logical = json.loads(column.logical_type.to_json() or "{}")
+        kind = logical.get("Type")
+        if kind == "Timestamp" and logical.get("timeUnit") == "nanoseconds":
+            out[column.name] = "nanos"
+        elif kind in (None, "None", "Int"):
+            out[column.name] = "int64"
+    return out

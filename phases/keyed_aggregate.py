@@ -28,6 +28,7 @@ from phases.definition import (
     AggKind,
     Aggregation,
     Pipeline,
+    sql_expression_problem,
 )
 from phases.errors import DefinitionError
 
@@ -159,6 +160,11 @@ class KeyedAggregationLogic:
         # reduce: fold the collected values (and, live, the backlog's partial result) with the user's
         # associative + commutative expression.
         need(_ORDERABLE, "reduce")
+        problem = sql_expression_problem(agg.reduce)
+        if problem is not None:
+            raise DefinitionError(
+                f"aggregation {agg.name!r}: reduce {agg.reduce!r} is not a Spark SQL expression: {problem}"
+            )
         b = f"{n}__acc"
         return [_Buffer(b, dtype, col, fold(b, dtype, agg.reduce), _pairwise_fold(dtype, agg.reduce))]
 

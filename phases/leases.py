@@ -224,6 +224,17 @@ def acquire(
             if found is None:
                 continue  # released between our create and read: try once more
             other, beat = found
+            if not take_over and not _alive(other, beat, stale_after_s):
+                gone = (
+                    "its process is gone"
+                    if other.host == socket.gethostname()
+                    else f"it has sent no heartbeat for {stale_after_s:g} s"
+                )
+                raise LeaseHeld(
+                    f"pipeline {pipeline.name!r}: its {what} lease is held by {other.describe(beat)}, but {gone} "
+                    f"(killed, or its machine lost). Taking it over is safe: start again with take_over=True "
+                    f"(lease file {path})."
+                )
             if not take_over:
                 raise LeaseHeld(
                     f"pipeline {pipeline.name!r}: its {what} is held by {other.describe(beat)}; a second one is "

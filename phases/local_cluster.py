@@ -20,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from phases import watchdog
 from phases.errors import SetupError
 from phases.local_kafka import free_port
 
@@ -90,6 +91,7 @@ class LocalSparkCluster:
             )
         finally:
             out.close()
+        watchdog.guard(process.pid, grace_s=10.0)  # stops it if this process dies without stop()
         self._processes.append(process)
         return process
 

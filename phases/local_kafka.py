@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from phases import jvm_deps
+from phases import jvm_deps, watchdog
 from phases.errors import SetupError
 
 _PROPERTIES = """\
@@ -74,6 +74,7 @@ class LocalKafka:
         self.heap = heap
         self.keep_data = keep_data
         self.process: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
         self._formatted = False
 
     @property
@@ -137,6 +138,8 @@ class LocalKafka:
             start_new_session=True,
         )
         out.close()
+        # The broker is in its own session: without the watchdog it would outlive a parent that gets SIGTERM.
+        self._watchdog = watchdog.guard(self.process.pid)
         self._wait_ready(timeout)
         return self
 
@@ -171,6 +174,9 @@ class LocalKafka:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
         self.process = None
+        if self._watchdog is not None:
+            self._watchdog.wait(10)  # it ends once the broker has
+            self._watchdog = None
 
     def admin(self):
         from confluent_kafka.admin import AdminClient

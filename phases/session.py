@@ -18,6 +18,9 @@ STATE_STORE_PROVIDERS = {
 }
 
 
+LOOPBACK = "127.0.0.1"
+
+
 class SparkSettings(SettingsModel):
     """Everything that shapes the SparkSession, in one place."""
 
@@ -71,6 +74,12 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     jars = jvm_deps.jar_paths()
     conf = dict(s.extra_conf)
+    if s.master.startswith("local"):
+        # A local session listens on loopback only (its driver RPC and block manager ports otherwise bind to the
+        # machine's network address), like the broker, Dagster and py4j; a cluster session uses the address the
+        # user configures. extra_conf can still set either.
+        conf.setdefault("spark.driver.bindAddress", LOOPBACK)
+        conf.setdefault("spark.driver.host", LOOPBACK)
     if s.s3a and s.master.startswith("local"):
         # One JVM: put the connector on its classpath. Through spark.jars the local executor would copy the
         # ~690 MB AWS SDK bundle into its temporary folder at every start.

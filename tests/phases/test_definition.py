@@ -158,3 +158,14 @@ def test_the_kafka_broker_address_and_client_settings_are_not_part_of_the_finger
     assert pipeline(options={"kafka.security.protocol": "SSL"}).fingerprint() == same
     assert pipeline(backlog_chunk_records=10).fingerprint() != same  # chunks shape lateness, so the state
     assert pipeline(topic="other").fingerprint() != same
+
+
+def test_an_invalid_reduce_expression_is_refused_when_the_pipeline_is_defined(spark):
+    """``acc +* x`` used to pass the definition; the backlog then raised pyspark's ParseException, outside the
+    engine's errors. With a session active, Spark's SQL parser checks it as the model is built (no job runs)."""
+    from phases.definition import Aggregation
+    from phases.errors import DefinitionError
+
+    with pytest.raises(DefinitionError, match=r"aggregation 'x': reduce 'acc \+\* x' is not a Spark SQL expression"):
+        Aggregation(name="x", kind="reduce", column="value", reduce="acc +* x")
+    Aggregation(name="x", kind="reduce", column="value", reduce="greatest(acc, x)")

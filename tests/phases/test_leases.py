@@ -48,6 +48,27 @@ def test_a_second_live_start_is_refused_and_the_running_one_goes_on(spark, pipel
     assert not os.path.exists(leases.lease_path(pipeline, "live")), "stop() did not release the lease"
 
 
+def test_a_reset_is_refused_while_the_live_phase_runs_and_names_its_holder(spark, pipeline):
+    """A reset used to be accepted under a running live phase: it wrote a new manifest and rewrote the sink."""
+    BacklogRunner(spark, pipeline).run()
+    live = LiveRunner.from_manifest(spark, pipeline)
+    live.start()
+    try:
+        append_version(spark, pipeline.source.path, LIVE[3])
+        with pytest.raises(leases.LeaseHeld) as err:
+            BacklogRunner(spark, pipeline).run(reset=True)
+        msg = str(err.value)
+        assert "a reset is refused while its live phase runs" in msg and live.holder in msg
+        live.process_available()
+        live.raise_if_failed()
+    finally:
+        live.stop()
+    expected, _ = reference.run({**BACKLOG, 3: LIVE[3]}, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, pipeline.sink.path), expected)
+    BacklogRunner(spark, pipeline).run(reset=True)  # once stopped, a reset goes through
+    assert not os.path.exists(leases.lease_path(pipeline, "live"))
+
+
 def test_a_second_backlog_is_refused_while_one_runs_and_the_first_finishes(spark, pipeline):
     first = BacklogRunner(spark, pipeline)
     done: dict = {}
@@ -75,8 +96,11 @@ def test_a_dead_holders_lease_is_taken_over_only_explicitly(spark, pipeline):
     stale = {"pipeline": pipeline.name, "role": "live", "holder": "live run crashed", "host": socket.gethostname()}
     with open(path, "w") as f:
         json.dump({**stale, "pid": gone.pid, "since_us": 1}, f)
-    with pytest.raises(leases.LeaseHeld, match="held by live run crashed since 1970"):
+    with pytest.raises(leases.LeaseHeld, match="held by live run crashed since 1970") as err:
         LiveRunner.from_manifest(spark, pipeline).start(available_now=True)
+    # Not "the running one goes on": the holder's process is gone, and taking over is safe.
+    assert "its process is gone" in str(err.value) and "Taking it over is safe" in str(err.value)
+    assert "goes on" not in str(err.value)
     LiveRunner.from_manifest(spark, pipeline, take_over=True).start(available_now=True)
     assert not os.path.exists(path)
 

@@ -1,0 +1,85 @@
+"""What the engine starts on this machine stays on it and ends with it: a local Spark session listens on loopback
+only, and a local broker stops when the process that started it gets SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+LOOPBACK4 = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it
+LOOPBACK6 = ("00000000000000000000000001000000", "0000000000000000FFFF00000100007F")  # ::1, ::ffff:127.0.0.1
+
+
+def _listening(pid: int) -> list[tuple[str, int]]:
+    """(local address in /proc/net hex, port) of every TCP socket of ``pid`` in state LISTEN."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                address, port = fields[1].split(":")
+                if fields[3] == "0A" and fields[9] in inodes:
+                    out.append((address, int(port, 16)))
+    return out
+
+
+def test_a_local_session_listens_on_loopback_only(spark):
+    """The driver's RPC and block manager ports used to bind to the machine's network address."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    sockets = _listening(pid)
+    assert len(sockets) >= 2, f"expected the driver's RPC, block manager and py4j ports, found {sockets}"
+    exposed = [(a, p) for a, p in sockets if a != LOOPBACK4 and a not in LOOPBACK6]
+    assert not exposed, f"the session's JVM listens beyond loopback: {exposed}"
+    assert spark.conf.get("spark.driver.bindAddress") == "127.0.0.1"
+
+
+_PARENT = """
+import sys, time
+from phases.local_kafka import LocalKafka
+broker = LocalKafka(sys.argv[1]).start()
+print(broker.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_a_local_broker_stops_when_its_parent_gets_sigterm(tmp_path):
+    """The broker runs in its own session: it used to keep running after its parent got SIGTERM."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(tmp_path / "kafka")], stdout=subprocess.PIPE, text=True
+    )
+    broker = None
+    try:
+        broker = int(parent.stdout.readline())
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(30)
+        assert _gone(broker, 45), f"the broker (pid {broker}) outlived its parent"
+    finally:
+        parent.kill()
+        if broker is not None and not _gone(broker, 0.1):
+            os.killpg(broker, signal.SIGKILL)
