@@ -225,6 +225,14 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
         @dg.asset(
             name=names.slices,
             deps=[names.source],
+            check_specs=[
+                dg.AssetCheckSpec(
+                    names.slices_have_data,
+                    asset=names.slices,
+                    description="Every day of the run found at least one source version committed on it: a day "
+                    "with none (a gap in the feed, or commit times that are not the days they claim) warns.",
+                )
+            ],
             partitions_def=dg.DailyPartitionsDefinition(start_date=start.isoformat()),
             backfill_policy=dg.BackfillPolicy.single_run(),
             code_version=pipeline.fingerprint(),
@@ -244,6 +252,12 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
             days = [date.fromisoformat(k) for k in context.partition_keys]
 
             def done(record) -> None:
+                if record.first_version is None:
+                    context.log.warning(
+                        f"slice {record.slice}: no source version was committed on that day (UTC), so the slice is "
+                        "empty. If data for that day exists, its commits carry other dates"
+                    )
+                    return
                 context.log.info(
                     f"slice {record.slice} finished: versions {record.first_version}..{record.last_version}, "
                     f"{record.keys} keys, {record.aggregated_rows} rows, {record.seconds:.1f} s"
@@ -254,7 +268,18 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
             if result.recovered:
                 context.log.info(f"slices finished by an earlier run, not executed again: {result.recovered}")
             records = result.records.values()
+            empty = sorted(r.slice for r in records if r.first_version is None)
+            has_data = dg.AssetCheckResult(
+                check_name=names.slices_have_data,
+                passed=not empty,
+                severity=dg.AssetCheckSeverity.WARN,
+                description=(
+                    f"days with no source version: {', '.join(empty)}" if empty else "every day found source versions"
+                ),
+                metadata={"empty_days": ", ".join(empty) or "none", "empty_day_count": len(empty)},
+            )
             return dg.MaterializeResult(
+                check_results=[has_data],
                 metadata={
                     "executed": ", ".join(result.executed) or "none",
                     "recovered": ", ".join(result.recovered) or "none",
@@ -263,7 +288,7 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                     "keys": sum(r.keys for r in records),
                     "aggregated_rows": sum(r.aggregated_rows for r in records),
                     "quarantined_rows": sum(r.quarantined_rows for r in records),
-                }
+                },
             )
 
         out.append(slices)

@@ -23,7 +23,7 @@ import dagster as dg
 
 from assets import source as source_assets
 from assets.handoff_events import Handoff, read_handoff
-from assets.settings import LiveHealth, Names, Orchestration
+from assets.settings import LiveHealth, Names, Orchestration, WhenLiveDown
 from phases import errors, leases, progress_log  # noqa: F401 - leases defines LeaseHeld (a PhasesError)
 from phases.definition import Pipeline
 from phases.kafka_source import ChunkPlan
@@ -152,13 +152,23 @@ class Freshness:
     passed: bool
     description: str
     metadata: dict
+    severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR
+
+
+DOWN = ("stopped", "failed")  # live states in which nothing applies new source data
 
 
 def sink_freshness(
-    resolved: Pipeline, handoff: Handoff, max_lag: timedelta, live_state: str, now: datetime
+    resolved: Pipeline,
+    handoff: Handoff,
+    max_lag: timedelta,
+    live_state: str,
+    now: datetime,
+    when_live_down: WhenLiveDown = WhenLiveDown.WARN,
 ) -> Freshness:
     """The sink is fresh when nothing in the source waits longer than ``max_lag`` to be applied (from the live run's
-    own progress log; before the live phase's first record, from the handoff)."""
+    own progress log; before the live phase's first record, from the handoff), and the live phase that owns it runs:
+    with the live phase stopped or failed and nothing waiting yet, the check follows ``when_live_down``."""
     record = progress_log.latest_without_spark(resolved.locations.live_run(handoff.manifest_id))
     if record is not None:
         applied_version = int(record[1]["complete_below"]) - 1
@@ -178,9 +188,19 @@ def sink_freshness(
     if u.behind is None:
         return Freshness(False, f"cannot tell: {u.error}", meta)
     if u.behind == 0:
-        return Freshness(
-            True, f"the sink has applied everything in {u.location} (live phase {live_state})", meta | {"lag_s": 0.0}
-        )
+        meta |= {"lag_s": 0.0}
+        if live_state in DOWN and when_live_down is not WhenLiveDown.PASS:
+            severity = (
+                dg.AssetCheckSeverity.WARN if when_live_down is WhenLiveDown.WARN else dg.AssetCheckSeverity.ERROR
+            )
+            return Freshness(
+                False,
+                f"the live phase is {live_state}: the sink has applied everything in {u.location} so far, but nothing "
+                "applies what comes next. Start the live job again (or set health.when_live_down)",
+                meta,
+                severity,
+            )
+        return Freshness(True, f"the sink has applied everything in {u.location} (live phase {live_state})", meta)
     if u.oldest_at is None:
         return Freshness(
             False, f"{u.behind} {u.unit} not applied, since an unknown time (live phase {live_state})", meta
@@ -213,15 +233,23 @@ def build_freshness_check(pipeline: Pipeline, settings: Orchestration) -> dg.Ass
         asset=names.sink,
         name=names.fresh,
         description=f"The sink holds every source record committed more than {settings.health.max_lag} ago (the "
-        "live phase's own progress against the source's head). Fails while the live phase is down and data waits.",
+        "live phase's own progress against the source's head). Fails while data waits longer than that; while the "
+        "live phase is stopped or failed, warns (health.when_live_down) even when nothing waits yet.",
     )
     def sink_fresh(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
         handoff = read_handoff(context.instance, dg.AssetKey(names.backlog))
         if handoff is None:
             return dg.AssetCheckResult(passed=False, description="no handoff yet: the backlog has not run")
         state = live_state_of(live_runs(context.instance, names.live_job, handoff.manifest_id))
-        f = sink_freshness(storage.resolve(pipeline), handoff, settings.health.max_lag, state, datetime.now(UTC))
-        return dg.AssetCheckResult(passed=f.passed, description=f.description, metadata=f.metadata)
+        f = sink_freshness(
+            storage.resolve(pipeline),
+            handoff,
+            settings.health.max_lag,
+            state,
+            datetime.now(UTC),
+            settings.health.when_live_down,
+        )
+        return dg.AssetCheckResult(passed=f.passed, description=f.description, metadata=f.metadata, severity=f.severity)
 
     return sink_fresh
 
@@ -280,7 +308,7 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
         cursor["reported"] = reported
 
         if runs:  # freshness concerns a sink the live phase owns
-            fresh = sink_freshness(resolved, handoff, policy.max_lag, state, now)
+            fresh = sink_freshness(resolved, handoff, policy.max_lag, state, now, policy.when_live_down)
             last = cursor.get("fresh", {})
             due = now.timestamp() - last.get("at", 0) >= REPORT_AT_LEAST_EVERY.total_seconds()
             if due or last.get("passed") != fresh.passed or last.get("state") != state:
@@ -292,6 +320,7 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
                         passed=fresh.passed,
                         description=fresh.description,
                         metadata=fresh.metadata,
+                        severity=fresh.severity,
                     )
                 )
 

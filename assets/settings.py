@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import date, timedelta
+from enum import StrEnum
 
 from pydantic import Field, field_validator
 
@@ -55,6 +56,15 @@ class LiveReporting(_Model):
     report_interval_seconds: float = Field(10.0, gt=0, description="Progress events and observations cadence.")
 
 
+class WhenLiveDown(StrEnum):
+    """What the sink's freshness check says while the live phase that owns the sink is stopped or failed, though no
+    source data waits yet: the sink is current, but nothing keeps it so."""
+
+    WARN = "warn"  # the check fails with severity WARN
+    FAIL = "fail"  # the check fails with severity ERROR
+    PASS = "pass"  # the check passes (a live phase stopped on purpose, e.g. outside business hours)
+
+
 class LiveHealth(_Model):
     """The health sensor: the sink's freshness check, source observations, and relaunching a dead live run."""
 
@@ -62,6 +72,12 @@ class LiveHealth(_Model):
         timedelta(minutes=10),
         description="The sink's freshness check fails when the oldest source data the live phase has not applied "
         "was committed longer ago than this.",
+    )
+    when_live_down: WhenLiveDown = Field(
+        WhenLiveDown.WARN,
+        description="The freshness check while the live phase is stopped or failed and nothing waits yet: 'warn' "
+        "(fails, severity WARN), 'fail' (fails, severity ERROR) or 'pass'. Data waiting longer than max_lag always "
+        "fails it (ERROR).",
     )
     minimum_interval_seconds: int = Field(30, ge=1, description="How often the daemon evaluates the health sensor.")
     relaunch: bool = Field(True, description="Relaunch a failed live run from its checkpoint.")
@@ -98,6 +114,7 @@ class Names:
         self.health = f"{n}_live_health"
         self.fresh = "sink_fresh"
         self.slices = f"{n}_backlog_slices"
+        self.slices_have_data = "slices_have_data"
         self.live_asset = f"{n}_live"
         self.backlog_job = f"{n}_backlog_job"
         self.slices_job = f"{n}_backlog_slices_job"

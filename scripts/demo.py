@@ -141,8 +141,11 @@ def daily_source(spark, data: Path, days: int = 3, rows: int = 2000) -> Path:
     today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
     for i in range(days):
         synthetic.append(spark, str(path), synthetic.event_batch(spark, rows=rows, keys=rows // 4, batch_index=i))
-        stamp = (today - timedelta(days=days - i)).timestamp()
-        os.utime(path / "_delta_log" / f"{i + 1:020d}.json", (stamp, stamp))
+    # Delta keeps commit times increasing (a commit older than the one before it counts as just after it), so the
+    # table's creation (version 0) must be dated first: left at today, it made every later version count as today.
+    for version in range(days + 1):
+        stamp = (today - timedelta(days=days - version + 1, hours=1 if version == 0 else 0)).timestamp()
+        os.utime(path / "_delta_log" / f"{version:020d}.json", (stamp, stamp))
     return path
 
 

@@ -115,3 +115,36 @@ def test_daily_schedule_requests_the_previous_days_slice():
     ctx = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 3, 5, 1, tzinfo=UTC))
     [req] = schedule.evaluate_tick(ctx).run_requests
     assert req.partition_key == "2026-03-04"
+
+
+def test_the_demos_daily_data_lands_on_its_days_and_a_day_without_data_warns(spark, tmp_path):
+    """The demo backdated its versions but not the table's creation, and Delta keeps commit times increasing: every
+    version counted as today, and a backfill of the days it claims found nothing, yet went green with keys=0."""
+    from assets.definitions import DAILY_SETTINGS
+    from assets.pipelines import DEMO_DAILY
+    from phases.slices import SliceRunner
+    from resources.storage import StorageResource
+    from scripts.demo import daily_source
+    from tests.assets.conftest import definitions
+
+    daily_source(spark, tmp_path, days=3, rows=40)
+    p = StorageResource(root=str(tmp_path)).resolve(DEMO_DAILY)
+    today = datetime.now(UTC).date()
+    runner = SliceRunner(spark, p, DAILY_SETTINGS.backfill.start_date)
+    assert [runner.day_versions(today - timedelta(days=d)) for d in (3, 2, 1)] == [(1, 1), (2, 2), (3, 3)]
+
+    names = Names(DEMO_DAILY)
+    job = definitions(spark, str(tmp_path), DEMO_DAILY, DAILY_SETTINGS).resolve_job_def(names.slices_job)
+    with dg.instance_for_test() as instance:
+        day = (today - timedelta(days=1)).isoformat()
+        ran = job.execute_in_process(instance=instance, tags=child.range_tags(day, day))
+        [check] = ran.get_asset_check_evaluations()
+        assert check.passed and check.check_name == names.slices_have_data
+        empty = (today - timedelta(days=6)).isoformat()
+        ran = job.execute_in_process(instance=instance, tags=child.range_tags(empty, empty))
+        [check] = ran.get_asset_check_evaluations()
+        assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+        assert empty in check.description
+        logs = instance.all_logs(ran.run_id)
+        said = f"slice {empty}: no source version was committed on that day"
+        assert any(r.level >= 30 and said in r.user_message for r in logs), [r.user_message for r in logs]

@@ -65,3 +65,38 @@ def test_an_engine_error_that_repeats_is_not_relaunched_again():
 def test_relaunching_can_be_turned_off():
     off = LiveHealth(relaunch=False)
     assert decide_relaunch([failed("r1", 1000)], off, NOW).action == "give_up"
+
+
+def test_the_freshness_check_is_not_green_while_the_live_phase_is_down_even_with_nothing_waiting(tmp_path):
+    """It used to pass with the live phase stopped when no new data had come: a pipeline meant to be live that is
+    not must show it, as a warning or a failure (``health.when_live_down``), and data waiting fails it as before."""
+    import dagster as dg
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from assets.handoff_events import Handoff
+    from assets.health import sink_freshness
+    from assets.settings import WhenLiveDown
+    from tests.conftest import make_pipeline
+
+    source = str(tmp_path / "source")
+    write_deltalake(source, pa.table({"key": ["a"], "value": [1]}))
+    p = make_pipeline(source, str(tmp_path / "run"))
+    handoff = Handoff(manifest_id="m1", fingerprint="f", source_version=0, final_watermark_us=None, run_id="r1")
+    lag = timedelta(minutes=10)
+
+    running = sink_freshness(p, handoff, lag, "running", NOW)
+    assert running.passed, running
+    for state in ("stopped", "failed"):
+        down = sink_freshness(p, handoff, lag, state, NOW)
+        assert not down.passed and down.severity == dg.AssetCheckSeverity.WARN, down
+        assert f"the live phase is {state}" in down.description
+        failing = sink_freshness(p, handoff, lag, state, NOW, WhenLiveDown.FAIL)
+        assert not failing.passed and failing.severity == dg.AssetCheckSeverity.ERROR
+        assert sink_freshness(p, handoff, lag, state, NOW, WhenLiveDown.PASS).passed
+    # Before the switch the backlog owns the sink: nothing to flag.
+    assert sink_freshness(p, handoff, lag, "not started", NOW).passed
+    # Data waiting longer than max_lag fails the check whatever the setting (ERROR).
+    write_deltalake(source, pa.table({"key": ["b"], "value": [2]}), mode="append")
+    stale = sink_freshness(p, handoff, timedelta(0), "stopped", datetime.now(UTC) + timedelta(seconds=5))
+    assert not stale.passed and stale.severity == dg.AssetCheckSeverity.ERROR
