@@ -85,6 +85,10 @@ def markdown(results: dict) -> str:
         lines += _live_lines(results["live"])
     if results.get("live_kafka"):
         lines += _live_lines(results["live_kafka"], "Kafka topic (3 partitions, JSON); Kafka timestamp → sink commit")
+    if results.get("kafka_backlog"):
+        from benchmarks import kafka_backlog
+
+        lines += kafka_backlog.lines(results["kafka_backlog"])
     if "spill" in results:
         sp = results["spill"]
         if sp.get("failed"):

@@ -17,7 +17,18 @@ from pathlib import Path
 
 from delta.tables import DeltaTable
 
-from benchmarks import data, growth, join_variants, live, memory, process_variants, report, seeding, variants
+from benchmarks import (
+    data,
+    growth,
+    join_variants,
+    kafka_backlog,
+    live,
+    memory,
+    process_variants,
+    report,
+    seeding,
+    variants,
+)
 from phases.session import SparkSettings, build_session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,7 +297,7 @@ def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> lis
 
 PARTS = (
     "keyed reduce", "wordcount", "keyed process", "interval join", "low-cardinality join", "growth", "live",
-    "live-kafka", "spill",
+    "live-kafka", "kafka-backlog", "spill",
 )  # fmt: skip
 
 
@@ -323,6 +334,7 @@ def main() -> None:
         default=None,
         help="keys of state of the live runs, comma-separated (default 1000000,10000000; quick 20000)",
     )
+    ap.add_argument("--kafka-rows", type=int, default=None, help="rows of the Kafka-vs-Delta backlog (default 1e6)")
     ap.add_argument("--spill-memory", default="512m", help="driver memory of the spill run ('' to skip it)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument(
@@ -395,6 +407,11 @@ def main() -> None:
             results["live"] = run_live(spark, work, args.live_keys, args.quick)
         if "live-kafka" in only:
             results["live_kafka"] = run_live_kafka(spark, work, args.live_keys, args.quick)
+        if "kafka-backlog" in only:
+            kafka_rows = args.kafka_rows or (100_000 if args.quick else 1_000_000)
+            results["kafka_backlog"] = kafka_backlog.measure(
+                spark, work, kafka_rows, max(1, kafka_rows // 10), runs=2 if args.quick else 3
+            )
         if "spill" in only and args.spill_memory:
             results["spill"] = run_spill(spark, str(work / "keyed_reduce" / "source"), work, args.spill_memory)
             print(f"[spill] {results['spill']}", flush=True)

@@ -438,12 +438,19 @@ class BacklogRunner:
             reason = F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason"))
             rows = rows.unionByName(inputs[1].quarantine.withColumn("reason", reason))
         empty = not any(i.has_quarantine for i in inputs)
+
         with self._step("quarantine"):
-            quarantine.replace_backlog(spark, p.locations.quarantine, p.name, rows, empty=empty)
+            quarantined = quarantine.replace_all_backlog(spark, p.locations.quarantine, p.name, rows, empty=empty)
         self.timings["quarantine_s"] = time.perf_counter() - t
         write = self.kind.backlog(spark, p, logic, inputs)
         return self.write_handoff(
-            write, source_version=v, max_us=inputs[0].running_max_us, started=started, kind="full", right=right
+            write,
+            source_version=v,
+            max_us=inputs[0].running_max_us,
+            started=started,
+            kind="full",
+            right=right,
+            quarantined=quarantined,
         )
 
     def run_increment(self, end_version: int | None = None) -> manifest.HandoffManifest:
@@ -509,9 +516,11 @@ class BacklogRunner:
         kind: str,
         base: manifest.HandoffManifest | None = None,
         right: tuple[int, int | None] | None = None,
+        quarantined: tuple[int, int, int] | None = None,
     ) -> manifest.HandoffManifest:
         """Writes the state to a fresh table, then the sink and, last, the manifest (every operator kind). The
-        quarantine rows of versions 0..source_version must already be written."""
+        quarantine rows of versions 0..source_version must already be written; ``quarantined``: their (late,
+        invalid, future) counts when the caller observed them (else the manifest step counts them)."""
         p = self.pipeline
         manifest_id = uuid.uuid4().hex
         state_path = uris.join(p.locations.state_root, manifest_id)
@@ -540,6 +549,7 @@ class BacklogRunner:
             sink_rows=counts.sink_rows,
             started=started,
             right=right,
+            quarantined=quarantined,
         )
 
     def _write_manifest(
@@ -556,12 +566,14 @@ class BacklogRunner:
         sink_rows: int,
         started: float,
         right: tuple[int, int | None] | None = None,
+        quarantined: tuple[int, int, int] | None = None,
     ) -> manifest.HandoffManifest:
         """Appends the handoff manifest, last: after it, the live phase may start. ``right``: the right
-        source's version and max event time (two-input operators)."""
+        source's version and max event time (two-input operators); ``quarantined``: the (late, invalid, future)
+        counts of a full run's quarantine write, observed as it wrote (else read from the table)."""
         p = self.pipeline
         with self._step("manifest"):
-            late, invalid, future = quarantine.backlog_counts(
+            late, invalid, future = quarantined or quarantine.backlog_counts(
                 self.spark, p.locations.quarantine, p.name, source_version
             )
         handoff = manifest.HandoffManifest(

@@ -206,6 +206,11 @@ class KafkaTopicSource:
         lo, hi = max(start_version, plan.first), end_version
         starting, ending = plan.offsets(lo, hi)
         reader = self._reader(self.spark.read)
+        if "minPartitions" not in self.spec.options:
+            # One Spark task per Kafka partition by default: a 3-partition topic on 2 cores ran its fetch and JSON
+            # decoding in two waves (the second one core idle), and a partition's task alone on a core. Splitting
+            # the offset ranges into as many tasks as the session's parallelism keeps every core busy.
+            reader = reader.option("minPartitions", str(self.spark.sparkContext.defaultParallelism))
         raw = (
             reader.option("startingOffsets", offsets_json(self.topic, starting))
             .option("endingOffsets", offsets_json(self.topic, ending))
@@ -214,10 +219,13 @@ class KafkaTopicSource:
         start = F.create_map(*[x for p, o in sorted(plan.start.items()) for x in (F.lit(p), F.lit(o))])
         chunk = F.lit(plan.first) + F.floor((F.col(OFFSET) - start[F.col(PARTITION)]) / F.lit(plan.size))
         # The backlog makes several passes (statistics, quarantine, operator): fetching and decoding the topic
-        # once, into Spark's disk cache, spares the broker and the JSON parser the others. release() drops it.
-        decoded = self.decode(raw).withColumn("_commit_version", chunk.cast("long")).persist(StorageLevel.DISK_ONLY)
-        self._cached.append(decoded)
-        return decoded
+        # once, into Spark's disk cache, spares the broker and the JSON parser the others. release() drops it. The
+        # cache leaves out the columns that are the same on every row (added back after it).
+        decoded = self.decode(raw).withColumn("_commit_version", chunk.cast("long"))
+        constant = {"_change_type": F.lit("insert"), TOPIC: F.lit(self.topic)}
+        cached = decoded.drop(*constant).persist(StorageLevel.DISK_ONLY)
+        self._cached.append(cached)
+        return cached.select(*[constant[c].alias(c) if c in constant else F.col(c) for c in decoded.columns])
 
     def release(self) -> None:
         """Drops what :meth:`read_backlog` cached."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+import uuid
+
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -102,25 +104,43 @@ def replace_backlog(
     quarantined.write.format("delta").mode("overwrite").option("replaceWhere", where).save(path)
 
 
-def backlog_counts(spark: SparkSession, path: str, pipeline: str, up_to_version: int) -> tuple[int, int, int]:
+def _count_columns() -> list:
+    return [
+        F.count(F.lit(1)).alias("all"),
+        F.count(F.when(F.col("reason").endswith(LATE_REASON), 1)).alias("late"),
+        F.count(F.when(F.col("reason").rlike(f"^({RIGHT_INPUT_REASON})?{FUTURE}: "), 1)).alias("future"),
+    ]
+
+
+def _counts(row: dict) -> tuple[int, int, int]:
+    return int(row["late"]), int(row["all"]) - int(row["late"]), int(row["future"])
+
+
+def replace_all_backlog(spark: SparkSession, path: str, pipeline: str, quarantined: DataFrame, *, empty: bool) -> tuple:
+    """:func:`replace_backlog` of every version (a full backlog run), returning :func:`backlog_counts` of what it
+    wrote, observed during the write: the table holds exactly those backlog rows of ``pipeline`` afterwards, so
+    the manifest's counts need no second read of the table."""
+    if empty:
+        replace_backlog(spark, path, pipeline, quarantined, empty=True)
+        return 0, 0, 0
+    observation = Observation(f"quarantine_{uuid.uuid4().hex[:8]}")
+    replace_backlog(spark, path, pipeline, quarantined.observe(observation, *_count_columns()))
+    row = observation._jo.getRow()  # an empty row: adaptive execution dropped the observed node (no rows)
+    if row.length() == 0:
+        return backlog_counts(spark, path, pipeline, None)
+    return _counts(observation.get)
+
+
+def backlog_counts(spark: SparkSession, path: str, pipeline: str, up_to_version: int | None) -> tuple[int, int, int]:
     """(late, invalid, of those invalid: future) backlog rows of ``pipeline`` for source versions <=
-    ``up_to_version``."""
+    ``up_to_version`` (None: all)."""
     if not tables.exists(spark, path):
         return 0, 0, 0
-    row = (
-        spark.read.format("delta")
-        .load(path)
-        .filter((F.col("pipeline") == pipeline) & (F.col("phase") == "backlog"))
+    rows = spark.read.format("delta").load(path).filter((F.col("pipeline") == pipeline) & (F.col("phase") == "backlog"))
+    if up_to_version is not None:
         # A two-input operator's right-source rows carry the right source's versions (one full backlog run).
-        .filter((F.col("source_version") <= up_to_version) | F.col("reason").startswith(RIGHT_INPUT_REASON))
-        .agg(
-            F.count(F.lit(1)).alias("all"),
-            F.count(F.when(F.col("reason").endswith(LATE_REASON), 1)).alias("late"),
-            F.count(F.when(F.col("reason").rlike(f"^({RIGHT_INPUT_REASON})?{FUTURE}: "), 1)).alias("future"),
-        )
-        .collect()[0]
-    )
-    return int(row["late"]), int(row["all"]) - int(row["late"]), int(row["future"])
+        rows = rows.filter((F.col("source_version") <= up_to_version) | F.col("reason").startswith(RIGHT_INPUT_REASON))
+    return _counts(rows.agg(*_count_columns()).collect()[0].asDict())
 
 
 def count(spark: SparkSession, path: str, pipeline: str, phase: str | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import data, live, report
+from benchmarks import data, kafka_backlog, live, report
 from benchmarks.run import (
     run_join_workload,
     run_low_cardinality_join,
@@ -37,6 +37,7 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
             drain_versions=3,
         )
     ]  # fmt: skip
+    results["kafka_backlog"] = kafka_backlog.measure(spark, tmp_path, 3_000, 300, versions=3, runs=1)
     results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
     js, md, png = report.write(results, tmp_path / "out")
     loaded = json.loads(js.read_text())
@@ -64,6 +65,9 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert [lat["versions"] for lat in run["latency"]] == [3] and run["latency"][0]["p50_s"] > 0
     assert run["drain"]["rows"] == 300 and run["drain"]["rows_per_s"] > 0
     assert loaded["spill"]["equal"] is True, loaded["spill"]
+    kb = loaded["kafka_backlog"]
+    assert kb["delta"][0]["input_rows"] == kb["kafka"][0]["input_rows"] == 3_000 and kb["ratio"] > 0
+    assert "backlog from Kafka beside Delta" in md.read_text()
     assert "| two-phase |" in md.read_text() and "p99" in md.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -1,0 +1,120 @@
+"""The backlog from a Kafka topic beside the backlog from a Delta table, on the same rows.
+
+The rows are written once to a Delta table (``versions`` versions, the change data feed on) and then, read back
+from that table, to a 3-partition topic on a local KRaft broker (:mod:`phases.local_kafka`) as JSON values: the
+two sources hold the same records. Each backlog (the keyed reduce of :func:`benchmarks.variants.pipeline`) runs
+``runs`` times in one JVM, alternating; the rows per second of each run and the Kafka ÷ Delta ratio of the
+fastest runs are reported, with the backlog's own step timings (where the time goes). The issue's target: the
+Kafka backlog at least half the Delta backlog's rows per second.
+
+Arrival order differs by nature: a Delta table's versions, a topic's arrival chunks (``backlog_chunk_records``
+offsets per partition), so the late records, hence the quarantine's rows, may differ between the two.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from benchmarks import variants
+from phases import synthetic
+from phases.backlog import BacklogRunner
+from phases.definition import KafkaSource
+from phases.local_kafka import LocalKafka
+
+TOPIC = "events"
+PARTITIONS = 3
+
+
+def measure(spark: SparkSession, work: Path, rows: int, keys: int, versions: int = 10, runs: int = 3) -> dict:
+    base = work / "kafka_backlog"
+    shutil.rmtree(base, ignore_errors=True)
+    source = str(base / "source")
+    broker = LocalKafka(base / "kafka", heap="512m").start()
+    try:
+        broker.create_topic(TOPIC, PARTITIONS)
+        t = time.perf_counter()
+        synthetic.create_source(spark, source)
+        for i in range(versions):
+            synthetic.append(
+                spark, source, synthetic.event_batch(spark, rows=rows // versions, keys=keys, batch_index=i)
+            )
+            written = spark.read.format("delta").option("versionAsOf", i + 1).load(source)
+            previous = spark.read.format("delta").option("versionAsOf", i).load(source)
+            (
+                written.exceptAll(previous)
+                .select(F.col("key"), F.to_json(F.struct("key", "ts", "value")).alias("value"))
+                .write.format("kafka")
+                .option("kafka.bootstrap.servers", broker.bootstrap_servers)
+                .option("topic", TOPIC)
+                .save()
+            )
+        generate_s = time.perf_counter() - t
+        delta = variants.pipeline(source, str(base / "delta_run"))
+        value_schema = "key string, ts timestamp, value bigint"
+        kafka = variants.pipeline(source, str(base / "kafka_run")).model_copy(
+            update={
+                "source": KafkaSource(
+                    topic=TOPIC, bootstrap_servers=broker.bootstrap_servers, value_schema=value_schema
+                )
+            }
+        )
+        out: dict = {
+            "rows": rows,
+            "keys": keys,
+            "versions": versions,
+            "partitions": PARTITIONS,
+            "generate_s": round(generate_s, 1),
+        }
+        for name in ("delta", "kafka"):
+            out[name] = []
+        for run in range(runs):
+            for name, pipeline in (("delta", delta), ("kafka", kafka)):
+                runner = BacklogRunner(spark, pipeline)
+                t = time.perf_counter()
+                handoff = runner.run(reset=True)
+                seconds = time.perf_counter() - t
+                out[name].append(
+                    {
+                        "seconds": round(seconds, 2),
+                        "input_rows": handoff.input_rows,
+                        "rows_per_s": round(handoff.input_rows / seconds),
+                        "timings": {k: round(v, 2) for k, v in runner.timings.items()},
+                    }
+                )
+                print(f"[kafka backlog] run {run} {name}: {out[name][-1]}", flush=True)
+        best = {name: max(out[name], key=lambda r: r["rows_per_s"]) for name in ("delta", "kafka")}
+        out["ratio"] = round(best["kafka"]["rows_per_s"] / best["delta"]["rows_per_s"], 2)
+        out["target_met"] = out["ratio"] >= 0.5
+        return out
+    finally:
+        broker.stop()
+
+
+def lines(result: dict) -> list[str]:
+    """The report's table: each source's best run, its rows per second and where its time went."""
+    out = [
+        "",
+        f"#### backlog from Kafka beside Delta ({result['rows']:,} rows, {result['keys']:,} keys; the same records in "
+        f"a {result['versions']}-version Delta table and a {result['partitions']}-partition topic, JSON values)",
+        "",
+        "| source | backlog (best of runs) | rows/s | runs (s) | statistics | quarantine | state | sink |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ("delta", "kafka"):
+        best = max(result[name], key=lambda r: r["rows_per_s"])
+        t = best["timings"]
+        all_runs = ", ".join(str(r["seconds"]) for r in result[name])
+        out.append(
+            f"| {name} | {best['seconds']} s | {best['rows_per_s']:,} | {all_runs} "
+            f"| {t.get('watermarks_s', 0)} s{' (log)' if t.get('statistics_from_log') else ''} | "
+            f"{t.get('quarantine_s', 0)} s | {t.get('state_s', 0)} s | {t.get('sink_s', 0)} s |"
+        )
+    verdict = "met" if result["target_met"] else "missed"
+    out.append("")
+    out.append(f"Kafka ÷ Delta rows per second: **{result['ratio']}** (target ≥ 0.5: {verdict}).")
+    return out
