@@ -221,7 +221,7 @@ class IncrementalLive:
         paths += [self._pending_path(inp) for inp in self.inputs]
         newest: dict[str, int] = {}
         for path in dict.fromkeys(paths):
-            found = live_resume.live_writes(path, self.pipeline.name, self.run_name)
+            found = live_resume.live_writes(self.spark, path, self.pipeline.name, self.run_name)
             if found is not None:
                 newest[path] = found
         return newest

@@ -184,7 +184,7 @@ def _written_live(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
     """Raises LiveResumeError when the live phase of ``manifest`` wrote its state table though its progress log is
     gone (removed by hand): the state is ahead of every record that says how far. False otherwise."""
     try:
-        batch = live_resume.live_writes(manifest.state_path, pipeline.name, manifest.manifest_id)
+        batch = live_resume.live_writes(spark, manifest.state_path, pipeline.name, manifest.manifest_id)
     except SourceError:
         return False
     if batch is None:

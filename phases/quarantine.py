@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
-
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -118,17 +116,34 @@ def _counts(row: dict) -> tuple[int, int, int]:
 
 def replace_all_backlog(spark: SparkSession, path: str, pipeline: str, quarantined: DataFrame, *, empty: bool) -> tuple:
     """:func:`replace_backlog` of every version (a full backlog run), returning :func:`backlog_counts` of what it
-    wrote, observed during the write: the table holds exactly those backlog rows of ``pipeline`` afterwards, so
-    the manifest's counts need no second read of the table."""
-    if empty:
-        replace_backlog(spark, path, pipeline, quarantined, empty=True)
-        return 0, 0, 0
-    observation = Observation(f"quarantine_{uuid.uuid4().hex[:8]}")
-    replace_backlog(spark, path, pipeline, quarantined.observe(observation, *_count_columns()))
-    row = observation._jo.getRow()  # an empty row: adaptive execution dropped the observed node (no rows)
-    if row.length() == 0:
-        return backlog_counts(spark, path, pipeline, None)
-    return _counts(observation.get)
+    wrote: the table holds exactly those backlog rows of ``pipeline`` afterwards, so the manifest's counts need no
+    second read of the table. A replace is a Delta ``replaceWhere`` (it deletes the matching rows: seconds even on
+    a small table), so when there is nothing to quarantine and no earlier backlog row to remove, nothing is
+    written."""
+    rows = None
+    if not empty:
+        # The candidates' rows, computed once (one pass over the tagged records): usually few, often none.
+        rows = quarantined.persist()
+        counts = _counts(rows.agg(*_count_columns()).collect()[0].asDict())
+    try:
+        if rows is None or sum(counts[:2]) == 0:
+            if _holds_backlog_rows(spark, path, pipeline):
+                replace_backlog(spark, path, pipeline, quarantined.limit(0))
+            return 0, 0, 0
+        replace_backlog(spark, path, pipeline, rows)
+        return counts
+    finally:
+        if rows is not None:
+            rows.unpersist()
+
+
+def _holds_backlog_rows(spark: SparkSession, path: str, pipeline: str) -> bool:
+    if not tables.exists(spark, path):
+        return False
+    found = (
+        spark.read.format("delta").load(path).filter((F.col("pipeline") == pipeline) & (F.col("phase") == "backlog"))
+    )
+    return bool(found.limit(1).collect())
 
 
 def backlog_counts(spark: SparkSession, path: str, pipeline: str, up_to_version: int | None) -> tuple[int, int, int]:
