@@ -38,7 +38,7 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
         )
     ]  # fmt: skip
     results["kafka_backlog"] = kafka_backlog.measure(
-        spark, tmp_path, 3_000, 300, versions=3, runs=1, default_chunks=False
+        spark, tmp_path, 3_000, 300, versions=3, runs=1, version_chunks=False
     )
     results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
     js, md, png = report.write(results, tmp_path / "out")
