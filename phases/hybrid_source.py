@@ -243,7 +243,7 @@ class FileArchiveSource:
             if how == "nanos":
                 problems[c] = F.col(c) % 1000 != 0
             else:
-                bits = {T.IntegerType: 31, T.ShortType: 15, T.ByteType: 7}[type(declared[c])]
+                bits = _VALUE_BITS[type(declared[c])]
                 problems[c] = (F.col(c) < -(2**bits)) | (F.col(c) >= 2**bits)
         bad = F.lit(False)
         for problem in problems.values():
@@ -283,16 +283,20 @@ class FileArchiveSource:
         raise SourceError(f"archive {self.spec.location}: a file archive has no commit history")
 
 
+_VALUE_BITS = {T.IntegerType: 31, T.ShortType: 15, T.ByteType: 7}  # a narrower integer's value bits (plus sign)
+
+
 def _needs_conversion(declared: T.DataType | None, stored: str) -> bool:
     if stored == "nanos":
         return isinstance(declared, T.TimestampType)
-    return isinstance(declared, (T.IntegerType, T.ShortType, T.ByteType))
+    return type(declared) in _VALUE_BITS
 
 
 def _exact_value(value: int, how: str, declared: T.DataType) -> bool:
+    """The Python side of the rule :meth:`FileArchiveSource._exact` checks in Spark: which column to name."""
     if how == "nanos":
         return value % 1000 == 0
-    bits = {T.IntegerType: 31, T.ShortType: 15, T.ByteType: 7}[type(declared)]
+    bits = _VALUE_BITS[type(declared)]
     return -(2**bits) <= value < 2**bits
 
 

@@ -99,23 +99,10 @@ class Resume:
     latest_id: int  # the newest whole record's batch id (-1: the switch's)
     record: dict  # that record
     write_record: bool  # the record is the switch's, rebuilt: write it before the query starts
-    actions: tuple[str, ...] = ()  # what was done to the files (set aside, commit removed), for the log
 
 
 def _ids(spark: SparkSession, folder: str) -> list[int]:
     return sorted(int(n) for n in fs.list_names(spark, folder) if n.isdigit())
-
-
-def _applied_after(applied: Callable[[], dict[str, int]], after: int) -> dict[str, int]:
-    """The table writes (``table: batch id``) after log batch ``after``."""
-    try:
-        found = applied()
-    except SourceError as exc:
-        raise LiveResumeError(
-            f"cannot tell whether the live tables hold writes after progress record {after}: {exc}. Without that, "
-            "a resume could skip or repeat data"
-        ) from exc
-    return {table: batch for table, batch in found.items() if batch > after}
 
 
 def plan(
@@ -163,7 +150,7 @@ def plan(
             continue
         trusted = base == written_by and not rebuilt and not damaged
         if not trusted:
-            ahead = _applied_after(applied, planned)
+            ahead = {table: batch for table, batch in applied().items() if batch > planned}
             if ahead:
                 problems.append(
                     "the tables hold writes the progress log does not describe: "
@@ -180,7 +167,7 @@ def plan(
             actions.append(f"started a new checkpoint {folder} from progress record {newest}")
         for action in actions:
             log.warning("live run %s: %s", progress.root, action)
-        return Resume(base, folder, newest, record, rebuilt, tuple(actions))
+        return Resume(base, folder, newest, record, rebuilt)
     raise LiveResumeError(
         "the live phase cannot resume exactly: "
         + "; ".join(problems or [f"its checkpoint under {checkpoints} and the progress log {progress.root} disagree"])

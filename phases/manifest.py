@@ -18,7 +18,7 @@ from pyspark.sql import types as T
 
 from phases import live_resume, progress_log, tables, uris
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
-from phases.errors import LiveResumeError, ManifestError, SourceError
+from phases.errors import LiveResumeError, ManifestError
 
 
 class HandoffManifest(BaseModel):
@@ -183,10 +183,7 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
 def _written_live(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> bool:
     """Raises LiveResumeError when the live phase of ``manifest`` wrote its state table though its progress log is
     gone (removed by hand): the state is ahead of every record that says how far. False otherwise."""
-    try:
-        batch = live_resume.live_writes(spark, manifest.state_path, pipeline.name, manifest.manifest_id)
-    except SourceError:
-        return False
+    batch = live_resume.live_writes(spark, manifest.state_path, pipeline.name, manifest.manifest_id)
     if batch is None:
         return False
     log = uris.join(pipeline.locations.live_run(manifest.manifest_id), progress_log.FOLDER)
