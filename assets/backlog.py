@@ -10,10 +10,10 @@ from pydantic import Field
 from assets import catalog
 from assets.progress import reporting
 from assets.settings import Names, Orchestration
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
+from phases.backlog.slices import SliceRunner
 from phases.definition import Pipeline
-from phases.manifest import HandoffManifest
-from phases.slices import SliceRunner
+from phases.storage.manifest import HandoffManifest
 from resources.spark import SparkResource
 from resources.storage import StorageResource
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from phases import table_stats
 from phases.definition import Pipeline
-from phases.source_head import SourceHead
+from phases.sources.head import SourceHead
+from phases.storage import table_stats
 
 
 def spec_kwargs(pipeline: Pipeline, description: str, *, kinds: set[str] | None = None) -> dict:

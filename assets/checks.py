@@ -11,10 +11,10 @@ from pyspark.sql import functions as F
 
 from assets.handoff_events import read_handoff
 from assets.settings import Names, Orchestration
-from phases import manifest, quarantine, tables
 from phases.definition import Pipeline
 from phases.errors import ManifestError
-from phases.keyed_aggregate import MAX_TS
+from phases.operators.aggregation import MAX_TS
+from phases.storage import manifest, quarantine, tables
 from resources.spark import SparkResource
 from resources.storage import StorageResource
 

@@ -24,10 +24,11 @@ import dagster as dg
 from assets import source as source_assets
 from assets.handoff_events import Handoff, read_handoff
 from assets.settings import LiveHealth, Names, Orchestration, WhenLiveDown
-from phases import errors, leases, progress_log  # noqa: F401 - leases defines LeaseHeld (a PhasesError)
+from phases import errors
 from phases.definition import Pipeline
-from phases.kafka_source import ChunkPlan
-from phases.source_lag import unapplied
+from phases.sources.kafka import ChunkPlan
+from phases.sources.lag import unapplied
+from phases.storage import progress_log
 from resources.storage import StorageResource
 
 RUNNING_STATUSES = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING", "MANAGED"}

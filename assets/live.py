@@ -1,7 +1,7 @@
 """The live asset: a long-running materialization that runs the seeded live phase and reports what it does.
 
 While it runs, the ``<name>_live`` asset is materialized at every report interval with the interval's
-measurements (:mod:`phases.live_report`) and ``state`` = running, and the sink asset each time the live phase
+measurements (:mod:`phases.live.report`) and ``state`` = running, and the sink asset each time the live phase
 committed a new sink version (row count, version, schema). Its lifecycle is visible on the asset:
 
 * terminating the run from the UI makes Dagster send SIGINT; once a SparkContext exists PySpark turns it into
@@ -20,10 +20,10 @@ from pydantic import Field
 
 from assets import catalog
 from assets.settings import Names, Orchestration
-from phases import table_stats
 from phases.definition import Pipeline
-from phases.live import LiveRunner
-from phases.live_report import LiveMeter, LiveReport
+from phases.live.report import LiveMeter, LiveReport
+from phases.live.runner import LiveRunner
+from phases.storage import table_stats
 from resources.spark import SparkResource
 from resources.storage import StorageResource
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from phases import progress
+from phases.backlog import progress
 
 REPORT_EVERY_S = 5.0
 

@@ -8,7 +8,7 @@ from enum import StrEnum
 from pydantic import Field, field_validator
 
 from phases.definition import Pipeline
-from phases.models import SettingsModel
+from phases.definition.model import SettingsModel
 
 
 class _Model(SettingsModel):

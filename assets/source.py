@@ -7,7 +7,7 @@ import dagster as dg
 from assets import catalog
 from assets.settings import Names
 from phases.definition import HybridSource, KafkaSource, Pipeline
-from phases.source_head import SourceHead, source_heads
+from phases.sources.head import SourceHead, source_heads
 
 
 def _kind(pipeline: Pipeline) -> str:

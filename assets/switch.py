@@ -4,7 +4,7 @@ Reads only Dagster's event log and each input's position (no Spark, answers in m
 
 * the latest materialization of ``<name>_backlog`` and its manifest metadata;
 * the blocking checks of that materialization (all must have passed in the same run);
-* how far every input is after the handoff (:mod:`phases.source_lag`): a Delta table's head version from its
+* how far every input is after the handoff (:mod:`phases.sources.lag`): a Delta table's head version from its
   log folder, a Kafka topic's end offsets from the broker.
 
 FLIP-309: the pipeline is in backlog while **any** input is. An input is caught up when it has nothing after
@@ -26,7 +26,7 @@ from assets.checks import CHECK_NAMES
 from assets.handoff_events import Handoff, read_handoff
 from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
-from phases.source_lag import InputLag, input_lags
+from phases.sources.lag import InputLag, input_lags
 from resources.storage import StorageResource
 
 

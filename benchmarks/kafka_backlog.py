@@ -1,7 +1,7 @@
 """The backlog from a Kafka topic beside the backlog from a Delta table, on the same rows.
 
 The rows are written once to a Delta table (``versions`` versions, the change data feed on) and then, read back
-from that table, to a 3-partition topic on a local KRaft broker (:mod:`phases.local_kafka`) as JSON values: the
+from that table, to a 3-partition topic on a local KRaft broker (:mod:`phases.runtime.local_kafka`) as JSON values: the
 two sources hold the same records. Each backlog (the keyed reduce of :func:`benchmarks.variants.pipeline`) runs
 ``runs`` times in one JVM, alternating; the rows per second of each run and the Kafka ÷ Delta ratio of the
 fastest runs are reported, with the backlog's own step timings (where the time goes). The issue's target: the
@@ -22,10 +22,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import variants
-from phases import synthetic
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import KafkaSource
-from phases.local_kafka import LocalKafka
+from phases.runtime.local_kafka import LocalKafka
+from phases.sources import synthetic
 
 TOPIC = "events"
 PARTITIONS = 3

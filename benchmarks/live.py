@@ -15,7 +15,7 @@ The source holds exactly ``state_keys`` keys (one record per key) before the han
 the live micro-batches merge into has that many rows.
 
 ``source="kafka"`` runs the same with the input on a Kafka topic (3 partitions, JSON values) on a local broker
-(:mod:`phases.local_kafka`): rows are produced through Spark's Kafka writer, each probe by the confluent-kafka
+(:mod:`phases.runtime.local_kafka`): rows are produced through Spark's Kafka writer, each probe by the confluent-kafka
 producer, and a probe's latency runs from its Kafka timestamp (set when it was produced) to the sink commit.
 """
 
@@ -33,11 +33,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import data, variants
-from phases import synthetic, tables
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import KafkaSource, Pipeline
-from phases.live import LiveRunner
-from phases.local_kafka import LocalKafka
+from phases.live.runner import LiveRunner
+from phases.runtime.local_kafka import LocalKafka
+from phases.sources import synthetic
+from phases.storage import tables
 
 PROBE = "~probe-"  # sorts after every "k…" key: the sink files that can hold a probe are told by their stats
 SEED_VERSIONS = 4

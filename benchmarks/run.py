@@ -29,7 +29,7 @@ from benchmarks import (
     seeding,
     variants,
 )
-from phases.session import SparkSettings, build_session
+from phases.runtime.session import SparkSettings, build_session
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,7 @@ def run_workload(
     record(lambda: variants.two_phase(spark, source, str(base / "two_phase"))[0], p.sink.path)
     result = {"rows": rows, "keys": keys, "versions": versions, "files": files, "timings": timings}
     if seed:
-        from phases import manifest
+        from phases.storage import manifest
 
         handoff = manifest.latest(spark, p.locations.manifests, p.name)
         state = spark.read.format("delta").load(handoff.state_path)

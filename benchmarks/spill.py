@@ -13,8 +13,8 @@ import time
 import urllib.request
 
 from benchmarks import process_variants
-from phases.backlog import BacklogRunner
-from phases.session import SparkSettings, build_session
+from phases.backlog.runner import BacklogRunner
+from phases.runtime.session import SparkSettings, build_session
 
 
 def _stages(spark) -> list[dict]:

@@ -3,7 +3,7 @@
 Installed with the package, pytest loads it by itself (entry point ``pytest11`` named ``phases``). It gives:
 
 - the fixture ``phases_spark``: one local SparkSession with Delta for the whole test session (2 shuffle
-  partitions; build your own with :func:`phases.session.build_session` for other settings);
+  partitions; build your own with :func:`phases.runtime.session.build_session` for other settings);
 - the fixture ``delta_source``: a factory that writes a fresh source table from versions (each a list of
   tuples, a list of dicts or a pandas DataFrame: one element, one source version) under the test's
   ``tmp_path`` and returns its path;
@@ -14,7 +14,7 @@ Installed with the package, pytest loads it by itself (entry point ``pytest11`` 
 - :func:`assert_equivalent`: both, for every cut-off (or the ones you name), with a readable diff of the rows
   that differ;
 - :func:`event_versions`: a hypothesis strategy of versions of ``(key, ts, value)`` rows (the shape of
-  :data:`phases.sources.EVENT_SCHEMA`), for property tests (needs ``hypothesis``).
+  :data:`phases.sources.feed.EVENT_SCHEMA`), for property tests (needs ``hypothesis``).
 
 A Dagster-level helper (materialize a pipeline's assets and run their checks in pytest) is in
 :mod:`assets.testing` (this module never imports Dagster).
@@ -35,9 +35,10 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from phases import sources, tables
 from phases.definition import Pipeline
 from phases.errors import DefinitionError
+from phases.sources import feed as sources
+from phases.storage import tables
 
 Version = Sequence[tuple] | Sequence[dict] | pd.DataFrame
 
@@ -127,8 +128,8 @@ def run_two_phase(
 ) -> RunResult:
     """Versions ``1..cutoff`` through the backlog, the switch, then the rest through the live phase (one
     ``availableNow`` run), all under ``work``; returns the sink and the quarantine."""
-    from phases.backlog import BacklogRunner
-    from phases.live import LiveRunner
+    from phases.backlog.runner import BacklogRunner
+    from phases.live.runner import LiveRunner
 
     if not 0 <= cutoff <= len(versions):
         raise ValueError(f"cutoff {cutoff} is not in 0..{len(versions)} (the number of versions)")
@@ -151,7 +152,7 @@ def run_streaming(
     schema: T.StructType | str = sources.EVENT_SCHEMA,
 ) -> RunResult:
     """One streaming job over every version from the first (no backlog), under ``work``."""
-    from phases.live import LiveRunner
+    from phases.live.runner import LiveRunner
 
     work = str(work).rstrip("/")
     source = f"{work}/source"
@@ -257,7 +258,7 @@ def event_versions(
 @pytest.fixture(scope="session")
 def phases_spark() -> Iterator[SparkSession]:
     """One local SparkSession with Delta for the test session (2 shuffle partitions)."""
-    from phases.session import SparkSettings, build_session
+    from phases.runtime.session import SparkSettings, build_session
 
     session = build_session(SparkSettings(shuffle_partitions=2, app_name="phases-tests"))
     yield session
@@ -266,9 +267,9 @@ def phases_spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def phases_kafka(tmp_path_factory: pytest.TempPathFactory):
-    """One real Kafka broker (KRaft, :class:`phases.local_kafka.LocalKafka`) on 127.0.0.1 for the test session,
+    """One real Kafka broker (KRaft, :class:`phases.runtime.local_kafka.LocalKafka`) on 127.0.0.1 for the test session,
     with a fresh data folder: ``phases_kafka.bootstrap_servers``, ``phases_kafka.create_topic(name, partitions)``."""
-    from phases.local_kafka import LocalKafka
+    from phases.runtime.local_kafka import LocalKafka
 
     broker = LocalKafka(tmp_path_factory.mktemp("kafka-broker")).start()
     yield broker

@@ -6,7 +6,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
-from phases.session import SparkSettings, build_session
+from phases.runtime.session import SparkSettings, build_session
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -23,7 +23,7 @@ class SparkResource(dg.ConfigurableResource):
     py_files: list[str] = Field(
         default_factory=list,
         description="Archives shipped to the executors' Python path (see SparkSettings.py_files; "
-        "phases.shipping.package_archive builds one).",
+        "phases.runtime.shipping.package_archive builds one).",
     )
     s3a: bool = Field(False, description="Load the S3A connector for s3a:// tables (see SparkSettings.s3a).")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")

@@ -14,7 +14,7 @@ import dagster as dg
 from pydantic import Field
 
 from phases.definition import Pipeline
-from phases.resolve import resolve_paths
+from phases.storage.resolve import resolve_paths
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

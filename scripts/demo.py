@@ -23,11 +23,12 @@ from pyspark.sql import functions as F
 
 from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA
 from assets.settings import Names
-from phases import quarantine, synthetic
 from phases.definition import Pipeline
-from phases.live import LiveRunner
-from phases.local_kafka import LocalKafka
-from phases.session import SparkSettings, build_session
+from phases.live.runner import LiveRunner
+from phases.runtime.local_kafka import LocalKafka
+from phases.runtime.session import SparkSettings, build_session
+from phases.sources import synthetic
+from phases.storage import quarantine
 from resources.storage import StorageResource
 from scripts.browser import BrowserError, screenshot
 from scripts.dagster_stack import LOCATION, DagsterStack

@@ -54,4 +54,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".[dev]"
   touch "$stamp"
 fi
-.venv/bin/python -m phases.jvm_deps
+.venv/bin/python -m phases.runtime.jvm_deps

@@ -57,7 +57,7 @@ def _forget_tables_between_modules():
 def phases_spark():
     """The kit's session (:mod:`phases.testing`) with a 3 GiB driver: the project's suite runs ~150 tests in one
     JVM (a user's suite keeps the kit's 2 GiB). With the S3A connector, for the object-store tier."""
-    from phases.session import SparkSettings, build_session
+    from phases.runtime.session import SparkSettings, build_session
 
     session = build_session(SparkSettings(shuffle_partitions=2, app_name="phases-tests", driver_memory="3g", s3a=True))
     yield session

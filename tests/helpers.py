@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import SparkSession
 
-from phases import synthetic
+from phases.sources import synthetic
 from tests.reference import Row
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -49,7 +49,7 @@ def sink_rows(spark: SparkSession, path: str) -> dict[str, dict]:
 def quarantine_rows(spark: SparkSession, root: str) -> list[tuple[int, Row, str]]:
     """(source version, (key, ts µs, value), reason) of every quarantined record, sorted (none when no
     record was ever quarantined: the backlog creates the table with its first row)."""
-    from phases import tables
+    from phases.storage import tables
 
     rows = []
     if not tables.exists(spark, f"{root}/quarantine"):
@@ -105,7 +105,7 @@ def assert_grouped_by_key(partitions: list[list]) -> None:
 def crash_on_state_write(monkeypatch, message: str) -> None:
     """Makes the live phase's next state MERGE/DELETE raise ``RuntimeError(message)`` (everything written
     before it in the micro-batch is committed); ``monkeypatch.undo()`` ends it."""
-    import phases.live_increment as engine
+    import phases.live.micro_batch as engine
 
     real = engine.tables.idempotent_dml
 

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from assets.checks import CHECK_NAMES, NO_FAR_FUTURE
 from assets.pipelines import DEMO
 from assets.settings import Names
-from phases import synthetic
+from phases.sources import synthetic
 from resources.storage import StorageResource
 from scripts.browser import browser_page, wait_for_texts
 from scripts.dagster_stack import PROJECT, DagsterStack

@@ -2,9 +2,9 @@
 
 A kind says what it supports (two inputs, backlog increments, window-keyed state, millisecond delays),
 builds its logic for the sources' schemas, hands over its backlog (:class:`HandoffWrite`: the state table and
-the sink, written by :meth:`phases.backlog.BacklogRunner.write_handoff`) and gives the live phase its
-per-micro-batch step (:class:`LiveStep`). The drivers (:mod:`phases.backlog`, :mod:`phases.live`,
-:mod:`phases.live_increment`) know no kind by name.
+the sink, written by :meth:`phases.backlog.runner.BacklogRunner.write_handoff`) and gives the live phase its
+per-micro-batch step (:class:`LiveStep`). The drivers (:mod:`phases.backlog.runner`, :mod:`phases.live.runner`,
+:mod:`phases.live.micro_batch`) know no kind by name.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 if TYPE_CHECKING:
-    from phases.backlog import TaggedRange
+    from phases.backlog.runner import TaggedRange
     from phases.definition import Pipeline
 
 Watermarks = dict[str, int | None]  # per live input label ("" the source, "right" the second one)
@@ -53,7 +53,7 @@ def observed(observation: Observation, scan: Callable[[], dict[str, Any]]) -> di
 
 
 class HandoffWrite(Protocol):
-    """One backlog's writes, in the order :meth:`phases.backlog.BacklogRunner.write_handoff` calls them."""
+    """One backlog's writes, in the order :meth:`phases.backlog.runner.BacklogRunner.write_handoff` calls them."""
 
     def write_state(self, path: str) -> None:
         """Writes the state to hand over to a fresh table at ``path``."""

@@ -7,10 +7,10 @@ from __future__ import annotations
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from phases import tables
 from phases.definition import WINDOW_END
-from phases.operators._two_input import TwoInputKind
-from phases.two_input import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
+from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
+from phases.operators.two_input import TwoInputKind
+from phases.storage import tables
 
 
 class CoGroupStep:

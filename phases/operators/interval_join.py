@@ -8,10 +8,10 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from phases import tables
-from phases.keyed_aggregate import MAX_TS
-from phases.operators._two_input import TwoInputKind
-from phases.two_input import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
+from phases.operators.aggregation import MAX_TS
+from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
+from phases.operators.two_input import TwoInputKind
+from phases.storage import tables
 
 
 class IntervalJoinStep:

@@ -1,5 +1,5 @@
 """The keyed aggregation (``keyed_aggregate``): per key, the monoid buffers of the pipeline's aggregations
-(:mod:`phases.keyed_aggregate`), merged in the backlog, in catch-up increments and daily slices, and by every
+(:mod:`phases.operators.aggregation`), merged in the backlog, in catch-up increments and daily slices, and by every
 live micro-batch; the sink holds one row per key, upserted live.
 
 :class:`AggregationHandoff` is the handoff of the whole aggregation family (windows and sessions hand over
@@ -11,11 +11,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases import schema_evolution, tables
 from phases.definition import WINDOW_END, Pipeline
-from phases.keyed_aggregate import ROWS, KeyedAggregationLogic, WindowedAggregationLogic
-from phases.manifest import HandoffManifest
+from phases.live import schema_changes as schema_evolution
+from phases.operators.aggregation import ROWS, KeyedAggregationLogic, WindowedAggregationLogic
 from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
+from phases.storage import tables
+from phases.storage.manifest import HandoffManifest
 
 
 class AggregationHandoff:

@@ -1,6 +1,6 @@
 """Keyed process functions with timers (``process``): per key, the user's state (JSON) and pending
 event-time timers on Delta. The backlog and every live micro-batch run the same sorted pass
-(:mod:`phases.process_operator`); live, it covers the keys with records and the keys whose timers the new
+(:mod:`phases.operators.process_pass`); live, it covers the keys with records and the keys whose timers the new
 watermark makes due. Its state is arbitrary, not a mergeable aggregate: no backlog increments."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases import tables
 from phases.definition import Pipeline
 from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
-from phases.process_operator import ROWS, TIMERS, ProcessLogic
+from phases.operators.process_pass import ROWS, TIMERS, ProcessLogic
+from phases.storage import tables
 
 _TOUCHED = "_touched"
 

@@ -8,10 +8,10 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import tables
 from phases.definition import WINDOW_END, WINDOW_START
-from phases.keyed_aggregate import SessionAggregationLogic
+from phases.operators.aggregation import SessionAggregationLogic
 from phases.operators.window_aggregate import WindowAggregateKind, WindowStep
+from phases.storage import tables
 
 _OP = "_op"  # the session MERGE's source rows: 'upsert' or 'delete'
 

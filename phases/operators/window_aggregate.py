@@ -1,6 +1,6 @@
 """Tumbling and sliding windows (``window_aggregate``): the aggregation buffers per key and window; a
 window is emitted once, when the watermark passes its end, and then leaves the state. The rule that closes a
-window (:meth:`phases.keyed_aggregate.WindowedAggregationLogic.closed`, end <= watermark) is the same in the
+window (:meth:`phases.operators.aggregation.WindowedAggregationLogic.closed`, end <= watermark) is the same in the
 backlog's handoff and in every live micro-batch."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from phases import tables
-from phases.keyed_aggregate import WindowedAggregationLogic
+from phases.operators.aggregation import WindowedAggregationLogic
 from phases.operators.keyed_aggregate import KeyedAggregateKind, KeyedStep
+from phases.storage import tables
 
 
 class WindowStep(KeyedStep):

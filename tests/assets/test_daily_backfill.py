@@ -16,7 +16,7 @@ import dagster as dg
 from pyspark.sql import functions as F
 
 from assets.settings import Names
-from phases import manifest, tables
+from phases.storage import manifest, tables
 from resources.spark import SparkResource
 from tests import reference
 from tests.assets import backfill_child as child
@@ -122,7 +122,7 @@ def test_the_demos_daily_data_lands_on_its_days_and_a_day_without_data_warns(spa
     version counted as today, and a backfill of the days it claims found nothing, yet went green with keys=0."""
     from assets.definitions import DAILY_SETTINGS
     from assets.pipelines import DEMO_DAILY
-    from phases.slices import SliceRunner
+    from phases.backlog.slices import SliceRunner
     from resources.storage import StorageResource
     from scripts.demo import daily_source
     from tests.assets.conftest import definitions

@@ -9,8 +9,8 @@ from datetime import timedelta
 import dagster as dg
 
 from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
-from phases import manifest
 from phases.definition import ProcessOperator
+from phases.storage import manifest
 from resources.storage import StorageResource
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline

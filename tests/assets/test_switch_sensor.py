@@ -12,8 +12,8 @@ import pytest
 from assets.checks import CHECK_NAMES, NO_FAR_FUTURE
 from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from assets.switch import Handoff, decide
-from phases import manifest
-from phases.source_lag import InputLag
+from phases.sources.lag import InputLag
+from phases.storage import manifest
 from resources.storage import StorageResource
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline
@@ -230,7 +230,7 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
 
     from assets.handoff_events import read_handoff
     from assets.health import sink_freshness
-    from phases.source_head import source_heads
+    from phases.sources.head import source_heads
     from tests.helpers import ts
 
     resolved = StorageResource(root=str(tmp_path)).resolve(p)

@@ -8,9 +8,9 @@ from datetime import timedelta
 import dagster as dg
 
 from assets.settings import CheckPolicy, Names, Orchestration
-from phases import manifest
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import Window, WindowedAggregate
+from phases.storage import manifest
 from resources.storage import StorageResource
 from tests import reference
 from tests.assets.conftest import definitions

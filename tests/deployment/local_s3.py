@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from phases.errors import SetupError
-from phases.local_kafka import free_port
+from phases.runtime.local_kafka import free_port
 
 ACCESS_KEY = "phases-test"
 SECRET_KEY = "phases-test-secret"

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from phases import leases, manifest, progress_log, table_stats, tables
+from phases.storage import leases, manifest, progress_log, table_stats, tables
 from resources.spark import SparkResource
 from tests.deployment import flows
 from tests.deployment.local_s3 import LocalS3

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from phases import shipping
-from phases.local_cluster import LocalSparkCluster
+from phases.runtime import shipping
+from phases.runtime.local_cluster import LocalSparkCluster
 
 
 def _worker_python(folder: Path) -> str:

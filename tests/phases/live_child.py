@@ -10,10 +10,10 @@ import signal
 import sys
 import time
 
-import phases.live_increment as engine
+import phases.live.micro_batch as engine
 from phases.definition import Pipeline
-from phases.live import LiveRunner
-from phases.session import SparkSettings, build_session
+from phases.live.runner import LiveRunner
+from phases.runtime.session import SparkSettings, build_session
 
 
 def main() -> None:

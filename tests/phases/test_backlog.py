@@ -7,11 +7,12 @@ import os
 import pytest
 from pyspark.sql import functions as F
 
-from phases import manifest, synthetic
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import Aggregation, KeyedAggregate
 from phases.errors import DefinitionError, ManifestError, PhaseStateError, SourceError
-from phases.live import LiveRunner
+from phases.live.runner import LiveRunner
+from phases.sources import synthetic
+from phases.storage import manifest
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import (
@@ -138,7 +139,7 @@ def test_backlog_of_versions_the_log_proves_on_time_skips_the_scan_and_hands_off
     assert_results_equal(sink_rows(spark, proved.pipeline.sink.path), expected)
     assert handoff.backlog_max_event_time_us % 1000 == 777  # exact, below the millisecond the log keeps
 
-    from phases.delta_source import DeltaTableSource
+    from phases.sources.delta import DeltaTableSource
 
     monkeypatch.setattr(DeltaTableSource, "log_bounds", lambda self, *args: None)  # the scan, as before
     scanned = BacklogRunner(spark, make_pipeline(path, str(tmp_path / "scan"), delay_s=DELAY_S))

@@ -85,7 +85,7 @@ def test_every_definition_error_is_a_phases_error_with_the_field_paths(tmp_path)
     """Invalid definitions raise DefinitionError (a PhasesError), not pydantic's ValidationError, and keep
     pydantic's field paths: in the message and in ``errors``."""
     from phases.errors import PhasesError
-    from phases.session import SparkSettings
+    from phases.runtime.session import SparkSettings
 
     spec = make_pipeline(str(tmp_path / "s"), str(tmp_path / "r")).model_dump()
     spec["operator"]["aggregations"][0]["kind"] = "median"

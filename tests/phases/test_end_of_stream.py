@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import (
     AggregatePartition,
     Aggregation,
@@ -29,7 +29,7 @@ from phases.definition import (
     SortPartition,
 )
 from phases.errors import DefinitionError, PhaseStateError
-from phases.live import LiveRunner
+from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, create_source, sink_rows, write_source

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.errors import DefinitionError
-from phases.live import LiveRunner
+from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source

@@ -11,11 +11,11 @@ import uuid
 import pandas as pd
 import pytest
 
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import HybridSource, KafkaHandoff, KafkaSource
 from phases.errors import SourceError
-from phases.hybrid_source import HybridArchiveSource
-from phases.live import LiveRunner
+from phases.live.runner import LiveRunner
+from phases.sources.hybrid import HybridArchiveSource
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import EPOCH, assert_results_equal, produce, sink_rows, us_of

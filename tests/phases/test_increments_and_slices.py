@@ -6,11 +6,11 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from phases import manifest
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
+from phases.backlog.slices import SliceRunner
 from phases.errors import DefinitionError, PhaseStateError
-from phases.live import LiveRunner
-from phases.slices import SliceRunner
+from phases.live.runner import LiveRunner
+from phases.storage import manifest
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import (

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.errors import PhaseStateError, SourceError
-from phases.live import LiveRunner
-from phases.local_kafka import LocalKafka
-from phases.progress_log import ProgressLog
+from phases.live.runner import LiveRunner
+from phases.runtime.local_kafka import LocalKafka
+from phases.storage.progress_log import ProgressLog
 from tests import reference
 from tests.helpers import assert_results_equal, produce, sink_rows
 from tests.phases.test_kafka_source import DELAY_S, SECOND, chunk_versions, kafka_pipeline, kafka_quarantine
@@ -47,7 +47,7 @@ def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_onc
     append, at its state write, at its sink write, before its progress record. Each restart replays it from
     Spark's offset log (the same offsets, the same chunk number) over what earlier attempts committed: nothing is
     lost, nothing counted or quarantined twice."""
-    import phases.live_increment as engine
+    import phases.live.micro_batch as engine
 
     topic = f"crash-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)

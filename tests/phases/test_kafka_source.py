@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import KafkaSource
 from phases.errors import PhaseStateError
-from phases.live import LiveRunner
+from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import assert_results_equal, produce, sink_rows, us_of
@@ -85,7 +85,7 @@ def _within(span: tuple[int, int] | None, offset: int) -> bool:
 
 
 def kafka_quarantine(spark, root: str) -> list[tuple[int, reference.Row, str]]:
-    from phases import tables
+    from phases.storage import tables
 
     if not tables.exists(spark, f"{root}/quarantine"):
         return []
@@ -234,8 +234,8 @@ def test_hybrid_archive_then_topic_counts_every_record_once_when_they_overlap(sp
     import time as clock
     from datetime import UTC, datetime
 
-    from phases import sources
     from phases.definition import HybridSource, KafkaHandoff
+    from phases.sources import feed as sources
     from tests.helpers import ts
 
     topic = f"hybrid-{uuid.uuid4().hex[:8]}"

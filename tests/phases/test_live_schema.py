@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import types as T
 
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import Aggregation, KeyedAggregate
-from phases.live import LiveRunner
-from phases.schema_evolution import SchemaChangeError
+from phases.live.runner import LiveRunner
+from phases.live.schema_changes import SchemaChangeError
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, ts, write_source

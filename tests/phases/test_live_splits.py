@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import SessionAggregate, Window, WindowedAggregate
-from phases.live import LiveRunner
+from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source
@@ -122,7 +122,7 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
     counted twice. Keyed aggregations write the state and the sink at the same time, so either can be the one
     committed: with the state committed, the replay must not combine the batch into the state a second time
     for the sink's values."""
-    import phases.live_increment as engine
+    import phases.live.micro_batch as engine
 
     source = str(tmp_path / "source")
     backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}
@@ -162,7 +162,7 @@ def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_
     import subprocess
     import sys
 
-    from phases import leases
+    from phases.storage import leases
 
     source = str(tmp_path / "source")
     backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import uuid
 
-from phases import maintenance
-from phases.backlog import BacklogRunner
-from phases.live import LiveRunner
+from phases.backlog.runner import BacklogRunner
+from phases.live.runner import LiveRunner
+from phases.storage import maintenance
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source

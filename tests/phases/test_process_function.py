@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog import BacklogRunner
+from phases.backlog.runner import BacklogRunner
 from phases.definition import ProcessOperator
 from phases.errors import DefinitionError, PhaseStateError
-from phases.live import LiveRunner
-from phases.process_function import ProcessFunctionError
-from phases.process_operator import KIND, OUT, ProcessLogic
+from phases.live.runner import LiveRunner
+from phases.operators.process_function import ProcessFunctionError
+from phases.operators.process_pass import KIND, OUT, ProcessLogic
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, crash_on_state_write, quarantine_rows, ts, us_of, write_source
@@ -93,7 +93,7 @@ def test_backlog_output_is_grouped_by_key_and_state_holds_open_sessions(spark, t
     p = _pipeline(source, str(tmp_path / "p"))
     handoff = BacklogRunner(spark, p).run()
     runner = BacklogRunner(spark, p)
-    from phases.backlog import tag_version_range
+    from phases.backlog.runner import tag_version_range
 
     tagged = tag_version_range(spark, p, runner.source, (0, 2), None)
     logic = ProcessLogic(spark, p, tagged.prepared.schema)
@@ -129,7 +129,7 @@ def test_process_function_errors_name_the_rule(spark, tmp_path):
 
 
 def test_state_values_must_be_json_like():
-    from phases.process_function import ProcessContext
+    from phases.operators.process_function import ProcessContext
 
     ctx = ProcessContext()
     with pytest.raises(ProcessFunctionError, match="not a valid state value"):

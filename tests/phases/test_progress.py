@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import sys
 
-from phases import progress
+from phases.backlog import progress
 from tests.helpers import append_version
 from tests.phases.test_backlog import S
 

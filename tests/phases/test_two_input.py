@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog import BacklogRunner, tag_version_range
+from phases.backlog.runner import BacklogRunner, tag_version_range
 from phases.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
-from phases.delta_source import DeltaTableSource
 from phases.errors import DefinitionError
-from phases.live import LiveRunner
+from phases.live.runner import LiveRunner
+from phases.sources.delta import DeltaTableSource
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
@@ -275,7 +275,7 @@ def test_bucketed_join_finds_every_pair_of_an_interval_for_any_bucket(spark, buc
     import random
     from datetime import UTC, datetime
 
-    from phases.two_input import IntervalJoinLogic
+    from phases.operators.join_logic import IntervalJoinLogic
 
     rng = random.Random(bucket_ms or 0)
     epoch = datetime(1970, 1, 1, tzinfo=UTC)

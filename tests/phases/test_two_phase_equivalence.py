@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog import BacklogRunner
-from phases.live import LiveRunner
+from phases.backlog.runner import BacklogRunner
+from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source

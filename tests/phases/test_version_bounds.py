@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phases.lateness import version_watermarks
-from phases.version_bounds import VersionBounds, proves_all_on_time
+from phases.sources.version_bounds import VersionBounds, proves_all_on_time
 from tests.conftest import examples
 
 MS = 1000

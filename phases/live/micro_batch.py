@@ -1,0 +1,465 @@
+"""The live phase as a continuous increment: one streaming query per live input, no staging table.
+
+Used for every operator kind: this module is the driver (versions, lateness, quarantine, progress); the
+operator's own step comes from its kind (:mod:`phases.operators`). The query reads the source's change feed
+after the handoff version (a two-input operator's both sources, in one query); each micro-batch runs, in
+``foreachBatch``, the same steps a catch-up increment runs over a version range
+(:func:`phases.backlog.runner.tag_changes`, the operator's lift and merge):
+
+1. **complete versions only**: the batch's end offset (Spark's offset log, written before the batch runs)
+   says whether its last source version is complete. A version split across micro-batches (file limits, a
+   restart with many versions pending) is *held back* in a small ``pending`` table and applied whole with
+   the batch that completes it. So the version watermark W(v) and the closing of windows and sessions see
+   exactly what one streaming job over one version per micro-batch sees, for any split and any merge of
+   versions into micro-batches;
+2. validation and lateness by W(v), continuing from the progress of the previous batch; invalid and late
+   records to the quarantine (only when there are any);
+3. the operator's increment merged into its state table on Delta (one MERGE; the same buffers the backlog
+   hands over, so the switch replays nothing: the live phase starts on the handoff's state table);
+4. the sink: changed keys upserted (keyed aggregation), or the windows/sessions the watermark closed
+   appended and removed from the state;
+5. last, one progress record (running maximum event time, closed watermark, held version): a file in the
+   run's progress log (:mod:`phases.storage.progress_log`), not a Delta commit.
+
+Every write is idempotent per micro-batch (Delta ``txnAppId``/``txnVersion`` = the batch id, also for the
+MERGE and DELETE statements), and everything the sink gets is read back from the state *after* the state
+write, so a micro-batch replayed after a crash at any point writes exactly what the first attempt would
+have. Spark's own watermark is not used: there is no stateful Spark operator in the query.
+
+At the switch the live phase writes its first progress record (batch -1: the handoff's version, maximum
+event time and final watermark) before the query starts: its immediate checkpoint. Nothing is replayed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.streaming import StreamingQuery
+
+from phases import operators
+from phases.backlog.runner import tag_changes
+from phases.definition import Pipeline
+from phases.errors import PhaseStateError
+from phases.lateness import VERSION
+from phases.live import resume as live_resume
+from phases.sources.kafka import parse_offsets
+from phases.sources.reader import SourceReader
+from phases.storage import fs, maintenance, progress_log, quarantine, tables
+from phases.storage.progress_log import ProgressLog
+
+HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
+_INPUT = "_input"  # two-input query: the input a row comes from ("" or "right")
+_ROW_COLUMNS = ("_row", "_row_right")  # two-input query: each input's row, packed
+
+
+def _row_column(inp) -> str:
+    return inp.suffix("_row")
+
+
+@dataclass(frozen=True)
+class InputProgress:
+    """How far one input is applied."""
+
+    complete_below: int  # every version of the input below this one is applied
+    running_max_us: int | None  # max valid event time of those versions (W(v) = this - delay)
+    held_version: int | None  # a version read only in part, held in the input's pending table
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the live phase had applied after micro-batch ``batch_id`` (-1: the switch). The unprefixed
+    input fields are the pipeline's source; ``right_*`` a two-input operator's second source."""
+
+    batch_id: int
+    complete_below: int
+    running_max_us: int | None
+    closed_us: int | None  # windows/sessions/co-group windows ending at or before this were emitted
+    held_version: int | None
+    at_us: int = 0
+    right_complete_below: int | None = None
+    right_running_max_us: int | None = None
+    right_held_version: int | None = None
+    # A Kafka source: the end offsets (partition -> offset) after this batch; with the previous record's, the
+    # offset ranges of the batch's arrival chunk (the live half of the arrival-chunk log).
+    source_offsets: dict[str, int] | None = None
+    # The query generation that wrote the record: its micro-batch 0 is the log's batch ``query_base``
+    # (:mod:`phases.live.resume`; a new one starts when the checkpoint was lost).
+    query_base: int = 0
+
+    def of(self, label: str) -> InputProgress:
+        prefix = f"{label}_" if label else ""
+        return InputProgress(
+            getattr(self, f"{prefix}complete_below"),
+            getattr(self, f"{prefix}running_max_us"),
+            getattr(self, f"{prefix}held_version"),
+        )
+
+    @staticmethod
+    def of_inputs(
+        batch_id: int,
+        inputs: dict[str, InputProgress],
+        closed_us: int | None,
+        at_us: int = 0,
+        source_offsets: dict[str, int] | None = None,
+        query_base: int = 0,
+    ) -> Progress:
+        fields: dict = {
+            "batch_id": batch_id,
+            "closed_us": closed_us,
+            "at_us": at_us,
+            "source_offsets": source_offsets,
+            "query_base": query_base,
+        }
+        for label, inp in inputs.items():
+            prefix = f"{label}_" if label else ""
+            fields[f"{prefix}complete_below"] = inp.complete_below
+            fields[f"{prefix}running_max_us"] = inp.running_max_us
+            fields[f"{prefix}held_version"] = inp.held_version
+        return Progress(**fields)
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_record(record: dict) -> Progress:
+        names = {f.name for f in dataclasses.fields(Progress)}
+        return Progress(**{k: v for k, v in record.items() if k in names})
+
+    def without_held(self) -> Progress:
+        """The same positions with no version held in part (a new query reads such a version again whole)."""
+        held = {"held_version": None}
+        if self.right_complete_below is not None:
+            held["right_held_version"] = None
+        return dataclasses.replace(self, **held)
+
+
+# --- the driver ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveInput:
+    """One source the live query reads: the pipeline's (label ``""``) or a two-input operator's right one."""
+
+    label: str
+    source: SourceReader
+
+    def suffix(self, what: str) -> str:
+        return f"{what}_{self.label}" if self.label else what
+
+
+class IncrementalLive:
+    """One live run (``run_name``) of a pipeline: its query, progress and pending tables."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        *,
+        run_name: str,
+        logic,
+        inputs: list[LiveInput],
+        start: Progress,
+        state_path: str,
+        checkpoints: str,
+        max_files_per_trigger: int | None,
+    ):
+        self.spark, self.pipeline, self.run_name, self.logic = spark, pipeline, run_name, logic
+        self.inputs, self.start_progress = inputs, start
+        self.state_path, self.checkpoints = state_path, checkpoints
+        self.max_files_per_trigger = max_files_per_trigger
+        self.progress_log = ProgressLog(spark, progress_log_path(pipeline, run_name))
+        self.pending_root = live_root(pipeline, run_name)
+        self.kind = operators.kind_of(pipeline)
+        self.step = self.kind.live_step(logic, state_path, pipeline.sink.path)
+        self.query: StreamingQuery | None = None
+        self._progress: dict[int, Progress] = {}
+        self._table_ids: dict[str, str] = {}
+        # The query generation (phases.live.resume): its micro-batch N is the progress log's batch base + N.
+        self.base = 0
+        self.query_folder = live_resume.generation_folder(checkpoints, 0)
+        self._resumed_from = start
+
+    def use(self, logic) -> None:
+        """Runs the next micro-batches with ``logic`` (rebuilt after a source schema change)."""
+        self.logic = logic
+        self.step = self.kind.live_step(logic, self.state_path, self.pipeline.sink.path)
+
+    # --- tables ----------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Creates the sink, quarantine and state if missing; picks the query generation that resumes exactly
+        (:mod:`phases.live.resume`) and writes the switch's progress record when the log has none."""
+        spark, p = self.spark, self.pipeline
+        quarantine.ensure(spark, p.locations.quarantine)
+        tables.ensure(spark, p.sink.path, self.logic.output_schema)
+        tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
+        if p.maintenance.auto_compact:
+            maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
+        # The switch's record: the live phase's immediate checkpoint. A run started before the log was a folder of
+        # files kept its progress in a Delta table: it goes on from that table's last row.
+        legacy = _last_legacy_progress(spark, legacy_progress_path(p, self.run_name))
+        switch = legacy if legacy is not None else self.start_progress
+        resume = live_resume.plan(
+            spark, self.progress_log, self.checkpoints, switch.record(), self._applied_writes, self._way_out()
+        )
+        if resume.write_record:
+            self.progress_log.write(resume.latest_id, resume.record)
+        self.base, self.query_folder = resume.base, resume.folder
+        self._resumed_from = Progress.from_record(resume.record)
+        self._progress = {}
+
+    def _way_out(self) -> str:
+        return live_resume.way_out(self.pipeline.name, self.checkpoints, self.progress_log.root)
+
+    def _applied_writes(self) -> dict[str, int]:
+        """The newest micro-batch (progress-log batch id) each of the run's tables recorded a write of."""
+        paths = [self.state_path, self.pipeline.sink.path, self.pipeline.locations.quarantine]
+        paths += [self._pending_path(inp) for inp in self.inputs]
+        newest: dict[str, int] = {}
+        for path in dict.fromkeys(paths):
+            found = live_resume.live_writes(self.spark, path, self.pipeline.name, self.run_name)
+            if found is not None:
+                newest[path] = found
+        return newest
+
+    def app(self, what: str) -> str:
+        return live_resume.app_id(self.pipeline.name, self.run_name, what)
+
+    def _pending_path(self, inp: LiveInput) -> str:
+        return f"{self.pending_root}/{inp.suffix('pending')}"
+
+    def _progress_after(self, batch_id: int) -> Progress:
+        """The progress recorded by micro-batch ``batch_id`` (-1: the switch's). A new query generation's first
+        micro-batch reads a version the record held in part again whole."""
+        if batch_id in self._progress:
+            return self._progress[batch_id]
+        if batch_id == self.base - 1 and self.base > 0:
+            return self._resumed_from.without_held()
+        record = self.progress_log.read(batch_id)
+        if record is None:
+            latest = self.progress_log.latest()
+            raise PhaseStateError(
+                f"live run {self.run_name} of {self.pipeline.name!r}: micro-batch {batch_id + 1} needs the progress "
+                f"of micro-batch {batch_id}, but the progress log {self.progress_log.root} ends at "
+                f"{latest[0] if latest else None}; the checkpoint {self.checkpoints} and the progress log no "
+                "longer belong together"
+            )
+        return Progress.from_record(record)
+
+    def latest_progress(self) -> Progress:
+        if self._progress:
+            return self._progress[max(self._progress)]
+        latest = self.progress_log.latest()
+        return Progress.from_record(latest[1]) if latest is not None else self.start_progress
+
+    def _kafka_offsets(self, batch_id: int) -> dict[str, int] | None:
+        """The Kafka source's end offsets after ``batch_id`` (Spark's offset log), None for a Delta source."""
+        source = self.inputs[0].source
+        if source.arrival != "chunks":
+            return None
+        path = f"{self.query_folder}/offsets/{batch_id}"
+        for line in fs.read_text(self.spark, path).splitlines():
+            offsets = parse_offsets(line, source.topic)
+            if offsets is not None:
+                return {str(p): o for p, o in sorted(offsets.items())}
+        raise PhaseStateError(f"no offsets of kafka topic {source.topic!r} in {path}")
+
+    def _end_offsets(self, batch_id: int) -> dict[str, tuple[int, bool]]:
+        """Per input: (first version not fully read, whether that version was read in part) after
+        ``batch_id``; an input the query has not read yet is missing.
+
+        From Spark's offset log, written before the batch runs (one line per source, told apart by the
+        Delta table id): Delta's offset is (reservoirVersion, index); index -1 means every version below
+        reservoirVersion is read, index >= 0 that reservoirVersion is read up to that file only."""
+        path = f"{self.query_folder}/offsets/{batch_id}"
+        text = fs.read_text(self.spark, path)
+        by_id = {table_id: label for label, table_id in self._table_ids.items()}
+        out: dict[str, tuple[int, bool]] = {}
+        for line in text.splitlines():
+            if '"reservoirVersion"' not in line:
+                continue
+            offset = json.loads(line)
+            label = by_id.get(offset.get("reservoirId"), "" if len(self.inputs) == 1 else None)
+            if label is None:
+                raise PhaseStateError(f"{path}: a Delta source offset of an unknown table: {line!r}")
+            out[label] = (int(offset["reservoirVersion"]), int(offset["index"]) >= 0)
+        if not out and len(self.inputs) == 1:
+            raise PhaseStateError(f"no Delta source offset in {path}: {text!r}")
+        return out
+
+    # --- one micro-batch -----------------------------------------------------------------------------
+    def _held(self, spark: SparkSession, inp: LiveInput, batch_id: int) -> DataFrame:
+        held = spark.read.format("delta").load(self._pending_path(inp))
+        return held.filter(F.col(HELD_BY) == batch_id).drop(HELD_BY)
+
+    def _rows_of(self, batch: DataFrame, inp: LiveInput) -> DataFrame:
+        """The change rows of one input in the query's micro-batch (two inputs: unpacked from the union)."""
+        if len(self.inputs) == 1:
+            return batch
+        meta = [c for c in batch.columns if c.startswith("_") and c not in (_INPUT, *_ROW_COLUMNS)]
+        return batch.filter(F.col(_INPUT) == inp.label).select(f"{_row_column(inp)}.*", *meta)
+
+    def _tag_input(
+        self, spark: SparkSession, inp: LiveInput, batch: DataFrame, batch_id: int, before: InputProgress, ends
+    ) -> tuple[DataFrame | None, InputProgress, DataFrame]:
+        """Holds back a version read in part, tags the complete ones, quarantines; returns (on-time
+        records or None, the input's progress after the batch, the persisted rows to unpersist)."""
+        p = self.pipeline
+        rows = self._rows_of(batch, inp)
+        if inp.source.arrival == "chunks":
+            # One micro-batch = one arrival chunk: the number after the previous batch's (the same on a replay).
+            rows = rows.withColumn(VERSION, F.lit(before.complete_below).cast("long"))
+            ends = {**ends, inp.label: (before.complete_below + 1, False)}
+        if before.held_version is not None:
+            rows = self._held(spark, inp, batch_id - 1).unionByName(rows, allowMissingColumns=True)
+        rows = rows.persist()
+        end_version, partial_tail = ends.get(inp.label, (before.complete_below, False))
+        held_version = None
+        if partial_tail:  # the tail of version end_version waits for the batch that completes it
+            held_version = end_version
+            held = rows.filter(F.col(VERSION) >= end_version).withColumn(HELD_BY, F.lit(batch_id).cast("long"))
+            tables.append_once(
+                held, self._pending_path(inp), self.app(inp.suffix("pending")), batch_id, merge_schema=True
+            )
+        complete = rows.filter(F.col(VERSION) < end_version)
+        tagged = tag_changes(spark, p, complete, before.running_max_us, phase="live", batch_id=batch_id)
+        if tagged.has_quarantine:
+            q_rows = tagged.quarantine
+            if inp.label:
+                q_rows = q_rows.withColumn("reason", F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason")))
+            tables.append_once(q_rows, p.locations.quarantine, self.app(inp.suffix("quarantine")), batch_id)
+        after = InputProgress(max(end_version, before.complete_below), tagged.running_max_us, held_version)
+        return (tagged.prepared if tagged.has_on_time else None), after, rows
+
+    def apply_batch(self, batch: DataFrame, query_batch_id: int) -> None:
+        """Micro-batch ``query_batch_id`` of the query: the progress log's batch ``base + query_batch_id``, the id
+        its writes carry."""
+        spark, p = batch.sparkSession, self.pipeline
+        batch_id = self.base + query_batch_id
+        before = self._progress_after(batch_id - 1)
+        kafka_offsets = self._kafka_offsets(query_batch_id)
+        ends = self._end_offsets(query_batch_id) if kafka_offsets is None else {}
+        records: dict[str, DataFrame | None] = {}
+        after: dict[str, InputProgress] = {}
+        persisted: list[DataFrame] = []
+        try:
+            for inp in self.inputs:
+                records[inp.label], after[inp.label], rows = self._tag_input(
+                    spark, inp, batch, batch_id, before.of(inp.label), ends
+                )
+                persisted.append(rows)
+            watermarks = {
+                label: None if a.running_max_us is None else a.running_max_us - p.delay_us for label, a in after.items()
+            }
+            closing = self.kind.closing(watermarks)
+            if any(r is not None for r in records.values()) or closing != before.closed_us:
+                self.step.apply_inputs(spark, records, watermarks, closing, batch_id, self.app)
+            progress = Progress.of_inputs(
+                batch_id,
+                after,
+                closing if closing is not None else before.closed_us,
+                _now_us(),
+                kafka_offsets,
+                query_base=self.base,
+            )
+            self.progress_log.write(batch_id, progress.record())
+            self._progress = {batch_id: progress}
+        finally:
+            for rows in persisted:
+                rows.unpersist()
+
+    # --- running -------------------------------------------------------------------------------------
+    def _stream(self) -> DataFrame:
+        """The query's input: the one source's change feed, or the inputs' change feeds in one union, each
+        input's row packed in its own struct column (their schemas differ) next to the change columns."""
+        streams = [self._read_live(inp) for inp in self.inputs]
+        if len(streams) == 1:
+            return streams[0]
+        user = [[f for f in s.schema.fields if not f.name.startswith("_")] for s in streams]
+        packed = []
+        for i, (inp, stream) in enumerate(zip(self.inputs, streams, strict=True)):
+            meta = [c for c in stream.columns if c.startswith("_")]
+            rows = []
+            for j, other in enumerate(self.inputs):
+                struct_type = T.StructType(user[j])
+                if i == j:
+                    rows.append(F.struct(*[F.col(f.name) for f in user[j]]).alias(_row_column(other)))
+                else:
+                    rows.append(F.lit(None).cast(struct_type).alias(_row_column(other)))
+            packed.append(stream.select(F.lit(inp.label).alias(_INPUT), *rows, *meta))
+        return packed[0].unionByName(packed[1])
+
+    def _read_live(self, inp: LiveInput) -> DataFrame:
+        """The input's stream from the positions of the record the query generation starts after (Spark ignores
+        them once its checkpoint has offsets): Delta versions after the last complete one, Kafka offsets."""
+        start = self._resumed_from.of(inp.label)
+        after_version = start.complete_below - 1 if start.complete_below > 0 else None
+        offsets = self._resumed_from.source_offsets
+        if inp.source.arrival == "chunks" and offsets is not None:
+            start_offsets = {int(partition): o for partition, o in offsets.items()}
+            return inp.source.read_live(after_version, self.max_files_per_trigger, start_offsets=start_offsets)
+        return inp.source.read_live(after_version, self.max_files_per_trigger)
+
+    def start(self, trigger: dict, name: str) -> StreamingQuery:
+        self.prepare()
+        self._table_ids = {inp.label: inp.source.table_id() for inp in self.inputs}
+        self.query = (
+            self._stream()
+            .writeStream.queryName(name)
+            .foreachBatch(self.apply_batch)
+            .option("checkpointLocation", self.query_folder)
+            .trigger(**trigger)
+            .start()
+        )
+        return self.query
+
+    def status(self) -> dict:
+        """The query's rates, and the pipeline's own watermark and last applied version (Spark has none)."""
+        q = self.query
+        prog = q.lastProgress if q is not None else None
+        latest = self.latest_progress()
+        watermark = None
+        if latest.running_max_us is not None:
+            watermark = _iso(latest.running_max_us - self.pipeline.delay_us)
+        return {
+            "active": bool(q and q.isActive),
+            "batch_id": prog.get("batchId") if prog else None,
+            "input_rows_per_second": prog.get("inputRowsPerSecond") if prog else None,
+            "processed_rows_per_second": prog.get("processedRowsPerSecond") if prog else None,
+            "watermark": watermark,
+            "source_version": latest.complete_below - 1,
+        }
+
+
+def live_root(pipeline: Pipeline, run_name: str) -> str:
+    return pipeline.locations.live_run(run_name)
+
+
+def progress_log_path(pipeline: Pipeline, run_name: str) -> str:
+    return f"{live_root(pipeline, run_name)}/{progress_log.FOLDER}"
+
+
+def legacy_progress_path(pipeline: Pipeline, run_name: str) -> str:
+    """Where runs started before the progress log kept their progress: a Delta table."""
+    return f"{live_root(pipeline, run_name)}/{progress_log.LEGACY_TABLE}"
+
+
+def _last_legacy_progress(spark: SparkSession, path: str) -> Progress | None:
+    if not tables.exists(spark, path):
+        return None
+    rows = spark.read.format("delta").load(path).orderBy(F.col("batch_id").desc()).limit(1).collect()
+    return Progress.from_record(rows[0].asDict()) if rows else None
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _iso(us: int) -> str:
+    return datetime.fromtimestamp(us / 1e6, tz=UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,74 @@
+"""What the two-input kinds (interval join, co-group) share: the handoff of their backlog plan, the
+closing watermark (the smaller of the two inputs'), and their refusal of backlog increments."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import types as T
+
+from phases.definition import Pipeline
+from phases.operators.base import HandoffCounts, OperatorKind, Watermarks, counted, observed, table_counts
+from phases.operators.join_logic import CoGroupLogic
+
+
+class TwoInputHandoff:
+    """The operator's backlog output and the rows/windows still open, with the on-time records of both."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        out: DataFrame,
+        state: DataFrame,
+        inputs: list[DataFrame],
+        input_rows: list[Observation],
+    ):
+        """``inputs``: both inputs' on-time records; ``input_rows`` their counts, observed as the writes of
+        ``out`` and ``state`` read them."""
+        self.spark, self._inputs, self._input_rows = spark, inputs, input_rows
+        self.state, self._state_rows = counted(state, "handoff state")
+        self.out, self._sink_rows = counted(out, "handoff sink")
+
+    def write_state(self, path: str) -> None:
+        self.state.write.format("delta").mode("errorifexists").save(path)
+
+    def write_sink(self, path: str) -> None:
+        self.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+
+    def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
+        """From the writes themselves (the inputs counted as the writes read them), else by a scan."""
+        inputs = (
+            observed(o, lambda df=df: {"rows": df.count()})
+            for o, df in zip(self._input_rows, self._inputs, strict=True)
+        )
+        return HandoffCounts(
+            int(observed(self._state_rows, lambda: table_counts(spark, state_path))["rows"]),
+            sum(int(m["rows"]) for m in inputs),
+            int(observed(self._sink_rows, lambda: table_counts(spark, sink_path))["rows"]),
+        )
+
+    def close(self) -> None:
+        self.spark.catalog.clearCache()
+
+
+class TwoInputKind(OperatorKind):
+    two_inputs = True
+    needs_ms_delay = True
+    no_increments_because = "reads two sources whose versions are not cut together"
+
+    def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]):
+        return self.logic_class(pipeline, schemas[0], schemas[1])
+
+    def closing(self, watermarks: Watermarks) -> int | None:
+        return CoGroupLogic.closing_watermark(watermarks[""], watermarks["right"])
+
+    def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs) -> TwoInputHandoff:
+        left, right = inputs
+        wm = [None if t.running_max_us is None else t.running_max_us - pipeline.delay_us for t in inputs]
+        (left_in, left_rows), (right_in, right_rows) = (
+            counted(t.prepared, f"{side} input") for t, side in zip(inputs, ("left", "right"), strict=True)
+        )
+        out, state = logic.backlog(left_in, right_in, wm[0], wm[1])
+        return TwoInputHandoff(spark, out, state, [left.prepared, right.prepared], [left_rows, right_rows])
+
+    def live_step(self, logic, state_path: str, sink_path: str):
+        return self.step_class(logic, state_path, sink_path)

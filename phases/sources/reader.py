@@ -1,0 +1,26 @@
+"""Opens a pipeline's source declaration as the reader both phases use: a Delta table's change feed
+(:mod:`phases.sources.delta`), a Kafka topic cut into arrival chunks (:mod:`phases.sources.kafka`), or a Delta
+archive handing over to a topic (:mod:`phases.sources.hybrid`). A reader's ``arrival`` says how the live phase
+numbers arrivals: ``"versions"`` (Delta commit versions) or ``"chunks"`` (one per micro-batch)."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from phases.definition import DeltaSource, HybridSource, KafkaSource
+from phases.sources.delta import DeltaTableSource
+from phases.sources.hybrid import HybridArchiveSource
+from phases.sources.kafka import KafkaTopicSource
+
+SourceReader = DeltaTableSource | KafkaTopicSource | HybridArchiveSource
+
+
+def open_source(
+    spark: SparkSession, spec: DeltaSource | KafkaSource | HybridSource, *, position: str | None = None
+) -> SourceReader:
+    """The reader for ``spec``; ``position``: the handoff's recorded source position (Kafka: its chunk plan)."""
+    if isinstance(spec, KafkaSource):
+        return KafkaTopicSource(spark, spec, position=position)
+    if isinstance(spec, HybridSource):
+        return HybridArchiveSource(spark, spec, position=position)
+    return DeltaTableSource(spark, spec)

@@ -1,0 +1,128 @@
+"""File-system checks through Hadoop's FileSystem, so that any URI Spark can write to works."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+from pyspark.sql import SparkSession
+
+from phases.storage import uris
+
+
+def _fs_path(spark: SparkSession, path: str):
+    jvm = spark.sparkContext._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    return p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), p
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    if _is_local(path):
+        return os.path.exists(path)
+    fs, p = _fs_path(spark, path)
+    return bool(fs.exists(p))
+
+
+def delete(spark: SparkSession, path: str) -> None:
+    fs, p = _fs_path(spark, path)
+    if fs.exists(p):
+        fs.delete(p, True)
+
+
+def has_files(spark: SparkSession, pattern: str) -> bool:
+    """True when the glob ``pattern`` matches at least one file."""
+    fs, p = _fs_path(spark, pattern)
+    found = fs.globStatus(p)
+    return found is not None and len(found) > 0
+
+
+def read_text(spark: SparkSession, path: str) -> str:
+    """The whole text file at ``path`` (local paths directly, other URIs through Hadoop's FileSystem)."""
+    if _is_local(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    jvm = spark.sparkContext._jvm
+    fs, p = _fs_path(spark, path)
+    stream = fs.open(p)
+    try:
+        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
+        lines = []
+        line = reader.readLine()
+        while line is not None:
+            lines.append(line)
+            line = reader.readLine()
+        return "\n".join(lines)
+    finally:
+        stream.close()
+
+
+def list_names(spark: SparkSession, path: str) -> list[str]:
+    """Names of the entries directly under ``path`` (empty when it does not exist)."""
+    if _is_local(path):
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    fs, p = _fs_path(spark, path)
+    if not fs.exists(p):
+        return []
+    return sorted(str(status.getPath().getName()) for status in fs.listStatus(p))
+
+
+def _is_local(path: str) -> bool:
+    """A plain path: the OS answers directly (URIs, ``file:`` ones too, go through Hadoop's FileSystem)."""
+    return uris.scheme(path) is None
+
+
+def create_once(spark: SparkSession, path: str, text: str) -> bool:
+    """Writes ``text`` to ``path`` unless a file is there already; True when it wrote.
+
+    The file appears whole or not at all: it is written under a temporary name in the same folder and renamed
+    into place (as Spark writes its own commit log). Local paths use the OS directly (no JVM round trips)."""
+    if _is_local(path):
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        if os.path.exists(path):
+            return False
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:
+            os.link(tmp, path)  # fails if another writer put the file there in between: keep theirs
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
+    jvm = spark.sparkContext._jvm
+    fs, p = _fs_path(spark, path)
+    if fs.exists(p):
+        return False
+    tmp = jvm.org.apache.hadoop.fs.Path(p.getParent(), f".{p.getName()}.{jvm.java.util.UUID.randomUUID()}.tmp")
+    out = fs.create(tmp, True)
+    try:
+        out.write(bytearray(text.encode("utf-8")))
+    finally:
+        out.close()
+    renamed = bool(fs.rename(tmp, p))
+    if not renamed:
+        fs.delete(tmp, False)
+    return renamed
+
+
+def delete_file(spark: SparkSession, path: str) -> None:
+    """Deletes the file at ``path`` if it is there."""
+    if _is_local(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    fs, p = _fs_path(spark, path)
+    fs.delete(p, False)
+
+
+def rename(spark: SparkSession, source: str, target: str) -> None:
+    """Moves the file ``source`` to ``target`` (the target must not exist)."""
+    if _is_local(source):
+        os.rename(source, target)
+        return
+    fs, p = _fs_path(spark, source)
+    if not fs.rename(p, spark.sparkContext._jvm.org.apache.hadoop.fs.Path(target)):
+        raise OSError(f"could not rename {source} to {target}")
