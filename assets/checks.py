@@ -13,7 +13,7 @@ from assets.handoff_events import read_handoff
 from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
 from phases.errors import ManifestError
-from phases.operators.aggregation import MAX_TS
+from phases.operators import kind_of
 from phases.storage import manifest, quarantine, tables
 from resources.spark import SparkResource
 from resources.storage import StorageResource
@@ -69,11 +69,12 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
 
         state = session.read.format("delta").load(handoff.state_path)
         keys = p.state_keys
+        event_time = kind_of(p).state_event_time  # the state's greatest event time per row, if it keeps one
         row = state.agg(
             F.count(F.lit(1)).alias("rows"),
             F.count_distinct(*[F.col(k) for k in keys]).alias("distinct"),
             F.count(F.when(reduce(operator.or_, [F.col(k).isNull() for k in keys]), 1)).alias("null_keys"),
-            (F.max(F.unix_micros(F.col(MAX_TS))) if MAX_TS in state.columns else F.lit(None)).alias("max_us"),
+            (F.max(F.unix_micros(F.col(event_time))) if event_time else F.lit(None)).alias("max_us"),
         ).collect()[0]
         # count_distinct skips keys with a null part; count those separately (the engine never aggregates them).
         dupes = int(row["rows"]) - int(row["distinct"]) - int(row["null_keys"])

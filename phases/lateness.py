@@ -30,6 +30,12 @@ VERSION = "_commit_version"
 WATERMARK_US = "_watermark_us"
 
 
+def watermark_after(max_us: int | None, delay_us: int) -> int | None:
+    """The watermark once records up to the event time ``max_us`` (µs) were seen: ``max_us - delay_us``; None
+    (nothing is late yet) before the first valid record."""
+    return None if max_us is None else max_us - delay_us
+
+
 def version_maxima(valid: DataFrame, event_time: str) -> list[tuple[int, int]]:
     """(version, max event time in microseconds) for each version present in ``valid``, in order."""
     rows = valid.groupBy(VERSION).agg(F.max(F.unix_micros(F.col(event_time))).alias("m")).orderBy(VERSION).collect()
@@ -85,7 +91,7 @@ def version_watermarks(
     marks: dict[int, int] = {}
     for version, max_us in sorted(maxima):
         if running is not None:
-            marks[version] = running - delay_us
+            marks[version] = watermark_after(running, delay_us)
         running = max_us if running is None else max(running, max_us)
     return marks, running
 

@@ -12,7 +12,7 @@ import json
 import re
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_serializer, model_validator
 
@@ -35,6 +35,18 @@ RESERVED_PREFIX = "_"
 
 class _Model(SettingsModel):
     """A part of a pipeline definition (invalid values raise DefinitionError)."""
+
+
+class OperatorModel(_Model):
+    """The stream operator of a pipeline, one model per kind (``kind`` names it). Each declares the shape the
+    pipeline's validation needs; what the kind does with it lives in :mod:`phases.operators`."""
+
+    kind: str
+    two_inputs: ClassVar[bool] = False  # joins the pipeline's source with a second Delta source (``right``)
+    windowed: ClassVar[bool] = False  # state and sink rows are identified by the window bounds too
+    needs_ms_delay: ClassVar[bool] = False  # uses Spark's millisecond-resolution watermark arithmetic
+    takes_increments: ClassVar[bool] = False  # a mergeable state: catch-up increments, daily slices
+    no_increments_because: ClassVar[str] = ""  # why not, for the error
 
 
 class AggKind(StrEnum):
@@ -113,10 +125,11 @@ def _unique_names(aggregations: list[Aggregation]) -> list[Aggregation]:
     return aggregations
 
 
-class KeyedAggregate(_Model):
+class KeyedAggregate(OperatorModel):
     """Keyed aggregation: one output row per key, updated as records arrive."""
 
     kind: Literal["keyed_aggregate"] = "keyed_aggregate"
+    takes_increments: ClassVar[bool] = True
     aggregations: list[Aggregation] = Field(min_length=1)
 
     @field_validator("aggregations")
@@ -168,7 +181,7 @@ class Window(_Model):
         return f"{int(value / timedelta(milliseconds=1))} milliseconds"
 
 
-class WindowedAggregate(_Model):
+class WindowedAggregate(OperatorModel):
     """Aggregations per key and event-time window; a window's row is emitted once, when the watermark
     passes its end (append semantics, like Structured Streaming's append mode).
 
@@ -178,6 +191,8 @@ class WindowedAggregate(_Model):
     """
 
     kind: Literal["window_aggregate"] = "window_aggregate"
+    windowed: ClassVar[bool] = True
+    takes_increments: ClassVar[bool] = True
     window: Window
     aggregations: list[Aggregation] = Field(min_length=1)
 
@@ -190,7 +205,7 @@ class WindowedAggregate(_Model):
         return v
 
 
-class SessionAggregate(_Model):
+class SessionAggregate(OperatorModel):
     """Aggregations per key and event-time *session*: a record opens ``[ts, ts + gap)`` and sessions that
     touch or overlap merge (Spark's ``session_window``). A session's row is emitted once, when the watermark
     passes its end (append semantics).
@@ -201,6 +216,9 @@ class SessionAggregate(_Model):
     """
 
     kind: Literal["session_aggregate"] = "session_aggregate"
+    windowed: ClassVar[bool] = True
+    needs_ms_delay: ClassVar[bool] = True
+    takes_increments: ClassVar[bool] = True
     gap: timedelta
     aggregations: list[Aggregation] = Field(min_length=1)
 
@@ -222,7 +240,7 @@ class SessionAggregate(_Model):
         return v
 
 
-class ProcessOperator(_Model):
+class ProcessOperator(OperatorModel):
     """A keyed process function: user code with value/list/map state and event-time timers
     (:class:`phases.operators.process_function.KeyedProcessFunction`). Its output rows are appended to the sink.
 
@@ -232,6 +250,8 @@ class ProcessOperator(_Model):
     """
 
     kind: Literal["process"] = "process"
+    needs_ms_delay: ClassVar[bool] = True
+    no_increments_because: ClassVar[str] = "keeps arbitrary per-key state that is not a mergeable aggregate"
     function: str = Field(description="Import path 'package.module:Class' of a KeyedProcessFunction subclass.")
 
     @field_validator("function")
@@ -251,7 +271,7 @@ def _whole_ms(v: timedelta, what: str) -> timedelta:
 MAX_BUCKETS_PER_ROW = 1000  # interval join: buckets one left row may be repeated in
 
 
-class IntervalJoin(_Model):
+class IntervalJoin(OperatorModel):
     """Inner interval join of the pipeline's source (left) with a second Delta source (``right``, with the
     same key and event-time columns) on the keys: every pair with
     ``left.ts + lower <= right.ts <= left.ts + upper`` is emitted once. Output: the keys, the left columns and
@@ -265,6 +285,9 @@ class IntervalJoin(_Model):
     """
 
     kind: Literal["interval_join"] = "interval_join"
+    two_inputs: ClassVar[bool] = True
+    needs_ms_delay: ClassVar[bool] = True
+    no_increments_because: ClassVar[str] = "reads two sources whose versions are not cut together"
     right: DeltaSource
     lower: timedelta = Field(description="right.ts >= left.ts + lower (may be negative).")
     upper: timedelta = Field(description="right.ts <= left.ts + upper.")
@@ -307,7 +330,7 @@ class IntervalJoin(_Model):
         return self
 
 
-class CoGroup(_Model):
+class CoGroup(OperatorModel):
     """Co-group of the pipeline's source (left) and a second Delta source (``right``) per key and tumbling
     event-time window: once both inputs' watermarks passed a window's end, ``function(key, window_start,
     window_end, left_rows, right_rows)`` is called once with all of the window's on-time rows of each input
@@ -319,6 +342,10 @@ class CoGroup(_Model):
     """
 
     kind: Literal["co_group"] = "co_group"
+    windowed: ClassVar[bool] = True
+    two_inputs: ClassVar[bool] = True
+    needs_ms_delay: ClassVar[bool] = True
+    no_increments_because: ClassVar[str] = "reads two sources whose versions are not cut together"
     right: DeltaSource
     window: Window
     function: str = Field(description="Import path 'package.module:function'.")
@@ -420,6 +447,9 @@ class ReducePartition(_Model):
     def as_aggregation(self) -> Aggregation:
         return Aggregation(name=self.name, kind=AggKind.REDUCE, column=self.column, reduce=self.reduce)
 
+
+OPERATOR_MODELS = (KeyedAggregate, WindowedAggregate, SessionAggregate, ProcessOperator, IntervalJoin, CoGroup)
+Operator = KeyedAggregate | WindowedAggregate | SessionAggregate | ProcessOperator | IntervalJoin | CoGroup
 
 PartitionOperator = MapPartition | SortPartition | AggregatePartition | ReducePartition
 FULL_PARTITION_KINDS = ("map_partition", "sort_partition", "aggregate_partition", "reduce_partition")
@@ -784,9 +814,7 @@ class Pipeline(_Model):
     key_columns: list[str] = Field(min_length=1)
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
-    operator: KeyedAggregate | WindowedAggregate | SessionAggregate | ProcessOperator | IntervalJoin | CoGroup = Field(
-        discriminator="kind"
-    )
+    operator: Operator = Field(discriminator="kind")
     steps: list[Filter | Derive | PartitionOperator] = Field(
         default_factory=list, description="Record steps before the operator; they run in both phases."
     )
@@ -915,7 +943,7 @@ class Pipeline(_Model):
                 f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) must be 0 (no checkpoints "
                 f"during backlog) or >= checkpoint_interval ({live.total_seconds()}s)"
             )
-        kind = self.operator_kind
+        kind = self.operator
         if isinstance(self.source, KafkaSource | HybridSource):
             if kind.two_inputs:
                 raise ValueError(
@@ -931,9 +959,7 @@ class Pipeline(_Model):
         if backlog != timedelta(0) and not self.supports_increments:
             what = f"end_of_stream steps {[s.name for s in self.end_of_stream]}" if self.end_of_stream else ""
             what = what or f"operator kind {self.operator.kind!r}"
-            from phases.operators import KINDS
-
-            able = [name for name, k in KINDS.items() if k.supports_increments]
+            able = [model.model_fields["kind"].default for model in OPERATOR_MODELS if model.takes_increments]
             raise ValueError(
                 f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) makes the backlog commit in "
                 f"increments of at most that much source time, and {what} cannot be built from increments "
@@ -979,16 +1005,9 @@ class Pipeline(_Model):
         return self
 
     @property
-    def operator_kind(self):
-        """The operator's kind (:mod:`phases.operators`): what it supports, its backlog and live steps."""
-        from phases.operators import kind_of  # the kinds import this module
-
-        return kind_of(self)
-
-    @property
     def state_keys(self) -> list[str]:
         """Columns that identify a row of the state (and of the sink): the keys, plus the window bounds."""
-        if self.operator_kind.windowed:
+        if self.operator.windowed:
             return [*self.key_columns, WINDOW_START, WINDOW_END]
         return list(self.key_columns)
 
@@ -997,12 +1016,12 @@ class Pipeline(_Model):
         """Whether the backlog can be built from pieces (catch-up increments, daily slices): only when its
         state is a mergeable aggregate, no end-of-stream step needs the whole backlog at once, and the source is a
         Delta table (a Kafka or hybrid source's backlog runs as one job up to its handoff position)."""
-        return not self.end_of_stream and self.operator_kind.supports_increments and self.source.kind == "delta"
+        return not self.end_of_stream and self.operator.takes_increments and self.source.kind == "delta"
 
     @property
     def right_source(self) -> DeltaSource | None:
         """The second input of a two-input operator."""
-        return self.operator.right if self.operator_kind.two_inputs else None
+        return self.operator.right if self.operator.two_inputs else None
 
     @property
     def delay_us(self) -> int:

@@ -4,7 +4,7 @@ Used for every operator kind: this module is the driver (versions, lateness, qua
 operator's own step comes from its kind (:mod:`phases.operators`). The query reads the source's change feed
 after the handoff version (a two-input operator's both sources, in one query); each micro-batch runs, in
 ``foreachBatch``, the same steps a catch-up increment runs over a version range
-(:func:`phases.backlog.runner.tag_changes`, the operator's lift and merge):
+(:func:`phases.tagging.tag_changes`, the operator's lift and merge):
 
 1. **complete versions only**: the batch's end offset (Spark's offset log, written before the batch runs)
    says whether its last source version is complete. A version split across micro-batches (file limits, a
@@ -44,15 +44,15 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from phases import operators
-from phases.backlog.runner import tag_changes
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
-from phases.lateness import VERSION
+from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
 from phases.sources.kafka import parse_offsets
 from phases.sources.reader import SourceReader
 from phases.storage import fs, maintenance, progress_log, quarantine, tables
 from phases.storage.progress_log import ProgressLog
+from phases.tagging import tag_changes
 
 HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
 _INPUT = "_input"  # two-input query: the input a row comes from ("" or "right")
@@ -354,9 +354,7 @@ class IncrementalLive:
                     spark, inp, batch, batch_id, before.of(inp.label), ends
                 )
                 persisted.append(rows)
-            watermarks = {
-                label: None if a.running_max_us is None else a.running_max_us - p.delay_us for label, a in after.items()
-            }
+            watermarks = {label: watermark_after(a.running_max_us, p.delay_us) for label, a in after.items()}
             closing = self.kind.closing(watermarks)
             if any(r is not None for r in records.values()) or closing != before.closed_us:
                 self.step.apply_inputs(spark, records, watermarks, closing, batch_id, self.app)

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from phases.lateness import watermark_after
 from phases.sources.head import source_heads
 
 
@@ -81,7 +82,7 @@ class LiveMeter:
         busy_s = sum((p.durationMs or {}).get("triggerExecution", 0) for p in data) / 1000
         latest = runner.incremental.latest_progress()
         applied_max = latest.running_max_us
-        watermark = None if applied_max is None else applied_max - pipeline.delay_us
+        watermark = watermark_after(applied_max, pipeline.delay_us)
         lag = runner.lag()
         heads = source_heads(pipeline)
         head = heads[0]

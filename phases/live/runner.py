@@ -20,14 +20,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from phases import operators
-from phases.backlog.runner import live_checkpoint_root
 from phases.definition import Pipeline
 from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError
+from phases.lateness import watermark_after
 from phases.live import schema_changes as schema_evolution
 from phases.live.micro_batch import IncrementalLive, LiveInput, Progress
 from phases.sources.reader import open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases.storage import leases, manifest, tables, uris
+from phases.storage.live_layout import live_checkpoint_root
 
 STREAMING_ONLY = "streaming-only"
 
@@ -106,7 +107,7 @@ class LiveRunner:
         watermarks = {"": h.final_watermark_us}
         right = {}
         if self.right_source is not None:
-            right_wm = None if h.right_max_event_time_us is None else h.right_max_event_time_us - p.delay_us
+            right_wm = watermark_after(h.right_max_event_time_us, p.delay_us)
             right = {
                 "right_complete_below": h.right_source_version + 1,
                 "right_running_max_us": h.right_max_event_time_us,
@@ -294,7 +295,7 @@ class LiveRunner:
         from phases.sources.kafka import ChunkPlan
 
         latest = self.incremental.latest_progress()
-        watermark = None if latest.running_max_us is None else latest.running_max_us - self.pipeline.delay_us
+        watermark = watermark_after(latest.running_max_us, self.pipeline.delay_us)
         spec = self.pipeline.source
         if spec.kind == "delta":
             return source_lag.delta_lag("source", spec, latest.complete_below - 1, watermark)

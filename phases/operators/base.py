@@ -9,6 +9,7 @@ per-micro-batch step (:class:`LiveStep`). The drivers (:mod:`phases.backlog.runn
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -17,9 +18,12 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases.errors import PhaseStateError
+
 if TYPE_CHECKING:
-    from phases.backlog.runner import TaggedRange
-    from phases.definition import Pipeline
+    from phases.definition import OperatorModel, Pipeline
+    from phases.storage.manifest import HandoffManifest
+    from phases.tagging import TaggedRange
 
 Watermarks = dict[str, int | None]  # per live input label ("" the source, "right" the second one)
 
@@ -85,30 +89,73 @@ class LiveStep(Protocol):
     ) -> None: ...
 
 
-class OperatorKind:
-    """Base of the operator kinds (one module each under :mod:`phases.operators`)."""
+class OperatorKind(ABC):
+    """Base of the operator kinds (one module each under :mod:`phases.operators`).
 
-    name: ClassVar[str]  # the definition's ``operator.kind``
-    two_inputs: ClassVar[bool] = False
-    supports_increments: ClassVar[bool] = False  # catch-up increments, daily slices, backlog checkpoints
-    no_increments_because: ClassVar[str] = ""  # why not, for the error
-    windowed: ClassVar[bool] = False  # state and sink rows are identified by the window bounds too
+    A kind runs the operator its definition model declares (:attr:`spec`); the model's shape flags (two inputs,
+    windows, millisecond delays, mergeable state) are the kind's too. What the kind adds is declared here:
+    whether it reads each record's W(v), how it builds its logic, passes over the backlog, hands a merged state
+    over (increments), steps through a live micro-batch and takes up a source's schema change."""
+
+    spec: ClassVar[type[OperatorModel]]  # the definition model of the operator this kind runs
     per_record_watermarks: ClassVar[bool] = True  # reads each record's W(v) (``_watermark_us``): timers
-    needs_ms_delay: ClassVar[bool] = False  # uses Spark's millisecond-resolution watermark arithmetic
+    state_event_time: ClassVar[str | None] = None  # the state column of each row's greatest event time, if any
 
+    @property
+    def name(self) -> str:
+        """The definition's ``operator.kind``."""
+        return self.spec.model_fields["kind"].default
+
+    @property
+    def two_inputs(self) -> bool:
+        return self.spec.two_inputs
+
+    @property
+    def windowed(self) -> bool:
+        """State and sink rows are identified by the window bounds too."""
+        return self.spec.windowed
+
+    @property
+    def needs_ms_delay(self) -> bool:
+        return self.spec.needs_ms_delay
+
+    @property
+    def supports_increments(self) -> bool:
+        """Catch-up increments, daily slices, backlog checkpoints: the state is a mergeable aggregate."""
+        return self.spec.takes_increments
+
+    @property
+    def no_increments_because(self) -> str:
+        """Why the kind takes no increments, for the error."""
+        return self.spec.no_increments_because
+
+    @abstractmethod
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> Any:
         """The operator's logic for its inputs' record schemas (as the operator sees them)."""
-        raise NotImplementedError
 
     def state_schema(self, logic) -> T.StructType:
         return logic.state_schema
 
+    @abstractmethod
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs: list[TaggedRange]) -> HandoffWrite:
         """The backlog pass over the inputs' tagged versions 0..V (one per input)."""
-        raise NotImplementedError
 
+    def handoff(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        logic,
+        state: DataFrame,
+        max_us: int | None,
+        base: HandoffManifest | None = None,
+    ) -> HandoffWrite:
+        """The handoff of a merged state built from pieces (an increment on top of ``base``, or slices): only a
+        kind whose :attr:`supports_increments` says so."""
+        raise PhaseStateError(f"operator kind {self.name!r} takes no increments: {self.no_increments_because}")
+
+    @abstractmethod
     def live_step(self, logic, state_path: str, sink_path: str) -> LiveStep:
-        raise NotImplementedError
+        """The live phase's per-micro-batch step over the state and sink tables."""
 
     def closing(self, watermarks: Watermarks) -> int | None:
         """The watermark that closes windows, sessions and timers: the input's own."""

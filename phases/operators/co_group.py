@@ -7,7 +7,7 @@ from __future__ import annotations
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from phases.definition import WINDOW_END
+from phases.definition import WINDOW_END, CoGroup
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
 from phases.operators.two_input import TwoInputKind
 from phases.storage import tables
@@ -56,7 +56,6 @@ class CoGroupStep:
 
 
 class CoGroupKind(TwoInputKind):
-    name = "co_group"
-    windowed = True
+    spec = CoGroup
     logic_class = CoGroupLogic
     step_class = CoGroupStep

@@ -8,6 +8,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from phases.definition import IntervalJoin
 from phases.operators.aggregation import MAX_TS
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
 from phases.operators.two_input import TwoInputKind
@@ -129,6 +130,7 @@ class IntervalJoinStep:
 
 
 class IntervalJoinKind(TwoInputKind):
-    name = "interval_join"
+    spec = IntervalJoin
+    state_event_time = MAX_TS
     logic_class = IntervalJoinLogic
     step_class = IntervalJoinStep

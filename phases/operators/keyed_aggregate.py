@@ -11,9 +11,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.definition import WINDOW_END, Pipeline
+from phases.definition import WINDOW_END, KeyedAggregate, Pipeline
+from phases.lateness import watermark_after
 from phases.live import schema_changes as schema_evolution
-from phases.operators.aggregation import ROWS, KeyedAggregationLogic, WindowedAggregationLogic
+from phases.operators.aggregation import MAX_TS, ROWS, KeyedAggregationLogic, WindowedAggregationLogic
 from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
 from phases.storage import tables
 from phases.storage.manifest import HandoffManifest
@@ -143,8 +144,8 @@ class KeyedStep(OneInputStep):
 
 
 class KeyedAggregateKind(OperatorKind):
-    name = "keyed_aggregate"
-    supports_increments = True
+    spec = KeyedAggregate
+    state_event_time = MAX_TS
     per_record_watermarks = False  # lateness only; windows close on the final watermark
     logic_class = KeyedAggregationLogic
     step_class = KeyedStep
@@ -162,8 +163,8 @@ class KeyedAggregateKind(OperatorKind):
         buffers = logic.merge(logic.lift(tagged.prepared))
         return self.handoff(spark, pipeline, logic, buffers, tagged.running_max_us)
 
-    @staticmethod
     def handoff(
+        self,
         spark: SparkSession,
         pipeline: Pipeline,
         logic: KeyedAggregationLogic,
@@ -172,7 +173,7 @@ class KeyedAggregateKind(OperatorKind):
         base: HandoffManifest | None = None,
     ) -> AggregationHandoff:
         """The handoff of merged buffers: a whole backlog, an increment on top of ``base``, or slices."""
-        watermark = None if max_us is None else max_us - pipeline.delay_us
+        watermark = watermark_after(max_us, pipeline.delay_us)
         return AggregationHandoff(spark, logic, state, watermark, base)
 
     def live_step(self, logic, state_path: str, sink_path: str):

@@ -10,7 +10,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.definition import Pipeline
+from phases.definition import Pipeline, ProcessOperator
+from phases.lateness import watermark_after
+from phases.operators.aggregation import MAX_TS
 from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
 from phases.operators.process_pass import ROWS, TIMERS, ProcessLogic
 from phases.storage import tables
@@ -79,16 +81,15 @@ class ProcessStep(OneInputStep):
 
 
 class ProcessKind(OperatorKind):
-    name = "process"
-    needs_ms_delay = True
-    no_increments_because = "keeps arbitrary per-key state that is not a mergeable aggregate"
+    spec = ProcessOperator
+    state_event_time = MAX_TS
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> ProcessLogic:
         return ProcessLogic(spark, pipeline, schemas[0])
 
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic: ProcessLogic, inputs) -> ProcessHandoff:
         (tagged,) = inputs
-        final_wm = None if tagged.running_max_us is None else tagged.running_max_us - pipeline.delay_us
+        final_wm = watermark_after(tagged.running_max_us, pipeline.delay_us)
         return ProcessHandoff(logic, tagged.prepared, final_wm)
 
     def live_step(self, logic: ProcessLogic, state_path: str, sink_path: str) -> ProcessStep:

@@ -8,7 +8,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases.definition import WINDOW_END, WINDOW_START
+from phases.definition import WINDOW_END, WINDOW_START, SessionAggregate
 from phases.operators.aggregation import SessionAggregationLogic
 from phases.operators.window_aggregate import WindowAggregateKind, WindowStep
 from phases.storage import tables
@@ -50,7 +50,6 @@ class SessionStep(WindowStep):
 
 
 class SessionAggregateKind(WindowAggregateKind):
-    name = "session_aggregate"
-    needs_ms_delay = True
+    spec = SessionAggregate
     logic_class = SessionAggregationLogic
     step_class = SessionStep

@@ -7,6 +7,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import types as T
 
 from phases.definition import Pipeline
+from phases.lateness import watermark_after
 from phases.operators.base import HandoffCounts, OperatorKind, Watermarks, counted, observed, table_counts
 from phases.operators.join_logic import CoGroupLogic
 
@@ -51,9 +52,7 @@ class TwoInputHandoff:
 
 
 class TwoInputKind(OperatorKind):
-    two_inputs = True
-    needs_ms_delay = True
-    no_increments_because = "reads two sources whose versions are not cut together"
+    """What the interval join and the co-group share (their models declare two inputs)."""
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]):
         return self.logic_class(pipeline, schemas[0], schemas[1])
@@ -63,7 +62,7 @@ class TwoInputKind(OperatorKind):
 
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs) -> TwoInputHandoff:
         left, right = inputs
-        wm = [None if t.running_max_us is None else t.running_max_us - pipeline.delay_us for t in inputs]
+        wm = [watermark_after(t.running_max_us, pipeline.delay_us) for t in inputs]
         (left_in, left_rows), (right_in, right_rows) = (
             counted(t.prepared, f"{side} input") for t, side in zip(inputs, ("left", "right"), strict=True)
         )

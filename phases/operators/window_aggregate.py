@@ -8,6 +8,7 @@ from __future__ import annotations
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from phases.definition import WindowedAggregate
 from phases.operators.aggregation import WindowedAggregationLogic
 from phases.operators.keyed_aggregate import KeyedAggregateKind, KeyedStep
 from phases.storage import tables
@@ -50,7 +51,6 @@ class WindowStep(KeyedStep):
 
 
 class WindowAggregateKind(KeyedAggregateKind):
-    name = "window_aggregate"
-    windowed = True
+    spec = WindowedAggregate
     logic_class = WindowedAggregationLogic
     step_class = WindowStep

@@ -45,7 +45,7 @@ _SPARK_ARTIFACTS = (
     "commons-pool2",
 )
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_JAR_DIR = Path(os.environ.get("PHASES_JAR_DIR", PROJECT_ROOT / ".jars"))
 _STAMP = ".coordinates.json"
 

@@ -28,7 +28,7 @@ def guard(server_pgid: int, grace_s: float = 30.0) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C meant for the program must not stop the watchdog before it acts
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),  # the project root
     )
 
 

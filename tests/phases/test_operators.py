@@ -39,9 +39,9 @@ def test_the_pipeline_asks_its_kind_what_it_supports(tmp_path):
         str(tmp_path / "run"),
         operator=KeyedAggregate(aggregations=[Aggregation(name="n", kind="count")]),
     )
-    assert keyed.operator_kind is operators.KINDS["keyed_aggregate"] and keyed.supports_increments
+    assert operators.kind_of(keyed) is operators.KINDS["keyed_aggregate"] and keyed.supports_increments
     process = keyed.model_copy(update={"operator": ProcessOperator(function="tests.phases.process_functions:Sessions")})
-    assert process.operator_kind is operators.KINDS["process"] and not process.supports_increments
+    assert operators.kind_of(process) is operators.KINDS["process"] and not process.supports_increments
 
 
 def test_backlog_checkpoints_on_a_kind_without_increments_name_it_and_the_kinds_that_take_them(tmp_path):

@@ -93,7 +93,7 @@ def test_backlog_output_is_grouped_by_key_and_state_holds_open_sessions(spark, t
     p = _pipeline(source, str(tmp_path / "p"))
     handoff = BacklogRunner(spark, p).run()
     runner = BacklogRunner(spark, p)
-    from phases.backlog.runner import tag_version_range
+    from phases.tagging import tag_version_range
 
     tagged = tag_version_range(spark, p, runner.source, (0, 2), None)
     logic = ProcessLogic(spark, p, tagged.prepared.schema)

@@ -11,11 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner, tag_version_range
+from phases import operators
+from phases.backlog.runner import BacklogRunner
 from phases.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
 from phases.errors import DefinitionError
 from phases.live.runner import LiveRunner
 from phases.sources.delta import DeltaTableSource
+from phases.tagging import tag_version_range
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
@@ -204,7 +206,7 @@ def test_two_input_backlog_output_is_grouped_by_key(spark, tmp_path):
         p = make_pipeline(left, str(tmp_path / operator.kind), delay_s=DELAY_S, operator=operator)
         lt = tag_version_range(spark, p, DeltaTableSource(spark, p.source), (0, 1), None)
         rt = tag_version_range(spark, p, DeltaTableSource(spark, p.right_source), (0, 1), None)
-        logic = p.operator_kind.logic(spark, p, [lt.prepared.schema, rt.prepared.schema])
+        logic = operators.kind_of(p).logic(spark, p, [lt.prepared.schema, rt.prepared.schema])
         wm = [t.running_max_us - p.delay_us for t in (lt, rt)]
         out, _ = logic.backlog(lt.prepared, rt.prepared, *wm)
         partitions = out.select("key").rdd.glom().collect()

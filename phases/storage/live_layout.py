@@ -1,0 +1,22 @@
+"""Where a live run keeps its files, under the pipeline's locations: the streaming checkpoints
+(``checkpoints/<run>/...``), the run's folder with its progress log and held-back rows. The backlog reads it to
+tell whether the live phase of a handoff has started."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from phases.definition import Pipeline
+from phases.storage import fs, progress_log, uris
+
+
+def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
+    return uris.join(pipeline.locations.checkpoints, run_name)
+
+
+def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
+    """True once the live phase of ``manifest_id`` has recorded its switch (its first progress record; a run
+    of the earlier two-query layout: its operator query's first commit)."""
+    return progress_log.live_started(spark, pipeline.locations.live_run(manifest_id)) or fs.exists(
+        spark, f"{live_checkpoint_root(pipeline, manifest_id)}/aggregate/commits/0"
+    )
