@@ -28,6 +28,19 @@ class PhaseStateError(PhasesError):
     """A phase was asked to run in a state that would break the backlog/live contract."""
 
 
+class LeaseHeld(PhaseStateError):
+    """Another run holds the pipeline's backlog or live lease (:mod:`phases.storage.leases`): the message names the
+    holder, and whether taking the lease over (``take_over=True``) is safe."""
+
+
+class SchemaChangeError(PhasesError):
+    """The source's schema changed in a way the pipeline's operator or sink cannot take."""
+
+
+class ProcessFunctionError(PhasesError):
+    """User process-function code broke a rule (bad state value, unknown output column, ...)."""
+
+
 class LiveQueryStopped(PhaseStateError):
     """The running live query stopped with an error of its own (a broker gone, the JVM out of memory, a task that
     kept failing): the cause may be transient, and a restart resumes from the checkpoint."""

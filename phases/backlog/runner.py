@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from phases import operators
 from phases.backlog import progress
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
-from phases.errors import ManifestError, PhaseStateError, SourceError
+from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.lateness import watermark_after
 from phases.operators.aggregation import KeyedAggregationLogic
 from phases.sources.reader import SourceReader, open_source
@@ -173,8 +173,8 @@ class BacklogRunner:
         try:
             hold = leases.hold(self.spark, self.pipeline, "live", self.holder, take_over=self.take_over)
             hold.__enter__()
-        except leases.LeaseHeld as exc:
-            raise leases.LeaseHeld(
+        except LeaseHeld as exc:
+            raise LeaseHeld(
                 f"pipeline {self.pipeline.name!r}: a reset is refused while its live phase runs: a reset rewrites the "
                 f"state and the sink under it. Stop the live phase first, then reset. ({exc})"
             ) from exc

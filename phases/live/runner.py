@@ -21,7 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from phases import operators
 from phases.definition import Pipeline
-from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError
+from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError
 from phases.lateness import watermark_after
 from phases.live import schema_changes as schema_evolution
 from phases.live.micro_batch import IncrementalLive, LiveInput, Progress
@@ -161,7 +161,7 @@ class LiveRunner:
 
         ``available_now`` runs the query over what is available and stops it (catch-up / tests). Holds the
         pipeline's live lease while running: a second live phase of the pipeline is refused
-        (:class:`phases.storage.leases.LeaseHeld`) and never stops this one.
+        (:class:`phases.errors.LeaseHeld`) and never stops this one.
         """
         q = self.incremental.query
         if q is not None and q.isActive:
@@ -188,7 +188,7 @@ class LiveRunner:
         try:
             logic = self._logic()
         except DefinitionError as exc:
-            raise schema_evolution.SchemaChangeError(
+            raise SchemaChangeError(
                 f"pipeline {p.name!r}: the source's schema changed and its operator cannot take it: {exc}. "
                 "To proceed: change the source back, or adapt the pipeline and run the backlog again with "
                 "BacklogRunner(...).run(reset=True)"

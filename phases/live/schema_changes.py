@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.errors import DefinitionError, PhasesError
+from phases.errors import DefinitionError, SchemaChangeError
 from phases.operators.aggregation import KeyedAggregationLogic
 from phases.storage import tables
 
@@ -42,10 +42,6 @@ WIDENINGS = {
 
 # Markers of Delta's streaming source stopping on a schema change (the documented remedy is a restart).
 SCHEMA_CHANGE_MARKERS = ("DELTA_SCHEMA_CHANGED", "DELTA_STREAMING_METADATA_EVOLUTION", "Detected schema change")
-
-
-class SchemaChangeError(PhasesError):
-    """The source's schema changed in a way the pipeline's operator or sink cannot take."""
 
 
 def is_schema_change_stop(exc: BaseException | None) -> bool:

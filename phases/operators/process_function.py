@@ -38,14 +38,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-from phases.errors import DefinitionError, PhasesError
+from phases.errors import DefinitionError, ProcessFunctionError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAP_KEY_TYPES = (str, int, float, bool)
-
-
-class ProcessFunctionError(PhasesError):
-    """User process-function code broke a rule (bad state value, unknown output column, ...)."""
 
 
 class KeyedProcessFunction:

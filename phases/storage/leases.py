@@ -30,16 +30,12 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from phases.definition import Pipeline
-from phases.errors import PhaseStateError
+from phases.errors import LeaseHeld
 from phases.storage import uris
 
 ROLES = ("backlog", "live")
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0
-
-
-class LeaseHeld(PhaseStateError):
-    """Another run holds the pipeline's backlog or live lease."""
 
 
 @dataclass

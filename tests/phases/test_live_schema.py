@@ -9,8 +9,8 @@ from pyspark.sql import types as T
 
 from phases.backlog.runner import BacklogRunner
 from phases.definition import Aggregation, KeyedAggregate
+from phases.errors import SchemaChangeError
 from phases.live.runner import LiveRunner
-from phases.live.schema_changes import SchemaChangeError
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, ts, write_source

@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from phases.backlog.runner import BacklogRunner
 from phases.definition import ProcessOperator
-from phases.errors import DefinitionError, PhaseStateError
+from phases.errors import DefinitionError, PhaseStateError, ProcessFunctionError
 from phases.live.runner import LiveRunner
-from phases.operators.process_function import ProcessFunctionError
 from phases.operators.process_pass import KIND, OUT, ProcessLogic
 from tests import reference
 from tests.conftest import examples, make_pipeline

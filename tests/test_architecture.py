@@ -1,0 +1,184 @@
+"""The engine's import graph, read from the source with ``ast`` (function-level and ``TYPE_CHECKING`` imports
+included): no import cycle inside ``phases/``, no Dagster import in ``phases/`` (assets -> resources -> phases), and
+every public name of the package importable (no JVM)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "phases"
+
+
+def _modules(package: str = PACKAGE) -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imported(name: str, path: Path) -> list[tuple[str, int]]:
+    """(imported module, line) for every import statement in the module, at any depth."""
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found += [(f"{module}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """module -> {module of the package it imports: line}. ``from a.b import c`` counts as an import of ``a.b.c``
+    when that is a module, else of ``a.b`` (the nearest module, as Python resolves it). The parent packages that
+    Python runs first are not counted: every module of a package has them."""
+    modules = _modules()
+    graph: dict[str, dict[str, int]] = {name: {} for name in modules}
+    for name, path in modules.items():
+        for target, line in _imported(name, path):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].setdefault(target, line)
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_reader_sees_function_level_and_type_checking_imports(tmp_path):
+    """The scan must see the imports that closed the old circle: one inside a function, one under
+    ``TYPE_CHECKING``; a scan that missed them would pass on any tree."""
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from phases.backlog import runner\n"
+        "def f():\n    from phases import operators\n"
+    )
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    names = {module for module, _ in _imported("phases.example", path)}
+    assert {"phases.backlog.runner", "phases.operators"} <= names
+
+
+def test_the_cycle_finder_finds_a_circle_of_three():
+    graph = {"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_engine_has_no_import_cycle():
+    graph = import_graph()
+    assert len(graph) > 40, "the scan found too few modules: it no longer matches the tree"
+    found = cycles(graph)
+    detail = [
+        f"{' -> '.join(c)}: "
+        + "; ".join(f"{a} imports {b} (line {graph[a][b]})" for a in c for b in graph[a] if b in c)
+        for c in found
+    ]
+    assert not found, "import cycles in phases/:\n" + "\n".join(detail)
+
+
+def test_the_engine_does_not_import_dagster():
+    """Dependencies point one way: assets -> resources -> phases. The engine runs without Dagster."""
+    offenders = [
+        f"{name} line {line}: {module}"
+        for name, path in _modules().items()
+        for module, line in _imported(name, path)
+        if module == "dagster" or module.startswith(("dagster.", "dagster_", "assets", "resources"))
+    ]
+    assert not offenders, offenders
+
+
+def test_the_definition_imports_no_operator_kind():
+    """The definition models carry the flags their validation needs; the kinds import the definition, never
+    the other way round."""
+    graph = import_graph()
+    definition = [m for m in graph if m == "phases.definition" or m.startswith("phases.definition.")]
+    assert definition
+    wrong = {m: sorted(t for t in graph[m] if t.startswith("phases.operators")) for m in definition}
+    assert not any(wrong.values()), wrong
+
+
+def test_every_engine_error_is_declared_in_errors():
+    """One error family, in one module: a class anywhere else in ``phases/`` that derives from an exception is
+    misfiled."""
+    errors = ROOT / PACKAGE / "errors.py"
+    family = {"Exception", "BaseException", "ValueError", "RuntimeError", "TypeError", "KeyError", "OSError"}
+    family |= {n.name for n in ast.walk(ast.parse(errors.read_text())) if isinstance(n, ast.ClassDef)}
+    assert "PhasesError" in family
+    misfiled = []
+    for name, path in _modules().items():
+        if path == errors:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {getattr(b, "id", getattr(b, "attr", None)) for b in node.bases}
+                if bases & family or node.name.endswith(("Error", "Exception")):
+                    misfiled.append(f"{name}.{node.name} (line {node.lineno})")
+    assert not misfiled, misfiled
+
+
+@pytest.mark.parametrize("name", __import__("phases").__all__)
+def test_every_public_name_is_importable_from_the_package(name):
+    import phases
+
+    assert getattr(phases, name) is not None
+
+
+def test_the_public_names_and_their_type_checking_imports_agree():
+    """``phases.__all__`` (loaded on first use) and the ``TYPE_CHECKING`` imports that type checkers read name the
+    same objects."""
+    import phases
+
+    tree = ast.parse((ROOT / PACKAGE / "__init__.py").read_text())
+    checked = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        for imp in node.body
+        if isinstance(imp, ast.ImportFrom)
+        for alias in imp.names
+    }
+    assert checked == set(phases.__all__) == set(phases._MODULE_OF)
