@@ -104,7 +104,7 @@ def backlog_specs(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetS
     the per-key state, the sink and the quarantine."""
     names = Names(pipeline)
     fingerprint = pipeline.fingerprint()
-    inputs = [names.source] + ([names.right_source] if pipeline.right_source is not None else [])
+    inputs = [names.source] + ([names.right_source] if pipeline.inputs.two else [])
     if settings.backfill is not None:
         inputs.append(names.slices)
 

@@ -88,7 +88,7 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
         wm, max_us, state_max = handoff.final_watermark_us, handoff.backlog_max_event_time_us, row["max_us"]
         # Filter steps may drop the records that set the maximum before they reach the state; a two-input
         # operator keeps only the rows that can still match (and its manifest max is the left input's).
-        partial = any(step.kind == "filter" for step in p.steps) or p.right_source is not None
+        partial = any(step.kind == "filter" for step in p.steps) or p.inputs.two
         inputs_max = max((m for m in (max_us, handoff.right_max_event_time_us) if m is not None), default=None)
         state_ok = state_max == max_us or (
             partial and (state_max is None or (inputs_max is not None and state_max <= inputs_max))

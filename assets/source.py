@@ -16,7 +16,7 @@ def _kind(pipeline: Pipeline) -> str:
 
 def source_keys(pipeline: Pipeline) -> list[str]:
     names = Names(pipeline)
-    return [names.source] + ([names.right_source] if pipeline.right_source is not None else [])
+    return [names.source] + ([names.right_source] if pipeline.inputs.two else [])
 
 
 def observation(key: str, head: SourceHead) -> dg.AssetObservation:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import lateness
 from phases.definition import Pipeline
+from phases.lateness import VERSION, late_candidates, split_late, version_stats, version_watermarks, with_watermarks
 from phases.records import REASON, with_reason
 from phases.sources import version_bounds
 from phases.sources.reader import SourceReader
@@ -84,17 +84,17 @@ def tag_changes(
     is_valid = F.col(REASON).isNull()
     valid, invalid = tagged.filter(is_valid).drop(REASON), tagged.filter(~is_valid)
     t = time.perf_counter()
-    stats = lateness.version_stats(tagged, is_valid, pipeline.event_time)
+    stats = version_stats(tagged, is_valid, pipeline.event_time)
     maxima = [(s.version, s.max_us) for s in stats if s.max_us is not None]
-    marks, running = lateness.version_watermarks(maxima, prior_max_us, pipeline.delay_us)
-    on_time, late = lateness.split_late(spark, valid, marks, pipeline.event_time)
+    marks, running = version_watermarks(maxima, prior_max_us, pipeline.delay_us)
+    on_time, late = split_late(spark, valid, marks, pipeline.event_time)
     timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
     # The quarantine reads only the versions that can hold such rows (a literal false prunes the scan).
-    late_versions = lateness.late_candidates(stats, marks)
+    late_versions = late_candidates(stats, marks)
     invalid_versions = [s.version for s in stats if s.invalid]
     late = late.filter(_in_versions(late_versions))
     # Invalid rows carry the watermark in force for their version too.
-    invalid = lateness.with_watermarks(spark, invalid.filter(_in_versions(invalid_versions)), marks)
+    invalid = with_watermarks(spark, invalid.filter(_in_versions(invalid_versions)), marks)
     q_rows = quarantine.invalid_and_late(
         invalid, late, pipeline=pipeline.name, phase=phase, event_time=pipeline.event_time, batch_id=batch_id
     )
@@ -144,7 +144,7 @@ def _tag_proved_on_time(
         top = max(b.max_floor_us for b in filled)
         tops = [b.version for b in filled if b.max_ceil_us >= top]
         at_top = source.read_backlog(max(tops), min(tops)).filter(
-            F.col(lateness.VERSION).isin(tops) & (F.unix_micros(F.col(pipeline.event_time)) >= F.lit(top))
+            F.col(VERSION).isin(tops) & (F.unix_micros(F.col(pipeline.event_time)) >= F.lit(top))
         )
         range_max = at_top.agg(F.max(F.unix_micros(F.col(pipeline.event_time)))).collect()[0][0]
         if range_max is None:  # the log and the rows disagree: let the scan decide
@@ -164,4 +164,4 @@ def _tag_proved_on_time(
 
 
 def _in_versions(versions: list[int]) -> Column:
-    return F.col(lateness.VERSION).isin(versions) if versions else F.lit(False)
+    return F.col(VERSION).isin(versions) if versions else F.lit(False)

@@ -84,7 +84,7 @@ def append_versions(spark: SparkSession, path: str, versions: Sequence[Version])
 
 def relocate(pipeline: Pipeline, root: str | Path, source: str) -> Pipeline:
     """``pipeline`` reading ``source`` and writing its sink and every engine table under ``root``."""
-    if pipeline.right_source is not None:
+    if pipeline.inputs.two:
         raise DefinitionError(
             f"pipeline {pipeline.name!r} has two inputs; phases.testing runs one-input pipelines (give the right "
             "source's versions to your own test, as tests/phases/test_two_input.py does)"

@@ -32,11 +32,11 @@ from datetime import timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases import operators
 from phases.backlog import progress
-from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
+from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.lateness import watermark_after
+from phases.operators import HandoffWrite, kind_of
 from phases.operators.aggregation import KeyedAggregationLogic
 from phases.sources.reader import SourceReader, open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
@@ -86,9 +86,9 @@ class BacklogRunner:
         """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone."""
         self.spark = spark
         self.pipeline = pipeline
-        self.source = open_source(spark, pipeline.source)
-        self.kind = operators.kind_of(pipeline)
-        self.right_source = open_source(spark, pipeline.right_source) if pipeline.right_source else None
+        self.readers = {i.label: open_source(spark, i.spec) for i in pipeline.inputs}  # one per input
+        self.source = self.readers[SOURCE_LABEL]
+        self.kind = kind_of(pipeline)
         self.timings: dict[str, float] = {}
         self.holder = f"backlog run {uuid.uuid4().hex[:12]}"
         self.take_over = take_over
@@ -128,8 +128,7 @@ class BacklogRunner:
 
     def logic(self):
         """The operator logic over the records as the operator sees them (after steps and enrichment)."""
-        sources = [self.source] if self.right_source is None else [self.source, self.right_source]
-        schemas = [prepared_schema(self.spark, self.pipeline, s.schema()) for s in sources]
+        schemas = [prepared_schema(self.spark, self.pipeline, s.schema()) for s in self.readers.values()]
         return self.kind.logic(self.spark, self.pipeline, schemas)
 
     def refuse_pieces(self, what: str) -> None:
@@ -238,7 +237,7 @@ class BacklogRunner:
         try:
             return self._run_full_pass(v, started)
         finally:
-            for source in (self.source, self.right_source):
+            for source in self.readers.values():
                 release = getattr(source, "release", None)
                 if release is not None:
                     release()
@@ -258,16 +257,17 @@ class BacklogRunner:
                 tag_version_range(spark, p, self.source, (0, v), None, self.timings, per_record_watermarks=per_record)
             ]
             right = None
-            if self.right_source is not None:
-                v_right = self.right_source.head_version()
-                self.right_source.require_change_feed(v_right)
-                inputs.append(tag_version_range(spark, p, self.right_source, (0, v_right), None, self.timings))
+            if p.inputs.two:
+                right_reader = self.readers[RIGHT_LABEL]
+                v_right = right_reader.head_version()
+                right_reader.require_change_feed(v_right)
+                inputs.append(tag_version_range(spark, p, right_reader, (0, v_right), None, self.timings))
                 right = (v_right, inputs[1].running_max_us)
         if inputs[0].from_log:
             self.timings["statistics_from_log"] = 1.0
         t = time.perf_counter()
         rows = inputs[0].quarantine
-        if len(inputs) == 2:
+        if p.inputs.two:
             reason = F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason"))
             rows = rows.unionByName(inputs[1].quarantine.withColumn("reason", reason))
         empty = not any(i.has_quarantine for i in inputs)
@@ -341,7 +341,7 @@ class BacklogRunner:
 
     def write_handoff(
         self,
-        write: operators.HandoffWrite,
+        write: HandoffWrite,
         *,
         source_version: int,
         max_us: int | None,

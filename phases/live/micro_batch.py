@@ -32,10 +32,8 @@ event time and final watermark) before the query starts: its immediate checkpoin
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, SparkSession
@@ -43,14 +41,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import operators
-from phases.definition import Pipeline
 from phases.errors import PhaseStateError
 from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
+from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
 from phases.sources.kafka import parse_offsets
-from phases.sources.reader import SourceReader
-from phases.storage import fs, maintenance, progress_log, quarantine, tables
+from phases.storage import fs, maintenance, old_layouts, quarantine, tables
 from phases.storage.progress_log import ProgressLog
 from phases.tagging import tag_changes
 
@@ -63,133 +59,35 @@ def _row_column(inp) -> str:
     return inp.suffix("_row")
 
 
-@dataclass(frozen=True)
-class InputProgress:
-    """How far one input is applied."""
-
-    complete_below: int  # every version of the input below this one is applied
-    running_max_us: int | None  # max valid event time of those versions (W(v) = this - delay)
-    held_version: int | None  # a version read only in part, held in the input's pending table
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What the live phase had applied after micro-batch ``batch_id`` (-1: the switch). The unprefixed
-    input fields are the pipeline's source; ``right_*`` a two-input operator's second source."""
-
-    batch_id: int
-    complete_below: int
-    running_max_us: int | None
-    closed_us: int | None  # windows/sessions/co-group windows ending at or before this were emitted
-    held_version: int | None
-    at_us: int = 0
-    right_complete_below: int | None = None
-    right_running_max_us: int | None = None
-    right_held_version: int | None = None
-    # A Kafka source: the end offsets (partition -> offset) after this batch; with the previous record's, the
-    # offset ranges of the batch's arrival chunk (the live half of the arrival-chunk log).
-    source_offsets: dict[str, int] | None = None
-    # The query generation that wrote the record: its micro-batch 0 is the log's batch ``query_base``
-    # (:mod:`phases.live.resume`; a new one starts when the checkpoint was lost).
-    query_base: int = 0
-
-    def of(self, label: str) -> InputProgress:
-        prefix = f"{label}_" if label else ""
-        return InputProgress(
-            getattr(self, f"{prefix}complete_below"),
-            getattr(self, f"{prefix}running_max_us"),
-            getattr(self, f"{prefix}held_version"),
-        )
-
-    @staticmethod
-    def of_inputs(
-        batch_id: int,
-        inputs: dict[str, InputProgress],
-        closed_us: int | None,
-        at_us: int = 0,
-        source_offsets: dict[str, int] | None = None,
-        query_base: int = 0,
-    ) -> Progress:
-        fields: dict = {
-            "batch_id": batch_id,
-            "closed_us": closed_us,
-            "at_us": at_us,
-            "source_offsets": source_offsets,
-            "query_base": query_base,
-        }
-        for label, inp in inputs.items():
-            prefix = f"{label}_" if label else ""
-            fields[f"{prefix}complete_below"] = inp.complete_below
-            fields[f"{prefix}running_max_us"] = inp.running_max_us
-            fields[f"{prefix}held_version"] = inp.held_version
-        return Progress(**fields)
-
-    def record(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @staticmethod
-    def from_record(record: dict) -> Progress:
-        names = {f.name for f in dataclasses.fields(Progress)}
-        return Progress(**{k: v for k, v in record.items() if k in names})
-
-    def without_held(self) -> Progress:
-        """The same positions with no version held in part (a new query reads such a version again whole)."""
-        held = {"held_version": None}
-        if self.right_complete_below is not None:
-            held["right_held_version"] = None
-        return dataclasses.replace(self, **held)
-
-
 # --- the driver ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LiveInput:
-    """One source the live query reads: the pipeline's (label ``""``) or a two-input operator's right one."""
-
-    label: str
-    source: SourceReader
-
-    def suffix(self, what: str) -> str:
-        return f"{what}_{self.label}" if self.label else what
 
 
 class IncrementalLive:
     """One live run (``run_name``) of a pipeline: its query, progress and pending tables."""
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        pipeline: Pipeline,
-        *,
-        run_name: str,
-        logic,
-        inputs: list[LiveInput],
-        start: Progress,
-        state_path: str,
-        checkpoints: str,
-        max_files_per_trigger: int | None,
-    ):
-        self.spark, self.pipeline, self.run_name, self.logic = spark, pipeline, run_name, logic
-        self.inputs, self.start_progress = inputs, start
-        self.state_path, self.checkpoints = state_path, checkpoints
-        self.max_files_per_trigger = max_files_per_trigger
-        self.progress_log = ProgressLog(spark, progress_log_path(pipeline, run_name))
-        self.pending_root = live_root(pipeline, run_name)
-        self.kind = operators.kind_of(pipeline)
-        self.step = self.kind.live_step(logic, state_path, pipeline.sink.path)
+    def __init__(self, spark: SparkSession, plan: LivePlan):
+        self.spark, self.plan = spark, plan
+        self.pipeline, self.kind, self.inputs = plan.pipeline, plan.kind, plan.inputs
+        self.run_name, self.state_path, self.checkpoints = plan.paths.run_name, plan.paths.state, plan.paths.checkpoints
+        self.start_progress, self.max_files_per_trigger = plan.start, plan.max_files_per_trigger
+        self.progress_log = ProgressLog(spark, plan.paths.progress_log)
+        self.step = self.kind.live_step(plan.logic, self.state_path, plan.paths.sink)
         self.query: StreamingQuery | None = None
         self._progress: dict[int, Progress] = {}
         self._table_ids: dict[str, str] = {}
         # The query generation (phases.live.resume): its micro-batch N is the progress log's batch base + N.
         self.base = 0
-        self.query_folder = live_resume.generation_folder(checkpoints, 0)
-        self._resumed_from = start
+        self.query_folder = live_resume.generation_folder(self.checkpoints, 0)
+        self._resumed_from = plan.start
+
+    @property
+    def logic(self):
+        return self.plan.logic
 
     def use(self, logic) -> None:
         """Runs the next micro-batches with ``logic`` (rebuilt after a source schema change)."""
-        self.logic = logic
-        self.step = self.kind.live_step(logic, self.state_path, self.pipeline.sink.path)
+        self.plan.logic = logic
+        self.step = self.kind.live_step(logic, self.state_path, self.plan.paths.sink)
 
     # --- tables ----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -203,8 +101,8 @@ class IncrementalLive:
             maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
         # The switch's record: the live phase's immediate checkpoint. A run started before the log was a folder of
         # files kept its progress in a Delta table: it goes on from that table's last row.
-        legacy = _last_legacy_progress(spark, legacy_progress_path(p, self.run_name))
-        switch = legacy if legacy is not None else self.start_progress
+        legacy = old_layouts.progress_table_record(spark, self.plan.paths.run_root)
+        switch = Progress.from_record(legacy) if legacy is not None else self.start_progress
         resume = live_resume.plan(
             spark, self.progress_log, self.checkpoints, switch.record(), self._applied_writes, self._way_out()
         )
@@ -232,7 +130,7 @@ class IncrementalLive:
         return live_resume.app_id(self.pipeline.name, self.run_name, what)
 
     def _pending_path(self, inp: LiveInput) -> str:
-        return f"{self.pending_root}/{inp.suffix('pending')}"
+        return self.plan.paths.pending(inp)
 
     def _progress_after(self, batch_id: int) -> Progress:
         """The progress recorded by micro-batch ``batch_id`` (-1: the switch's). A new query generation's first
@@ -433,26 +331,6 @@ class IncrementalLive:
             "watermark": watermark,
             "source_version": latest.complete_below - 1,
         }
-
-
-def live_root(pipeline: Pipeline, run_name: str) -> str:
-    return pipeline.locations.live_run(run_name)
-
-
-def progress_log_path(pipeline: Pipeline, run_name: str) -> str:
-    return f"{live_root(pipeline, run_name)}/{progress_log.FOLDER}"
-
-
-def legacy_progress_path(pipeline: Pipeline, run_name: str) -> str:
-    """Where runs started before the progress log kept their progress: a Delta table."""
-    return f"{live_root(pipeline, run_name)}/{progress_log.LEGACY_TABLE}"
-
-
-def _last_legacy_progress(spark: SparkSession, path: str) -> Progress | None:
-    if not tables.exists(spark, path):
-        return None
-    rows = spark.read.format("delta").load(path).orderBy(F.col("batch_id").desc()).limit(1).collect()
-    return Progress.from_record(rows[0].asDict()) if rows else None
 
 
 def _now_us() -> int:

@@ -19,18 +19,15 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from phases import operators
 from phases.definition import Pipeline
 from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError
 from phases.lateness import watermark_after
 from phases.live import schema_changes as schema_evolution
-from phases.live.micro_batch import IncrementalLive, LiveInput, Progress
+from phases.live.micro_batch import IncrementalLive
+from phases.live.plan import LivePlan, Progress
 from phases.sources.reader import open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
-from phases.storage import leases, manifest, tables, uris
-from phases.storage.live_layout import live_checkpoint_root
-
-STREAMING_ONLY = "streaming-only"
+from phases.storage import leases, manifest, tables
 
 
 @dataclass(frozen=True)
@@ -60,68 +57,35 @@ class LiveRunner:
         self.lease: leases.Lease | None = None
         self.pipeline = pipeline
         self.handoff = handoff
-        self.max_files_per_trigger = max_files_per_trigger
-        self.source = open_source(spark, pipeline.source, position=handoff.source_position if handoff else None)
-        if handoff is None and pipeline.enrich is not None:
-            raise PhaseStateError(
-                f"pipeline {pipeline.name!r} enriches with end-of-stream step {pipeline.enrich.step!r}, which emits "
-                "only after the backlog ends: it has no single-streaming-job form; start it from a handoff"
-            )
-        self.run_name = handoff.manifest_id if handoff else STREAMING_ONLY
+        self.plan = LivePlan.of(spark, pipeline, handoff, max_files_per_trigger=max_files_per_trigger)
         self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
-        self.checkpoints = live_checkpoint_root(pipeline, self.run_name)
-        loc = pipeline.locations
-        self.state_path = handoff.state_path if handoff else uris.join(loc.state_root, STREAMING_ONLY)
-        self.right_source = open_source(spark, pipeline.right_source) if pipeline.right_source else None
-        self.kind = operators.kind_of(pipeline)
-        self.logic = self._logic()
-        inputs = [LiveInput("", self.source)]
-        if self.right_source is not None:
-            inputs.append(LiveInput("right", self.right_source))
-        self.incremental = IncrementalLive(
-            spark,
-            pipeline,
-            run_name=self.run_name,
-            logic=self.logic,
-            inputs=inputs,
-            start=self._switch_progress(),
-            state_path=self.state_path,
-            checkpoints=self.checkpoints,
-            max_files_per_trigger=max_files_per_trigger,
-        )
+        self.incremental = IncrementalLive(spark, self.plan)
 
-    def _logic(self):
-        """The operator's logic for the sources' current schemas."""
-        p, spark = self.pipeline, self.spark
-        sources = [self.source] if self.right_source is None else [self.source, self.right_source]
-        return self.kind.logic(spark, p, [prepared_schema(spark, p, s.schema()) for s in sources])
+    # What the plan holds, by the names the runner's callers use.
+    @property
+    def run_name(self) -> str:
+        return self.plan.paths.run_name
 
-    def _switch_progress(self) -> Progress:
-        """The live phase's first progress row: where the handoff left each input (batch -1)."""
-        h, p = self.handoff, self.pipeline
-        if h is None:
-            right = {"right_complete_below": 0} if self.right_source is not None else {}
-            return Progress(
-                batch_id=-1, complete_below=0, running_max_us=None, closed_us=None, held_version=None, **right
-            )
-        watermarks = {"": h.final_watermark_us}
-        right = {}
-        if self.right_source is not None:
-            right_wm = watermark_after(h.right_max_event_time_us, p.delay_us)
-            right = {
-                "right_complete_below": h.right_source_version + 1,
-                "right_running_max_us": h.right_max_event_time_us,
-            }
-            watermarks["right"] = right_wm
-        closed = self.kind.closing(watermarks)
-        return Progress(
-            batch_id=-1,
-            complete_below=h.source_version + 1,
-            running_max_us=h.backlog_max_event_time_us,
-            closed_us=closed,
-            held_version=None,
-            **right,
-        )
+    @property
+    def state_path(self) -> str:
+        return self.plan.paths.state
+
+    @property
+    def checkpoints(self) -> str:
+        return self.plan.paths.checkpoints
+
+    @property
+    def kind(self):
+        return self.plan.kind
+
+    @property
+    def logic(self):
+        return self.plan.logic
+
+    @property
+    def source(self):
+        """The reader of the pipeline's own source."""
+        return self.plan.source
 
     @classmethod
     def from_manifest(
@@ -137,8 +101,8 @@ class LiveRunner:
     @classmethod
     def streaming_only(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
         """One streaming job over all versions from the first, with empty initial state."""
-        for spec in (pipeline.source, pipeline.right_source):
-            if spec is None or spec.kind == "kafka":  # a topic is read from its earliest offsets
+        for spec in (i.spec for i in pipeline.inputs):
+            if spec.kind == "kafka":  # a topic is read from its earliest offsets
                 continue
             if spec.starting_version > 0:
                 raise PhaseStateError(
@@ -186,7 +150,7 @@ class LiveRunner:
         (:mod:`phases.live.schema_changes`); raises SchemaChangeError when the operator cannot take it."""
         p, spark = self.pipeline, self.spark
         try:
-            logic = self._logic()
+            logic = self.plan.build_logic(spark)
         except DefinitionError as exc:
             raise SchemaChangeError(
                 f"pipeline {p.name!r}: the source's schema changed and its operator cannot take it: {exc}. "
@@ -204,7 +168,6 @@ class LiveRunner:
         ):
             if tables.exists(spark, path):
                 schema_evolution.take_up(spark, path, wanted, what, p.name, sources)
-        self.logic = logic
         self.incremental.use(logic)
 
     def _query_name(self) -> str:

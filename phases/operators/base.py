@@ -18,6 +18,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases.definition import SOURCE_LABEL
 from phases.errors import PhaseStateError
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from phases.storage.manifest import HandoffManifest
     from phases.tagging import TaggedRange
 
-Watermarks = dict[str, int | None]  # per live input label ("" the source, "right" the second one)
+Watermarks = dict[str, int | None]  # per live input label (``Input.label``: the source, the right source)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class OperatorKind(ABC):
 
     def closing(self, watermarks: Watermarks) -> int | None:
         """The watermark that closes windows, sessions and timers: the input's own."""
-        return watermarks[""]
+        return watermarks[SOURCE_LABEL]
 
     def schema_change_sources(
         self, spark: SparkSession, pipeline: Pipeline, logic, records: T.StructType, state_path: str
@@ -182,7 +183,7 @@ class OneInputStep:
         batch: int,
         app,
     ) -> None:
-        self.apply(spark, records[""], closing_us, batch, app)
+        self.apply(spark, records[SOURCE_LABEL], closing_us, batch, app)
 
     def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
         raise NotImplementedError

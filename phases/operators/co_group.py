@@ -7,7 +7,7 @@ from __future__ import annotations
 from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 
-from phases.definition import WINDOW_END, CoGroup
+from phases.definition import RIGHT_LABEL, SOURCE_LABEL, WINDOW_END, CoGroup
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
 from phases.operators.two_input import TwoInputKind
 from phases.storage import tables
@@ -25,7 +25,9 @@ class CoGroupStep:
     def apply_inputs(self, spark, records, watermarks, closing_us, batch, app) -> None:
         logic = self.logic
         lifted = [
-            logic.lift(df, side) for df, side in ((records[""], LEFT), (records["right"], RIGHT)) if df is not None
+            logic.lift(df, side)
+            for df, side in ((records[SOURCE_LABEL], LEFT), (records[RIGHT_LABEL], RIGHT))
+            if df is not None
         ]
         if lifted:
             rows = lifted[0] if len(lifted) == 1 else lifted[0].unionByName(lifted[1])

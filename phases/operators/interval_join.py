@@ -8,7 +8,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from phases.definition import IntervalJoin
+from phases.definition import RIGHT_LABEL, SOURCE_LABEL, IntervalJoin
 from phases.operators.aggregation import MAX_TS
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
 from phases.operators.two_input import TwoInputKind
@@ -33,7 +33,7 @@ class IntervalJoinStep:
 
     def apply_inputs(self, spark, records, watermarks, closing_us, batch, app) -> None:
         logic, keys, et = self.logic, self.logic.keys, self.logic.event_time
-        new_left, new_right = records[""], records["right"]
+        new_left, new_right = records[SOURCE_LABEL], records[RIGHT_LABEL]
         if new_left is None and new_right is None:
             return
         left_cols = [f.name for f in logic.fields(LEFT)]
@@ -119,7 +119,7 @@ class IntervalJoinStep:
         """SQL lambdas: a left row is kept while a future right row (ts > the right watermark) can match it
         (``ts + upper > right_wm``); a right row while a future left row can (``ts - lower > left_wm``)."""
         logic, et = self.logic, self.logic.event_time
-        left_wm, right_wm = watermarks[""], watermarks["right"]
+        left_wm, right_wm = watermarks[SOURCE_LABEL], watermarks[RIGHT_LABEL]
         keep_left = "x -> true"
         if right_wm is not None:
             keep_left = f"x -> x.`{et}` > timestamp_micros({right_wm - logic.upper_ms * 1000})"

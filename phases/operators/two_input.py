@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import types as T
 
-from phases.definition import Pipeline
+from phases.definition import RIGHT_LABEL, SOURCE_LABEL, Pipeline
 from phases.lateness import watermark_after
 from phases.operators.base import HandoffCounts, OperatorKind, Watermarks, counted, observed, table_counts
 from phases.operators.join_logic import CoGroupLogic
@@ -58,7 +58,7 @@ class TwoInputKind(OperatorKind):
         return self.logic_class(pipeline, schemas[0], schemas[1])
 
     def closing(self, watermarks: Watermarks) -> int | None:
-        return CoGroupLogic.closing_watermark(watermarks[""], watermarks["right"])
+        return CoGroupLogic.closing_watermark(watermarks[SOURCE_LABEL], watermarks[RIGHT_LABEL])
 
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs) -> TwoInputHandoff:
         left, right = inputs

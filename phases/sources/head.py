@@ -123,6 +123,7 @@ def source_heads(pipeline: Pipeline) -> list[SourceHead]:
         if isinstance(source, KafkaSource)
         else delta_head("source", source, pipeline.event_time)
     ]
-    if pipeline.right_source is not None:
-        heads.append(delta_head("right source", pipeline.right_source, pipeline.event_time))
+    if pipeline.inputs.two:
+        right = pipeline.inputs.right
+        heads.append(delta_head(right.name, right.spec, pipeline.event_time))
     return heads

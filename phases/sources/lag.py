@@ -81,10 +81,10 @@ def input_lags(
         lags.append(kafka_lag("source", pipeline.source.live, source_position, watermark_us))
     else:
         lags.append(delta_lag("source", pipeline.source, source_version, watermark_us))
-    right = pipeline.right_source
-    if right is not None:
+    if pipeline.inputs.two:
+        right = pipeline.inputs.right
         version = -1 if right_source_version is None else right_source_version
-        lags.append(delta_lag("right source", right, version, right_watermark_us))
+        lags.append(delta_lag(right.name, right.spec, version, right_watermark_us))
     return lags
 
 

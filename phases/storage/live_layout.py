@@ -7,7 +7,7 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from phases.definition import Pipeline
-from phases.storage import fs, progress_log, uris
+from phases.storage import old_layouts, progress_log, uris
 
 
 def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
@@ -15,8 +15,7 @@ def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
 
 
 def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
-    """True once the live phase of ``manifest_id`` has recorded its switch (its first progress record; a run
-    of the earlier two-query layout: its operator query's first commit)."""
-    return progress_log.live_started(spark, pipeline.locations.live_run(manifest_id)) or fs.exists(
-        spark, f"{live_checkpoint_root(pipeline, manifest_id)}/aggregate/commits/0"
-    )
+    """True once the live phase of ``manifest_id`` has recorded its switch (its first progress record)."""
+    return progress_log.live_started(
+        spark, pipeline.locations.live_run(manifest_id)
+    ) or old_layouts.two_query_run_started(spark, live_checkpoint_root(pipeline, manifest_id))

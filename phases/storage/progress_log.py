@@ -18,11 +18,10 @@ import json
 from pyspark.sql import SparkSession
 
 from phases.errors import ProgressRecordDamaged
-from phases.storage import fs, tables, uris
+from phases.storage import fs, old_layouts, uris
 
 RETAIN = 100
 FOLDER = "progress_log"  # under the live run's folder
-LEGACY_TABLE = "progress"  # runs started before the log kept their progress in this Delta table
 
 
 def _batch_id(name: str) -> int | None:
@@ -90,7 +89,7 @@ def parse(text: str, path: str) -> dict:
 def live_started(spark: SparkSession, live_run_root: str) -> bool:
     """True once a live run under ``live_run_root`` has recorded its switch (it then owns its state table)."""
     root = live_run_root.rstrip("/")
-    return bool(ProgressLog(spark, f"{root}/{FOLDER}").batch_ids()) or tables.exists(spark, f"{root}/{LEGACY_TABLE}")
+    return bool(ProgressLog(spark, f"{root}/{FOLDER}").batch_ids()) or old_layouts.has_progress_table(spark, root)
 
 
 def latest_without_spark(live_run_root: str) -> tuple[int, dict] | None:

@@ -8,7 +8,7 @@ from pyspark.sql import types as T
 
 from phases.lateness import VERSION, WATERMARK_US
 from phases.records import FUTURE
-from phases.storage import tables
+from phases.storage import old_layouts, tables
 
 SCHEMA = T.StructType(
     [
@@ -73,11 +73,7 @@ def ensure(spark: SparkSession, path: str) -> None:
     if not tables.exists(spark, path):
         tables.ensure(spark, path, SCHEMA)
         return
-    have = set(spark.read.format("delta").load(path).columns)
-    missing = [f for f in SCHEMA.fields if f.name not in have]
-    if missing:
-        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
-        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+    old_layouts.add_missing_columns(spark, path, SCHEMA)
 
 
 def replace_backlog(

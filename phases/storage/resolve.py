@@ -33,6 +33,6 @@ def resolve_paths(pipeline: Pipeline, root: str, kafka_bootstrap_servers: str | 
         "locations": pipeline.locations.model_copy(update={"root": under(root, pipeline.locations.root)}),
         "end_of_stream": [s.model_copy(update={"output": moved(s.output)}) for s in pipeline.end_of_stream],
     }
-    if pipeline.right_source is not None:
-        update["operator"] = pipeline.operator.model_copy(update={"right": moved(pipeline.right_source)})
+    if pipeline.inputs.two:
+        update["operator"] = pipeline.operator.model_copy(update={"right": moved(pipeline.inputs.right.spec)})
     return pipeline.model_copy(update=update)
