@@ -30,14 +30,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from phases.backlog import progress
 from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.lateness import watermark_after
 from phases.operators import HandoffWrite, kind_of
-from phases.operators.aggregation import KeyedAggregationLogic
+from phases.operators.base import Pieces
 from phases.sources.reader import SourceReader, open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases.storage import leases, maintenance, manifest, quarantine, tables, uris
@@ -49,7 +48,7 @@ from phases.tagging import tag_version_range
 class Partial:
     """What a version range lo..hi contributes: per-key merged buffers, quarantine rows, maxima."""
 
-    buffers: DataFrame  # keys + buffer columns, one row per key
+    buffers: DataFrame  # the range's piece of the state (the kind's Pieces): one row per state key
     quarantine: DataFrame
     range_max_us: int | None  # max event time of the range's valid records
     running_max_us: int | None  # max event time of all valid records in versions 0..hi
@@ -60,19 +59,20 @@ def version_range_partial(
     spark: SparkSession,
     pipeline: Pipeline,
     source: SourceReader,
-    logic: KeyedAggregationLogic,
+    pieces: Pieces,
     versions: tuple[int, int],
     prior_max_us: int | None,
     timings: dict[str, float] | None = None,
 ) -> Partial:
-    """Validates, tags late records and merges per key the changes of versions lo..hi (inclusive).
+    """Validates, tags late records and merges per key (``pieces``: the kind's) the changes of versions lo..hi
+    (inclusive).
 
     ``prior_max_us`` is the max event time of the valid records of all versions before ``lo``: it
     continues the version watermark, so a range's late records are the same whether it runs alone, as a
     slice, as a catch-up increment or as part of one backlog job.
     """
     tagged = tag_version_range(spark, pipeline, source, versions, prior_max_us, timings, per_record_watermarks=False)
-    buffers = logic.merge(logic.lift(tagged.prepared))
+    buffers = pieces.of(tagged.prepared)
     return Partial(
         buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us, has_quarantine=tagged.has_quarantine
     )
@@ -250,26 +250,25 @@ class BacklogRunner:
             self.timings["end_of_stream_s"] = time.perf_counter() - t
         p, spark = self.pipeline, self.spark
         logic = self.logic()  # checks the definition against the sources' schemas before any pass
-        self.source.require_change_feed(v)
         with self._step("statistics (watermarks)"):
             per_record = self.kind.per_record_watermarks
-            inputs = [
-                tag_version_range(spark, p, self.source, (0, v), None, self.timings, per_record_watermarks=per_record)
-            ]
-            right = None
-            if p.inputs.two:
-                right_reader = self.readers[RIGHT_LABEL]
-                v_right = right_reader.head_version()
-                right_reader.require_change_feed(v_right)
-                inputs.append(tag_version_range(spark, p, right_reader, (0, v_right), None, self.timings))
-                right = (v_right, inputs[1].running_max_us)
+            ends, inputs = {}, []
+            for inp in p.inputs:  # the source up to v; a second input up to its own head
+                reader = self.readers[inp.label]
+                ends[inp.label] = end = v if inp.label == SOURCE_LABEL else reader.head_version()
+                reader.require_change_feed(end)
+                tagged = tag_version_range(
+                    spark, p, reader, (0, end), None, self.timings, per_record_watermarks=per_record
+                )
+                inputs.append(tagged)
+            right = (ends[RIGHT_LABEL], inputs[1].running_max_us) if p.inputs.two else None
         if inputs[0].from_log:
             self.timings["statistics_from_log"] = 1.0
         t = time.perf_counter()
         rows = inputs[0].quarantine
-        if p.inputs.two:
-            reason = F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason"))
-            rows = rows.unionByName(inputs[1].quarantine.withColumn("reason", reason))
+        for inp, tagged in zip(p.inputs, inputs, strict=True):
+            if inp.label != SOURCE_LABEL:
+                rows = rows.unionByName(quarantine.of_input(tagged.quarantine, inp.label))
         empty = not any(i.has_quarantine for i in inputs)
 
         with self._step("quarantine"):
@@ -309,8 +308,9 @@ class BacklogRunner:
         logic = self.logic()
         lo = base.source_version + 1
         with self._step("statistics (watermarks)"):
+            pieces = self.kind.pieces(logic)
             part = version_range_partial(
-                self.spark, p, self.source, logic, (lo, v), base.backlog_max_event_time_us, self.timings
+                self.spark, p, self.source, pieces, (lo, v), base.backlog_max_event_time_us, self.timings
             )
         t = time.perf_counter()
         with self._step("quarantine"):
@@ -319,13 +319,13 @@ class BacklogRunner:
             )
         self.timings["quarantine_s"] = time.perf_counter() - t
         previous = self.spark.read.format("delta").load(base.state_path).select(*part.buffers.columns)
-        state = logic.merge_partials(previous.unionByName(part.buffers))
+        state = pieces.merge(previous.unionByName(part.buffers))
         return self.hand_off(state, logic, v, part.running_max_us, started=started, kind="increment", base=base)
 
     def hand_off(
         self,
         state: DataFrame,
-        logic: KeyedAggregationLogic,
+        logic,
         source_version: int,
         max_us: int | None,
         *,
@@ -333,7 +333,7 @@ class BacklogRunner:
         kind: str,
         base: manifest.HandoffManifest | None = None,
     ) -> manifest.HandoffManifest:
-        """Hands off merged aggregation buffers (a catch-up increment on top of ``base``, or daily slices)."""
+        """Hands off a state merged from pieces (a catch-up increment on top of ``base``, or daily slices)."""
         write = self.kind.handoff(self.spark, self.pipeline, logic, state, max_us, base)
         return self.write_handoff(
             write, source_version=source_version, max_us=max_us, started=started, kind=kind, base=base

@@ -29,7 +29,6 @@ from phases.backlog import progress
 from phases.backlog.runner import BacklogRunner, version_range_partial
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
-from phases.operators.aggregation import ROWS
 from phases.records import split_invalid
 from phases.storage import quarantine, tables, uris
 from phases.storage.manifest import HandoffManifest
@@ -148,22 +147,20 @@ class SliceRunner:
         started = time.perf_counter()
         p, spark = self.pipeline, self.spark
         logic = self.backlog.logic()
+        pieces = self.backlog.kind.pieces(logic)
         versions = self.day_versions(day, commit_times)
         sid = day_id(day)
         keys = rows = quarantined = 0
         range_max: int | None = None
-        tables.ensure(
-            spark, self.partials_path, T.StructType([T.StructField(SLICE, T.StringType()), *logic.buffer_schema.fields])
-        )
+        schema = T.StructType([T.StructField(SLICE, T.StringType()), *pieces.schema.fields])
+        tables.ensure(spark, self.partials_path, schema)
         if versions is None:
-            empty = spark.createDataFrame(
-                [], T.StructType([T.StructField(SLICE, T.StringType()), *logic.buffer_schema.fields])
-            )
+            empty = spark.createDataFrame([], schema)
             self._replace_partial(empty, sid)
         else:
             with progress.step(spark, p.name, "backlog", f"slice {sid}"):
                 part = version_range_partial(
-                    spark, p, self.backlog.source, logic, versions, self._prior_max(versions[0])
+                    spark, p, self.backlog.source, pieces, versions, self._prior_max(versions[0])
                 )
                 q = part.quarantine.persist()
                 try:
@@ -176,7 +173,7 @@ class SliceRunner:
                 spark.read.format("delta")
                 .load(self.partials_path)
                 .filter(F.col(SLICE) == sid)
-                .agg(F.count(F.lit(1)).alias("keys"), F.sum(ROWS).alias("rows"))
+                .agg(F.count(F.lit(1)).alias("keys"), pieces.rows.alias("rows"))
                 .collect()[0]
             )
             keys, rows, range_max = int(stats["keys"]), int(stats["rows"] or 0), part.range_max_us
@@ -261,5 +258,10 @@ class SliceRunner:
         partials = self.spark.read.format("delta").load(self.partials_path).filter(F.col(SLICE).isin(ids)).drop(SLICE)
         maxima = [r.max_event_time_us for r in chain if r.max_event_time_us is not None]
         return self.backlog.hand_off(
-            logic.merge_partials(partials), logic, version, max(maxima, default=None), started=started, kind="slices"
+            self.backlog.kind.pieces(logic).merge(partials),
+            logic,
+            version,
+            max(maxima, default=None),
+            started=started,
+            kind="slices",
         )

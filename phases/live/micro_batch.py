@@ -230,7 +230,7 @@ class IncrementalLive:
         if tagged.has_quarantine:
             q_rows = tagged.quarantine
             if inp.label:
-                q_rows = q_rows.withColumn("reason", F.concat(F.lit(quarantine.RIGHT_INPUT_REASON), F.col("reason")))
+                q_rows = quarantine.of_input(q_rows, inp.label)
             tables.append_once(q_rows, p.locations.quarantine, self.app(inp.suffix("quarantine")), batch_id)
         after = InputProgress(max(end_version, before.complete_below), tagged.running_max_us, held_version)
         return (tagged.prepared if tagged.has_on_time else None), after, rows

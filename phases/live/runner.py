@@ -22,9 +22,9 @@ from pyspark.sql.streaming import StreamingQuery
 from phases.definition import Pipeline
 from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError
 from phases.lateness import watermark_after
-from phases.live import schema_changes as schema_evolution
 from phases.live.micro_batch import IncrementalLive
 from phases.live.plan import LivePlan, Progress
+from phases.schema_changes import is_schema_change_stop, take_up
 from phases.sources.reader import open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases.storage import leases, manifest, tables
@@ -147,7 +147,7 @@ class LiveRunner:
 
     def _take_up_schema(self) -> None:
         """Rebuilds the operator for the sources' current schemas and widens the state and the sink to it
-        (:mod:`phases.live.schema_changes`); raises SchemaChangeError when the operator cannot take it."""
+        (:mod:`phases.schema_changes`); raises SchemaChangeError when the operator cannot take it."""
         p, spark = self.pipeline, self.spark
         try:
             logic = self.plan.build_logic(spark)
@@ -167,7 +167,7 @@ class LiveRunner:
             (p.sink.path, logic.output_schema, "sink"),
         ):
             if tables.exists(spark, path):
-                schema_evolution.take_up(spark, path, wanted, what, p.name, sources)
+                take_up(spark, path, wanted, what, p.name, sources)
         self.incremental.use(logic)
 
     def _query_name(self) -> str:
@@ -177,7 +177,7 @@ class LiveRunner:
         """Restarts the live query (from its checkpoint) when Delta's source stopped it on a schema change;
         True when it did."""
         q = self.incremental.query
-        if q is None or q.isActive or not schema_evolution.is_schema_change_stop(q.exception()):
+        if q is None or q.isActive or not is_schema_change_stop(q.exception()):
             return False
         self._take_up_schema()
         self.incremental.start(self._trigger(False), self._query_name())
@@ -194,7 +194,7 @@ class LiveRunner:
                 try:
                     q.awaitTermination()  # raises the query's error when it failed
                 except StreamingQueryException:
-                    if not schema_evolution.is_schema_change_stop(q.exception()):
+                    if not is_schema_change_stop(q.exception()):
                         raise
                     self._take_up_schema()
                     continue

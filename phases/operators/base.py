@@ -72,6 +72,25 @@ class HandoffWrite(Protocol):
         """Releases what the writes cached (called also when a write failed)."""
 
 
+class Pieces(Protocol):
+    """A state built from pieces (catch-up increments, daily slices): a kind whose state is a mergeable aggregate.
+    A piece is one row per state key; pieces of disjoint version ranges merge into the state of their union."""
+
+    @property
+    def schema(self) -> T.StructType:
+        """A piece's columns (the state's)."""
+
+    @property
+    def rows(self) -> Column:
+        """The aggregate of a piece's rows that counts the records it took."""
+
+    def of(self, records: DataFrame) -> DataFrame:
+        """The piece of a version range's on-time records (as the operator sees them)."""
+
+    def merge(self, pieces: DataFrame) -> DataFrame:
+        """Pieces (rows of :attr:`schema`, several per key) merged into one row per key."""
+
+
 class LiveStep(Protocol):
     """One micro-batch of the live phase, after validation and lateness: ``records`` are each input's
     on-time records of the complete versions (None: none), ``closing_us`` the watermark that closes
@@ -140,6 +159,10 @@ class OperatorKind(ABC):
     @abstractmethod
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs: list[TaggedRange]) -> HandoffWrite:
         """The backlog pass over the inputs' tagged versions 0..V (one per input)."""
+
+    def pieces(self, logic) -> Pieces:
+        """How pieces of the state are made and merged: only a kind whose :attr:`supports_increments` says so."""
+        raise PhaseStateError(f"operator kind {self.name!r} takes no increments: {self.no_increments_because}")
 
     def handoff(
         self,

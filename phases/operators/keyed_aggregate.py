@@ -7,15 +7,17 @@ only their open windows and emit the closed ones)."""
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.definition import WINDOW_END, KeyedAggregate, Pipeline
+from phases.errors import DefinitionError, SchemaChangeError
 from phases.lateness import watermark_after
-from phases.live import schema_changes as schema_evolution
 from phases.operators.aggregation import MAX_TS, ROWS, KeyedAggregationLogic, WindowedAggregationLogic
 from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
+from phases.schema_changes import changes, way_out
 from phases.storage import tables
 from phases.storage.manifest import HandoffManifest
 
@@ -143,6 +145,29 @@ class KeyedStep(OneInputStep):
             new.unpersist()
 
 
+class AggregationPieces:
+    """Pieces of an aggregation's state: the merged buffers of a version range, per key (and window)."""
+
+    def __init__(self, logic: KeyedAggregationLogic):
+        self.logic = logic
+
+    @property
+    def schema(self) -> T.StructType:
+        return self.logic.buffer_schema
+
+    @property
+    def rows(self) -> Column:
+        return F.sum(ROWS)
+
+    def of(self, records: DataFrame) -> DataFrame:
+        # Not sorted by key first: the merge is order-insensitive (commutative monoids), and Spark's hash
+        # aggregation combines map-side before its shuffle, where a repartition by key shuffled every record.
+        return self.logic.merge(self.logic.lift(records))
+
+    def merge(self, pieces: DataFrame) -> DataFrame:
+        return self.logic.merge_partials(pieces)
+
+
 class KeyedAggregateKind(OperatorKind):
     spec = KeyedAggregate
     state_event_time = MAX_TS
@@ -158,10 +183,11 @@ class KeyedAggregateKind(OperatorKind):
 
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs) -> AggregationHandoff:
         (tagged,) = inputs
-        # Not sorted by key first: the merge is order-insensitive (commutative monoids), and Spark's hash
-        # aggregation combines map-side before its shuffle, where a repartition by key shuffled every record.
-        buffers = logic.merge(logic.lift(tagged.prepared))
+        buffers = self.pieces(logic).of(tagged.prepared)
         return self.handoff(spark, pipeline, logic, buffers, tagged.running_max_us)
+
+    def pieces(self, logic: KeyedAggregationLogic) -> AggregationPieces:
+        return AggregationPieces(logic)
 
     def handoff(
         self,
@@ -182,7 +208,39 @@ class KeyedAggregateKind(OperatorKind):
     def schema_change_sources(
         self, spark: SparkSession, pipeline: Pipeline, logic, records: T.StructType, state_path: str
     ) -> dict[str, str]:
-        sources = schema_evolution.buffer_sources(logic)
-        changed = schema_evolution.changes(spark, state_path, logic.buffer_schema, sources)
-        schema_evolution.check_operator(spark, logic, records, pipeline.name, changed)
+        sources = _buffer_sources(logic)
+        changed = changes(spark, state_path, logic.buffer_schema, sources)
+        _check_operator(spark, logic, records, pipeline.name, changed)
         return sources
+
+
+def _buffer_sources(logic: KeyedAggregationLogic) -> dict[str, str]:
+    """State and sink columns -> the source column each aggregation reads (for error messages)."""
+    out: dict[str, str] = {}
+    for agg in logic.aggregations:
+        if agg.column is None:
+            continue
+        out[agg.name] = agg.column
+        for name in logic.buffer_names:
+            if name.startswith(f"{agg.name}__"):
+                out[name] = agg.column
+    return out
+
+
+def _check_operator(
+    spark: SparkSession, logic: KeyedAggregationLogic, records: T.StructType, pipeline: str, changed: list[str]
+) -> None:
+    """Resolves the operator's lift, merge, pairwise combine and finalize over ``records`` (no data read), so
+    a source type the operator's expressions cannot take is found before any micro-batch runs."""
+    try:
+        empty = spark.createDataFrame([], records)
+        state = logic.merge(logic.lift(empty))
+        _ = logic.finalize(state).schema
+        pair = state.alias("t").crossJoin(state.alias("s"))
+        _ = pair.select(*[F.expr(sql).alias(name) for name, sql in logic.combine_set("t", "s").items()]).schema
+    except (AnalysisException, DefinitionError) as exc:
+        what = "; ".join(changed) if changed else records.simpleString()
+        raise SchemaChangeError(
+            f"pipeline {pipeline!r}: the source's schema changed ({what}) and its operator cannot take it: "
+            f"{str(exc).splitlines()[0][:300]}. {way_out(pipeline)}"
+        ) from exc

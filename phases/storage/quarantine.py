@@ -6,6 +6,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases.definition import RIGHT_LABEL
 from phases.lateness import VERSION, WATERMARK_US
 from phases.records import FUTURE
 from phases.storage import old_layouts, tables
@@ -30,7 +31,12 @@ _KAFKA_COLUMNS = {"kafka_topic": "_kafka_topic", "kafka_partition": "_kafka_part
 _RAW = "_raw"  # an undecodable value's text (Kafka): the record it is kept as
 
 LATE_REASON = "late: event time <= watermark"
-RIGHT_INPUT_REASON = "right input: "  # prefixes the reason of a two-input operator's right-source records
+RIGHT_INPUT_REASON = f"{RIGHT_LABEL} input: "  # prefixes the reason of a two-input operator's right-source records
+
+
+def of_input(rows: DataFrame, label: str) -> DataFrame:
+    """Quarantine rows of a pipeline's second input (``label``): their reason names the input."""
+    return rows.withColumn("reason", F.concat(F.lit(f"{label} input: "), F.col("reason")))
 
 
 def rows(

@@ -16,13 +16,10 @@ changes Delta itself refuses never reach the live phase: they stay Delta's error
 
 from __future__ import annotations
 
-from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.errors import DefinitionError, SchemaChangeError
-from phases.operators.aggregation import KeyedAggregationLogic
+from phases.errors import SchemaChangeError
 from phases.storage import tables
 
 # (from, to) type names that Delta's type widening allows and that the live phase applies to its tables.
@@ -49,7 +46,7 @@ def is_schema_change_stop(exc: BaseException | None) -> bool:
     return exc is not None and any(m in str(exc) for m in SCHEMA_CHANGE_MARKERS)
 
 
-def _way_out(pipeline: str) -> str:
+def way_out(pipeline: str) -> str:
     return (
         f"To proceed: change the source back to a type the pipeline takes, or adapt pipeline {pipeline!r} (its "
         "aggregations) and run the backlog again with BacklogRunner(...).run(reset=True); the live phase "
@@ -69,25 +66,6 @@ def changes(spark: SparkSession, path: str, wanted: T.StructType, sources: dict[
             origin = f"source column {sources[field.name]!r}" if field.name in sources else f"column {field.name!r}"
             out.append(f"{origin}: {have.simpleString()} -> {field.dataType.simpleString()}")
     return out
-
-
-def check_operator(
-    spark: SparkSession, logic: KeyedAggregationLogic, records: T.StructType, pipeline: str, changed: list[str]
-) -> None:
-    """Resolves the operator's lift, merge, pairwise combine and finalize over ``records`` (no data read), so
-    a source type the operator's expressions cannot take is found before any micro-batch runs."""
-    try:
-        empty = spark.createDataFrame([], records)
-        state = logic.merge(logic.lift(empty))
-        _ = logic.finalize(state).schema
-        pair = state.alias("t").crossJoin(state.alias("s"))
-        _ = pair.select(*[F.expr(sql).alias(name) for name, sql in logic.combine_set("t", "s").items()]).schema
-    except (AnalysisException, DefinitionError) as exc:
-        what = "; ".join(changed) if changed else records.simpleString()
-        raise SchemaChangeError(
-            f"pipeline {pipeline!r}: the source's schema changed ({what}) and its operator cannot take it: "
-            f"{str(exc).splitlines()[0][:300]}. {_way_out(pipeline)}"
-        ) from exc
 
 
 def take_up(
@@ -121,7 +99,7 @@ def take_up(
     if refused:
         raise SchemaChangeError(
             f"pipeline {pipeline!r}: the source's schema changed and the {what} {path} cannot follow: "
-            f"{'; '.join(refused)} is not a widening its columns can take. {_way_out(pipeline)}"
+            f"{'; '.join(refused)} is not a widening its columns can take. {way_out(pipeline)}"
         )
     if widen:
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
@@ -168,16 +146,3 @@ def _nested_changes(have: T.DataType, want: T.DataType, path: str) -> tuple[list
 def _same_type(a: T.DataType, b: T.DataType) -> bool:
     """Equal types, nullability of nested elements aside (Delta keeps what the first write had)."""
     return a.simpleString() == b.simpleString()
-
-
-def buffer_sources(logic: KeyedAggregationLogic) -> dict[str, str]:
-    """State and sink columns -> the source column each aggregation reads (for error messages)."""
-    out: dict[str, str] = {}
-    for agg in logic.aggregations:
-        if agg.column is None:
-            continue
-        out[agg.name] = agg.column
-        for name in logic.buffer_names:
-            if name.startswith(f"{agg.name}__"):
-                out[name] = agg.column
-    return out
