@@ -13,7 +13,7 @@ from assets.handoff_events import read_handoff
 from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
 from phases.errors import ManifestError
-from phases.operators import kind_of
+from phases.operators.registry import kind_of
 from phases.storage import manifest, quarantine, tables
 from resources.spark import SparkResource
 from resources.storage import StorageResource

@@ -42,15 +42,25 @@ def _imported(name: str, path: Path) -> list[tuple[str, int]]:
 
 def import_graph() -> dict[str, dict[str, int]]:
     """module -> {module of the package it imports: line}. ``from a.b import c`` counts as an import of ``a.b.c``
-    when that is a module, else of ``a.b`` (the nearest module, as Python resolves it). The parent packages that
-    Python runs first are not counted: every module of a package has them."""
+    when that is a module, else of ``a.b`` (the nearest module, as Python resolves it), and as an import of each
+    package Python initialises on the way (``a``, ``a.b``: their ``__init__`` runs first), except the importer's own
+    packages, which are already initialising when it runs."""
     modules = _modules()
     graph: dict[str, dict[str, int]] = {name: {} for name in modules}
     for name, path in modules.items():
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        if path.name == "__init__.py":
+            own.add(name)
         for target, line in _imported(name, path):
             while target and target not in modules:
                 target = target.rpartition(".")[0]
-            if target and target != name:
+            if not target:
+                continue
+            parts = target.split(".")
+            for package in (".".join(parts[:i]) for i in range(1, len(parts))):
+                if package in modules and package not in own:
+                    graph[name].setdefault(package, line)
+            if target != name:
                 graph[name].setdefault(target, line)
     return graph
 
@@ -101,6 +111,23 @@ def test_the_graph_reader_sees_function_level_and_type_checking_imports(tmp_path
     path.write_text(source)
     names = {module for module, _ in _imported("phases.example", path)}
     assert {"phases.backlog.runner", "phases.operators"} <= names
+
+
+def test_a_circle_through_a_package_init_is_found(tmp_path, monkeypatch):
+    """The circle a Spark worker once hit: a step module imports one piece of the operators package, whose
+    ``__init__`` imports every kind, one of which imports the step module back (an ImportError in a worker that
+    imported the step module first)."""
+    pkg = tmp_path / "phases"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "steps").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops" / "__init__.py").write_text("from phases.ops import join\n")
+    (pkg / "ops" / "fold.py").write_text("")
+    (pkg / "ops" / "join.py").write_text("from phases.steps.partition import load\n")
+    (pkg / "steps" / "__init__.py").write_text("")
+    (pkg / "steps" / "partition.py").write_text("from phases.ops.fold import fold\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    assert cycles(import_graph()) == [["phases.ops", "phases.ops.join", "phases.steps.partition"]]
 
 
 def test_the_cycle_finder_finds_a_circle_of_three():

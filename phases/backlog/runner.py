@@ -35,8 +35,8 @@ from phases.backlog import progress
 from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.lateness import watermark_after
-from phases.operators import HandoffWrite, kind_of
-from phases.operators.base import Pieces
+from phases.operators.base import HandoffWrite, Pieces
+from phases.operators.registry import kind_of
 from phases.sources.reader import SourceReader, open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases.storage import leases, maintenance, manifest, quarantine, tables, uris

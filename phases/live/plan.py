@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, Pipeline
 from phases.errors import PhaseStateError
 from phases.lateness import watermark_after
-from phases.operators import kind_of
 from phases.operators.base import OperatorKind
+from phases.operators.registry import kind_of
 from phases.sources.reader import SourceReader, open_source
 from phases.steps.end_of_stream import prepared_schema
 from phases.storage import progress_log, uris

@@ -1,44 +1,5 @@
-"""The operator kinds, one module each, behind one interface (:class:`~phases.operators.base.OperatorKind`)
-and this registry. Adding a kind: its definition model in :mod:`phases.definition` (a ``kind`` literal in the
-``Operator`` union), its module here, and one line in :data:`KINDS`."""
+"""The operator kinds, one module each, behind one interface (:class:`~phases.operators.base.OperatorKind`), and
+their registry (:mod:`phases.operators.registry`: ``KINDS``, ``kind_of(pipeline)``, ``kind_named(name)``).
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from phases.operators.base import HandoffCounts, HandoffWrite, LiveStep, OperatorKind
-from phases.operators.co_group import CoGroupKind
-from phases.operators.interval_join import IntervalJoinKind
-from phases.operators.keyed_aggregate import KeyedAggregateKind
-from phases.operators.process import ProcessKind
-from phases.operators.session_aggregate import SessionAggregateKind
-from phases.operators.window_aggregate import WindowAggregateKind
-
-if TYPE_CHECKING:
-    from phases.definition import Pipeline
-
-KINDS: dict[str, OperatorKind] = {
-    kind.name: kind
-    for kind in (
-        KeyedAggregateKind(),
-        WindowAggregateKind(),
-        SessionAggregateKind(),
-        ProcessKind(),
-        IntervalJoinKind(),
-        CoGroupKind(),
-    )
-}
-
-__all__ = ["KINDS", "HandoffCounts", "HandoffWrite", "LiveStep", "OperatorKind", "kind_named", "kind_of"]
-
-
-def kind_named(name: str) -> OperatorKind:
-    try:
-        return KINDS[name]
-    except KeyError:
-        raise ValueError(f"unknown operator kind {name!r}; valid kinds: {sorted(KINDS)}") from None
-
-
-def kind_of(pipeline: Pipeline) -> OperatorKind:
-    """The operator kind of ``pipeline``."""
-    return kind_named(pipeline.operator.kind)
+This package's ``__init__`` imports nothing: a module that needs one piece of an operator (an aggregation's fold,
+a join's logic) does not load every kind with it, and no import circle runs through the package."""

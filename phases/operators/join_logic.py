@@ -31,7 +31,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from phases.definition import WINDOW_END, WINDOW_START, CoGroup, IntervalJoin, Pipeline
 from phases.errors import DefinitionError
 from phases.operators.aggregation import MAX_TS
-from phases.steps.partition_ops import load_function
+from phases.runtime.user_code import load_function
 
 LEFT, RIGHT = "left", "right"
 RIGHT_PREFIX = "right_"

@@ -39,6 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from phases.errors import DefinitionError, ProcessFunctionError
+from phases.runtime.user_code import load_function
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAP_KEY_TYPES = (str, int, float, bool)
@@ -310,8 +311,6 @@ class KeyDriver:
 
 def load_process_function(path: str) -> KeyedProcessFunction:
     """Imports ``package.module:Class`` and instantiates it (no arguments)."""
-    from phases.steps.partition_ops import load_function
-
     cls = load_function(path)
     if not (isinstance(cls, type) and issubclass(cls, KeyedProcessFunction)):
         raise DefinitionError(

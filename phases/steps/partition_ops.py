@@ -8,8 +8,7 @@ its records (pandas), never once per record.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pandas as pd
 from pyspark.sql import Column, DataFrame
@@ -28,16 +27,9 @@ from phases.definition import (
 )
 from phases.errors import DefinitionError
 from phases.operators.aggregation import fold
+from phases.runtime.user_code import load_function
 
 PARTITION = "partition"
-
-
-def load_function(path: str) -> Callable:
-    module, _, name = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise DefinitionError(f"cannot import {path!r}: {exc}") from exc
 
 
 def apply_record_steps(df: DataFrame, steps: list, exempt: Column | None = None) -> DataFrame:

@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import pytest
 
-from phases import operators
 from phases.definition import Aggregation, KeyedAggregate, Pipeline, ProcessOperator
 from phases.errors import DefinitionError
+from phases.operators import registry as operators
 from tests.conftest import make_pipeline
 
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases import operators
 from phases.backlog.runner import BacklogRunner
 from phases.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
 from phases.errors import DefinitionError
 from phases.live.runner import LiveRunner
+from phases.operators import registry as operators
 from phases.sources.delta import DeltaTableSource
 from phases.tagging import tag_version_range
 from tests import reference
