@@ -1,4 +1,5 @@
-"""The README's user guide example runs as written (in a fresh directory): the guide cannot rot."""
+"""The Python guide's examples (``docs/guide.md``) run as written (in a fresh directory): the guide cannot rot. The
+README's short example is an excerpt of the guide's, line for line."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "guide.md"
 
 
-def guide_block(name: str) -> str:
-    text = README.read_text()
+def guide_block(name: str, page: Path = GUIDE) -> str:
+    text = page.read_text()
     match = re.search(rf"<!-- guide:{name} -->\s*```python\n(.*?)```", text, re.DOTALL)
-    assert match, f"README.md has no '<!-- guide:{name} -->' python block"
+    assert match, f"{page.name} has no '<!-- guide:{name} -->' python block"
     return match.group(1)
 
 
@@ -25,7 +28,15 @@ def test_the_readme_guide_example_runs_end_to_end(spark, tmp_path):
     code = guide_example()
     assert 'root = "/tmp/two-phase-guide"' in code
     code = code.replace('root = "/tmp/two-phase-guide"', f'root = "{tmp_path}"')
-    exec(compile(code, str(README), "exec"), {"__name__": "readme_guide"})
+    exec(compile(code, str(GUIDE), "exec"), {"__name__": "readme_guide"})
+
+
+def test_the_readme_example_is_an_excerpt_of_the_executed_guide():
+    """Every line of the README's short example appears, in order, in the guide's example that the test above runs."""
+    short = [line for line in guide_block("short", README).splitlines() if line.strip()]
+    full = iter(line for line in guide_example().splitlines() if line.strip())
+    missing = [line for line in short if not any(line == other for other in full)]
+    assert len(short) > 10 and not missing, missing
 
 
 @pytest.mark.slow
