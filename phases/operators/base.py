@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -109,7 +109,10 @@ class LiveStep(Protocol):
     ) -> None: ...
 
 
-class OperatorKind(ABC):
+Logic = TypeVar("Logic")  # a kind's logic object: schemas, lift/merge/finalize or its pass
+
+
+class OperatorKind(ABC, Generic[Logic]):
     """Base of the operator kinds (one module each under :mod:`phases.operators`).
 
     A kind runs the operator its definition model declares (:attr:`spec`); the model's shape flags (two inputs,
@@ -150,17 +153,17 @@ class OperatorKind(ABC):
         return self.spec.no_increments_because
 
     @abstractmethod
-    def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> Any:
+    def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> Logic:
         """The operator's logic for its inputs' record schemas (as the operator sees them)."""
 
-    def state_schema(self, logic) -> T.StructType:
+    def state_schema(self, logic: Logic) -> T.StructType:
         return logic.state_schema
 
     @abstractmethod
-    def backlog(self, spark: SparkSession, pipeline: Pipeline, logic, inputs: list[TaggedRange]) -> HandoffWrite:
+    def backlog(self, spark: SparkSession, pipeline: Pipeline, logic: Logic, inputs: list[TaggedRange]) -> HandoffWrite:
         """The backlog pass over the inputs' tagged versions 0..V (one per input)."""
 
-    def pieces(self, logic) -> Pieces:
+    def pieces(self, logic: Logic) -> Pieces:
         """How pieces of the state are made and merged: only a kind whose :attr:`supports_increments` says so."""
         raise PhaseStateError(f"operator kind {self.name!r} takes no increments: {self.no_increments_because}")
 
@@ -168,7 +171,7 @@ class OperatorKind(ABC):
         self,
         spark: SparkSession,
         pipeline: Pipeline,
-        logic,
+        logic: Logic,
         state: DataFrame,
         max_us: int | None,
         base: HandoffManifest | None = None,
@@ -178,7 +181,7 @@ class OperatorKind(ABC):
         raise PhaseStateError(f"operator kind {self.name!r} takes no increments: {self.no_increments_because}")
 
     @abstractmethod
-    def live_step(self, logic, state_path: str, sink_path: str) -> LiveStep:
+    def live_step(self, logic: Logic, state_path: str, sink_path: str) -> LiveStep:
         """The live phase's per-micro-batch step over the state and sink tables."""
 
     def closing(self, watermarks: Watermarks) -> int | None:
@@ -186,7 +189,7 @@ class OperatorKind(ABC):
         return watermarks[SOURCE_LABEL]
 
     def schema_change_sources(
-        self, spark: SparkSession, pipeline: Pipeline, logic, records: T.StructType, state_path: str
+        self, spark: SparkSession, pipeline: Pipeline, logic: Logic, records: T.StructType, state_path: str
     ) -> dict[str, str]:
         """Checks the operator's state against the source's current schema (``records``: as the operator sees
         them); raises SchemaChangeError when it cannot take a change. Returns state/sink column -> source

@@ -168,7 +168,7 @@ class AggregationPieces:
         return self.logic.merge_partials(pieces)
 
 
-class KeyedAggregateKind(OperatorKind):
+class KeyedAggregateKind(OperatorKind[KeyedAggregationLogic]):
     spec = KeyedAggregate
     state_event_time = MAX_TS
     per_record_watermarks = False  # lateness only; windows close on the final watermark

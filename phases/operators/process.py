@@ -80,7 +80,7 @@ class ProcessStep(OneInputStep):
             passed.unpersist()
 
 
-class ProcessKind(OperatorKind):
+class ProcessKind(OperatorKind[ProcessLogic]):
     spec = ProcessOperator
     state_event_time = MAX_TS
 

@@ -9,7 +9,7 @@ from pyspark.sql import types as T
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, Pipeline
 from phases.lateness import watermark_after
 from phases.operators.base import HandoffCounts, OperatorKind, Watermarks, counted, observed, table_counts
-from phases.operators.join_logic import CoGroupLogic
+from phases.operators.join_logic import CoGroupLogic, TwoInputLogic
 
 
 class TwoInputHandoff:
@@ -51,7 +51,7 @@ class TwoInputHandoff:
         self.spark.catalog.clearCache()
 
 
-class TwoInputKind(OperatorKind):
+class TwoInputKind(OperatorKind[TwoInputLogic]):
     """What the interval join and the co-group share (their models declare two inputs)."""
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]):
