@@ -37,8 +37,8 @@ from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.lateness import watermark_after
 from phases.operators.base import HandoffWrite, Pieces
 from phases.operators.registry import kind_of
-from phases.sources.reader import SourceReader, open_source
-from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
+from phases.sources.reader import SourceReader, open_inputs
+from phases.steps.end_of_stream import EndOfStreamRunner
 from phases.storage import leases, maintenance, manifest, quarantine, tables, uris
 from phases.storage.live_layout import live_checkpoint_root, live_started
 from phases.tagging import tag_version_range
@@ -86,7 +86,7 @@ class BacklogRunner:
         """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone."""
         self.spark = spark
         self.pipeline = pipeline
-        self.readers = {i.label: open_source(spark, i.spec) for i in pipeline.inputs}  # one per input
+        self.readers = open_inputs(spark, pipeline)  # one per input, by label
         self.source = self.readers[SOURCE_LABEL]
         self.kind = kind_of(pipeline)
         self.timings: dict[str, float] = {}
@@ -128,8 +128,7 @@ class BacklogRunner:
 
     def logic(self):
         """The operator logic over the records as the operator sees them (after steps and enrichment)."""
-        schemas = [prepared_schema(self.spark, self.pipeline, s.schema()) for s in self.readers.values()]
-        return self.kind.logic(self.spark, self.pipeline, schemas)
+        return self.kind.logic_for(self.spark, self.pipeline, self.readers.values())
 
     def refuse_pieces(self, what: str) -> None:
         if self.pipeline.source.kind != "delta":

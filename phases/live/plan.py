@@ -17,8 +17,7 @@ from phases.errors import PhaseStateError
 from phases.lateness import watermark_after
 from phases.operators.base import OperatorKind
 from phases.operators.registry import kind_of
-from phases.sources.reader import SourceReader, open_source
-from phases.steps.end_of_stream import prepared_schema
+from phases.sources.reader import SourceReader, open_inputs
 from phases.storage import progress_log, uris
 from phases.storage.live_layout import live_checkpoint_root
 from phases.storage.manifest import HandoffManifest
@@ -161,11 +160,8 @@ class LivePlan:
                 f"pipeline {pipeline.name!r} enriches with end-of-stream step {pipeline.enrich.step!r}, which emits "
                 "only after the backlog ends: it has no single-streaming-job form; start it from a handoff"
             )
-        position = handoff.source_position if handoff else None
-        inputs = [
-            LiveInput(i.label, open_source(spark, i.spec, position=position if i.label == SOURCE_LABEL else None))
-            for i in pipeline.inputs
-        ]
+        readers = open_inputs(spark, pipeline, position=handoff.source_position if handoff else None)
+        inputs = [LiveInput(label, reader) for label, reader in readers.items()]
         run_name = handoff.manifest_id if handoff else STREAMING_ONLY
         loc = pipeline.locations
         paths = LivePaths(
@@ -183,8 +179,7 @@ class LivePlan:
 
     def build_logic(self, spark: SparkSession) -> Any:
         """The operator's logic for the inputs' current schemas (as the operator sees them)."""
-        p = self.pipeline
-        return self.kind.logic(spark, p, [prepared_schema(spark, p, i.source.schema()) for i in self.inputs])
+        return self.kind.logic_for(spark, self.pipeline, (i.source for i in self.inputs))
 
     @property
     def source(self) -> SourceReader:

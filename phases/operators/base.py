@@ -10,7 +10,7 @@ per-micro-batch step (:class:`LiveStep`). The drivers (:mod:`phases.backlog.runn
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -20,6 +20,8 @@ from pyspark.sql import types as T
 
 from phases.definition import SOURCE_LABEL
 from phases.errors import PhaseStateError
+from phases.sources.reader import SourceReader
+from phases.steps.end_of_stream import prepared_schema
 
 if TYPE_CHECKING:
     from phases.definition import OperatorModel, Pipeline
@@ -155,6 +157,10 @@ class OperatorKind(ABC, Generic[Logic]):
     @abstractmethod
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> Logic:
         """The operator's logic for its inputs' record schemas (as the operator sees them)."""
+
+    def logic_for(self, spark: SparkSession, pipeline: Pipeline, readers: Iterable[SourceReader]) -> Logic:
+        """The logic for the inputs ``readers`` read (their current schemas, after the pipeline's record steps)."""
+        return self.logic(spark, pipeline, [prepared_schema(spark, pipeline, r.schema()) for r in readers])
 
     def state_schema(self, logic: Logic) -> T.StructType:
         return logic.state_schema

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from phases.definition import DeltaSource, HybridSource, KafkaSource
+from phases.definition import SOURCE_LABEL, DeltaSource, HybridSource, KafkaSource, Pipeline
 from phases.sources.delta import DeltaTableSource
 from phases.sources.hybrid import HybridArchiveSource
 from phases.sources.kafka import KafkaTopicSource
@@ -24,3 +24,12 @@ def open_source(
     if isinstance(spec, HybridSource):
         return HybridArchiveSource(spark, spec, position=position)
     return DeltaTableSource(spark, spec)
+
+
+def open_inputs(spark: SparkSession, pipeline: Pipeline, *, position: str | None = None) -> dict[str, SourceReader]:
+    """A reader for each of the pipeline's inputs, by label (the source first); ``position``: the handoff's recorded
+    position of the pipeline's own source."""
+    return {
+        i.label: open_source(spark, i.spec, position=position if i.label == SOURCE_LABEL else None)
+        for i in pipeline.inputs
+    }
