@@ -7,8 +7,11 @@ setup:
 demo: setup
 	.venv/bin/python -m scripts.demo $(ARGS)
 
+# Two pytest processes, each with its own JVM, a whole test module at a time (module fixtures are set up once), the
+# longest modules first (tests/conftest.py). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
 test: setup
-	.venv/bin/python -m pytest $(ARGS)
+	.venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # The inner loop: every test that needs no JVM (definitions, lateness rules, process-function rules, ...).
 test-fast: setup

@@ -30,9 +30,36 @@ def examples(n: int) -> int:
     return 10 * n if SOAK else n
 
 
+# The longest test modules (measured with --durations, 2 cores), longest first. `make test` runs two pytest processes
+# that take whole modules in collection order (``--dist loadfile --no-loadscope-reorder``): sending the longest first
+# keeps both busy to the end instead of leaving one long module alone at the tail.
+LONGEST_MODULES = (
+    "tests/benchmarks/test_bench_smoke.py",
+    "tests/phases/test_two_input.py",
+    "tests/phases/test_live_splits.py",
+    "tests/test_end_to_end.py",
+    "tests/phases/test_process_function.py",
+    "tests/deployment/test_standalone_cluster.py",
+    "tests/test_readme_guide.py",
+    "tests/phases/test_live_recovery.py",
+    "tests/phases/test_sessions.py",
+    "tests/phases/test_kafka_source.py",
+    "tests/phases/test_live_schema.py",
+    "tests/phases/test_increments_and_slices.py",
+    "tests/phases/test_testing_kit.py",
+    "tests/assets/test_switch_sensor.py",
+    "tests/phases/test_windows.py",
+    "tests/phases/test_kafka_faults.py",
+    "tests/deployment/test_object_store.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks every test that needs a JVM (the session's SparkSession, or Spark in a child process) as
-    ``spark``; ``make test-fast`` runs the others."""
+    ``spark``; ``make test-fast`` runs the others. Puts the longest modules first (a stable sort: the order within
+    a module does not change)."""
+    rank = {path: i for i, path in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & {"spark", "phases_spark", "delta_source", "kafka", "phases_kafka"} or item.get_closest_marker(

@@ -209,3 +209,11 @@ def test_the_public_names_and_their_type_checking_imports_agree():
         for alias in imp.names
     }
     assert checked == set(phases.__all__) == set(phases._MODULE_OF)
+
+
+def test_the_longest_modules_named_for_scheduling_exist():
+    """``tests/conftest.py`` sends these modules first to the two test processes: a renamed one would silently
+    drop out of the order."""
+    from tests.conftest import LONGEST_MODULES
+
+    assert [path for path in LONGEST_MODULES if not (ROOT / path).is_file()] == []
