@@ -239,13 +239,19 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             timeout_s=60,
         )
         assert failed["run_id"] == live["runId"]
+        # Since issue 27 the check fails as soon as the live phase is down (health.when_live_down), before the new
+        # version is observed or has waited 5 s: wait for the execution that reports the new data waiting that long.
         stale = _wait(
-            "the freshness check failing while the live run is dead",
+            "the freshness check failing while the live run is dead, with the new data waiting over 5 s",
             lambda: next(
                 (
                     e
                     for e in stack.check_executions(NAMES.sink, NAMES.fresh)
-                    if e["success"] is False and e.get("live_state") == "failed"
+                    if e["success"] is False
+                    and e.get("live_state") == "failed"
+                    and isinstance(e.get("behind"), int)
+                    and e["behind"] >= 1
+                    and e.get("lag_s", 0) > 5
                 ),
                 None,
             ),
