@@ -114,6 +114,14 @@ def _unique_names(aggregations: list[Aggregation]) -> list[Aggregation]:
     return aggregations
 
 
+def _not_bound_names(aggregations: list[Aggregation], what: str) -> list[Aggregation]:
+    """Unique aggregation names, none of them a window bound's (``what``: the window or the session)."""
+    clash = sorted({a.name for a in _unique_names(aggregations)} & {WINDOW_START, WINDOW_END})
+    if clash:
+        raise ValueError(f"aggregation names {clash} are reserved for the {what}'s bounds")
+    return aggregations
+
+
 class KeyedAggregate(OperatorModel):
     """Keyed aggregation: one output row per key, updated as records arrive."""
 
@@ -184,10 +192,7 @@ class WindowedAggregate(OperatorModel):
     @field_validator("aggregations")
     @classmethod
     def _names(cls, v: list[Aggregation]) -> list[Aggregation]:
-        clash = sorted({a.name for a in _unique_names(v)} & {WINDOW_START, WINDOW_END})
-        if clash:
-            raise ValueError(f"aggregation names {clash} are reserved for the window's bounds")
-        return v
+        return _not_bound_names(v, "window")
 
 
 class SessionAggregate(OperatorModel):
@@ -218,10 +223,7 @@ class SessionAggregate(OperatorModel):
     @field_validator("aggregations")
     @classmethod
     def _names(cls, v: list[Aggregation]) -> list[Aggregation]:
-        clash = sorted({a.name for a in _unique_names(v)} & {WINDOW_START, WINDOW_END})
-        if clash:
-            raise ValueError(f"aggregation names {clash} are reserved for the session's bounds")
-        return v
+        return _not_bound_names(v, "session")
 
 
 class ProcessOperator(OperatorModel):
