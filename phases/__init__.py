@@ -76,6 +76,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "LiveQueryStopped",
         "LiveResumeError",
         "ProgressRecordDamaged",
+        "StateStoreError",
     ),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -123,6 +124,7 @@ __all__ = [
     "SortPartition",
     "SourceError",
     "SparkSettings",
+    "StateStoreError",
     "Window",
     "WindowedAggregate",
     "append",
@@ -192,6 +194,7 @@ if TYPE_CHECKING:
         SchemaChangeError,
         SetupError,
         SourceError,
+        StateStoreError,
     )
     from phases.live.runner import LiveRunner
     from phases.operators.process_function import KeyedProcessFunction, ProcessContext

@@ -58,3 +58,8 @@ class ProgressRecordDamaged(PhaseStateError):
     def __init__(self, message: str, path: str):
         super().__init__(message)
         self.path = path
+
+
+class StateStoreError(PhaseStateError):
+    """A version of the live phase's state store (Spark's state store, :mod:`phases.storage.keyed_store`) could not
+    be read or written."""

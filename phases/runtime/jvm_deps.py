@@ -1,12 +1,17 @@
-"""Fetches the JVM jars the project needs from Maven Central into a project-local cache.
+"""Fetches the JVM jars the project needs from Maven Central into a project-local cache, and builds the engine's
+own JVM helper.
 
-Two bundles:
+The bundles:
 
 - ``spark``: what the SparkSession loads besides pyspark's own jars (``spark.jars``): Delta, and the Kafka
   connector (``spark-sql-kafka-0-10``, with the Kafka client it was built against). Only artifacts Spark does
   not already ship are copied, so no second Hadoop, Jackson or Scala library lands on Spark's classpath.
 - ``kafka-broker``: Apache Kafka's broker (KRaft mode) with every dependency, run in a JVM of its own
   (:mod:`phases.runtime.local_kafka`) for the demo and the tests; it never shares a classpath with Spark.
+
+The helper (``jvm/``, Scala 2.13, Spark provided): Spark's state store used as a library by the live phase
+(:mod:`phases.storage.keyed_store`). ``mvn package`` builds it into ``.jars/helper/``; a stamp of its sources' hash
+says whether the cached jar is current.
 
 Spark's own ``spark.jars.packages`` resolution (Ivy) does not work through this kind of machine's network
 set-up, Maven does; so the setup step runs ``mvn dependency:copy-dependencies`` on a generated pom per
@@ -16,6 +21,7 @@ bundle records the coordinates that were fetched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -164,6 +170,65 @@ def fetch(jar_dir: Path = DEFAULT_JAR_DIR, bundle: Bundle = SPARK) -> list[str]:
     return jar_paths(jar_dir, bundle)
 
 
+HELPER_SOURCES = PROJECT_ROOT / "jvm"
+HELPER_JAR = "phases-state-helper.jar"
+
+
+def _helper_hash(sources: Path = HELPER_SOURCES) -> str:
+    digest = hashlib.sha256()
+    for path in sorted([sources / "pom.xml", *(sources / "src").rglob("*")]):
+        if path.is_file():
+            digest.update(str(path.relative_to(sources)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def helper_jar(jar_dir: Path = DEFAULT_JAR_DIR, sources: Path = HELPER_SOURCES) -> str:
+    """The built helper jar; raises SetupError naming the fix when it is missing or older than its sources."""
+    folder = jar_dir / "helper"
+    jar, stamp = folder / HELPER_JAR, folder / _STAMP
+    if not jar.exists() or not stamp.exists():
+        raise SetupError(
+            f"the engine's JVM helper is not built in {folder}. Run the setup step (`make setup`, or "
+            "`python -m phases.runtime.jvm_deps`); it builds jvm/ with Maven."
+        )
+    if (sources / "pom.xml").exists() and json.loads(stamp.read_text()) != _helper_hash(sources):
+        raise SetupError(
+            f"the engine's JVM helper in {folder} is older than its sources in {sources}. Run the setup step "
+            "(`make setup`, or `python -m phases.runtime.jvm_deps`) to rebuild it."
+        )
+    return str(jar)
+
+
+def build_helper(jar_dir: Path = DEFAULT_JAR_DIR, sources: Path = HELPER_SOURCES) -> str:
+    """Builds the helper with Maven (Scala 2.13 against Spark, provided) unless the cached jar is current."""
+    try:
+        return helper_jar(jar_dir, sources)
+    except SetupError:
+        pass
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SetupError(
+            "Maven (`mvn`) is needed to build the engine's JVM helper (jvm/) and is not on PATH. Install it "
+            "(Debian: `apt-get install -y maven`) and run the setup step again."
+        )
+    folder = jar_dir / "helper"
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        cmd = [mvn, "-B", "-q", "-f", str(sources / "pom.xml"), "package", f"-Dhelper.output={work}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
+            raise SetupError(
+                f"Could not build the engine's JVM helper ({sources}; mvn exited {proc.returncode}). Maven resolves "
+                "scala-maven-plugin, scala-compiler and spark-sql from Maven Central: check that this machine "
+                f"reaches https://repo.maven.apache.org. Maven said:\n{tail}"
+            )
+        shutil.copy2(Path(work) / HELPER_JAR, folder / HELPER_JAR)
+    (folder / _STAMP).write_text(json.dumps(_helper_hash(sources)))
+    return helper_jar(jar_dir, sources)
+
+
 def main() -> int:
     for bundle in BUNDLES:
         try:
@@ -172,6 +237,11 @@ def main() -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         print(f"{len(paths)} JVM jars ({bundle.name}) cached in {bundle.directory(DEFAULT_JAR_DIR)}")
+    try:
+        print(f"the engine's JVM helper: {build_helper()}")
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -72,7 +72,8 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         os.environ["PYSPARK_PYTHON"] = s.python
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    jars = jvm_deps.jar_paths()
+    # Delta, Kafka, and the engine's helper (the live phase's state store): spark.jars ships them to every executor.
+    jars = [*jvm_deps.jar_paths(), jvm_deps.helper_jar()]
     conf = dict(s.extra_conf)
     if s.master.startswith("local"):
         # A local session listens on loopback only (its driver RPC and block manager ports otherwise bind to the

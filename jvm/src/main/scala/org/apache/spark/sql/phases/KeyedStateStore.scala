@@ -1,0 +1,190 @@
+/*
+ * The live phase's keyed state in Spark's own state store (RocksDB, changelog checkpointing), used as a library
+ * from a foreachBatch micro-batch: point lookups per key instead of a scan of a Delta table.
+ *
+ * This lives in a package under org.apache.spark.sql because the state store's entry points are Spark-internal
+ * (private[sql] session members, the StateStoreOps of the state package). tests/phases/test_state_store_api.py
+ * pins every internal class and signature used here and fails naming the one that changed.
+ */
+package org.apache.spark.sql.phases
+
+import java.util.UUID
+
+import scala.collection.mutable.ArrayBuffer
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.rdd.RDD
+import org.apache.spark.sql.{DataFrame, Row}
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Expression, GenericInternalRow, JoinedRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.plans.logical.Project
+import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.functions.col
+import org.apache.spark.sql.types.{StructField, StructType}
+import org.apache.spark.storage.StorageLevel
+
+/** What one update of the store produced: the changed keys' new rows (cached until released) and counts. */
+class StoreUpdate(
+    private val rows: RDD[InternalRow],
+    val frame: DataFrame,
+    val changedKeys: Long,
+    val committedVersion: Long) {
+  /** Drops the cached rows (call once the micro-batch's writes are done). */
+  def release(): Unit = rows.unpersist(blocking = false)
+}
+
+/**
+ * One keyed store: `checkpoint`/0/<partition> in Spark's layout, `partitions` partitions hashed the way
+ * `repartition(partitions, keys)` hashes, rows = key columns -> value columns. Version v is the state after
+ * `v` updates; `update(..., version = v)` loads version v and commits v + 1 (a replayed update loads the same v
+ * and writes the same v + 1).
+ */
+class KeyedStateStore(
+    spark: ClassicSession,
+    val checkpoint: String,
+    val keyColumns: Array[String],
+    val valueColumns: Array[String],
+    val schema: StructType,
+    val partitions: Int,
+    runId: String) extends Serializable {
+
+  require(partitions > 0, s"partitions must be positive, got $partitions")
+  private val missing = (keyColumns ++ valueColumns).filterNot(schema.fieldNames.contains)
+  require(missing.isEmpty, s"columns ${missing.mkString(", ")} are not in ${schema.simpleString}")
+
+  val keySchema: StructType = StructType(keyColumns.map(schema(_)))
+  val valueSchema: StructType = StructType(valueColumns.map(schema(_)))
+  /** The rows update() takes and returns: keys, then values. */
+  val rowSchema: StructType = StructType(keySchema.fields ++ valueSchema.fields)
+  private val queryRunId = UUID.fromString(runId)
+
+  @transient private lazy val storeSession: ClassicSession = {
+    val s = spark.cloneSession()
+    s.conf.set("spark.sql.streaming.stateStore.providerClass", KeyedStateStore.RocksDBProvider)
+    s.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    // Counting the store's rows costs RocksDB a read before every write; nothing here needs the count.
+    s.conf.set("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
+    s
+  }
+
+  private def stateInfo(version: Long): StatefulOperatorStateInfo =
+    StatefulOperatorStateInfo(checkpoint, queryRunId, 0L, version, partitions, None, None)
+
+  private def keyed(rows: DataFrame): RDD[InternalRow] = {
+    val cols = rowSchema.fieldNames.map(n => col(s"`$n`"))
+    val ds = rows.select(cols.toIndexedSeq: _*).repartition(partitions, keyColumns.map(n => col(s"`$n`")).toIndexedSeq: _*)
+    val rdd = ds.asInstanceOf[ClassicDataset[Row]].queryExecution.toRdd
+    if (rdd.getNumPartitions != partitions) {
+      throw new IllegalStateException(
+        s"the rows for state store $checkpoint came in ${rdd.getNumPartitions} partitions, not $partitions")
+    }
+    rdd
+  }
+
+  /** The combine expressions (SQL over structs `t`, the stored values, and `s`, the new ones), analysed once. */
+  private def combineExpressions(combineSql: Array[String]): (Seq[Expression], Seq[org.apache.spark.sql.catalyst.expressions.Attribute]) = {
+    require(combineSql.length == valueColumns.length,
+      s"${combineSql.length} combine expressions for ${valueColumns.length} value columns")
+    val pair = StructType(Seq(StructField("t", valueSchema), StructField("s", valueSchema)))
+    val empty = spark.createDataFrame(spark.sparkContext.emptyRDD[Row], pair)
+    val analyzed = empty.selectExpr(combineSql.toIndexedSeq: _*).queryExecution.analyzed
+    analyzed match {
+      case Project(list, child) =>
+        list.zip(valueSchema.fields).foreach { case (e, f) =>
+          if (e.dataType != f.dataType) {
+            throw new IllegalArgumentException(
+              s"the combine expression of ${f.name} is ${e.dataType.simpleString}, the state column is " +
+                f.dataType.simpleString)
+          }
+        }
+        (list, child.output)
+      case other => throw new IllegalStateException(s"unexpected plan for the combine expressions: $other")
+    }
+  }
+
+  /**
+   * Combines `partials` (keys + values, at most one row per key) into the store at `version` and commits
+   * version + 1; returns the changed keys' new rows. `combineSql` per value column: SQL over `t.<column>` (the
+   * stored value) and `s.<column>` (the partial); a key not in the store takes the partial as it is.
+   * `emit` = false writes without returning rows (the handoff's version 1).
+   */
+  def update(partials: DataFrame, combineSql: java.util.List[String], version: Long, emit: Boolean): StoreUpdate = {
+    val (combine, pairAttrs) = combineExpressions(combineSql.asScala.toArray)
+    val nKeys = keyColumns.length
+    val nValues = valueColumns.length
+    val keyTypes = keySchema.fields.map(_.dataType)
+    val valueTypes = valueSchema.fields.map(_.dataType)
+    val rowTypes = rowSchema.fields.map(_.dataType)
+    val store = storeSession
+    val rdd = keyed(partials).mapPartitionsWithStateStore(
+      stateInfo(version), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), store.sessionState,
+      Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>
+      val keyOf = UnsafeProjection.create(keyTypes.zipWithIndex.map { case (t, i) =>
+        org.apache.spark.sql.catalyst.expressions.BoundReference(i, t, nullable = true): Expression }.toIndexedSeq)
+      val valueOf = UnsafeProjection.create(valueTypes.zipWithIndex.map { case (t, i) =>
+        org.apache.spark.sql.catalyst.expressions.BoundReference(nKeys + i, t, nullable = true): Expression
+      }.toIndexedSeq)
+      val combined = UnsafeProjection.create(combine, pairAttrs)
+      val out = UnsafeProjection.create(rowTypes.zipWithIndex.map { case (t, i) =>
+        org.apache.spark.sql.catalyst.expressions.BoundReference(i, t, nullable = true): Expression }.toIndexedSeq)
+      val pair = new GenericInternalRow(2)
+      val joined = new JoinedRow()
+      val emitted = new ArrayBuffer[InternalRow]()
+      rows.foreach { row =>
+        val key = keyOf(row)
+        val partial = valueOf(row)
+        val stored = if (version == 0L) null else state.get(key) // version 0 is the empty store
+        val value = if (stored == null) partial else {
+          pair.update(0, stored)
+          pair.update(1, partial)
+          combined(pair)
+        }
+        state.put(key, value)
+        if (emit) emitted += out(joined(key, value)).copy()
+      }
+      state.commit()
+      emitted.iterator
+    }
+    val cached = rdd.persist(StorageLevel.MEMORY_AND_DISK)
+    val changed = cached.count()
+    val frame = spark.internalCreateDataFrame(cached, rowSchema)
+    new StoreUpdate(cached, frame, changed, version + 1)
+  }
+
+  /** Every row of the store at `version` (nothing is committed). */
+  def read(version: Long): DataFrame = {
+    val keyTypes = keySchema.fields.map(_.dataType)
+    val nothing = spark.sparkContext.parallelize(Seq.empty[InternalRow], partitions)
+    val store = storeSession
+    val rdd = nothing.mapPartitionsWithStateStore(
+      stateInfo(version), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), store.sessionState,
+      Some(store.streams.stateStoreCoordinator)) { (state: StateStore, _: Iterator[InternalRow]) =>
+      val joined = new JoinedRow()
+      val out = UnsafeProjection.create(rowSchema)
+      val rows: Array[InternalRow] = state.iterator().map(p => out(joined(p.key, p.value)).copy(): InternalRow).toArray
+      state.abort()
+      rows.iterator
+    }
+    spark.internalCreateDataFrame(rdd, rowSchema)
+  }
+}
+
+object KeyedStateStore {
+  val RocksDBProvider = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+  /** From Python: `spark._jsparkSession`, the DataFrame's schema as JSON. */
+  def open(
+      spark: org.apache.spark.sql.SparkSession,
+      checkpoint: String,
+      keyColumns: java.util.List[String],
+      valueColumns: java.util.List[String],
+      schemaJson: String,
+      partitions: Int,
+      runId: String): KeyedStateStore = {
+    val schema = org.apache.spark.sql.types.DataType.fromJson(schemaJson).asInstanceOf[StructType]
+    new KeyedStateStore(spark.asInstanceOf[ClassicSession], checkpoint, keyColumns.asScala.toArray,
+      valueColumns.asScala.toArray, schema, partitions, runId)
+  }
+}

@@ -1,0 +1,96 @@
+"""Spark's state store (RocksDB, changelog checkpointing) used as a library: per-key state with point lookups.
+
+The live phase's keyed state lives in one such store per run instead of a Delta table that every micro-batch
+would scan. The JVM side is the engine's helper (``jvm/``, ``org.apache.spark.sql.phases.KeyedStateStore``):
+
+- rows are keys + values; ``partitions`` store partitions, a key in the one ``repartition(partitions, keys)``
+  sends it to (the same every micro-batch, so a key always meets its own state);
+- version ``v`` is the state after ``v`` updates. :meth:`KeyedStore.update` at version ``v`` loads ``v``, combines
+  each key's stored values with the new ones (SQL expressions bound in the JVM: no Python runs per record) and
+  commits ``v + 1``. A replayed update loads the same ``v`` again, so it writes what the first attempt wrote;
+- version 1 is written from the handoff's state (:meth:`KeyedStore.write`), version 0 is the empty store.
+
+Spark's own watermark is not involved: the caller tags records by the version watermark before they get here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from phases.errors import StateStoreError
+
+_HELPER = "org.apache.spark.sql.phases.KeyedStateStore"
+
+
+@dataclass
+class StoreUpdate:
+    """One update's result: the changed keys' new rows (cached until :meth:`release`) and counts."""
+
+    rows: DataFrame
+    changed_keys: int
+    version: int  # the version committed
+    _handle: object
+
+    def release(self) -> None:
+        self._handle.release()
+
+
+class KeyedStore:
+    """The store at ``path``: ``keys`` -> ``values`` (columns of ``schema``), in ``partitions`` partitions."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        path: str,
+        keys: list[str],
+        values: list[str],
+        schema: T.StructType,
+        partitions: int,
+        run_id: str | None = None,
+    ):
+        self.spark, self.path, self.keys, self.values, self.partitions = spark, path, keys, values, partitions
+        # One id per opening: Spark keeps a store's provider loaded in its executor under (store, run id), so the
+        # next micro-batch finds the version it needs already in memory.
+        self.run_id = run_id or str(uuid.uuid4())
+        helper = spark._jvm.org.apache.spark.sql.phases.KeyedStateStore
+        try:
+            self._store = helper.open(spark._jsparkSession, path, keys, values, schema.json(), partitions, self.run_id)
+        except Py4JJavaError as exc:
+            raise StateStoreError(f"cannot open the state store {path}: {_java_message(exc)}") from exc
+        self.row_schema = T.StructType([schema[c] for c in [*keys, *values]])
+
+    def update(self, partials: DataFrame, combine: list[str], version: int) -> StoreUpdate:
+        """Combines ``partials`` (keys + values, at most one row per key) into version ``version``; commits
+        ``version + 1``. ``combine``: per value column, SQL over ``t.`col``` (stored) and ``s.`col``` (new)."""
+        return self._update(partials, combine, version, emit=True)
+
+    def write(self, state: DataFrame) -> StoreUpdate:
+        """Writes version 1 from ``state`` (one row per key), whatever the store held."""
+        return self._update(state, [f"s.`{c}`" for c in self.values], 0, emit=False)
+
+    def _update(self, partials: DataFrame, combine: list[str], version: int, emit: bool) -> StoreUpdate:
+        try:
+            handle = self._store.update(partials._jdf, combine, version, emit)
+        except (Py4JJavaError, PySparkException) as exc:
+            raise StateStoreError(
+                f"the state store {self.path} could not go from version {version} to {version + 1}: "
+                f"{_java_message(exc)}"
+            ) from exc
+        rows = DataFrame(handle.frame(), self.spark)
+        return StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle)
+
+    def read(self, version: int) -> DataFrame:
+        """Every row of the store at ``version`` (keys + values)."""
+        return DataFrame(self._store.read(version), self.spark)
+
+
+def _java_message(exc: Exception) -> str:
+    if isinstance(exc, Py4JJavaError):
+        return str(exc.java_exception.toString()).splitlines()[0][:500]
+    return str(exc).splitlines()[0][:500]

@@ -1,0 +1,204 @@
+"""Spark's state store as the live phase's keyed state (phases.storage.keyed_store, the JVM helper in jvm/).
+
+The first test pins every Spark-internal class and signature the helper uses: when a Spark release changes one, it
+fails naming it, before anything runs into a NoSuchMethodError in a micro-batch."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+
+from phases.errors import StateStoreError
+from phases.runtime import jvm_deps
+from phases.storage.keyed_store import KeyedStore
+
+# (class, method, parameter classes) the helper calls; "<init>" = a constructor.
+STATE = "org.apache.spark.sql.execution.streaming.state"
+INTERNAL_API = [
+    (
+        "org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo",
+        "<init>",
+        ["java.lang.String", "java.util.UUID", "long", "long", "int", "scala.Option", "scala.Option"],
+    ),
+    (
+        f"{STATE}.package$StateStoreOps",
+        "mapPartitionsWithStateStore",
+        [
+            "org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo",
+            "org.apache.spark.sql.types.StructType",
+            "org.apache.spark.sql.types.StructType",
+            f"{STATE}.KeyStateEncoderSpec",
+            "org.apache.spark.sql.internal.SessionState",
+            "scala.Option",
+            "boolean",
+            "scala.collection.immutable.Map",
+            "boolean",
+            "scala.Function2",
+            "scala.reflect.ClassTag",
+        ],
+    ),
+    (f"{STATE}.NoPrefixKeyStateEncoderSpec", "<init>", ["org.apache.spark.sql.types.StructType"]),
+    (f"{STATE}.StateStore", "get", ["org.apache.spark.sql.catalyst.expressions.UnsafeRow", "java.lang.String"]),
+    (
+        f"{STATE}.StateStore",
+        "put",
+        [
+            "org.apache.spark.sql.catalyst.expressions.UnsafeRow",
+            "org.apache.spark.sql.catalyst.expressions.UnsafeRow",
+            "java.lang.String",
+        ],
+    ),
+    (f"{STATE}.StateStore", "commit", []),
+    (f"{STATE}.StateStore", "abort", []),
+    (f"{STATE}.StateStore", "iterator", ["java.lang.String"]),
+    (f"{STATE}.StateStoreCoordinatorRef", "getLocation", [f"{STATE}.StateStoreProviderId"]),
+    ("org.apache.spark.sql.classic.SparkSession", "cloneSession", []),
+    (
+        "org.apache.spark.sql.classic.SparkSession",
+        "internalCreateDataFrame",
+        ["org.apache.spark.rdd.RDD", "org.apache.spark.sql.types.StructType", "boolean"],
+    ),
+    ("org.apache.spark.sql.classic.StreamingQueryManager", "stateStoreCoordinator", []),
+    ("org.apache.spark.sql.classic.Dataset", "queryExecution", []),
+    (f"{STATE}.RocksDBStateStoreProvider", "<init>", []),
+]
+# The RocksDB settings (changelogCheckpointing.enabled, trackTotalNumberOfRows) are read by prefix, not registered:
+# the layout test below checks that changelog checkpointing took effect.
+SQL_CONFS = ["spark.sql.streaming.stateStore.providerClass"]
+
+
+def test_the_internal_state_store_api_the_helper_uses_is_there(spark):
+    jvm = spark._jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    primitives = {
+        "long": jvm.java.lang.Long.TYPE,
+        "int": jvm.java.lang.Integer.TYPE,
+        "boolean": jvm.java.lang.Boolean.TYPE,
+    }
+
+    def cls(name):
+        if name in primitives:
+            return primitives[name]
+        try:
+            return jvm.java.lang.Class.forName(name, False, loader)
+        except Exception as exc:  # noqa: BLE001 - reported with the class name
+            pytest.fail(f"Spark {spark.version}: class {name} (used by jvm/ KeyedStateStore) is gone: {exc}")
+
+    gateway = spark.sparkContext._gateway
+    missing = []
+    for owner, method, params in INTERNAL_API:
+        types = gateway.new_array(jvm.java.lang.Class, len(params))
+        for i, p in enumerate(params):
+            types[i] = cls(p)
+        try:
+            if method == "<init>":
+                cls(owner).getDeclaredConstructor(types)
+            else:
+                cls(owner).getMethod(method, types)
+        except Exception:  # noqa: BLE001 - collected and reported together
+            missing.append(f"{owner}.{method}({', '.join(params)})")
+    assert not missing, f"Spark {spark.version} changed the state-store API the helper (jvm/) uses: {missing}"
+    for key in SQL_CONFS:
+        assert spark.conf.isModifiable(key), f"Spark {spark.version}: SQL conf {key} (set by the helper) is gone"
+    # The helper was built against the Spark the session runs.
+    assert spark.version == "4.2.0", "the helper is built against spark-sql 4.2.0 (jvm/pom.xml); rebuild and re-pin"
+
+
+def test_the_helper_jar_is_current_with_its_sources(tmp_path):
+    # A changed source makes the cached jar stale, and the session refuses it with the way out.
+    sources = tmp_path / "jvm"
+    sources.mkdir()
+    (sources / "pom.xml").write_text((jvm_deps.HELPER_SOURCES / "pom.xml").read_text())
+    with pytest.raises(Exception, match="older than its sources"):
+        jvm_deps.helper_jar(sources=sources)
+    assert jvm_deps.helper_jar().endswith("phases-state-helper.jar")
+
+
+def _partials(spark, rows):
+    return spark.createDataFrame(rows, "key string, n long, total long, last timestamp")
+
+
+COMBINE = [
+    "t.n + s.n",
+    "CASE WHEN t.total IS NULL THEN s.total WHEN s.total IS NULL THEN t.total ELSE t.total + s.total END",
+    "greatest(t.last, s.last)",
+]
+
+
+def _open(spark, path, partitions=3):
+    schema = _partials(spark, []).schema
+    return KeyedStore(spark, str(path), ["key"], ["n", "total", "last"], schema, partitions)
+
+
+def _rows(df):
+    return sorted(tuple(r) for r in df.collect())
+
+
+def test_updates_combine_per_key_and_a_replay_writes_the_same_version(spark, tmp_path):
+    from datetime import datetime
+
+    t1, t2 = datetime(2026, 1, 1, 0, 0, 1), datetime(2026, 1, 1, 0, 0, 2)
+    store = _open(spark, tmp_path / "store")
+    handoff = store.write(_partials(spark, [("a", 2, 10, t1), ("b", 1, None, t1)]))
+    handoff.release()
+    assert handoff.version == 1
+    batch = _partials(spark, [("a", 1, 5, t2), ("c", 1, 7, t2), ("b", 1, 3, t1)])
+    first = store.update(batch, COMBINE, 1)
+    expected = [("a", 3, 15, t2), ("b", 2, 3, t1), ("c", 1, 7, t2)]
+    assert (first.version, first.changed_keys, _rows(first.rows)) == (2, 3, expected)
+    first.release()
+    # A replayed micro-batch loads version 1 again and writes the same version 2.
+    again = store.update(batch, COMBINE, 1)
+    assert _rows(again.rows) == expected
+    again.release()
+    assert _rows(store.read(1)) == [("a", 2, 10, t1), ("b", 1, None, t1)]
+    assert _rows(store.read(2)) == expected
+    # A new opening (a restart: another run id, nothing loaded) reads the same versions from the files.
+    reopened = _open(spark, tmp_path / "store")
+    assert _rows(reopened.read(2)) == expected
+    nxt = reopened.update(_partials(spark, [("a", 1, 1, t1)]), COMBINE, 2)
+    assert _rows(nxt.rows) == [("a", 4, 16, t2)]
+    nxt.release()
+
+
+def test_a_key_always_meets_its_own_state_whatever_the_batch_holds(spark, tmp_path):
+    store = _open(spark, tmp_path / "store", partitions=4)
+    keys = [f"k{i}" for i in range(200)]
+    store.write(_partials(spark, [(k, 1, 1, None) for k in keys])).release()
+    # Batches with other key sets, row orders and input partitionings: every key's count adds up.
+    for version, chunk in enumerate([keys[::3], keys[1::2], keys[5:150], keys], start=1):
+        batch = _partials(spark, [(k, 1, 1, None) for k in reversed(chunk)]).repartition(7)
+        store.update(batch, COMBINE, version).release()
+    counts = {r["key"]: r["n"] for r in store.read(5).collect()}
+    expected = {k: 2 + (k in keys[::3]) + (k in keys[1::2]) + (k in keys[5:150]) for k in keys}
+    assert counts == expected
+
+
+def test_a_version_the_store_never_wrote_is_a_state_store_error(spark, tmp_path):
+    store = _open(spark, tmp_path / "store")
+    store.write(_partials(spark, [("a", 1, 1, None)])).release()
+    with pytest.raises(StateStoreError, match=r"could not go from version 5 to 6"):
+        store.update(_partials(spark, [("a", 1, 1, None)]), COMBINE, 5)
+
+
+def test_a_combine_expression_of_another_type_is_refused(spark, tmp_path):
+    store = _open(spark, tmp_path / "store")
+    bad = ["t.n + s.n", "CAST(t.total AS double)", "greatest(t.last, s.last)"]
+    with pytest.raises(StateStoreError, match="combine expression of total is double"):
+        store.update(_partials(spark, [("a", 1, 1, None)]), bad, 0)
+
+
+def test_the_store_lives_in_sparks_layout_under_its_path(spark, tmp_path):
+    store = _open(spark, tmp_path / "store", partitions=2)
+    store.write(
+        spark.range(10).select(
+            F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
+            F.lit(1).cast("long").alias("n"),
+            F.lit(None).cast("long").alias("total"),
+            F.lit(None).cast("timestamp").alias("last"),
+        )
+    ).release()
+    partitions = sorted(p.name for p in (tmp_path / "store" / "0").iterdir() if p.is_dir())
+    assert partitions == ["0", "1"]
+    # RocksDB with changelog checkpointing: version 1 is a changelog file (a snapshot comes later, in the background).
+    assert "1.changelog" in {f.name for f in (tmp_path / "store" / "0" / "0").iterdir()}
