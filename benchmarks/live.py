@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 
 from benchmarks import data, variants
 from phases.backlog.runner import BacklogRunner
-from phases.definition import KafkaSource, Pipeline
+from phases.definition import KafkaSource
 from phases.live.runner import LiveRunner
 from phases.runtime.local_kafka import LocalKafka
 from phases.sources import synthetic
@@ -187,7 +187,7 @@ def _batch_costs(live: LiveRunner, feed: _Feed, batches: int, rows: int) -> list
     return costs
 
 
-def _steady(live: LiveRunner, feed: _Feed, p: Pipeline, rate: int, versions: int, interval_s: float) -> dict:
+def _steady(live: LiveRunner, feed: _Feed, sink: str, rate: int, versions: int, interval_s: float) -> dict:
     """Versions of ``rate * interval_s`` rows every ``interval_s``; latency of each from the logs."""
     probes: dict[str, int] = {}
     sent = 0
@@ -205,7 +205,7 @@ def _steady(live: LiveRunner, feed: _Feed, p: Pipeline, rate: int, versions: int
     offered = sent / (time.perf_counter() - began)
     live.process_available()
     arrived = feed.arrivals(probes)
-    seen = _probe_commits(p.sink.path)
+    seen = _probe_commits(sink)
     latencies = [seen[k] - arrived[k] for k in probes if k in seen]
     if len(latencies) != len(probes):
         raise SystemExit(f"live latency at {rate} rows/s: {len(probes) - len(latencies)} probes never reached the sink")
@@ -297,7 +297,7 @@ def _measure(
         print(f"{label} micro-batch of {batch_rows:,} rows: {result['batch']}", flush=True)
         result["latency"] = []
         for rate in rates:
-            result["latency"].append(_steady(live, feed, p, rate, versions, interval_s))
+            result["latency"].append(_steady(live, feed, p.sink.path, rate, versions, interval_s))
             print(f"{label} {result['latency'][-1]}", flush=True)
     finally:
         live.stop()

@@ -23,6 +23,7 @@ from benchmarks import (
     join_variants,
     kafka_backlog,
     live,
+    live_peers,
     memory,
     process_variants,
     report,
@@ -277,6 +278,25 @@ def run_live(spark, work: Path, live_keys: str | None, quick: bool) -> list[dict
     return runs
 
 
+def run_live_peers(spark, work: Path, live_keys: str | None, quick: bool) -> list[dict]:
+    """The hand-written plain Spark query on the same workload, at the smallest state size of the live rows: once
+    with a MERGE sink, once with an append sink (:mod:`benchmarks.live_peers`)."""
+    keys = min(int(k) for k in (live_keys or ("20000" if quick else "1000000")).split(","))
+    return [
+        live_peers.measure(
+            spark,
+            work,
+            mode=mode,
+            state_keys=keys,
+            rates=(2_000,),
+            versions=5 if quick else 30,
+            batches=3 if quick else 5,
+            drain_rows=100_000 if quick else 1_000_000,
+        )
+        for mode in live_peers.SINK_MODES
+    ]
+
+
 def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> list[dict]:
     """The live rows with the input on a Kafka topic (a local KRaft broker): at the smallest state size of the
     Delta live rows, the switch, the micro-batch cost, latency at 2,000 and 20,000 rows/s and the drain."""
@@ -405,6 +425,7 @@ def main() -> None:
             results["growth"] = growth.measure(spark, work, sizes, whole)
         if "live" in only:
             results["live"] = run_live(spark, work, args.live_keys, args.quick)
+            results["live_peers"] = run_live_peers(spark, work, args.live_keys, args.quick)
         if "live-kafka" in only:
             results["live_kafka"] = run_live_kafka(spark, work, args.live_keys, args.quick)
         if "kafka-backlog" in only:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import data, kafka_backlog, live, report
+from benchmarks import data, kafka_backlog, live, live_peers, report
 from benchmarks.run import (
     run_join_workload,
     run_low_cardinality_join,
@@ -37,6 +37,13 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
             drain_versions=3,
         )
     ]  # fmt: skip
+    results["live_peers"] = [
+        live_peers.measure(
+            spark, tmp_path, mode=mode, state_keys=200, rates=(2_000,), versions=3, batches=2, batch_rows=50,
+            drain_rows=300, drain_versions=3,
+        )
+        for mode in live_peers.SINK_MODES
+    ]  # fmt: skip
     results["kafka_backlog"] = kafka_backlog.measure(
         spark, tmp_path, 3_000, 300, versions=3, runs=1, version_chunks=False
     )
@@ -66,6 +73,14 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert run["state_keys"] == 200 and run["switch_s"] > 0 and len(run["batch"]["seconds"]) == 2
     assert [lat["versions"] for lat in run["latency"]] == [3] and run["latency"][0]["p50_s"] > 0
     assert run["drain"]["rows"] == 300 and run["drain"]["rows_per_s"] > 0
+    peers = loaded["live_peers"]
+    assert [p["peer"] for p in peers] == ["plain Spark, merge sink", "plain Spark, append sink"]
+    assert all(p["latency"][0]["p50_s"] > 0 and p["drain"]["rows"] == 300 for p in peers)
+    # Each peer's sink holds what the plain query computed: per key, the count of its records in the source.
+    merged = spark.read.format("delta").load(str(tmp_path / "live_plain_merge_200" / "sink"))
+    expected = spark.read.format("delta").load(str(tmp_path / "live_plain_merge_200" / "source")).groupBy("key").count()
+    assert merged.join(expected, "key").filter("n != count").count() == 0 and merged.count() == expected.count()
+    assert "live phase beside plain Spark" in md.read_text()
     assert loaded["spill"]["equal"] is True, loaded["spill"]
     kb = loaded["kafka_backlog"]
     assert kb["delta"][0]["input_rows"] == kb["kafka"][0]["input_rows"] == 3_000

@@ -1,0 +1,146 @@
+"""What a Spark user writes by hand for the live rows' workload, measured on the same feed as the framework.
+
+One Structured Streaming query over the Delta source (the 1M-key seed first, in its own micro-batch, then the steady
+versions): ``groupBy(key).agg(count, sum)`` in update mode on Spark's RocksDB state store (changelog
+checkpointing, as the framework's sessions configure it), trigger 0.5 s, and a ``foreachBatch`` sink of the updated
+rows that is either
+
+- ``merge``: upserted into a Delta table (``MERGE`` on the key): the same table the framework's upsert sink keeps;
+- ``append``: appended to a Delta table (idempotent: ``txnAppId``/``txnVersion`` = the batch id), a changelog
+  whose latest row per key is the result.
+
+Spark's own watermark is not used (the query has no lateness rule); the framework's exact per-version lateness
+is work the peer does not do. Latency, micro-batch cost and drain are measured exactly as for the framework
+(:mod:`benchmarks.live`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from benchmarks import live
+
+SINK_MODES = ("merge", "append")
+
+
+class PlainLive:
+    """The hand-written query, with the calls the live measurements make on the framework's live runner."""
+
+    def __init__(self, spark: SparkSession, source: str, sink: str, checkpoint: str, mode: str):
+        if mode not in SINK_MODES:
+            raise ValueError(f"sink mode {mode!r}: valid modes are {list(SINK_MODES)}")
+        self.spark, self.source, self.sink, self.checkpoint, self.mode = spark, source, sink, checkpoint, mode
+        self.query: StreamingQuery | None = None
+
+    def _write(self, batch: DataFrame, batch_id: int) -> None:
+        if self.mode == "merge":
+            DeltaTable.forPath(batch.sparkSession, self.sink).alias("t").merge(
+                batch.alias("s"), "t.key = s.key"
+            ).whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+        else:
+            (
+                batch.withColumn("_batch_id", F.lit(batch_id).cast("long"))
+                .write.format("delta")
+                .mode("append")
+                .option("txnAppId", "plain-live")
+                .option("txnVersion", batch_id)
+                .save(self.sink)
+            )
+
+    def start(self) -> float:
+        """Starts the query and waits until the source's versions so far are applied; returns the seconds."""
+        schema = "key string, n long, total long" + (", _batch_id long" if self.mode == "append" else "")
+        if not Path(self.sink, "_delta_log").exists():
+            self.spark.createDataFrame([], schema).write.format("delta").save(self.sink)
+        t = time.perf_counter()
+        counts = (
+            self.spark.readStream.format("delta")
+            .load(self.source)
+            .groupBy("key")
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
+        )
+        self.query = (
+            counts.writeStream.outputMode("update")
+            .foreachBatch(self._write)
+            .option("checkpointLocation", self.checkpoint)
+            .trigger(processingTime="0.5 seconds")
+            .start()
+        )
+        self.query.processAllAvailable()
+        return time.perf_counter() - t
+
+    def process_available(self) -> None:
+        self.query.processAllAvailable()
+
+    def raise_if_failed(self) -> None:
+        if self.query is not None and not self.query.isActive:
+            raise RuntimeError(f"the plain {self.mode} query stopped: {self.query.exception()}")
+
+    def stop(self) -> None:
+        if self.query is not None and self.query.isActive:
+            self.query.stop()
+
+
+def measure(
+    spark: SparkSession,
+    work: Path,
+    *,
+    mode: str,
+    state_keys: int,
+    rates: tuple[int, ...] = (2_000,),
+    versions: int = 30,
+    interval_s: float = 1.0,
+    batches: int = 5,
+    batch_rows: int = 2_000,
+    drain_rows: int = 0,
+    drain_versions: int = 10,
+) -> dict:
+    """The live rows of the plain query with sink ``mode`` over a source seeded with ``state_keys`` keys."""
+    base = work / f"live_plain_{mode}_{state_keys}"
+    shutil.rmtree(base, ignore_errors=True)
+    source, sink, checkpoint = str(base / "source"), str(base / "sink"), str(base / "checkpoint")
+    feed = live._Feed(spark, source, state_keys)
+    t = time.perf_counter()
+    feed.create()
+    live._seed_source(spark, feed, state_keys)
+    feed.index = live.SEED_VERSIONS
+    result: dict = {"peer": f"plain Spark, {mode} sink", "state_keys": state_keys}
+    result["generate_s"] = round(time.perf_counter() - t, 2)
+    label = f"[live plain {mode} {state_keys:,}]"
+    query = PlainLive(spark, source, sink, checkpoint, mode)
+    try:
+        result["backlog_s"] = round(query.start(), 2)  # the seed, in the query's first micro-batch(es)
+        print(f"{label} seed of {state_keys:,} keys through the query: {result['backlog_s']} s", flush=True)
+        costs = live._batch_costs(query, feed, batches, batch_rows)
+        result["batch"] = {
+            "rows": batch_rows,
+            "seconds": [round(c, 2) for c in costs],
+            "median_s": round(statistics.median(costs), 2),
+        }
+        print(f"{label} micro-batch of {batch_rows:,} rows: {result['batch']}", flush=True)
+        result["latency"] = []
+        for rate in rates:
+            result["latency"].append(live._steady(query, feed, sink, rate, versions, interval_s))
+            print(f"{label} {result['latency'][-1]}", flush=True)
+    finally:
+        query.stop()
+    if drain_rows:
+        for _ in range(drain_versions):
+            feed.append(drain_rows // drain_versions)
+        restarted = PlainLive(spark, source, sink, checkpoint, mode)
+        try:
+            seconds = restarted.start()
+        finally:
+            restarted.stop()
+        rows = drain_versions * (drain_rows // drain_versions)
+        result["drain"] = {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
+        print(f"{label} drain: {result['drain']}", flush=True)
+    return result
