@@ -235,9 +235,11 @@ def measure(
     drain_rows: int = 0,
     drain_versions: int = 10,
     source_kind: str = "delta",
+    sink_mode: str = "upsert",
 ) -> dict:
-    """The live rows for a pipeline with ``state_keys`` keys of state (see the module docstring)."""
-    base = work / f"live_{source_kind}_{state_keys}"
+    """The live rows for a pipeline with ``state_keys`` keys of state and its sink in ``sink_mode`` (see the module
+    docstring)."""
+    base = work / f"live_{source_kind}_{sink_mode}_{state_keys}"
     shutil.rmtree(base, ignore_errors=True)
     source = str(base / "source")
     broker = None
@@ -248,7 +250,18 @@ def measure(
         feed = _Feed(spark, source, state_keys)
     try:
         return _measure(
-            spark, base, feed, state_keys, rates, versions, interval_s, batches, batch_rows, drain_rows, drain_versions
+            spark,
+            base,
+            feed,
+            state_keys,
+            rates,
+            versions,
+            interval_s,
+            batches,
+            batch_rows,
+            drain_rows,
+            drain_versions,
+            sink_mode,
         )
     finally:
         feed.close()
@@ -257,7 +270,18 @@ def measure(
 
 
 def _measure(
-    spark, base, feed, state_keys, rates, versions, interval_s, batches, batch_rows, drain_rows, drain_versions
+    spark,
+    base,
+    feed,
+    state_keys,
+    rates,
+    versions,
+    interval_s,
+    batches,
+    batch_rows,
+    drain_rows,
+    drain_versions,
+    sink_mode,
 ) -> dict:
     kafka = isinstance(feed, _KafkaFeed)
     t = time.perf_counter()
@@ -268,6 +292,7 @@ def _measure(
     p = variants.pipeline(str(base / "source"), str(base / "two_phase")).model_copy(
         update={"checkpoint_interval": timedelta(milliseconds=500)}
     )
+    p = p.model_copy(update={"sink": p.sink.model_copy(update={"mode": sink_mode})})
     if kafka:
         value_schema = "key string, ts timestamp, value bigint"
         source = KafkaSource(
@@ -275,14 +300,17 @@ def _measure(
         )
         p = p.model_copy(update={"source": source})
     t = time.perf_counter()
-    handoff = BacklogRunner(spark, p).run()
+    runner = BacklogRunner(spark, p)
+    handoff = runner.run()
     result: dict = {
         "source": "kafka" if kafka else "delta",
+        "sink_mode": sink_mode,
         "state_keys": handoff.state_rows,
         "generate_s": round(generate_s, 2),
         "backlog_s": round(time.perf_counter() - t, 2),
     }
-    label = f"[live {result['source']} {state_keys:,}]"
+    result["backlog_timings"] = {k: round(v, 2) for k, v in runner.timings.items()}
+    label = f"[live {result['source']} {sink_mode} {state_keys:,}]"
     print(f"{label} backlog of {handoff.state_rows:,} keys: {result['backlog_s']} s", flush=True)
     live = LiveRunner.from_manifest(spark, p)
     try:

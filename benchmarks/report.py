@@ -136,30 +136,33 @@ def _live_lines(runs: list[dict], source: str = "Delta source; source commit →
     lines = [
         f"### live phase (keyed reduce; {source}; trigger 0.5 s)",
         "",
-        "| keys of state | switch s | micro-batch s (rows) | rate rows/s (offered) | p50 s | p99 s | max s |",
-        "|---|---|---|---|---|---|---|",
+        "| keys of state | sink | switch s | micro-batch s (rows) | rate rows/s (offered) | p50 s | p99 s | max s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         batch = f"{r['batch']['median_s']} ({r['batch']['rows']:,})"
         for lat in r["latency"]:
             lines.append(
-                f"| {r['state_keys']:,} | {r['switch_s']} | {batch} | {lat['rate_rows_per_s']:,} "
-                f"({lat['offered_rows_per_s']:,}) | {lat['p50_s']} | {lat['p99_s']} | {lat['max_s']} |"
+                f"| {r['state_keys']:,} | {r.get('sink_mode', 'upsert')} | {r['switch_s']} | {batch} | "
+                f"{lat['rate_rows_per_s']:,} ({lat['offered_rows_per_s']:,}) | {lat['p50_s']} | {lat['p99_s']} | "
+                f"{lat['max_s']} |"
             )
     lines.append("")
     for r in runs:
         if "drain" in r:
             d = r["drain"]
             lines.append(
-                f"Drain with {r['state_keys']:,} keys of state: {d['rows']:,} rows appended while stopped, applied by "
-                f"a restart in {d['seconds']} s: **{d['rows_per_s']:,} rows/s** (the most the live path sustains)."
+                f"Drain with {r['state_keys']:,} keys of state ({r.get('sink_mode', 'upsert')} sink): {d['rows']:,} "
+                f"rows appended while stopped, applied by a restart in {d['seconds']} s: **{d['rows_per_s']:,} "
+                "rows/s** (the most the live path sustains)."
             )
-    if len(runs) > 1:
-        small, large = runs[0], runs[-1]
+    same_mode = [r for r in runs if r.get("sink_mode", "upsert") == runs[0].get("sink_mode", "upsert")]
+    if len({r["state_keys"] for r in same_mode}) > 1:
+        small, large = same_mode[0], same_mode[-1]
         growth = large["batch"]["median_s"] / small["batch"]["median_s"]
         lines.append(
-            f"Per-micro-batch cost growth from {small['state_keys']:,} to {large['state_keys']:,} keys of state: "
-            f"{growth:.2f}×."
+            f"Per-micro-batch cost growth from {small['state_keys']:,} to {large['state_keys']:,} keys of state "
+            f"({small.get('sink_mode', 'upsert')} sink): {growth:.2f}×."
         )
     lines.append("")
     return lines

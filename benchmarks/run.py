@@ -259,22 +259,25 @@ def run_spill(spark, source: str, work: Path, driver_memory: str) -> dict:
 
 
 def run_live(spark, work: Path, live_keys: str | None, quick: bool) -> list[dict]:
-    """Issue 11's live rows: for each state size, the switch, the per-micro-batch cost and latency at
-    2,000 rows/s; at the first (smallest) size also latency at 20,000 rows/s and the drain rate."""
+    """Issue 11's and 29's live rows: for each state size, the switch, the per-micro-batch cost and latency at
+    2,000 rows/s with the changelog sink; at the first (smallest) size also latency at 20,000 rows/s and the
+    drain rate, and the same with the upsert sink."""
     sizes = [int(k) for k in (live_keys or ("20000" if quick else "1000000,10000000")).split(",")]
     runs = []
     for i, keys in enumerate(sorted(sizes)):
-        runs.append(
-            live.measure(
-                spark,
-                work,
-                state_keys=keys,
-                rates=(2_000, 20_000) if i == 0 else (2_000,),
-                versions=5 if quick else 30,
-                batches=3 if quick else 5,
-                drain_rows=(100_000 if quick else 1_000_000) if i == 0 else 0,
+        for mode in ("changelog", "upsert") if i == 0 else ("changelog",):
+            runs.append(
+                live.measure(
+                    spark,
+                    work,
+                    state_keys=keys,
+                    rates=(2_000, 20_000) if i == 0 else (2_000,),
+                    versions=5 if quick else 30,
+                    batches=3 if quick else 5,
+                    drain_rows=(100_000 if quick else 1_000_000) if i == 0 else 0,
+                    sink_mode=mode,
+                )
             )
-        )
     return runs
 
 

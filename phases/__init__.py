@@ -59,6 +59,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases.live.runner": ("LiveRunner",),
     "phases.storage.manifest": ("HandoffManifest",),
     "phases.storage.maintenance": ("maintain",),
+    "phases.storage.changelog": ("compact_changelog", "read_current"),
     "phases.runtime.session": ("SparkSettings", "build_session"),
     "phases.sources.feed": ("create_source", "append"),
     "phases.operators.process_function": ("KeyedProcessFunction", "ProcessContext"),
@@ -130,9 +131,11 @@ __all__ = [
     "append",
     "assert_equivalent",
     "build_session",
+    "compact_changelog",
     "create_source",
     "event_versions",
     "maintain",
+    "read_current",
     "run_streaming",
     "run_two_phase",
 ]
@@ -200,6 +203,7 @@ if TYPE_CHECKING:
     from phases.operators.process_function import KeyedProcessFunction, ProcessContext
     from phases.runtime.session import SparkSettings, build_session
     from phases.sources.feed import append, create_source
+    from phases.storage.changelog import compact_changelog, read_current
     from phases.storage.maintenance import maintain
     from phases.storage.manifest import HandoffManifest
     from phases.testing import assert_equivalent, event_versions, run_streaming, run_two_phase

@@ -46,6 +46,17 @@ def sink_rows(spark: SparkSession, path: str) -> dict[str, dict]:
     return out
 
 
+def current_rows(spark: SparkSession, pipeline) -> dict[str, dict]:
+    """A changelog sink's latest row per key (:func:`phases.storage.changelog.read_current`), by key."""
+    from phases.storage.changelog import read_current
+
+    out = {}
+    for r in read_current(spark, pipeline).collect():
+        d = r.asDict()
+        out[d.pop("key")] = d
+    return out
+
+
 def quarantine_rows(spark: SparkSession, root: str) -> list[tuple[int, Row, str]]:
     """(source version, (key, ts µs, value), reason) of every quarantined record, sorted (none when no
     record was ever quarantined: the backlog creates the table with its first row)."""

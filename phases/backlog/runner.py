@@ -40,7 +40,7 @@ from phases.operators.registry import kind_of
 from phases.sources.reader import SourceReader, open_inputs
 from phases.steps.end_of_stream import EndOfStreamRunner
 from phases.storage import leases, maintenance, manifest, quarantine, tables, uris
-from phases.storage.live_layout import live_checkpoint_root, live_started
+from phases.storage.live_layout import live_checkpoint_root, live_started, state_store_root
 from phases.tagging import tag_version_range
 
 
@@ -361,6 +361,10 @@ class BacklogRunner:
             with self._step("state"):
                 write.write_state(state_path)
             self.timings["state_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            with self._step("live state"):
+                write.write_live_state(state_store_root(p, manifest_id))
+            self.timings["live_state_s"] = time.perf_counter() - t
             t = time.perf_counter()
             with self._step("sink"):
                 write.write_sink(p.sink.path)

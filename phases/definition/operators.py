@@ -36,6 +36,7 @@ class OperatorModel(_Model):
     needs_ms_delay: ClassVar[bool] = False  # uses Spark's millisecond-resolution watermark arithmetic
     takes_increments: ClassVar[bool] = False  # a mergeable state: catch-up increments, daily slices
     no_increments_because: ClassVar[str] = ""  # why not, for the error
+    upserts: ClassVar[bool] = False  # one sink row per key, replaced as it changes (sink modes upsert / changelog)
 
 
 class AggKind(StrEnum):
@@ -127,6 +128,7 @@ class KeyedAggregate(OperatorModel):
 
     kind: Literal["keyed_aggregate"] = "keyed_aggregate"
     takes_increments: ClassVar[bool] = True
+    upserts: ClassVar[bool] = True
     aggregations: list[Aggregation] = Field(min_length=1)
 
     @field_validator("aggregations")

@@ -270,6 +270,13 @@ class Pipeline(_Model):
                 f"increments of at most that much source time, and {what} cannot be built from increments "
                 f"(increments take {', '.join(able)} without end_of_stream steps); set it to 0"
             )
+        if self.sink.mode == "changelog" and not kind.upserts:
+            upserting = [model.model_fields["kind"].default for model in OPERATOR_MODELS if model.upserts]
+            raise ValueError(
+                "sink.mode 'changelog' is for operators that replace a key's row as it changes "
+                f"({', '.join(upserting)}); {kind.kind} appends each result once already: "
+                "use sink.mode 'upsert' (the default)"
+            )
         outputs = [a.name for a in getattr(self.operator, "aggregations", [])]
         clash = sorted(set(outputs) & set(self.key_columns))
         if clash:
@@ -368,6 +375,8 @@ class Pipeline(_Model):
                 else {}
             ),
             **({"enrich": self.enrich.model_dump(mode="json")} if self.enrich else {}),
+            # The sink's shape: a changelog sink's handoff and live writes differ (a new backlog to switch modes).
+            **({"sink_mode": self.sink.mode} if self.sink.mode != "upsert" else {}),
             **({"max_future_us": self.max_future_us} if self.max_future != DEFAULT_MAX_FUTURE else {}),
             **({"min_event_time_us": self.min_event_time_us} if self.min_event_time is not None else {}),
             "state_schema_version": STATE_SCHEMA_VERSION,

@@ -4,7 +4,7 @@ topic) and where its results go (a Delta sink)."""
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -270,9 +270,47 @@ class HybridSource(_Model):
         return data
 
 
+SINK_MODES = ("upsert", "changelog")
+
+
 class DeltaSink(_Model):
-    """The pipeline's result table. A keyed aggregation upserts one row per key; windows, sessions, process
-    functions, interval joins and co-groups append each result once."""
+    """The pipeline's result table. Windows, sessions, process functions, interval joins and co-groups append
+    each result once. A keyed aggregation keeps one row per key, in one of two modes:
+
+    - ``upsert`` (default): ``path`` holds one row per key; every live micro-batch MERGEs the changed keys'
+      rows into it (a pass over the table: its cost grows with the number of keys);
+    - ``changelog``: ``path`` is an append-only log of the changed keys' rows, each with the micro-batch
+      (``_batch_id``; -1: the handoff), the newest source version that changed the key (``_source_version``)
+      and ``_op``; every micro-batch appends once. ``current_path`` is compacted from it outside the
+      micro-batch (every ``compact_every`` while the live phase runs, and by ``phases.compact_changelog``);
+      ``phases.read_current`` gives the latest row per key, exactly, at any time.
+    """
 
     kind: Literal["delta"] = "delta"
     path: str = Field(min_length=1)
+    mode: Literal["upsert", "changelog"] = Field(
+        "upsert", description=f"How a keyed aggregation's live results reach the sink: one of {list(SINK_MODES)}."
+    )
+    current_path: str | None = Field(
+        None, description="changelog mode: the compacted table of the latest row per key (default: <path>_current)."
+    )
+    compact_every: timedelta = Field(
+        timedelta(minutes=1),
+        description="changelog mode: how often the running live phase compacts the changelog into current_path, "
+        "in a background thread (0: only when phases.compact_changelog is called).",
+    )
+
+    @property
+    def current(self) -> str:
+        """The compacted table of a changelog sink."""
+        return self.current_path or f"{self.path.rstrip('/')}_current"
+
+    @model_validator(mode="after")
+    def _changelog_only_settings(self) -> DeltaSink:
+        if self.mode != "changelog" and self.current_path is not None:
+            raise ValueError(
+                f"sink.current_path is the compacted table of a changelog sink; sink.mode is {self.mode!r}"
+            )
+        if self.compact_every < timedelta(0):
+            raise ValueError("sink.compact_every must be 0 (no background compaction) or positive")
+        return self

@@ -46,7 +46,7 @@ from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
 from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
 from phases.sources.kafka import parse_offsets
-from phases.storage import fs, maintenance, old_layouts, quarantine, tables
+from phases.storage import changelog, fs, maintenance, old_layouts, quarantine, tables
 from phases.storage.progress_log import ProgressLog
 from phases.tagging import tag_changes
 
@@ -71,7 +71,7 @@ class IncrementalLive:
         self.run_name, self.state_path, self.checkpoints = plan.paths.run_name, plan.paths.state, plan.paths.checkpoints
         self.start_progress, self.max_files_per_trigger = plan.start, plan.max_files_per_trigger
         self.progress_log = ProgressLog(spark, plan.paths.progress_log)
-        self.step = self.kind.live_step(plan.logic, self.state_path, plan.paths.sink)
+        self.step = self.kind.live_step(plan.logic, self.state_path, plan.paths.sink, plan.paths.state_store)
         self.query: StreamingQuery | None = None
         self._progress: dict[int, Progress] = {}
         self._table_ids: dict[str, str] = {}
@@ -87,7 +87,7 @@ class IncrementalLive:
     def use(self, logic) -> None:
         """Runs the next micro-batches with ``logic`` (rebuilt after a source schema change)."""
         self.plan.logic = logic
-        self.step = self.kind.live_step(logic, self.state_path, self.plan.paths.sink)
+        self.step = self.kind.live_step(logic, self.state_path, self.plan.paths.sink, self.plan.paths.state_store)
 
     # --- tables ----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -95,10 +95,11 @@ class IncrementalLive:
         (:mod:`phases.live.resume`) and writes the switch's progress record when the log has none."""
         spark, p = self.spark, self.pipeline
         quarantine.ensure(spark, p.locations.quarantine)
-        tables.ensure(spark, p.sink.path, self.logic.output_schema)
+        changelog.ensure_sink(spark, p, self.logic.output_schema)
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
-        if p.maintenance.auto_compact:
-            maintenance.enable_auto_compaction(spark, self.state_path, p.sink.path)
+        if p.maintenance.auto_compact:  # on the tables every micro-batch rewrites (not a handoff's record)
+            rewritten = [p.sink.path] if self.kind.live_state_in_store else [self.state_path, p.sink.path]
+            maintenance.enable_auto_compaction(spark, *rewritten)
         # The switch's record: the live phase's immediate checkpoint. A run started before the log was a folder of
         # files kept its progress in a Delta table: it goes on from that table's last row.
         legacy = old_layouts.progress_table_record(spark, self.plan.paths.run_root)
@@ -254,8 +255,9 @@ class IncrementalLive:
                 persisted.append(rows)
             watermarks = {label: watermark_after(a.running_max_us, p.delay_us) for label, a in after.items()}
             closing = self.kind.closing(watermarks)
+            state = before.state
             if any(r is not None for r in records.values()) or closing != before.closed_us:
-                self.step.apply_inputs(spark, records, watermarks, closing, batch_id, self.app)
+                state = self.step.apply_inputs(spark, records, watermarks, closing, batch_id, self.app, state=state)
             progress = Progress.of_inputs(
                 batch_id,
                 after,
@@ -263,6 +265,7 @@ class IncrementalLive:
                 _now_us(),
                 kafka_offsets,
                 query_base=self.base,
+                state=state,
             )
             self.progress_log.write(batch_id, progress.record())
             self._progress = {batch_id: progress}

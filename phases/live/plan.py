@@ -19,7 +19,8 @@ from phases.operators.base import OperatorKind
 from phases.operators.registry import kind_of
 from phases.sources.reader import SourceReader, open_inputs
 from phases.storage import progress_log, uris
-from phases.storage.live_layout import live_checkpoint_root
+from phases.storage.keyed_store import StatePosition
+from phases.storage.live_layout import live_checkpoint_root, state_store_root
 from phases.storage.manifest import HandoffManifest
 
 STREAMING_ONLY = "streaming-only"  # the run name of one streaming job over all versions (no handoff)
@@ -54,6 +55,16 @@ class Progress:
     # The query generation that wrote the record: its micro-batch 0 is the log's batch ``query_base``
     # (:mod:`phases.live.resume`; a new one starts when the checkpoint was lost).
     query_base: int = 0
+    # The operator's state in the run's state store after this batch: the store layout and its version
+    # (:mod:`phases.storage.keyed_store`; None: the state is still the handoff's, not yet in a store).
+    state_layout: str | None = None
+    state_version: int | None = None
+
+    @property
+    def state(self) -> StatePosition | None:
+        if self.state_layout is None or self.state_version is None:
+            return None
+        return StatePosition(self.state_layout, self.state_version)
 
     def of(self, label: str) -> InputProgress:
         prefix = f"{label}_" if label else ""
@@ -71,6 +82,7 @@ class Progress:
         at_us: int = 0,
         source_offsets: dict[str, int] | None = None,
         query_base: int = 0,
+        state: StatePosition | None = None,
     ) -> Progress:
         fields: dict = {
             "batch_id": batch_id,
@@ -78,6 +90,8 @@ class Progress:
             "at_us": at_us,
             "source_offsets": source_offsets,
             "query_base": query_base,
+            "state_layout": state.layout if state else None,
+            "state_version": state.version if state else None,
         }
         for label, inp in inputs.items():
             prefix = f"{label}_" if label else ""
@@ -122,6 +136,7 @@ class LivePaths:
     sink: str
     checkpoints: str  # the run's streaming checkpoints: one folder per query generation
     run_root: str  # the run's folder: its progress log and the inputs' held-back rows
+    state_store: str  # the run's state stores (:func:`phases.storage.live_layout.state_store_root`)
 
     @property
     def progress_log(self) -> str:
@@ -170,6 +185,7 @@ class LivePlan:
             sink=pipeline.sink.path,
             checkpoints=live_checkpoint_root(pipeline, run_name),
             run_root=loc.live_run(run_name),
+            state_store=state_store_root(pipeline, run_name),
         )
         kind = kind_of(pipeline)
         start = _switch_progress(pipeline, kind, handoff)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from phases.errors import LiveResumeError, ProgressRecordDamaged, SourceError
+from phases.errors import LiveResumeError, ProgressRecordDamaged
 from phases.storage import fs, table_stats
 from phases.storage.progress_log import ProgressLog
 
@@ -53,26 +53,8 @@ def live_writes(spark: SparkSession, path: str, pipeline: str, run_name: str) ->
     """The newest micro-batch of the live run that recorded a write in the table at ``path`` (None: none). Read
     with delta-rs; a log delta-rs cannot read (store settings given to Spark only) is read through Spark's."""
     app_ids = [app_id(pipeline, run_name, what) for what in LIVE_WRITES]
-    try:
-        found = table_stats.transaction_versions(path, app_ids)
-    except SourceError:
-        found = _transaction_versions_through_spark(spark, path, app_ids)
+    found = table_stats.applied_transactions(spark, path, app_ids)
     return max(found.values()) if found else None
-
-
-def _transaction_versions_through_spark(spark: SparkSession, path: str, app_ids: list[str]) -> dict[str, int]:
-    """:func:`phases.storage.table_stats.transaction_versions` through Delta's JVM classes (``DeltaLog``, ``Snapshot``:
-    internal API, pinned by ``tests/phases/test_live_resume.py``)."""
-    jvm = spark.sparkContext._jvm
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
-    transactions = log.update(False, none, none).transactions()
-    out = {}
-    for app in app_ids:
-        version = transactions.get(app)
-        if version.isDefined():
-            out[app] = int(version.get())
-    return out
 
 
 def way_out(pipeline: str, checkpoints: str, progress_log: str) -> str:

@@ -22,12 +22,13 @@ from pyspark.sql.streaming import StreamingQuery
 from phases.definition import Pipeline
 from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError
 from phases.lateness import watermark_after
+from phases.live.compactor import Compactor
 from phases.live.micro_batch import IncrementalLive
 from phases.live.plan import LivePlan, Progress
 from phases.schema_changes import is_schema_change_stop, take_up
 from phases.sources.reader import open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
-from phases.storage import leases, manifest, tables
+from phases.storage import changelog, leases, manifest, tables
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class LiveRunner:
         self.plan = LivePlan.of(spark, pipeline, handoff, max_files_per_trigger=max_files_per_trigger)
         self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
         self.incremental = IncrementalLive(spark, self.plan)
+        self.compactor: Compactor | None = None
 
     # What the plan holds, by the names the runner's callers use.
     @property
@@ -138,6 +140,8 @@ class LiveRunner:
             raise
         if available_now:
             self._release()
+        elif self.pipeline.sink.mode == "changelog" and self.pipeline.sink.compact_every.total_seconds() > 0:
+            self.compactor = Compactor(self.spark, self.pipeline).start()
         return started
 
     def _release(self) -> None:
@@ -164,7 +168,7 @@ class LiveRunner:
         sources = self.kind.schema_change_sources(spark, p, logic, records, self.state_path)
         for path, wanted, what in (
             (self.state_path, self.kind.state_schema(logic), "state table"),
-            (p.sink.path, logic.output_schema, "sink"),
+            (p.sink.path, changelog.sink_schema(p, logic.output_schema), "sink"),
         ):
             if tables.exists(spark, path):
                 take_up(spark, path, wanted, what, p.name, sources)
@@ -224,8 +228,11 @@ class LiveRunner:
         return self.incremental.query
 
     def stop(self) -> None:
-        """Stops the query and releases the live lease."""
+        """Stops the query (and a changelog sink's background compaction) and releases the live lease."""
         try:
+            if self.compactor is not None:
+                self.compactor.stop()
+                self.compactor = None
             q = self.incremental.query
             if q is not None and q.isActive:
                 q.stop()

@@ -179,11 +179,11 @@ class KeyedAggregationLogic:
     def buffer_names(self) -> list[str]:
         return [b.name for b in self._buffers]
 
-    def lift(self, records: DataFrame) -> DataFrame:
-        """One buffer row per record: keys, buffers, and the event time as ``_ts``."""
+    def lift(self, records: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
+        """One buffer row per record: keys, buffers, the event time as ``_ts`` and the ``carry`` columns."""
         cols = [F.col(k) for k in self.keys]
         cols += [b.lift.cast(b.dtype).alias(b.name) for b in self._buffers]
-        return records.select(*cols, F.col(self.pipeline.event_time).alias(TS))
+        return records.select(*cols, F.col(self.pipeline.event_time).alias(TS), *carry)
 
     def merge_columns(self) -> list[Column]:
         return [b.merge.cast(b.dtype).alias(b.name) for b in self._buffers]
@@ -203,6 +203,10 @@ class KeyedAggregationLogic:
 
     def finalize(self, state: DataFrame) -> DataFrame:
         """Output rows (keys + one column per aggregation) from merged buffers."""
+        return state.select(*self.finalize_columns())
+
+    def finalize_columns(self) -> list[Column]:
+        """The output columns over merged buffers (:meth:`finalize`)."""
         cols = [F.col(k) for k in self.keys]
         for agg in self.aggregations:
             n = agg.name
@@ -216,7 +220,7 @@ class KeyedAggregationLogic:
                 cols.append(F.col(f"{n}__{agg.kind.value}").alias(n))
             else:
                 cols.append(F.col(f"{n}__acc").alias(n))
-        return state.select(*cols)
+        return cols
 
     @property
     def output_schema(self) -> T.StructType:

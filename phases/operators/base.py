@@ -25,6 +25,7 @@ from phases.steps.end_of_stream import prepared_schema
 
 if TYPE_CHECKING:
     from phases.definition import OperatorModel, Pipeline
+    from phases.storage.keyed_store import StatePosition
     from phases.storage.manifest import HandoffManifest
     from phases.tagging import TaggedRange
 
@@ -68,6 +69,10 @@ class HandoffWrite(Protocol):
     def write_sink(self, path: str) -> None:
         """Writes the backlog's results to the sink (a re-run replaces, never duplicates)."""
 
+    def write_live_state(self, store_root: str) -> None:
+        """Writes the live phase's starting state into the run's state stores under ``store_root``, so that the
+        switch replays nothing (a kind whose live state is a Delta table: nothing to do)."""
+
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts: ...
 
     def close(self) -> None:
@@ -98,7 +103,11 @@ class LiveStep(Protocol):
     on-time records of the complete versions (None: none), ``closing_us`` the watermark that closes
     windows, sessions and timers after the batch. Every write is idempotent per ``batch`` (``app(what)``
     names the Delta transaction), and what the sink gets is read back from the state after the state write
-    or written before it from the state before it, so a replayed batch writes exactly what the first did."""
+    or written before it from the state before it, so a replayed batch writes exactly what the first did.
+
+    A step whose state is in the run's state store gets the position the previous progress record names
+    (``state``; None: the handoff's state) and returns the position after the batch, which the batch's progress
+    record names; a step whose state is a Delta table returns None."""
 
     def apply_inputs(
         self,
@@ -108,7 +117,8 @@ class LiveStep(Protocol):
         closing_us: int | None,
         batch: int,
         app,
-    ) -> None: ...
+        state: StatePosition | None = None,
+    ) -> StatePosition | None: ...
 
 
 Logic = TypeVar("Logic")  # a kind's logic object: schemas, lift/merge/finalize or its pass
@@ -123,6 +133,8 @@ class OperatorKind(ABC, Generic[Logic]):
     over (increments), steps through a live micro-batch and takes up a source's schema change."""
 
     spec: ClassVar[type[OperatorModel]]  # the definition model of the operator this kind runs
+    # The live state is in the run's state store (Spark's): the handoff's state table is then never rewritten.
+    live_state_in_store: ClassVar[bool] = False
     per_record_watermarks: ClassVar[bool] = True  # reads each record's W(v) (``_watermark_us``): timers
     state_event_time: ClassVar[str | None] = None  # the state column of each row's greatest event time, if any
 
@@ -187,8 +199,9 @@ class OperatorKind(ABC, Generic[Logic]):
         raise PhaseStateError(f"operator kind {self.name!r} takes no increments: {self.no_increments_because}")
 
     @abstractmethod
-    def live_step(self, logic: Logic, state_path: str, sink_path: str) -> LiveStep:
-        """The live phase's per-micro-batch step over the state and sink tables."""
+    def live_step(self, logic: Logic, state_path: str, sink_path: str, store_root: str) -> LiveStep:
+        """The live phase's per-micro-batch step over the state (the handoff's table; the run's state stores under
+        ``store_root``) and the sink."""
 
     def closing(self, watermarks: Watermarks) -> int | None:
         """The watermark that closes windows, sessions and timers: the input's own."""
@@ -214,8 +227,10 @@ class OneInputStep:
         closing_us: int | None,
         batch: int,
         app,
-    ) -> None:
+        state: StatePosition | None = None,
+    ) -> StatePosition | None:
         self.apply(spark, records[SOURCE_LABEL], closing_us, batch, app)
+        return None
 
     def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
         raise NotImplementedError

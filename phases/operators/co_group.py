@@ -22,7 +22,7 @@ class CoGroupStep:
     def __init__(self, logic: CoGroupLogic, state_path: str, sink_path: str):
         self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app) -> None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> None:
         logic = self.logic
         lifted = [
             logic.lift(df, side)

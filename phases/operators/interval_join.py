@@ -31,7 +31,7 @@ class IntervalJoinStep:
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
         return self.logic.pairs(left, right)
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app) -> None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> None:
         logic, keys, et = self.logic, self.logic.keys, self.logic.event_time
         new_left, new_right = records[SOURCE_LABEL], records[RIGHT_LABEL]
         if new_left is None and new_right is None:

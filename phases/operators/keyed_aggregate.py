@@ -12,13 +12,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.definition import WINDOW_END, KeyedAggregate, Pipeline
+from phases.definition import SOURCE_LABEL, WINDOW_END, KeyedAggregate, Pipeline
 from phases.errors import DefinitionError, SchemaChangeError
-from phases.lateness import watermark_after
+from phases.lateness import VERSION, watermark_after
 from phases.operators.aggregation import MAX_TS, ROWS, KeyedAggregationLogic, WindowedAggregationLogic
 from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
 from phases.schema_changes import changes, way_out
-from phases.storage import tables
+from phases.storage import changelog, tables
+from phases.storage.keyed_store import LiveStateStore, StatePosition
 from phases.storage.manifest import HandoffManifest
 
 
@@ -59,11 +60,24 @@ class AggregationHandoff:
             metrics = observed(observation, lambda: table_counts(self.spark, path, merged=F.sum(ROWS)))
             self.keys, self.rows_merged = int(metrics["rows"]), int(metrics["merged"] or 0)
 
+    def write_live_state(self, store_root: str) -> None:
+        """Keyed: version 1 of the run's state store, from the state table just written (windows and sessions keep
+        their live state on Delta)."""
+        if self.windowed:
+            return
+        state = self.spark.read.format("delta").load(self.state_path)
+        live_store(self.spark, self.logic, store_root).write_start(with_source_version(state))
+
     def write_sink(self, path: str) -> None:
         logic, spark = self.logic, self.spark
         state_table = spark.read.format("delta").load(self.state_path)
         writer = None
-        if not self.windowed:
+        if not self.windowed and logic.pipeline.sink.mode == "changelog":
+            # Every key's row, as the handoff's (batch -1): the changelog starts over from this handoff.
+            changelog.ensure(spark, path, logic.output_schema)
+            out = changelog.rows(logic.finalize(state_table), changelog.HANDOFF_BATCH)
+            writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        elif not self.windowed:
             out = logic.finalize(state_table)
         else:
             self.keys = int(table_counts(spark, self.state_path)["rows"])
@@ -106,7 +120,7 @@ class KeyedStep(OneInputStep):
     buffers are then the state's own rows of those keys (already combined), so the sink gets what the first
     attempt would have written."""
 
-    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str):
+    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str, store_root: str | None = None):
         self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
 
     def _new_buffers(self, spark: SparkSession, partial: DataFrame, state: DataFrame, applied: bool) -> DataFrame:
@@ -145,6 +159,73 @@ class KeyedStep(OneInputStep):
             new.unpersist()
 
 
+def live_store(spark: SparkSession, logic: KeyedAggregationLogic, store_root: str) -> LiveStateStore:
+    """The keyed aggregation's live state store: per key its buffers and the newest source version that changed
+    it (a changelog sink's ``_source_version``), in as many partitions as the session shuffles into."""
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    version = T.StructField(changelog.SOURCE_VERSION, T.LongType())
+    schema = T.StructType([*logic.buffer_schema.fields, version])
+    return LiveStateStore(spark, store_root, logic.keys, [*logic.buffer_names, version.name], schema, partitions)
+
+
+def with_source_version(state: DataFrame) -> DataFrame:
+    """Handed-over buffers as the store's rows: no live source version changed them yet."""
+    return state.withColumn(changelog.SOURCE_VERSION, F.lit(None).cast("long"))
+
+
+class KeyedStoreStep(OneInputStep):
+    """Keyed aggregation with its live state in the run's state store (:mod:`phases.storage.keyed_store`): the
+    batch's buffers merged per key, combined with each key's stored buffers by point lookups (the same SQL the
+    backlog's merge and a MERGE's update use, run in the JVM), the store committed at the next version, then the
+    changed keys, finalized, upserted into the sink (one MERGE, the batch's Delta transaction id).
+
+    Replays: the version loaded is the one the previous progress record names, so a micro-batch replayed after
+    a crash (after the store's commit, or after the sink's) computes the same rows again from the same version;
+    Delta skips a sink write it already committed."""
+
+    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str, store_root: str):
+        self.logic, self.state_path, self.sink_path, self.store_root = logic, state_path, sink_path, store_root
+        self._store: LiveStateStore | None = None
+
+    def store(self, spark: SparkSession) -> LiveStateStore:
+        if self._store is None:
+            self._store = live_store(spark, self.logic, self.store_root)
+        return self._store
+
+    def combine_sql(self) -> list[str]:
+        """Per value, the stored one (``t``) combined with the batch's (``s``), as the value's type."""
+        types = {f.name: f.dataType for f in self.logic.buffer_schema.fields}
+        combined = self.logic.combine_set("t", "s")
+        sql = [f"CAST(({combined[b]}) AS {types[b].simpleString()})" for b in self.logic.buffer_names]
+        return [*sql, f"greatest(t.`{changelog.SOURCE_VERSION}`, s.`{changelog.SOURCE_VERSION}`)"]
+
+    def _handoff_state(self, spark: SparkSession) -> DataFrame:
+        return with_source_version(spark.read.format("delta").load(self.state_path))
+
+    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+        on_time = records[SOURCE_LABEL]
+        if on_time is None:
+            return state
+        logic, store = self.logic, self.store(spark)
+        version = store.version_for(state, lambda: self._handoff_state(spark))
+        partial = (
+            logic.lift(on_time, carry=(VERSION,))
+            .groupBy(*logic.keys)
+            .agg(*logic.merge_columns(), F.max(VERSION).alias(changelog.SOURCE_VERSION))
+        )
+        update = store.store.update(partial, self.combine_sql(), version)
+        try:
+            changed = update.rows
+            if logic.pipeline.sink.mode == "changelog":
+                out = changelog.rows(changed.select(*logic.finalize_columns(), changelog.SOURCE_VERSION), batch)
+                tables.append_once(out, self.sink_path, app("sink"), batch)
+            else:
+                tables.upsert(spark, self.sink_path, logic.finalize(changed), logic.keys, app("upsert"), batch)
+        finally:
+            update.release()
+        return StatePosition(store.layout, update.version)
+
+
 class AggregationPieces:
     """Pieces of an aggregation's state: the merged buffers of a version range, per key (and window)."""
 
@@ -170,10 +251,11 @@ class AggregationPieces:
 
 class KeyedAggregateKind(OperatorKind[KeyedAggregationLogic]):
     spec = KeyedAggregate
+    live_state_in_store = True
     state_event_time = MAX_TS
     per_record_watermarks = False  # lateness only; windows close on the final watermark
     logic_class = KeyedAggregationLogic
-    step_class = KeyedStep
+    step_class = KeyedStoreStep
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> KeyedAggregationLogic:
         return self.logic_class(pipeline, schemas[0])
@@ -202,8 +284,8 @@ class KeyedAggregateKind(OperatorKind[KeyedAggregationLogic]):
         watermark = watermark_after(max_us, pipeline.delay_us)
         return AggregationHandoff(spark, logic, state, watermark, base)
 
-    def live_step(self, logic, state_path: str, sink_path: str):
-        return self.step_class(logic, state_path, sink_path)
+    def live_step(self, logic, state_path: str, sink_path: str, store_root: str):
+        return self.step_class(logic, state_path, sink_path, store_root)
 
     def schema_change_sources(
         self, spark: SparkSession, pipeline: Pipeline, logic, records: T.StructType, state_path: str

@@ -27,6 +27,9 @@ class ProcessHandoff:
         self.logic = logic
         self.passed = logic.backlog_pass(prepared, final_watermark_us).persist(StorageLevel.DISK_ONLY)
 
+    def write_live_state(self, store_root: str) -> None:
+        pass  # the live phase works on the handoff's state table
+
     def write_state(self, path: str) -> None:
         states, self._state = counted(self.logic.states(self.passed), "handoff state", records=F.sum(ROWS))
         states.write.format("delta").mode("errorifexists").save(path)
@@ -92,5 +95,5 @@ class ProcessKind(OperatorKind[ProcessLogic]):
         final_wm = watermark_after(tagged.running_max_us, pipeline.delay_us)
         return ProcessHandoff(logic, tagged.prepared, final_wm)
 
-    def live_step(self, logic: ProcessLogic, state_path: str, sink_path: str) -> ProcessStep:
+    def live_step(self, logic: ProcessLogic, state_path: str, sink_path: str, store_root: str) -> ProcessStep:
         return ProcessStep(logic, state_path, sink_path)

@@ -29,6 +29,9 @@ class TwoInputHandoff:
         self.state, self._state_rows = counted(state, "handoff state")
         self.out, self._sink_rows = counted(out, "handoff sink")
 
+    def write_live_state(self, store_root: str) -> None:
+        pass  # the live phase works on the handoff's state table
+
     def write_state(self, path: str) -> None:
         self.state.write.format("delta").mode("errorifexists").save(path)
 
@@ -69,5 +72,5 @@ class TwoInputKind(OperatorKind[TwoInputLogic]):
         out, state = logic.backlog(left_in, right_in, wm[0], wm[1])
         return TwoInputHandoff(spark, out, state, [left.prepared, right.prepared], [left_rows, right_rows])
 
-    def live_step(self, logic, state_path: str, sink_path: str):
+    def live_step(self, logic, state_path: str, sink_path: str, store_root: str):
         return self.step_class(logic, state_path, sink_path)

@@ -52,5 +52,6 @@ class WindowStep(KeyedStep):
 
 class WindowAggregateKind(KeyedAggregateKind):
     spec = WindowedAggregate
+    live_state_in_store = False  # windows keep their live state in the handoff's state table (for now)
     logic_class = WindowedAggregationLogic
     step_class = WindowStep

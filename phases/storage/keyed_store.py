@@ -15,7 +15,10 @@ Spark's own watermark is not involved: the caller tags records by the version wa
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from py4j.protocol import Py4JJavaError
@@ -24,8 +27,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from phases.errors import StateStoreError
+from phases.storage import fs
 
 _HELPER = "org.apache.spark.sql.phases.KeyedStateStore"
+SEEDED = "_seeded.json"  # a layout's version 1 is whole: its schema, keys, values and partitions
+
+
+@dataclass(frozen=True)
+class StatePosition:
+    """Where an operator's live state is: a layout of the run's state store and a version of it (what a
+    progress record names, so that the next micro-batch loads exactly that version)."""
+
+    layout: str
+    version: int
 
 
 @dataclass
@@ -94,3 +108,70 @@ def _java_message(exc: Exception) -> str:
     if isinstance(exc, Py4JJavaError):
         return str(exc.java_exception.toString()).splitlines()[0][:500]
     return str(exc).splitlines()[0][:500]
+
+
+class LiveStateStore:
+    """A live run's state store for one state layout (key and value columns and types, partitions), under
+    ``root/<layout>``: the layout is named by a hash of the schema, so a schema change (a widened source
+    type) moves the state to a new layout, written from the old one at the position the progress names.
+
+    Version 1 of a layout is its starting state: the handoff's (``seed``: the handoff's state table, or the
+    rows the backlog passes when it writes it ahead), or the previous layout's state. ``_seeded.json`` is
+    written once it is whole."""
+
+    def __init__(
+        self, spark: SparkSession, root: str, keys: list[str], values: list[str], schema: T.StructType, partitions: int
+    ):
+        self.spark, self.root, self.keys, self.values, self.partitions = spark, root, keys, values, partitions
+        self.schema = T.StructType([schema[c] for c in [*keys, *values]])
+        described = json.dumps(
+            {"keys": keys, "values": values, "schema": self.schema.jsonValue(), "partitions": partitions},
+            sort_keys=True,
+        )
+        self.description = described
+        self.layout = f"p{partitions}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
+        self.store = KeyedStore(spark, f"{root}/{self.layout}", keys, values, self.schema, partitions)
+
+    def _seeded(self, layout: str) -> dict | None:
+        path = f"{self.root}/{layout}/{SEEDED}"
+        return json.loads(fs.read_text(self.spark, path)) if fs.exists(self.spark, path) else None
+
+    def write_start(self, rows: DataFrame) -> None:
+        """Writes version 1 from ``rows`` (one row per key, the layout's columns) and marks it whole."""
+        marker = f"{self.root}/{self.layout}/{SEEDED}"
+        fs.delete_file(self.spark, marker)
+        self.store.write(
+            rows.select(
+                *[
+                    rows[f"`{c}`"].cast(f.dataType).alias(c)
+                    for c, f in zip(self.schema.fieldNames(), self.schema.fields, strict=True)
+                ]
+            )
+        ).release()
+        fs.create_once(self.spark, marker, self.description)
+
+    def version_for(self, position: StatePosition | None, handoff_state: Callable[[], DataFrame]) -> int:
+        """The version a micro-batch loads after ``position`` (None: the handoff's state, not in a store yet);
+        writes version 1 of this layout first when the state is elsewhere."""
+        if position is not None and position.layout == self.layout:
+            return position.version
+        if position is None:
+            if self._seeded(self.layout) is None:  # else the backlog (or an earlier start) wrote it
+                self.write_start(handoff_state())
+            return 1
+        before = self._seeded(position.layout)
+        if before is None:
+            raise StateStoreError(
+                f"the live state is in layout {position.layout} of {self.root}, whose description "
+                f"{position.layout}/{SEEDED} is gone; restore the run's folder or start over from the backlog"
+            )
+        old = KeyedStore(
+            self.spark,
+            f"{self.root}/{position.layout}",
+            before["keys"],
+            before["values"],
+            T.StructType.fromJson(before["schema"]),
+            int(before["partitions"]),
+        )
+        self.write_start(old.read(position.version))
+        return 1

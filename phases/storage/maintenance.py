@@ -1,7 +1,8 @@
 """Nothing grows without bound: orphaned state tables are removed, the engine's tables are compacted and
 their old files vacuumed, under the pipeline's :class:`~phases.definition.Maintenance` settings.
 
-- **Orphans**: a backlog that crashed before its manifest leaves ``state/<id>`` that nothing references.
+- **Orphans**: a backlog that crashed before its manifest leaves ``state/<id>`` (and ``live/<id>/state-store``)
+  that nothing references.
   Every full backlog run removes the state tables no manifest names, while it holds the backlog lease and
   only when no other pipeline's backlog is running under the same root.
 - **Compaction**: tables the live phase rewrites every micro-batch (its state table, an upserted sink) get
@@ -34,19 +35,23 @@ def remove_orphan_state(spark: SparkSession, pipeline: Pipeline) -> list[str]:
     others = [n for n in fs.list_names(spark, f"{root}/leases") if n.endswith(".backlog.json")]
     if any(n != f"{pipeline.name}.backlog.json" for n in others):
         return []  # another pipeline's backlog under this root may be writing its state table right now
+    live_root = f"{root}/live"
     names = [n for n in fs.list_names(spark, pipeline.locations.state_root) if _MANIFEST_ID.match(n)]
-    if not names:
+    runs = [n for n in fs.list_names(spark, live_root) if _MANIFEST_ID.match(n)]
+    if not names and not runs:
         return []
     referenced: set[str] = set()
     if tables.exists(spark, pipeline.locations.manifests):
         rows = spark.read.format("delta").load(pipeline.locations.manifests).select("manifest_id").collect()
         referenced = {r["manifest_id"] for r in rows}
     removed = []
-    for name in names:
-        if name not in referenced:
-            path = f"{pipeline.locations.state_root.rstrip('/')}/{name}"
-            fs.delete(spark, path)
-            removed.append(path)
+    # A crashed backlog's state table, and the live run folder it started (its state store's version 1).
+    for folder, found in ((pipeline.locations.state_root.rstrip("/"), names), (live_root, runs)):
+        for name in found:
+            if name not in referenced:
+                path = f"{folder}/{name}"
+                fs.delete(spark, path)
+                removed.append(path)
     return removed
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from phases.errors import SourceError
 from phases.storage import uris
+
+if TYPE_CHECKING:  # the sensors import this module without Spark
+    from pyspark.sql import SparkSession
 
 
 @dataclass(frozen=True)
@@ -186,3 +190,27 @@ def transaction_versions(path: str, app_ids: list[str]) -> dict[str, int]:
         return {}
     found = {app: table.transaction_version(app) for app in app_ids}
     return {app: int(v) for app, v in found.items() if v is not None}
+
+
+def applied_transactions(spark: SparkSession, path: str, app_ids: list[str]) -> dict[str, int]:
+    """:func:`transaction_versions`, read with delta-rs; a log delta-rs cannot read (store settings given to Spark
+    only) is read through Spark's."""
+    try:
+        return transaction_versions(path, app_ids)
+    except SourceError:
+        return transaction_versions_through_spark(spark, path, app_ids)
+
+
+def transaction_versions_through_spark(spark: SparkSession, path: str, app_ids: list[str]) -> dict[str, int]:
+    """:func:`transaction_versions` through Delta's JVM classes (``DeltaLog``, ``Snapshot``:
+    internal API, pinned by ``tests/phases/test_live_resume.py``)."""
+    jvm = spark.sparkContext._jvm
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+    transactions = log.update(False, none, none).transactions()
+    out = {}
+    for app in app_ids:
+        version = transactions.get(app)
+        if version.isDefined():
+            out[app] = int(version.get())
+    return out

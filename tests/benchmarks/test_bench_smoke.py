@@ -34,8 +34,9 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     results["live"] = [
         live.measure(
             spark, tmp_path, state_keys=200, rates=(100,), versions=3, batches=2, batch_rows=50, drain_rows=300,
-            drain_versions=3,
+            drain_versions=3, sink_mode=mode,
         )
+        for mode in ("changelog", "upsert")
     ]  # fmt: skip
     results["live_peers"] = [
         live_peers.measure(
@@ -69,7 +70,9 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert set(join["timings"]) == set(timings) and join["outputs"] > 0
     assert join["timings"]["stream"]["detail"]["micro_batches"] >= 2
     assert all(t["memory"]["jvm_peak_mib"] > 0 for t in timings.values())
+    assert [r["sink_mode"] for r in loaded["live"]] == ["changelog", "upsert"]
     run = loaded["live"][0]
+    assert run["backlog_timings"]["live_state_s"] > 0  # the store's version 1, written by the backlog
     assert run["state_keys"] == 200 and run["switch_s"] > 0 and len(run["batch"]["seconds"]) == 2
     assert [lat["versions"] for lat in run["latency"]] == [3] and run["latency"][0]["p50_s"] > 0
     assert run["drain"]["rows"] == 300 and run["drain"]["rows_per_s"] > 0

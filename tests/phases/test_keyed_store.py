@@ -202,3 +202,43 @@ def test_the_store_lives_in_sparks_layout_under_its_path(spark, tmp_path):
     assert partitions == ["0", "1"]
     # RocksDB with changelog checkpointing: version 1 is a changelog file (a snapshot comes later, in the background).
     assert "1.changelog" in {f.name for f in (tmp_path / "store" / "0" / "0").iterdir()}
+
+
+@pytest.mark.slow
+def test_kill_9_during_the_backlogs_store_write_then_a_rerun_and_the_live_phase_equal_the_reference(spark, tmp_path):
+    """The backlog process dies after the store's partitions committed version 1 and before the store is marked
+    whole and the manifest written. The next backlog (taking the dead holder's lease over) removes the dead
+    run's folder, writes its own; the live phase then equals the reference."""
+    import os
+    import subprocess
+    import sys
+
+    from phases.backlog.runner import BacklogRunner
+    from phases.live.runner import LiveRunner
+    from phases.storage import leases
+    from tests import reference
+    from tests.conftest import make_pipeline
+    from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
+
+    second = 1_000_000
+    source = str(tmp_path / "source")
+    backlog = {1: [("a", 100 * second, 1), ("b", 90 * second, 2)]}
+    write_source(spark, source, backlog)
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=15)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.phases.backlog_child", p.model_dump_json()],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == -9, child.stderr[-2000:]
+    dead_runs = os.listdir(tmp_path / "run" / "live")
+    assert len(dead_runs) == 1 and not (tmp_path / "run" / "manifests").exists()
+    with pytest.raises(leases.LeaseHeld, match="take_over=True"):
+        BacklogRunner(spark, p).run()
+    handoff = BacklogRunner(spark, p, take_over=True).run()
+    assert os.listdir(tmp_path / "run" / "live") == [handoff.manifest_id]  # the dead run's folder is gone
+    live_versions = {2: [("a", 110 * second, 3), ("c", 120 * second, 4)]}
+    append_version(spark, source, live_versions[2])
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    assert_results_equal(sink_rows(spark, p.sink.path), reference.run({**backlog, **live_versions}, 15 * second)[0])

@@ -48,7 +48,7 @@ def test_transaction_ids_read_with_delta_rs_and_through_spark_agree(spark, tmp_p
     other = live_resume.app_id("events", "run1", "state")
     assert table_stats.transaction_versions(path, [app, other]) == {app: 3}
     try:
-        through_spark = live_resume._transaction_versions_through_spark(spark, path, [app, other])
+        through_spark = table_stats.transaction_versions_through_spark(spark, path, [app, other])
     except Exception as exc:  # noqa: BLE001 - name what broke
         raise AssertionError(
             f"Delta's internal DeltaLog.forTable / SnapshotManagement.update / Snapshot.transactions changed: {exc}"

@@ -13,20 +13,30 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phases.backlog.runner import BacklogRunner
-from phases.definition import SessionAggregate, Window, WindowedAggregate
+from phases.definition import DeltaSink, SessionAggregate, Window, WindowedAggregate
 from phases.live.runner import LiveRunner
+from phases.storage.changelog import compact_changelog
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source
+from tests.helpers import (
+    append_version,
+    assert_results_equal,
+    current_rows,
+    quarantine_rows,
+    sink_rows,
+    write_source,
+)
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 from tests.phases.test_windows import AGGS, _emitted
 
-KINDS = ["keyed", "tumbling", "sliding", "session"]
+KINDS = ["keyed", "keyed-changelog", "tumbling", "sliding", "session"]
 
 
 def _pipeline(kind: str, source: str, root: str):
     if kind == "keyed":
         return make_pipeline(source, root, delay_s=DELAY_S)
+    if kind == "keyed-changelog":
+        return make_pipeline(source, root, delay_s=DELAY_S, sink=DeltaSink(path=f"{root}/sink", mode="changelog"))
     if kind == "session":
         op = SessionAggregate(gap=timedelta(seconds=12), aggregations=AGGS)
     else:
@@ -36,7 +46,7 @@ def _pipeline(kind: str, source: str, root: str):
 
 
 def _expected(kind: str, versions: dict) -> dict:
-    if kind == "keyed":
+    if kind.startswith("keyed"):
         return reference.run(versions, DELAY_S * SECOND)[0]
     if kind == "session":
         return reference.run_sessions(versions, DELAY_S * SECOND, 12 * SECOND)
@@ -44,11 +54,13 @@ def _expected(kind: str, versions: dict) -> dict:
     return reference.run_windows(versions, DELAY_S * SECOND, 20 * SECOND, slide * SECOND)[0]
 
 
-def _assert_sink(spark, kind: str, path: str, expected: dict) -> None:
+def _assert_sink(spark, kind: str, pipeline, expected: dict) -> None:
     if kind == "keyed":
-        assert_results_equal(sink_rows(spark, path), expected)
+        assert_results_equal(sink_rows(spark, pipeline.sink.path), expected)
+    elif kind == "keyed-changelog":
+        assert_results_equal(current_rows(spark, pipeline), expected)
     else:
-        assert _emitted(spark, path) == expected
+        assert _emitted(spark, pipeline.sink.path) == expected
 
 
 @pytest.mark.slow
@@ -70,6 +82,8 @@ def test_live_equals_one_streaming_job_under_any_micro_batch_split(spark, tmp_pa
     two_phase = _pipeline(kind, str(source), str(root / "two_phase"))
     BacklogRunner(spark, two_phase).run()
     LiveRunner.from_manifest(spark, two_phase, max_files_per_trigger=per_trigger).start(available_now=True)
+    if kind == "keyed-changelog":  # the reader then joins the compacted table and the newer changelog rows
+        compact_changelog(spark, two_phase)
     for v in sorted(versions):
         if v > cutoff:
             append_version(spark, source, versions[v], files)
@@ -80,8 +94,8 @@ def test_live_equals_one_streaming_job_under_any_micro_batch_split(spark, tmp_pa
     LiveRunner.streaming_only(spark, single, max_files_per_trigger=per_trigger).start(available_now=True)
 
     expected = _expected(kind, versions)
-    _assert_sink(spark, kind, two_phase.sink.path, expected)
-    _assert_sink(spark, kind, single.sink.path, expected)
+    _assert_sink(spark, kind, two_phase, expected)
+    _assert_sink(spark, kind, single, expected)
     assert quarantine_rows(spark, str(root / "two_phase")) == quarantine_rows(spark, str(root / "single"))
 
 
@@ -111,18 +125,19 @@ def test_a_version_read_over_several_micro_batches_loses_no_on_time_row(spark, t
 
 @pytest.mark.parametrize(
     ("kind", "fails"),
-    [("keyed", "sink"), ("keyed", "state"), ("tumbling", "sink")],
-    ids=["keyed-state-committed", "keyed-sink-committed", "tumbling-state-committed"],
+    [("keyed", "sink"), ("keyed", "progress"), ("tumbling", "sink")],
+    ids=["keyed-store-committed", "keyed-sink-committed", "tumbling-state-committed"],
 )
 def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_once(
     spark, tmp_path, monkeypatch, kind, fails
 ):
-    """The micro-batch dies with one of its two writes committed and the other not; the restart replays it:
-    Delta skips the committed write (same txnAppId/txnVersion), the other gets the batch once, nothing is
-    counted twice. Keyed aggregations write the state and the sink at the same time, so either can be the one
-    committed: with the state committed, the replay must not combine the batch into the state a second time
-    for the sink's values."""
+    """The micro-batch dies after some of its writes committed; the restart replays it and nothing is counted
+    twice. Keyed aggregations: after the state store committed the next version and before the sink write
+    (``sink``), or after the sink write and before the progress record (``progress``): the replay loads the
+    version the previous record names again, computes the same rows, and Delta skips a sink write it has.
+    Windows: after the state MERGE, before the sink append."""
     import phases.live.micro_batch as engine
+    from phases.storage.progress_log import ProgressLog
 
     source = str(tmp_path / "source")
     backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}
@@ -133,32 +148,37 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
     for v in sorted(live_versions):
         append_version(spark, source, live_versions[v])
 
-    if kind == "keyed":
-        real_replace = engine.tables.replace_rows
+    def crash(*args, **kwargs):
+        raise RuntimeError(f"simulated crash before the {fails} write")
 
-        def replace_or_crash(spark_, path, rows, keys):
-            if (path == p.sink.path) == (fails == "sink"):
-                raise RuntimeError(f"simulated crash: the {fails} write fails, the other commits")
-            return real_replace(spark_, path, rows, keys)
+    if kind == "keyed" and fails == "sink":
+        monkeypatch.setattr(engine.tables, "upsert", crash)
+    elif kind == "keyed":
+        real_write = ProgressLog.write
 
-        monkeypatch.setattr(engine.tables, "replace_rows", replace_or_crash)
+        def write_or_crash(self, batch_id, record):
+            if batch_id >= 0:
+                crash()
+            return real_write(self, batch_id, record)
+
+        monkeypatch.setattr(ProgressLog, "write", write_or_crash)
     else:  # windows append their sink rows after the state MERGE; crash right before that append
-        monkeypatch.setattr(
-            engine.tables, "append_once", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("simulated crash"))
-        )
+        monkeypatch.setattr(engine.tables, "append_once", crash)
     with pytest.raises(Exception, match="simulated crash"):
         LiveRunner.from_manifest(spark, p).start(available_now=True)
     monkeypatch.undo()
 
     LiveRunner.from_manifest(spark, p).start(available_now=True)
-    _assert_sink(spark, kind, p.sink.path, _expected(kind, {**backlog, **live_versions}))
+    _assert_sink(spark, kind, p, _expected(kind, {**backlog, **live_versions}))
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_nothing_twice(spark, tmp_path):
-    """A real crash: the live process is SIGKILLed after its state MERGE committed, before the sink write.
-    Its lease is left behind (taken over explicitly), the restart replays the micro-batch: Delta skips the
-    state MERGE, the sink gets it once."""
+@pytest.mark.parametrize("kill_at", ["sink", "progress"])
+def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_nothing_twice(spark, tmp_path, kill_at):
+    """A real crash: the live process is SIGKILLed after its state store committed the next version and before
+    the sink write (``sink``), or after the sink write and before the progress record (``progress``). Its lease
+    is left behind (taken over explicitly); the restart replays the micro-batch from the version the last
+    record names: the sink gets the batch once."""
     import subprocess
     import sys
 
@@ -174,7 +194,7 @@ def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_
         append_version(spark, source, live_versions[v])
 
     child = subprocess.run(
-        [sys.executable, "-m", "tests.phases.live_child", p.model_dump_json(), "sink"],
+        [sys.executable, "-m", "tests.phases.live_child", p.model_dump_json(), kill_at],
         capture_output=True,
         text=True,
         timeout=600,
@@ -183,5 +203,5 @@ def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_
     with pytest.raises(leases.LeaseHeld, match="take_over=True"):
         LiveRunner.from_manifest(spark, p).start(available_now=True)
     LiveRunner.from_manifest(spark, p, take_over=True).start(available_now=True)
-    _assert_sink(spark, "keyed", p.sink.path, _expected("keyed", {**backlog, **live_versions}))
+    _assert_sink(spark, "keyed", p, _expected("keyed", {**backlog, **live_versions}))
     assert quarantine_rows(spark, str(tmp_path / "run")) == []

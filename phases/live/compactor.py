@@ -1,0 +1,55 @@
+"""The background compaction of a changelog sink while the live phase runs (``DeltaSink.compact_every``): never
+inside a micro-batch, so a micro-batch only ever appends (:mod:`phases.storage.changelog`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from pyspark import InheritableThread
+from pyspark.sql import SparkSession
+
+from phases.definition import Pipeline
+from phases.storage import changelog
+
+log = logging.getLogger(__name__)
+
+
+class Compactor:
+    """Compacts the pipeline's changelog into its current table every ``sink.compact_every`` until stopped. A
+    failed compaction is logged and tried again at the next interval (the reader is exact either way)."""
+
+    def __init__(self, spark: SparkSession, pipeline: Pipeline):
+        self.spark, self.pipeline = spark, pipeline
+        self._stop = threading.Event()
+        self._thread: InheritableThread | None = None
+        self.runs = 0
+        self.last: changelog.Compaction | None = None
+        self.last_error: str | None = None
+
+    def start(self) -> Compactor:
+        self._thread = InheritableThread(target=self._loop, name=f"{self.pipeline.name}-compactor", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        every = self.pipeline.sink.compact_every.total_seconds()
+        while not self._stop.wait(every):
+            try:
+                self.last = changelog.compact_changelog(self.spark, self.pipeline)
+                self.runs += 1
+                self.last_error = None
+            except Exception as exc:  # noqa: BLE001 - logged; the next interval tries again
+                self.last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                log.warning(
+                    "pipeline %s: compaction of %s failed: %s",
+                    self.pipeline.name,
+                    self.pipeline.sink.path,
+                    self.last_error,
+                )
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=600)
+            self._thread = None
