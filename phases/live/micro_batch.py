@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases.errors import PhaseStateError
+from phases.errors import PhasesError, PhaseStateError
 from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
 from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
@@ -73,6 +73,8 @@ class IncrementalLive:
         self.progress_log = ProgressLog(spark, plan.paths.progress_log)
         self.step = self.kind.live_step(plan.logic, self.state_path, plan.paths.sink, plan.paths.state_store)
         self.query: StreamingQuery | None = None
+        # The engine error a micro-batch raised (Spark reports it wrapped in its own; the runner re-raises this).
+        self.failure: PhasesError | None = None
         self._progress: dict[int, Progress] = {}
         self._table_ids: dict[str, str] = {}
         # The query generation (phases.live.resume): its micro-batch N is the progress log's batch base + N.
@@ -239,6 +241,13 @@ class IncrementalLive:
     def apply_batch(self, batch: DataFrame, query_batch_id: int) -> None:
         """Micro-batch ``query_batch_id`` of the query: the progress log's batch ``base + query_batch_id``, the id
         its writes carry."""
+        try:
+            self._apply_batch(batch, query_batch_id)
+        except PhasesError as exc:
+            self.failure = exc
+            raise
+
+    def _apply_batch(self, batch: DataFrame, query_batch_id: int) -> None:
         spark, p = batch.sparkSession, self.pipeline
         batch_id = self.base + query_batch_id
         before = self._progress_after(batch_id - 1)
@@ -306,6 +315,7 @@ class IncrementalLive:
         return inp.source.read_live(after_version, self.max_files_per_trigger)
 
     def start(self, trigger: dict, name: str) -> StreamingQuery:
+        self.failure = None
         self.prepare()
         self._table_ids = {inp.label: inp.source.table_id() for inp in self.inputs}
         self.query = (

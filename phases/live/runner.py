@@ -197,8 +197,9 @@ class LiveRunner:
                 q = self.incremental.start(self._trigger(True), name)
                 try:
                     q.awaitTermination()  # raises the query's error when it failed
-                except StreamingQueryException:
+                except StreamingQueryException as exc:
                     if not is_schema_change_stop(q.exception()):
+                        self._raise_engine_error(exc)
                         raise
                     self._take_up_schema()
                     continue
@@ -217,8 +218,9 @@ class LiveRunner:
             try:
                 self.incremental.query.processAllAvailable()
                 return
-            except StreamingQueryException:
+            except StreamingQueryException as exc:
                 if not self._resume_after_schema_change():
+                    self._raise_engine_error(exc)
                     raise
         self.incremental.query.processAllAvailable()
 
@@ -246,15 +248,23 @@ class LiveRunner:
         q = self.incremental.query
         if q is not None and not q.isActive:
             exc = q.exception()
+            if exc is not None:
+                self._raise_engine_error(exc)
             raise LiveQueryStopped(
                 f"the live query of {self.pipeline.name!r} stopped"
                 + (f": {exc}" if exc is not None else " without an error (stopped from outside)")
             )
 
-    @staticmethod
-    def _raise_if_failed(q: StreamingQuery) -> None:
+    def _raise_engine_error(self, exc: BaseException) -> None:
+        """Re-raises the engine error a micro-batch raised (Spark's exception only wraps its text)."""
+        failure = self.incremental.failure
+        if failure is not None:
+            raise failure from exc
+
+    def _raise_if_failed(self, q: StreamingQuery) -> None:
         exc = q.exception()
         if exc is not None:
+            self._raise_engine_error(exc)
             raise exc
 
     def lag(self):

@@ -159,6 +159,9 @@ class KeyedStep(OneInputStep):
             new.unpersist()
 
 
+ROWS_PER_FILE = 1_000_000  # changed keys per sink file a micro-batch writes
+
+
 def live_store(spark: SparkSession, logic: KeyedAggregationLogic, store_root: str) -> LiveStateStore:
     """The keyed aggregation's live state store: per key its buffers and the newest source version that changed
     it (a changelog sink's ``_source_version``), in as many partitions as the session shuffles into."""
@@ -208,14 +211,14 @@ class KeyedStoreStep(OneInputStep):
             return state
         logic, store = self.logic, self.store(spark)
         version = store.version_for(state, lambda: self._handoff_state(spark))
-        partial = (
-            logic.lift(on_time, carry=(VERSION,))
-            .groupBy(*logic.keys)
-            .agg(*logic.merge_columns(), F.max(VERSION).alias(changelog.SOURCE_VERSION))
-        )
+        # Each record lifted into buffers goes to its key's store partition as it is: the store combines a key's
+        # rows in turn (no aggregation, and no shuffle, before the one that routes keys to their partitions).
+        lifted = logic.lift(on_time, carry=(VERSION,))
+        partial = lifted.select(*logic.keys, *logic.buffer_names, F.col(VERSION).alias(changelog.SOURCE_VERSION))
         update = store.store.update(partial, self.combine_sql(), version)
         try:
-            changed = update.rows
+            # One file per ROWS_PER_FILE changed keys, not one per store partition.
+            changed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))
             if logic.pipeline.sink.mode == "changelog":
                 out = changelog.rows(changed.select(*logic.finalize_columns(), changelog.SOURCE_VERSION), batch)
                 tables.append_once(out, self.sink_path, app("sink"), batch)

@@ -94,7 +94,9 @@ class KeyedStore:
         except (Py4JJavaError, PySparkException) as exc:
             raise StateStoreError(
                 f"the state store {self.path} could not go from version {version} to {version + 1}: "
-                f"{_java_message(exc)}"
+                f"{_java_message(exc)}. When its files were removed or damaged: restore the live run's folder "
+                "(the store, the progress log and the checkpoint together, from one backup), or start over with "
+                "BacklogRunner(spark, pipeline).run(reset=True)"
             ) from exc
         rows = DataFrame(handle.frame(), self.spark)
         return StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle)

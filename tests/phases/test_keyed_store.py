@@ -64,7 +64,7 @@ INTERNAL_API = [
 ]
 # The RocksDB settings (changelogCheckpointing.enabled, trackTotalNumberOfRows) are read by prefix, not registered:
 # the layout test below checks that changelog checkpointing took effect.
-SQL_CONFS = ["spark.sql.streaming.stateStore.providerClass"]
+SQL_CONFS = ["spark.sql.streaming.stateStore.providerClass", "spark.sql.streaming.stateStore.unloadOnCommit"]
 
 
 def test_the_internal_state_store_api_the_helper_uses_is_there(spark):
@@ -190,18 +190,24 @@ def test_a_combine_expression_of_another_type_is_refused(spark, tmp_path):
 
 def test_the_store_lives_in_sparks_layout_under_its_path(spark, tmp_path):
     store = _open(spark, tmp_path / "store", partitions=2)
-    store.write(
-        spark.range(10).select(
-            F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
-            F.lit(1).cast("long").alias("n"),
-            F.lit(None).cast("long").alias("total"),
-            F.lit(None).cast("timestamp").alias("last"),
-        )
-    ).release()
+    rows = spark.range(10).select(
+        F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
+        F.lit(1).cast("long").alias("n"),
+        F.lit(None).cast("long").alias("total"),
+        F.lit(None).cast("timestamp").alias("last"),
+    )
+    store.write(rows).release()
     partitions = sorted(p.name for p in (tmp_path / "store" / "0").iterdir() if p.is_dir())
     assert partitions == ["0", "1"]
-    # RocksDB with changelog checkpointing: version 1 is a changelog file (a snapshot comes later, in the background).
-    assert "1.changelog" in {f.name for f in (tmp_path / "store" / "0" / "0").iterdir()}
+    files = {f.name for f in (tmp_path / "store" / "0" / "0").iterdir()}
+    # Version 1 (the handoff's state) is a whole RocksDB snapshot, so that a first load opens files instead of
+    # replaying every key's put; the live versions after it are changelog files (the changed keys only).
+    assert "1.zip" in files and "1.changelog" not in files
+    store.update(rows.limit(3), COMBINE, 1).release()
+    assert any("2.changelog" in {f.name for f in (tmp_path / "store" / "0" / p).iterdir()} for p in partitions)
+    assert _rows(store.read(2)) == sorted(
+        (f"k{i}", 2 if f"k{i}" in {r["key"] for r in rows.limit(3).collect()} else 1, None, None) for i in range(10)
+    )
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phases.backlog.runner import BacklogRunner
-from phases.errors import LiveResumeError
+from phases.errors import LiveResumeError, StateStoreError
 from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
@@ -117,6 +117,17 @@ def test_a_progress_log_removed_after_the_first_micro_batch_is_rebuilt_by_replay
     _live(spark, p)
     expected, _ = reference.run({**BACKLOG, 3: _live_version(3), 4: _live_version(4)}, DELAY_S * S)
     assert_results_equal(sink_rows(spark, p.sink.path), expected)
+
+
+def test_a_removed_state_store_is_refused_with_the_version_it_needs_and_the_way_out(spark, tmp_path):
+    p, mid = _started(spark, str(tmp_path))
+    append_version(spark, p.source.path, _live_version(3))
+    _live(spark, p)
+    shutil.rmtree(f"{p.locations.live_run(mid)}/state-store")
+    append_version(spark, p.source.path, _live_version(4))
+    with pytest.raises(StateStoreError) as err:
+        _live(spark, p)
+    assert "could not go from version 2 to 3" in str(err.value) and "reset=True" in str(err.value)
 
 
 LOSSES = st.sampled_from(["checkpoint", "progress log", "both", "newest record", "nothing"])

@@ -16,7 +16,7 @@ import scala.jdk.CollectionConverters._
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Expression, GenericInternalRow, JoinedRow, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Expression, GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.catalyst.plans.logical.Project
 import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
@@ -60,17 +60,29 @@ class KeyedStateStore(
   val rowSchema: StructType = StructType(keySchema.fields ++ valueSchema.fields)
   private val queryRunId = UUID.fromString(runId)
 
-  @transient private lazy val storeSession: ClassicSession = {
+  /** The session whose SQL conf the store reads: RocksDB; with changelog checkpointing for the live versions (a
+   * commit writes the changed keys only), without it for version 1 (a commit uploads a whole snapshot, so the
+   * first load of a large store opens files instead of replaying every key's put). */
+  private def sessionWith(changelog: Boolean): ClassicSession = {
     val s = spark.cloneSession()
     s.conf.set("spark.sql.streaming.stateStore.providerClass", KeyedStateStore.RocksDBProvider)
-    s.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    s.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", changelog.toString)
     // Counting the store's rows costs RocksDB a read before every write; nothing here needs the count.
     s.conf.set("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
+    // Version 1 is written once: its provider is unloaded after the commit instead of holding the whole store in
+    // memory (a live opening loads it under its own run id, with changelog checkpointing).
+    if (!changelog) s.conf.set("spark.sql.streaming.stateStore.unloadOnCommit", "true")
     s
   }
+  @transient private lazy val storeSession: ClassicSession = sessionWith(changelog = true)
+  @transient private lazy val snapshotSession: ClassicSession = sessionWith(changelog = false)
 
-  private def stateInfo(version: Long): StatefulOperatorStateInfo =
-    StatefulOperatorStateInfo(checkpoint, queryRunId, 0L, version, partitions, None, None)
+  private def stateInfo(version: Long): StatefulOperatorStateInfo = {
+    // Executors keep a provider per (store, run id) with the settings it was created with: version 1's write
+    // (snapshots, unloaded on commit) must not share one with the live updates (changelog checkpointing).
+    val runId = if (version == 0L) UUID.randomUUID() else queryRunId
+    StatefulOperatorStateInfo(checkpoint, runId, 0L, version, partitions, None, None)
+  }
 
   private def keyed(rows: DataFrame): RDD[InternalRow] = {
     val cols = rowSchema.fieldNames.map(n => col(s"`$n`"))
@@ -105,7 +117,7 @@ class KeyedStateStore(
   }
 
   /**
-   * Combines `partials` (keys + values, at most one row per key) into the store at `version` and commits
+   * Combines `partials` (keys + values; several rows of a key combine in turn) into the store at `version` and commits
    * version + 1; returns the changed keys' new rows. `combineSql` per value column: SQL over `t.<column>` (the
    * stored value) and `s.<column>` (the partial); a key not in the store takes the partial as it is.
    * `emit` = false writes without returning rows (the handoff's version 1).
@@ -117,7 +129,7 @@ class KeyedStateStore(
     val keyTypes = keySchema.fields.map(_.dataType)
     val valueTypes = valueSchema.fields.map(_.dataType)
     val rowTypes = rowSchema.fields.map(_.dataType)
-    val store = storeSession
+    val store = if (version == 0L) snapshotSession else storeSession
     val rdd = keyed(partials).mapPartitionsWithStateStore(
       stateInfo(version), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), store.sessionState,
       Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>
@@ -131,19 +143,24 @@ class KeyedStateStore(
         org.apache.spark.sql.catalyst.expressions.BoundReference(i, t, nullable = true): Expression }.toIndexedSeq)
       val pair = new GenericInternalRow(2)
       val joined = new JoinedRow()
-      val emitted = new ArrayBuffer[InternalRow]()
+      // Several rows of one key (records lifted one by one) combine in turn; each key is emitted once, with
+      // its value after the whole partition.
+      val touched = new java.util.LinkedHashSet[UnsafeRow]()
       rows.foreach { row =>
         val key = keyOf(row)
         val partial = valueOf(row)
-        val stored = if (version == 0L) null else state.get(key) // version 0 is the empty store
+        // Version 0 is the empty store, written from one row per key (the handoff's state): nothing to read.
+        val stored = if (version == 0L) null else state.get(key)
         val value = if (stored == null) partial else {
           pair.update(0, stored)
           pair.update(1, partial)
           combined(pair)
         }
         state.put(key, value)
-        if (emit) emitted += out(joined(key, value)).copy()
+        if (emit) touched.add(key.copy())
       }
+      val emitted = new ArrayBuffer[InternalRow](touched.size)
+      touched.forEach { key => emitted += out(joined(key, state.get(key))).copy() }
       state.commit()
       emitted.iterator
     }
