@@ -25,6 +25,8 @@ import json
 import shutil
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -222,6 +224,50 @@ def _steady(live: LiveRunner, feed: _Feed, sink: str, rate: int, versions: int, 
     }
 
 
+@dataclass(frozen=True)
+class Load:
+    """What the live rows put through a live path: ``batches`` micro-batches of ``batch_rows`` rows, ``versions``
+    versions at each of ``rates`` (rows/s, a version every ``interval_s``), then ``drain_rows`` rows in
+    ``drain_versions`` versions appended while it is stopped (0: no drain)."""
+
+    rates: tuple[int, ...] = (2_000, 20_000)
+    versions: int = 30
+    interval_s: float = 1.0
+    batches: int = 5
+    batch_rows: int = 2_000
+    drain_rows: int = 0
+    drain_versions: int = 10
+
+
+def running_rows(runner, feed: _Feed, sink: str, load: Load, label: str) -> dict:
+    """The micro-batch cost and the latency at each rate of a started live path (the framework's or a peer's)."""
+    costs = _batch_costs(runner, feed, load.batches, load.batch_rows)
+    batch = {
+        "rows": load.batch_rows,
+        "seconds": [round(c, 2) for c in costs],
+        "median_s": round(statistics.median(costs), 2),
+    }
+    print(f"{label} micro-batch of {load.batch_rows:,} rows: {batch}", flush=True)
+    latency = []
+    for rate in load.rates:
+        latency.append(_steady(runner, feed, sink, rate, load.versions, load.interval_s))
+        print(f"{label} {latency[-1]}", flush=True)
+    return {"batch": batch, "latency": latency}
+
+
+def drain_after_pause(feed: _Feed, load: Load, restart: Callable[[], None], label: str) -> dict:
+    """Rows appended while the live path is stopped, then applied by ``restart`` (which returns once they are)."""
+    for _ in range(load.drain_versions):
+        feed.append(load.drain_rows // load.drain_versions)
+    t = time.perf_counter()
+    restart()
+    seconds = time.perf_counter() - t
+    rows = load.drain_versions * (load.drain_rows // load.drain_versions)
+    drain = {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
+    print(f"{label} drain: {drain}", flush=True)
+    return drain
+
+
 def measure(
     spark: SparkSession,
     work: Path,
@@ -248,41 +294,16 @@ def measure(
         feed = _KafkaFeed(spark, broker, "events", state_keys)
     else:
         feed = _Feed(spark, source, state_keys)
+    load = Load(rates, versions, interval_s, batches, batch_rows, drain_rows, drain_versions)
     try:
-        return _measure(
-            spark,
-            base,
-            feed,
-            state_keys,
-            rates,
-            versions,
-            interval_s,
-            batches,
-            batch_rows,
-            drain_rows,
-            drain_versions,
-            sink_mode,
-        )
+        return _measure(spark, base, feed, state_keys, load, sink_mode)
     finally:
         feed.close()
         if broker is not None:
             broker.stop()
 
 
-def _measure(
-    spark,
-    base,
-    feed,
-    state_keys,
-    rates,
-    versions,
-    interval_s,
-    batches,
-    batch_rows,
-    drain_rows,
-    drain_versions,
-    sink_mode,
-) -> dict:
+def _measure(spark, base, feed, state_keys: int, load: Load, sink_mode: str) -> dict:
     kafka = isinstance(feed, _KafkaFeed)
     t = time.perf_counter()
     feed.create()
@@ -316,30 +337,17 @@ def _measure(
     try:
         result["switch_s"] = round(live.start().start_seconds, 2)
         print(f"{label} switch (first checkpoint): {result['switch_s']} s", flush=True)
-        costs = _batch_costs(live, feed, batches, batch_rows)
-        result["batch"] = {
-            "rows": batch_rows,
-            "seconds": [round(c, 2) for c in costs],
-            "median_s": round(statistics.median(costs), 2),
-        }
-        print(f"{label} micro-batch of {batch_rows:,} rows: {result['batch']}", flush=True)
-        result["latency"] = []
-        for rate in rates:
-            result["latency"].append(_steady(live, feed, p.sink.path, rate, versions, interval_s))
-            print(f"{label} {result['latency'][-1]}", flush=True)
+        result.update(running_rows(live, feed, p.sink.path, load, label))
     finally:
         live.stop()
-    if drain_rows:
-        for _ in range(drain_versions):
-            feed.append(drain_rows // drain_versions)
-        restarted = LiveRunner.from_manifest(spark, p)
-        t = time.perf_counter()
-        try:
-            restarted.start()
-        finally:
-            restarted.stop()
-        seconds = time.perf_counter() - t
-        rows = drain_versions * (drain_rows // drain_versions)
-        result["drain"] = {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
-        print(f"{label} drain: {result['drain']}", flush=True)
+    if load.drain_rows:
+
+        def restart() -> None:
+            restarted = LiveRunner.from_manifest(spark, p)
+            try:
+                restarted.start()
+            finally:
+                restarted.stop()
+
+        result["drain"] = drain_after_pause(feed, load, restart, label)
     return result

@@ -17,7 +17,6 @@ is work the peer does not do. Latency, micro-batch cost and drain are measured e
 from __future__ import annotations
 
 import shutil
-import statistics
 import time
 from pathlib import Path
 
@@ -104,6 +103,7 @@ def measure(
     drain_versions: int = 10,
 ) -> dict:
     """The live rows of the plain query with sink ``mode`` over a source seeded with ``state_keys`` keys."""
+    load = live.Load(rates, versions, interval_s, batches, batch_rows, drain_rows, drain_versions)
     base = work / f"live_plain_{mode}_{state_keys}"
     shutil.rmtree(base, ignore_errors=True)
     source, sink, checkpoint = str(base / "source"), str(base / "sink"), str(base / "checkpoint")
@@ -119,28 +119,17 @@ def measure(
     try:
         result["backlog_s"] = round(query.start(), 2)  # the seed, in the query's first micro-batch(es)
         print(f"{label} seed of {state_keys:,} keys through the query: {result['backlog_s']} s", flush=True)
-        costs = live._batch_costs(query, feed, batches, batch_rows)
-        result["batch"] = {
-            "rows": batch_rows,
-            "seconds": [round(c, 2) for c in costs],
-            "median_s": round(statistics.median(costs), 2),
-        }
-        print(f"{label} micro-batch of {batch_rows:,} rows: {result['batch']}", flush=True)
-        result["latency"] = []
-        for rate in rates:
-            result["latency"].append(live._steady(query, feed, sink, rate, versions, interval_s))
-            print(f"{label} {result['latency'][-1]}", flush=True)
+        result.update(live.running_rows(query, feed, sink, load, label))
     finally:
         query.stop()
-    if drain_rows:
-        for _ in range(drain_versions):
-            feed.append(drain_rows // drain_versions)
-        restarted = PlainLive(spark, source, sink, checkpoint, mode)
-        try:
-            seconds = restarted.start()
-        finally:
-            restarted.stop()
-        rows = drain_versions * (drain_rows // drain_versions)
-        result["drain"] = {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
-        print(f"{label} drain: {result['drain']}", flush=True)
+    if load.drain_rows:
+
+        def restart() -> None:
+            restarted = PlainLive(spark, source, sink, checkpoint, mode)
+            try:
+                restarted.start()
+            finally:
+                restarted.stop()
+
+        result["drain"] = live.drain_after_pause(feed, load, restart, label)
     return result

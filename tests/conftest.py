@@ -43,6 +43,7 @@ LONGEST_MODULES = (
     "tests/test_readme_guide.py",
     "tests/phases/test_live_recovery.py",
     "tests/phases/test_sessions.py",
+    "tests/phases/test_changelog_sink.py",
     "tests/phases/test_kafka_source.py",
     "tests/phases/test_live_schema.py",
     "tests/phases/test_increments_and_slices.py",
@@ -51,6 +52,7 @@ LONGEST_MODULES = (
     "tests/phases/test_windows.py",
     "tests/phases/test_kafka_faults.py",
     "tests/deployment/test_object_store.py",
+    "tests/phases/test_keyed_store.py",
 )
 
 

@@ -12,6 +12,7 @@ from phases.backlog.runner import BacklogRunner
 from phases.errors import PhaseStateError, SourceError
 from phases.live.runner import LiveRunner
 from phases.runtime.local_kafka import LocalKafka
+from phases.storage.keyed_store import KeyedStore
 from phases.storage.progress_log import ProgressLog
 from tests import reference
 from tests.helpers import assert_results_equal, produce, sink_rows
@@ -56,7 +57,8 @@ def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_onc
     _produce(kafka, topic, _rows(2, 100, 8), produced)
     BacklogRunner(spark, p).run()
     _produce(kafka, topic, _rows(2, 200, 12, late_every=4), produced)
-    real_append, real_replace, real_write = engine.tables.append_once, engine.tables.replace_rows, ProgressLog.write
+    real_append, real_upsert, real_write = engine.tables.append_once, engine.tables.upsert, ProgressLog.write
+    real_update = KeyedStore.update
 
     for point in ("quarantine", "state", "sink", "progress"):
 
@@ -66,16 +68,18 @@ def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_onc
         def append(*a, point=point, **k):
             return crash() if point == "quarantine" else real_append(*a, **k)
 
-        def replace(spark_, path, rows, keys, point=point):
-            if point in ("state", "sink") and (path == p.sink.path) == (point == "sink"):
-                crash()
-            return real_replace(spark_, path, rows, keys)
+        def update(self, *a, point=point, **k):  # the state store's update, before it commits
+            return crash() if point == "state" else real_update(self, *a, **k)
+
+        def upsert(*a, point=point, **k):  # the sink write, after the store committed the next version
+            return crash() if point == "sink" else real_upsert(*a, **k)
 
         def write(self, batch, record, point=point):
             return crash() if point == "progress" and batch >= 0 else real_write(self, batch, record)
 
         monkeypatch.setattr(engine.tables, "append_once", append)
-        monkeypatch.setattr(engine.tables, "replace_rows", replace)
+        monkeypatch.setattr(KeyedStore, "update", update)
+        monkeypatch.setattr(engine.tables, "upsert", upsert)
         monkeypatch.setattr(ProgressLog, "write", write)
         with pytest.raises(Exception, match=f"simulated crash at the {point} write"):
             LiveRunner.from_manifest(spark, p).start(available_now=True)

@@ -60,26 +60,24 @@ class KeyedStateStore(
   val rowSchema: StructType = StructType(keySchema.fields ++ valueSchema.fields)
   private val queryRunId = UUID.fromString(runId)
 
-  /** The session whose SQL conf the store reads: RocksDB; with changelog checkpointing for the live versions (a
-   * commit writes the changed keys only), without it for version 1 (a commit uploads a whole snapshot, so the
-   * first load of a large store opens files instead of replaying every key's put). */
-  private def sessionWith(changelog: Boolean): ClassicSession = {
+  /** The session whose SQL conf the store reads: RocksDB with changelog checkpointing (a commit writes the changed
+   * keys only; snapshots are uploaded by Spark's maintenance thread). `writeOnce`: version 1's write, whose provider
+   * is unloaded after its commit instead of holding the whole store in memory. */
+  private def sessionWith(writeOnce: Boolean): ClassicSession = {
     val s = spark.cloneSession()
     s.conf.set("spark.sql.streaming.stateStore.providerClass", KeyedStateStore.RocksDBProvider)
-    s.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", changelog.toString)
+    s.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     // Counting the store's rows costs RocksDB a read before every write; nothing here needs the count.
     s.conf.set("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
-    // Version 1 is written once: its provider is unloaded after the commit instead of holding the whole store in
-    // memory (a live opening loads it under its own run id, with changelog checkpointing).
-    if (!changelog) s.conf.set("spark.sql.streaming.stateStore.unloadOnCommit", "true")
+    if (writeOnce) s.conf.set("spark.sql.streaming.stateStore.unloadOnCommit", "true")
     s
   }
-  @transient private lazy val storeSession: ClassicSession = sessionWith(changelog = true)
-  @transient private lazy val snapshotSession: ClassicSession = sessionWith(changelog = false)
+  @transient private lazy val storeSession: ClassicSession = sessionWith(writeOnce = false)
+  @transient private lazy val writeOnceSession: ClassicSession = sessionWith(writeOnce = true)
 
   private def stateInfo(version: Long): StatefulOperatorStateInfo = {
     // Executors keep a provider per (store, run id) with the settings it was created with: version 1's write
-    // (snapshots, unloaded on commit) must not share one with the live updates (changelog checkpointing).
+    // (unloaded on commit) must not share one with the live updates.
     val runId = if (version == 0L) UUID.randomUUID() else queryRunId
     StatefulOperatorStateInfo(checkpoint, runId, 0L, version, partitions, None, None)
   }
@@ -129,7 +127,7 @@ class KeyedStateStore(
     val keyTypes = keySchema.fields.map(_.dataType)
     val valueTypes = valueSchema.fields.map(_.dataType)
     val rowTypes = rowSchema.fields.map(_.dataType)
-    val store = if (version == 0L) snapshotSession else storeSession
+    val store = if (version == 0L) writeOnceSession else storeSession
     val rdd = keyed(partials).mapPartitionsWithStateStore(
       stateInfo(version), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), store.sessionState,
       Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>
