@@ -38,8 +38,9 @@ class AggregationHandoff:
         state: DataFrame,
         watermark_us: int | None,
         base: HandoffManifest | None = None,
+        live: type[StoreStep] | None = None,
     ):
-        self.spark, self.logic, self.watermark, self.base = spark, logic, watermark_us, base
+        self.spark, self.logic, self.watermark, self.base, self.live = spark, logic, watermark_us, base, live
         self.windowed = isinstance(logic, WindowedAggregationLogic)
         self.state = state.persist() if self.windowed else state
         self.rows_merged = 0
@@ -61,12 +62,12 @@ class AggregationHandoff:
             self.keys, self.rows_merged = int(metrics["rows"]), int(metrics["merged"] or 0)
 
     def write_live_state(self, store_root: str) -> None:
-        """Keyed: version 1 of the run's state store, from the state table just written (windows and sessions keep
-        their live state on Delta)."""
-        if self.windowed:
+        """Version 1 of the run's state store, from the state table just written (a kind whose live state is a Delta
+        table: nothing)."""
+        if self.live is None:
             return
         state = self.spark.read.format("delta").load(self.state_path)
-        live_store(self.spark, self.logic, store_root).write_start(with_source_version(state))
+        self.live.open_store(self.spark, self.logic, store_root).write_start(self.live.start_rows(state))
 
     def write_sink(self, path: str) -> None:
         logic, spark = self.logic, self.spark
@@ -109,74 +110,45 @@ class AggregationHandoff:
             self.state.unpersist()
 
 
-class KeyedStep(OneInputStep):
-    """Keyed aggregation: each changed key's new buffers computed once (its state at the batch's start
-    combined with the batch's buffers), then written to the state table and, finalized, to the sink: two
-    upserts that replace those keys' rows, run at the same time (two Spark jobs share the cores; each MERGE
-    spends much of its time in driver-side planning and the Delta commit).
-
-    Replays: both MERGEs carry the batch's Delta transaction id (skipped once committed) and a commit tag.
-    A micro-batch replayed after it died between the two commits finds its tag on the state table: the new
-    buffers are then the state's own rows of those keys (already combined), so the sink gets what the first
-    attempt would have written."""
-
-    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str, store_root: str | None = None):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
-
-    def _new_buffers(self, spark: SparkSession, partial: DataFrame, state: DataFrame, applied: bool) -> DataFrame:
-        keys = self.logic.keys
-        if applied:  # a replay after the state write: the state holds the combined buffers
-            return state.join(F.broadcast(partial.select(*keys)), keys)
-        matched = "_matched"
-        t = state.withColumn(matched, F.lit(True)).alias("t")
-        joined = partial.alias("s").join(t, [F.col(f"s.`{k}`") == F.col(f"t.`{k}`") for k in keys], "left")
-        combined = self.logic.combine_set("t", "s")
-        types = {f.name: f.dataType for f in self.logic.buffer_schema.fields}
-        cols = [F.col(f"s.`{k}`").alias(k) for k in keys]
-        for b in self.logic.buffer_names:
-            value = F.when(F.col(f"t.{matched}"), F.expr(combined[b])).otherwise(F.col(f"s.`{b}`"))
-            cols.append(value.cast(types[b]).alias(b))
-        return joined.select(*cols)
-
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        if records is None:
-            return
-        logic, keys = self.logic, self.logic.keys
-        tag = app(f"batch {batch}")
-        history = tables.recent_commits(spark, self.state_path)
-        applied = any(c.user_metadata == tag for c in history)
-        state = spark.read.format("delta").option("versionAsOf", history[0].version).load(self.state_path)
-        partial = logic.merge(logic.lift(records))
-        new = self._new_buffers(spark, partial, state, applied).persist()
-        try:
-            new.count()  # computed once, from the pinned state version, before either write
-            with tables.idempotent_dml(spark, app("upsert"), batch, tag=tag):
-                tables.concurrently(
-                    lambda: tables.replace_rows(spark, self.state_path, new, keys),
-                    lambda: tables.replace_rows(spark, self.sink_path, logic.finalize(new), keys),
-                )
-        finally:
-            new.unpersist()
-
-
 ROWS_PER_FILE = 1_000_000  # changed keys per sink file a micro-batch writes
 
 
-def live_store(spark: SparkSession, logic: KeyedAggregationLogic, store_root: str) -> LiveStateStore:
-    """The keyed aggregation's live state store: per key its buffers and the newest source version that changed
-    it (a changelog sink's ``_source_version``), in as many partitions as the session shuffles into."""
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    version = T.StructField(changelog.SOURCE_VERSION, T.LongType())
-    schema = T.StructType([*logic.buffer_schema.fields, version])
-    return LiveStateStore(spark, store_root, logic.keys, [*logic.buffer_names, version.name], schema, partitions)
+def store_partitions(spark: SparkSession) -> int:
+    """A live state store's partitions: as many as the session shuffles into."""
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
-def with_source_version(state: DataFrame) -> DataFrame:
-    """Handed-over buffers as the store's rows: no live source version changed them yet."""
-    return state.withColumn(changelog.SOURCE_VERSION, F.lit(None).cast("long"))
+class StoreStep(OneInputStep):
+    """A live step whose state is in the run's state store: how the store is laid out (:meth:`open_store`) and how the
+    handoff's state table becomes its version 1 (:meth:`start_rows`), for the backlog's write ahead of the switch
+    and for a live start that finds no version 1 (a streaming-only run)."""
+
+    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str, store_root: str):
+        self.logic, self.state_path, self.sink_path, self.store_root = logic, state_path, sink_path, store_root
+        self._store: LiveStateStore | None = None
+
+    @classmethod
+    def open_store(cls, spark: SparkSession, logic: KeyedAggregationLogic, store_root: str) -> LiveStateStore:
+        raise NotImplementedError
+
+    @staticmethod
+    def start_rows(state: DataFrame) -> DataFrame:
+        """The handoff's state rows as the store's rows."""
+        raise NotImplementedError
+
+    def store(self, spark: SparkSession) -> LiveStateStore:
+        if self._store is None:
+            self._store = self.open_store(spark, self.logic, self.store_root)
+        return self._store
+
+    def start_version(self, spark: SparkSession, state: StatePosition | None) -> int:
+        """The version this micro-batch loads (the handoff's state written as version 1 first, when missing)."""
+        return self.store(spark).version_for(
+            state, lambda: self.start_rows(spark.read.format("delta").load(self.state_path))
+        )
 
 
-class KeyedStoreStep(OneInputStep):
+class KeyedStoreStep(StoreStep):
     """Keyed aggregation with its live state in the run's state store (:mod:`phases.storage.keyed_store`): the
     batch's buffers merged per key, combined with each key's stored buffers by point lookups (the same SQL the
     backlog's merge and a MERGE's update use, run in the JVM), the store committed at the next version, then the
@@ -186,14 +158,19 @@ class KeyedStoreStep(OneInputStep):
     a crash (after the store's commit, or after the sink's) computes the same rows again from the same version;
     Delta skips a sink write it already committed."""
 
-    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str, store_root: str):
-        self.logic, self.state_path, self.sink_path, self.store_root = logic, state_path, sink_path, store_root
-        self._store: LiveStateStore | None = None
+    @classmethod
+    def open_store(cls, spark: SparkSession, logic: KeyedAggregationLogic, store_root: str) -> LiveStateStore:
+        """Per key its buffers and the newest source version that changed it (a changelog sink's
+        ``_source_version``)."""
+        version = T.StructField(changelog.SOURCE_VERSION, T.LongType())
+        schema = T.StructType([*logic.buffer_schema.fields, version])
+        values = [*logic.buffer_names, version.name]
+        return LiveStateStore(spark, store_root, logic.keys, values, schema, store_partitions(spark))
 
-    def store(self, spark: SparkSession) -> LiveStateStore:
-        if self._store is None:
-            self._store = live_store(spark, self.logic, self.store_root)
-        return self._store
+    @staticmethod
+    def start_rows(state: DataFrame) -> DataFrame:
+        """Handed-over buffers: no live source version changed them yet."""
+        return state.withColumn(changelog.SOURCE_VERSION, F.lit(None).cast("long"))
 
     def combine_sql(self) -> list[str]:
         """Per value, the stored one (``t``) combined with the batch's (``s``), as the value's type."""
@@ -202,15 +179,12 @@ class KeyedStoreStep(OneInputStep):
         sql = [f"CAST(({combined[b]}) AS {types[b].simpleString()})" for b in self.logic.buffer_names]
         return [*sql, f"greatest(t.`{changelog.SOURCE_VERSION}`, s.`{changelog.SOURCE_VERSION}`)"]
 
-    def _handoff_state(self, spark: SparkSession) -> DataFrame:
-        return with_source_version(spark.read.format("delta").load(self.state_path))
-
     def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
         on_time = records[SOURCE_LABEL]
         if on_time is None:
             return state
         logic, store = self.logic, self.store(spark)
-        version = store.version_for(state, lambda: self._handoff_state(spark))
+        version = self.start_version(spark, state)
         # Each record lifted into buffers goes to its key's store partition as it is: the store combines a key's
         # rows in turn (no aggregation, and no shuffle, before the one that routes keys to their partitions).
         lifted = logic.lift(on_time, carry=(VERSION,))
@@ -285,7 +259,8 @@ class KeyedAggregateKind(OperatorKind[KeyedAggregationLogic]):
     ) -> AggregationHandoff:
         """The handoff of merged buffers: a whole backlog, an increment on top of ``base``, or slices."""
         watermark = watermark_after(max_us, pipeline.delay_us)
-        return AggregationHandoff(spark, logic, state, watermark, base)
+        live = self.step_class if self.live_state_in_store else None
+        return AggregationHandoff(spark, logic, state, watermark, base, live=live)
 
     def live_step(self, logic, state_path: str, sink_path: str, store_root: str):
         return self.step_class(logic, state_path, sink_path, store_root)

@@ -1,57 +1,78 @@
 """Tumbling and sliding windows (``window_aggregate``): the aggregation buffers per key and window; a
 window is emitted once, when the watermark passes its end, and then leaves the state. The rule that closes a
 window (:meth:`phases.operators.aggregation.WindowedAggregationLogic.closed`, end <= watermark) is the same in the
-backlog's handoff and in every live micro-batch."""
+backlog's handoff and in every live micro-batch.
+
+Live, the open windows are in the run's state store, keyed by (window end, key, window start) and stored in the
+order of the window's end: a micro-batch combines its records into their windows by point lookups, then closes the
+windows at or below the watermark by reading each store partition from its start until the first window that
+ends later (not a scan of every open window)."""
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from phases.definition import WindowedAggregate
+from phases.definition import SOURCE_LABEL, WINDOW_END, WindowedAggregate
 from phases.operators.aggregation import WindowedAggregationLogic
-from phases.operators.keyed_aggregate import KeyedAggregateKind, KeyedStep
+from phases.operators.keyed_aggregate import ROWS_PER_FILE, KeyedAggregateKind, StoreStep, store_partitions
 from phases.storage import tables
+from phases.storage.keyed_store import LiveStateStore, StatePosition
+
+END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 
 
-class WindowStep(KeyedStep):
-    """Windows: the batch's buffers merged into the open windows; windows the watermark closed appended
-    to the sink once and removed from the state."""
+class WindowStoreStep(StoreStep):
+    """Windows: each on-time record lifted into its windows' buffers and combined with their stored buffers (the
+    backlog's SQL, in the JVM); then the windows the watermark closed, finalized, appended to the sink once (the
+    batch's Delta transaction id), and removed from the store in the same commit.
 
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        if records is not None:
-            logic = self.logic
-            partial = logic.merge(logic.lift(records))
-            with tables.idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(partial.alias("s"), tables.key_match("t", "s", logic.keys))
-                    .whenMatchedUpdate(set=logic.combine_set("t", "s"))
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
-        self.close(spark, closing_us, batch, app)
+    Replays: the version loaded is the one the previous progress record names, so a replayed micro-batch closes the
+    same windows with the same values, and Delta skips a sink append it already committed."""
 
-    def close(self, spark: SparkSession, closing_us: int | None, batch: int, app) -> None:
-        """Emits the windows ending at or before ``closing_us`` and drops them from the state."""
-        if closing_us is None:
-            return
-        state = spark.read.format("delta").load(self.state_path)
-        closed = self.logic.closed(state, closing_us)
-        out = self.logic.finalize(state.filter(closed)).persist()
+    logic: WindowedAggregationLogic
+
+    @classmethod
+    def open_store(cls, spark: SparkSession, logic: WindowedAggregationLogic, store_root: str) -> LiveStateStore:
+        """Per (window end, key, window start) the window's buffers, in the order of the window's end."""
+        schema = T.StructType([T.StructField(END_US, T.LongType()), *logic.buffer_schema.fields])
+        keys = [END_US, *logic.keys]
+        return LiveStateStore(
+            spark, store_root, keys, logic.buffer_names, schema, store_partitions(spark), order=END_US
+        )
+
+    @staticmethod
+    def start_rows(state: DataFrame) -> DataFrame:
+        return state.withColumn(END_US, F.unix_micros(F.col(WINDOW_END)))
+
+    def combine_sql(self) -> list[str]:
+        types = {f.name: f.dataType for f in self.logic.buffer_schema.fields}
+        combined = self.logic.combine_set("t", "s")
+        return [f"CAST(({combined[b]}) AS {types[b].simpleString()})" for b in self.logic.buffer_names]
+
+    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+        on_time = records[SOURCE_LABEL]
+        if on_time is None and closing_us is None:
+            return state
+        logic, store = self.logic, self.store(spark)
+        version = self.start_version(spark, state)
+        columns = [END_US, *logic.keys, *logic.buffer_names]
+        if on_time is None:
+            lifted = spark.createDataFrame([], store.schema)
+        else:  # each record in each of its windows, as it is: the store combines a window's rows in turn
+            lifted = self.start_rows(logic.lift(on_time)).select(*columns)
+        update = store.store.update_and_close(lifted, self.combine_sql(), version, closing_us)
         try:
-            if out.isEmpty():
-                return
-            tables.append_once(out, self.sink_path, app("sink"), batch)
-            with tables.idempotent_dml(spark, app("closed"), batch):
-                DeltaTable.forPath(spark, self.state_path).delete(closed)
+            if update.changed_keys:
+                closed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))
+                tables.append_once(logic.finalize(closed), self.sink_path, app("sink"), batch)
         finally:
-            out.unpersist()
+            update.release()
+        return StatePosition(store.layout, update.version)
 
 
 class WindowAggregateKind(KeyedAggregateKind):
     spec = WindowedAggregate
-    live_state_in_store = False  # windows keep their live state in the handoff's state table (for now)
     logic_class = WindowedAggregationLogic
-    step_class = WindowStep
+    step_class = WindowStoreStep

@@ -29,7 +29,6 @@ from pyspark.sql import types as T
 from phases.errors import StateStoreError
 from phases.storage import fs
 
-_HELPER = "org.apache.spark.sql.phases.KeyedStateStore"
 SEEDED = "_seeded.json"  # a layout's version 1 is whole: its schema, keys, values and partitions
 
 
@@ -56,7 +55,10 @@ class StoreUpdate:
 
 
 class KeyedStore:
-    """The store at ``path``: ``keys`` -> ``values`` (columns of ``schema``), in ``partitions`` partitions."""
+    """The store at ``path``: ``keys`` -> ``values`` (columns of ``schema``), in ``partitions`` partitions.
+
+    ``order``: a long key column the keys are stored in the order of (windows: their end), so that an update can
+    close the rows at or below a bound by an ordered read of each partition's start (``close_at``)."""
 
     def __init__(
         self,
@@ -67,30 +69,47 @@ class KeyedStore:
         schema: T.StructType,
         partitions: int,
         run_id: str | None = None,
+        order: str | None = None,
     ):
         self.spark, self.path, self.keys, self.values, self.partitions = spark, path, keys, values, partitions
+        self.order = order
         # One id per opening: Spark keeps a store's provider loaded in its executor under (store, run id), so the
         # next micro-batch finds the version it needs already in memory.
         self.run_id = run_id or str(uuid.uuid4())
         helper = spark._jvm.org.apache.spark.sql.phases.KeyedStateStore
         try:
-            self._store = helper.open(spark._jsparkSession, path, keys, values, schema.json(), partitions, self.run_id)
-        except Py4JJavaError as exc:
+            self._store = helper.open(
+                spark._jsparkSession, path, keys, values, schema.json(), partitions, self.run_id, order
+            )
+        except (Py4JJavaError, PySparkException) as exc:
             raise StateStoreError(f"cannot open the state store {path}: {_java_message(exc)}") from exc
         self.row_schema = T.StructType([schema[c] for c in [*keys, *values]])
 
     def update(self, partials: DataFrame, combine: list[str], version: int) -> StoreUpdate:
-        """Combines ``partials`` (keys + values, at most one row per key) into version ``version``; commits
-        ``version + 1``. ``combine``: per value column, SQL over ``t.`col``` (stored) and ``s.`col``` (new)."""
+        """Combines ``partials`` (keys + values; a key's rows combine in turn) into version ``version``; commits
+        ``version + 1`` and returns the changed keys' rows. ``combine``: per value column, SQL over ``t.`col```
+        (stored) and ``s.`col``` (new)."""
         return self._update(partials, combine, version, emit=True)
+
+    def update_and_close(
+        self, partials: DataFrame, combine: list[str], version: int, close_at: int | None
+    ) -> StoreUpdate:
+        """Combines ``partials`` into version ``version`` like :meth:`update`, then removes the rows whose order
+        column is at or below ``close_at`` (None: none); commits ``version + 1`` and returns the rows it removed
+        (their values with this update's combined in)."""
+        if self.order is None:
+            raise StateStoreError(f"the state store {self.path} has no order column: it cannot close rows")
+        return self._update(partials, combine, version, emit=False, close_at=close_at)
 
     def write(self, state: DataFrame) -> StoreUpdate:
         """Writes version 1 from ``state`` (one row per key), whatever the store held."""
         return self._update(state, [f"s.`{c}`" for c in self.values], 0, emit=False)
 
-    def _update(self, partials: DataFrame, combine: list[str], version: int, emit: bool) -> StoreUpdate:
+    def _update(
+        self, partials: DataFrame, combine: list[str], version: int, emit: bool, close_at: int | None = None
+    ) -> StoreUpdate:
         try:
-            handle = self._store.update(partials._jdf, combine, version, emit)
+            handle = self._store.update(partials._jdf, combine, version, emit, close_at)
         except (Py4JJavaError, PySparkException) as exc:
             raise StateStoreError(
                 f"the state store {self.path} could not go from version {version} to {version + 1}: "
@@ -122,17 +141,24 @@ class LiveStateStore:
     written once it is whole."""
 
     def __init__(
-        self, spark: SparkSession, root: str, keys: list[str], values: list[str], schema: T.StructType, partitions: int
+        self,
+        spark: SparkSession,
+        root: str,
+        keys: list[str],
+        values: list[str],
+        schema: T.StructType,
+        partitions: int,
+        order: str | None = None,
     ):
         self.spark, self.root, self.keys, self.values, self.partitions = spark, root, keys, values, partitions
         self.schema = T.StructType([schema[c] for c in [*keys, *values]])
-        described = json.dumps(
-            {"keys": keys, "values": values, "schema": self.schema.jsonValue(), "partitions": partitions},
-            sort_keys=True,
-        )
+        layout = {"keys": keys, "values": values, "schema": self.schema.jsonValue(), "partitions": partitions}
+        if order is not None:  # (an unordered layout's description, and so its name, is as before orders existed)
+            layout["order"] = order
+        described = json.dumps(layout, sort_keys=True)
         self.description = described
         self.layout = f"p{partitions}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
-        self.store = KeyedStore(spark, f"{root}/{self.layout}", keys, values, self.schema, partitions)
+        self.store = KeyedStore(spark, f"{root}/{self.layout}", keys, values, self.schema, partitions, order=order)
 
     def _seeded(self, layout: str) -> dict | None:
         path = f"{self.root}/{layout}/{SEEDED}"
@@ -174,6 +200,7 @@ class LiveStateStore:
             before["values"],
             T.StructType.fromJson(before["schema"]),
             int(before["partitions"]),
+            order=before.get("order"),
         )
         self.write_start(old.read(position.version))
         return 1

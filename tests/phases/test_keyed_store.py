@@ -38,6 +38,13 @@ INTERNAL_API = [
         ],
     ),
     (f"{STATE}.NoPrefixKeyStateEncoderSpec", "<init>", ["org.apache.spark.sql.types.StructType"]),
+    (
+        f"{STATE}.RangeKeyScanStateEncoderSpec",
+        "<init>",
+        ["org.apache.spark.sql.types.StructType", "scala.collection.immutable.Seq"],
+    ),
+    (f"{STATE}.StateStore", "remove", ["org.apache.spark.sql.catalyst.expressions.UnsafeRow", "java.lang.String"]),
+    (f"{STATE}.StateStoreIterator", "close", []),
     (f"{STATE}.StateStore", "get", ["org.apache.spark.sql.catalyst.expressions.UnsafeRow", "java.lang.String"]),
     (
         f"{STATE}.StateStore",
@@ -172,6 +179,44 @@ def test_a_key_always_meets_its_own_state_whatever_the_batch_holds(spark, tmp_pa
     counts = {r["key"]: r["n"] for r in store.read(5).collect()}
     expected = {k: 2 + (k in keys[::3]) + (k in keys[1::2]) + (k in keys[5:150]) for k in keys}
     assert counts == expected
+
+
+def test_an_ordered_store_closes_exactly_the_rows_at_or_below_the_bound_and_keeps_the_rest(spark, tmp_path):
+    """Windows' store: keyed by (end, key), stored in the order of end. An update combines first, then removes and
+    returns every row whose end is at or below the bound (also one this update just changed), in every partition,
+    whatever the key order; a replay of the same version closes the same rows."""
+    schema = "end long, key string, n long"
+    store = KeyedStore(
+        spark, str(tmp_path / "w"), ["end", "key"], ["n"], spark.createDataFrame([], schema).schema, 3, order="end"
+    )
+    ends = [-5, 0, 7, 10, 11, 2**40, 30]
+    start = [(e, f"k{i}", 1) for i, e in enumerate(ends)] + [(10, "z", 1), (11, "z", 1)]
+    store.write(spark.createDataFrame(start, schema).repartition(5)).release()
+    batch = spark.createDataFrame([(10, "z", 4), (12, "new", 1), (11, "z", 2)], schema)
+    first = store.update_and_close(batch, ["t.n + s.n"], 1, 10)
+    closed = [(-5, "k0", 1), (0, "k1", 1), (7, "k2", 1), (10, "k3", 1), (10, "z", 5)]
+    assert (first.version, first.changed_keys, _rows(first.rows)) == (2, 5, closed)
+    first.release()
+    again = store.update_and_close(batch, ["t.n + s.n"], 1, 10)
+    assert _rows(again.rows) == closed
+    again.release()
+    left = [(11, "k4", 1), (11, "z", 3), (12, "new", 1), (30, "k6", 1), (2**40, "k5", 1)]
+    assert _rows(store.read(2)) == left
+    # Nothing at or below the bound: nothing closed; no bound: nothing closed either.
+    nothing = store.update_and_close(spark.createDataFrame([], schema), ["t.n + s.n"], 2, 10)
+    assert (nothing.changed_keys, _rows(store.read(3))) == (0, left)
+    nothing.release()
+    unordered = _open(spark, tmp_path / "keyed")
+    with pytest.raises(StateStoreError, match="no order column"):
+        unordered.update_and_close(_partials(spark, []), COMBINE, 0, 10)
+
+
+def test_an_order_column_must_be_a_long_key_column(spark, tmp_path):
+    schema = spark.createDataFrame([], "end timestamp, key string, n long").schema
+    with pytest.raises(StateStoreError, match="must be a long"):
+        KeyedStore(spark, str(tmp_path / "a"), ["end", "key"], ["n"], schema, 2, order="end")
+    with pytest.raises(StateStoreError, match="is not a key column"):
+        KeyedStore(spark, str(tmp_path / "b"), ["key"], ["n"], schema, 2, order="n")
 
 
 def test_a_version_the_store_never_wrote_is_a_state_store_error(spark, tmp_path):

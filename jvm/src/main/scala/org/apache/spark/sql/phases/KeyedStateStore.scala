@@ -40,6 +40,10 @@ class StoreUpdate(
  * `repartition(partitions, keys)` hashes, rows = key columns -> value columns. Version v is the state after
  * `v` updates; `update(..., version = v)` loads version v and commits v + 1 (a replayed update loads the same v
  * and writes the same v + 1).
+ *
+ * `orderColumn` (a long key column, or null): the keys are stored in its order (Spark's range-scan key encoding),
+ * so an update can close the rows whose order value is at or below a bound by reading from the start of each
+ * partition until the first greater one (windows by their end), not by a scan of the whole store.
  */
 class KeyedStateStore(
     spark: ClassicSession,
@@ -48,11 +52,18 @@ class KeyedStateStore(
     val valueColumns: Array[String],
     val schema: StructType,
     val partitions: Int,
-    runId: String) extends Serializable {
+    runId: String,
+    val orderColumn: String) extends Serializable {
 
   require(partitions > 0, s"partitions must be positive, got $partitions")
   private val missing = (keyColumns ++ valueColumns).filterNot(schema.fieldNames.contains)
   require(missing.isEmpty, s"columns ${missing.mkString(", ")} are not in ${schema.simpleString}")
+  /** The ordinal of the order column among the key columns (-1: none). */
+  val orderOrdinal: Int = if (orderColumn == null) -1 else keyColumns.indexOf(orderColumn)
+  require(orderColumn == null || orderOrdinal >= 0,
+    s"the order column $orderColumn is not a key column (${keyColumns.mkString(", ")})")
+  require(orderColumn == null || schema(orderColumn).dataType == org.apache.spark.sql.types.LongType,
+    s"the order column $orderColumn must be a long, not ${if (orderOrdinal >= 0) schema(orderColumn).dataType.simpleString else "missing"}")
 
   val keySchema: StructType = StructType(keyColumns.map(schema(_)))
   val valueSchema: StructType = StructType(valueColumns.map(schema(_)))
@@ -74,6 +85,10 @@ class KeyedStateStore(
   }
   @transient private lazy val storeSession: ClassicSession = sessionWith(writeOnce = false)
   @transient private lazy val writeOnceSession: ClassicSession = sessionWith(writeOnce = true)
+
+  private def encoderSpec: KeyStateEncoderSpec =
+    if (orderOrdinal < 0) NoPrefixKeyStateEncoderSpec(keySchema)
+    else RangeKeyScanStateEncoderSpec(keySchema, Seq(orderOrdinal))
 
   private def stateInfo(version: Long): StatefulOperatorStateInfo = {
     // Executors keep a provider per (store, run id) with the settings it was created with: version 1's write
@@ -120,7 +135,24 @@ class KeyedStateStore(
    * stored value) and `s.<column>` (the partial); a key not in the store takes the partial as it is.
    * `emit` = false writes without returning rows (the handoff's version 1).
    */
-  def update(partials: DataFrame, combineSql: java.util.List[String], version: Long, emit: Boolean): StoreUpdate = {
+  def update(partials: DataFrame, combineSql: java.util.List[String], version: Long, emit: Boolean): StoreUpdate =
+    update(partials, combineSql, version, emit, null)
+
+  /**
+   * As above; then, when `closeAtOrBelow` is not null (an ordered store only), every row whose order column is at or
+   * below it is removed from the store and returned (after the changed rows, when `emit`): an ordered read from the
+   * start of each partition that stops at the first greater row.
+   */
+  def update(
+      partials: DataFrame,
+      combineSql: java.util.List[String],
+      version: Long,
+      emit: Boolean,
+      closeAtOrBelow: java.lang.Long): StoreUpdate = {
+    require(closeAtOrBelow == null || orderOrdinal >= 0, s"state store $checkpoint has no order column to close by")
+    val closeBound: Long = if (closeAtOrBelow == null) Long.MinValue else closeAtOrBelow.longValue()
+    val closing = closeAtOrBelow != null
+    val orderAt = orderOrdinal
     val (combine, pairAttrs) = combineExpressions(combineSql.asScala.toArray)
     val nKeys = keyColumns.length
     val nValues = valueColumns.length
@@ -129,7 +161,7 @@ class KeyedStateStore(
     val rowTypes = rowSchema.fields.map(_.dataType)
     val store = if (version == 0L) writeOnceSession else storeSession
     val rdd = keyed(partials).mapPartitionsWithStateStore(
-      stateInfo(version), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), store.sessionState,
+      stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
       Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>
       val keyOf = UnsafeProjection.create(keyTypes.zipWithIndex.map { case (t, i) =>
         org.apache.spark.sql.catalyst.expressions.BoundReference(i, t, nullable = true): Expression }.toIndexedSeq)
@@ -159,6 +191,22 @@ class KeyedStateStore(
       }
       val emitted = new ArrayBuffer[InternalRow](touched.size)
       touched.forEach { key => emitted += out(joined(key, state.get(key))).copy() }
+      if (closing) {
+        // Keys in order: read until the first one past the bound, then remove what was read.
+        val closed = new ArrayBuffer[UnsafeRow]()
+        val it = state.iterator()
+        try {
+          var more = true
+          while (more && it.hasNext) {
+            val pair = it.next()
+            if (pair.key.getLong(orderAt) <= closeBound) {
+              closed += pair.key.copy()
+              emitted += out(joined(pair.key, pair.value)).copy()
+            } else more = false
+          }
+        } finally it.close()
+        closed.foreach(key => state.remove(key))
+      }
       state.commit()
       emitted.iterator
     }
@@ -174,7 +222,7 @@ class KeyedStateStore(
     val nothing = spark.sparkContext.parallelize(Seq.empty[InternalRow], partitions)
     val store = storeSession
     val rdd = nothing.mapPartitionsWithStateStore(
-      stateInfo(version), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), store.sessionState,
+      stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
       Some(store.streams.stateStoreCoordinator)) { (state: StateStore, _: Iterator[InternalRow]) =>
       val joined = new JoinedRow()
       val out = UnsafeProjection.create(rowSchema)
@@ -197,9 +245,20 @@ object KeyedStateStore {
       valueColumns: java.util.List[String],
       schemaJson: String,
       partitions: Int,
-      runId: String): KeyedStateStore = {
+      runId: String): KeyedStateStore = open(spark, checkpoint, keyColumns, valueColumns, schemaJson, partitions, runId, null)
+
+  /** As above, the keys in the order of the long key column `orderColumn` (null: no order). */
+  def open(
+      spark: org.apache.spark.sql.SparkSession,
+      checkpoint: String,
+      keyColumns: java.util.List[String],
+      valueColumns: java.util.List[String],
+      schemaJson: String,
+      partitions: Int,
+      runId: String,
+      orderColumn: String): KeyedStateStore = {
     val schema = org.apache.spark.sql.types.DataType.fromJson(schemaJson).asInstanceOf[StructType]
     new KeyedStateStore(spark.asInstanceOf[ClassicSession], checkpoint, keyColumns.asScala.toArray,
-      valueColumns.asScala.toArray, schema, partitions, runId)
+      valueColumns.asScala.toArray, schema, partitions, runId, orderColumn)
   }
 }
