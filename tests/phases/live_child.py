@@ -1,6 +1,6 @@
 """A live phase in its own process (``python -m tests.phases.live_child PIPELINE_JSON KILL_AT``) that kills
-itself with SIGKILL at a chosen point of its first micro-batch with data, like a crashed machine (a keyed
-aggregation):
+itself with SIGKILL at a chosen point of its first micro-batch that writes to the sink, like a crashed machine (a
+keyed aggregation's upsert, or the append of the windows a micro-batch closed):
 
 - ``sink``: once the state store has committed the batch's version, before the sink write;
 - ``progress``: once the sink write has committed, before the batch's progress record."""
@@ -26,16 +26,23 @@ def main() -> None:
         raise SystemExit(f"unknown kill point {kill_at!r}; valid: {list(KILL_POINTS)}")
     spark = build_session(SparkSettings(shuffle_partitions=2, app_name="live-child"))
     runner = LiveRunner.from_manifest(spark, pipeline)
-    real = engine.tables.upsert
+    real_upsert, real_append = engine.tables.upsert, engine.tables.append_once
 
-    def upsert(spark_, path, rows, keys, app_id, batch):
+    def around_sink_write(path: str, write) -> None:
         if path == pipeline.sink.path and kill_at == "sink":
             os.kill(os.getpid(), signal.SIGKILL)
-        real(spark_, path, rows, keys, app_id, batch)
+        write()
         if path == pipeline.sink.path and kill_at == "progress":
             os.kill(os.getpid(), signal.SIGKILL)
 
+    def upsert(spark_, path, rows, keys, app_id, batch):
+        around_sink_write(path, lambda: real_upsert(spark_, path, rows, keys, app_id, batch))
+
+    def append_once(rows, path, app_id, batch, *args, **kwargs):
+        around_sink_write(path, lambda: real_append(rows, path, app_id, batch, *args, **kwargs))
+
     engine.tables.upsert = upsert
+    engine.tables.append_once = append_once
     runner.start(available_now=True)
     sys.exit(3)  # not reached when the kill point is hit
 

@@ -256,10 +256,13 @@ def test_the_store_lives_in_sparks_layout_under_its_path(spark, tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_during_the_backlogs_store_write_then_a_rerun_and_the_live_phase_equal_the_reference(spark, tmp_path):
+@pytest.mark.parametrize("kind", ["keyed", "tumbling"])
+def test_kill_9_during_the_backlogs_store_write_then_a_rerun_and_the_live_phase_equal_the_reference(
+    spark, tmp_path, kind
+):
     """The backlog process dies after the store's partitions committed version 1 and before the store is marked
     whole and the manifest written. The next backlog (taking the dead holder's lease over) removes the dead
-    run's folder, writes its own; the live phase then equals the reference."""
+    run's folder, writes its own; the live phase then equals the reference (keys; windows, open ones handed over)."""
     import os
     import subprocess
     import sys
@@ -267,15 +270,14 @@ def test_kill_9_during_the_backlogs_store_write_then_a_rerun_and_the_live_phase_
     from phases.backlog.runner import BacklogRunner
     from phases.live.runner import LiveRunner
     from phases.storage import leases
-    from tests import reference
-    from tests.conftest import make_pipeline
-    from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
+    from tests.helpers import append_version, write_source
+    from tests.phases.test_live_splits import _assert_sink, _expected, _pipeline
 
     second = 1_000_000
     source = str(tmp_path / "source")
     backlog = {1: [("a", 100 * second, 1), ("b", 90 * second, 2)]}
     write_source(spark, source, backlog)
-    p = make_pipeline(source, str(tmp_path / "run"), delay_s=15)
+    p = _pipeline(kind, source, str(tmp_path / "run"))
     child = subprocess.run(
         [sys.executable, "-m", "tests.phases.backlog_child", p.model_dump_json()],
         capture_output=True,
@@ -289,7 +291,8 @@ def test_kill_9_during_the_backlogs_store_write_then_a_rerun_and_the_live_phase_
         BacklogRunner(spark, p).run()
     handoff = BacklogRunner(spark, p, take_over=True).run()
     assert os.listdir(tmp_path / "run" / "live") == [handoff.manifest_id]  # the dead run's folder is gone
-    live_versions = {2: [("a", 110 * second, 3), ("c", 120 * second, 4)]}
-    append_version(spark, source, live_versions[2])
+    live_versions = {2: [("a", 110 * second, 3), ("c", 120 * second, 4)], 3: [("b", 200 * second, 5)]}
+    for v in sorted(live_versions):
+        append_version(spark, source, live_versions[v])
     LiveRunner.from_manifest(spark, p).start(available_now=True)
-    assert_results_equal(sink_rows(spark, p.sink.path), reference.run({**backlog, **live_versions}, 15 * second)[0])
+    _assert_sink(spark, kind, p, _expected(kind, {**backlog, **live_versions}))

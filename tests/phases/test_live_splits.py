@@ -135,7 +135,7 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
     twice. Keyed aggregations: after the state store committed the next version and before the sink write
     (``sink``), or after the sink write and before the progress record (``progress``): the replay loads the
     version the previous record names again, computes the same rows, and Delta skips a sink write it has.
-    Windows: after the state MERGE, before the sink append."""
+    Windows: after the store committed the version that removed the closed windows, before their sink append."""
     import phases.live.micro_batch as engine
     from phases.storage.progress_log import ProgressLog
 
@@ -162,7 +162,7 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
             return real_write(self, batch_id, record)
 
         monkeypatch.setattr(ProgressLog, "write", write_or_crash)
-    else:  # windows append their sink rows after the state MERGE; crash right before that append
+    else:  # windows append the closed windows after the store's commit; crash right before that append
         monkeypatch.setattr(engine.tables, "append_once", crash)
     with pytest.raises(Exception, match="simulated crash"):
         LiveRunner.from_manifest(spark, p).start(available_now=True)
@@ -173,12 +173,15 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["keyed", "tumbling"])
 @pytest.mark.parametrize("kill_at", ["sink", "progress"])
-def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_nothing_twice(spark, tmp_path, kill_at):
+def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_nothing_twice(
+    spark, tmp_path, kill_at, kind
+):
     """A real crash: the live process is SIGKILLed after its state store committed the next version and before
-    the sink write (``sink``), or after the sink write and before the progress record (``progress``). Its lease
-    is left behind (taken over explicitly); the restart replays the micro-batch from the version the last
-    record names: the sink gets the batch once."""
+    the sink write (``sink``: the keyed upsert, the closed windows' append), or after the sink write and before the
+    progress record (``progress``). Its lease is left behind (taken over explicitly); the restart replays the
+    micro-batch from the version the last record names: the sink gets the batch once."""
     import subprocess
     import sys
 
@@ -188,7 +191,7 @@ def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_
     backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}
     live_versions = {2: [("a", 110 * SECOND, 3), ("c", 120 * SECOND, 4)], 3: [("b", 200 * SECOND, 5)]}
     write_source(spark, source, backlog)
-    p = _pipeline("keyed", source, str(tmp_path / "run"))
+    p = _pipeline(kind, source, str(tmp_path / "run"))
     BacklogRunner(spark, p).run()
     for v in sorted(live_versions):
         append_version(spark, source, live_versions[v])
@@ -203,5 +206,5 @@ def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_
     with pytest.raises(leases.LeaseHeld, match="take_over=True"):
         LiveRunner.from_manifest(spark, p).start(available_now=True)
     LiveRunner.from_manifest(spark, p, take_over=True).start(available_now=True)
-    _assert_sink(spark, "keyed", p, _expected("keyed", {**backlog, **live_versions}))
+    _assert_sink(spark, kind, p, _expected(kind, {**backlog, **live_versions}))
     assert quarantine_rows(spark, str(tmp_path / "run")) == []
