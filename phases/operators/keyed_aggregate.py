@@ -141,6 +141,12 @@ class StoreStep(OneInputStep):
             self._store = self.open_store(spark, self.logic, self.store_root)
         return self._store
 
+    def combine_sql(self) -> list[str]:
+        """Per buffer, the stored one (``t``) combined with the batch's (``s``) by the backlog's SQL, as its type."""
+        types = {f.name: f.dataType for f in self.logic.buffer_schema.fields}
+        combined = self.logic.combine_set("t", "s")
+        return [f"CAST(({combined[b]}) AS {types[b].simpleString()})" for b in self.logic.buffer_names]
+
     def start_version(self, spark: SparkSession, state: StatePosition | None) -> int:
         """The version this micro-batch loads (the handoff's state written as version 1 first, when missing)."""
         return self.store(spark).version_for(
@@ -173,11 +179,9 @@ class KeyedStoreStep(StoreStep):
         return state.withColumn(changelog.SOURCE_VERSION, F.lit(None).cast("long"))
 
     def combine_sql(self) -> list[str]:
-        """Per value, the stored one (``t``) combined with the batch's (``s``), as the value's type."""
-        types = {f.name: f.dataType for f in self.logic.buffer_schema.fields}
-        combined = self.logic.combine_set("t", "s")
-        sql = [f"CAST(({combined[b]}) AS {types[b].simpleString()})" for b in self.logic.buffer_names]
-        return [*sql, f"greatest(t.`{changelog.SOURCE_VERSION}`, s.`{changelog.SOURCE_VERSION}`)"]
+        """The buffers' combine, then the newest source version of the two."""
+        newest = f"greatest(t.`{changelog.SOURCE_VERSION}`, s.`{changelog.SOURCE_VERSION}`)"
+        return [*super().combine_sql(), newest]
 
     def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
         on_time = records[SOURCE_LABEL]

@@ -1,75 +1,88 @@
-"""Session windows (``session_aggregate``): per key, sessions of records less than the gap apart; the live
-phase re-merges the touched keys' open sessions with the batch's records, and a session is emitted once,
-when the watermark passes its end (the windows' rule)."""
+"""Session windows (``session_aggregate``): per key, sessions of records less than the gap apart (Spark's
+``session_window`` rule); a session is emitted once, when the watermark passes its end (the windows' rule).
+
+Live, the open sessions are in the run's state store (``SessionStateStore`` of the engine's helper): a key's open
+sessions are found by a prefix scan on the key and merged with the batch's records in the JVM, and the sessions the
+watermark closed are read in the order of their end, from the start of each store partition."""
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from phases.definition import WINDOW_END, WINDOW_START, SessionAggregate
-from phases.operators.aggregation import SessionAggregationLogic
-from phases.operators.base import OneInputStep
+from phases.definition import SOURCE_LABEL, WINDOW_END, WINDOW_START, SessionAggregate
+from phases.operators.aggregation import TS, SessionAggregationLogic
+from phases.operators.keyed_aggregate import ROWS_PER_FILE, StoreStep, store_partitions
 from phases.operators.window_aggregate import WindowAggregateKind
 from phases.storage import tables
+from phases.storage.keyed_store import LiveStateStore, StatePosition
 
-_OP = "_op"  # the session MERGE's source rows: 'upsert' or 'delete'
+START_US, END_US = "_session_start_us", "_session_end_us"  # the store's session bounds, in microseconds
 
 
-class SessionStep(OneInputStep):
-    """Sessions, their live state in the handoff's Delta state table: the touched keys' open sessions re-merged with
-    the batch's records (one MERGE replaces them), then the sessions the watermark closed appended to the sink once
-    and removed from the state."""
+class SessionStoreStep(StoreStep):
+    """Sessions: each on-time record opens its own session [ts, ts + gap) and goes to its key's store partition; the
+    store merges it with the key's open sessions (Spark's rule: a session takes the next one in when that one starts
+    at or before its end; buffers combine with the backlog's SQL), then removes and returns the sessions ending at or
+    before the watermark, which are appended to the sink once (the batch's Delta transaction id).
 
-    def __init__(self, logic: SessionAggregationLogic, state_path: str, sink_path: str, store_root: str | None = None):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
+    Replays: the version loaded is the one the previous progress record names, so a replayed micro-batch closes the
+    same sessions with the same values, and Delta skips a sink append it already committed."""
 
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        if records is not None:
-            logic = self.logic
-            keys, bounds = logic.group_keys, [*logic.group_keys, WINDOW_START, WINDOW_END]
-            partial = logic.merge(logic.lift(records)).persist()
-            try:
-                touched = F.broadcast(partial.select(*keys).distinct())
-                old = spark.read.format("delta").load(self.state_path).join(touched, keys)
-                cols = [*bounds, *logic.buffer_names]
-                merged = logic.merge_partials(old.select(*cols).unionByName(partial.select(*cols)))
-                gone = old.select(*cols).join(merged.select(*bounds), bounds, "left_anti")
-                source = merged.withColumn(_OP, F.lit("upsert")).unionByName(gone.withColumn(_OP, F.lit("delete")))
-                with tables.idempotent_dml(spark, app("state"), batch):
-                    (
-                        DeltaTable.forPath(spark, self.state_path)
-                        .alias("t")
-                        .merge(source.alias("s"), tables.key_match("t", "s", bounds))
-                        .whenMatchedDelete(condition=f"s.{_OP} = 'delete'")
-                        .whenMatchedUpdate(set={c: f"s.`{c}`" for c in logic.buffer_names})
-                        .whenNotMatchedInsert(condition=f"s.{_OP} = 'upsert'", values={c: f"s.`{c}`" for c in cols})
-                        .execute()
-                    )
-            finally:
-                partial.unpersist()
-        self.close(spark, closing_us, batch, app)
+    logic: SessionAggregationLogic
 
-    def close(self, spark: SparkSession, closing_us: int | None, batch: int, app) -> None:
-        """Emits the sessions ending at or before ``closing_us`` and drops them from the state."""
-        if closing_us is None:
-            return
-        state = spark.read.format("delta").load(self.state_path)
-        closed = self.logic.closed(state, closing_us)
-        out = self.logic.finalize(state.filter(closed)).persist()
+    @classmethod
+    def open_store(cls, spark: SparkSession, logic: SessionAggregationLogic, store_root: str) -> LiveStateStore:
+        bounds = [T.StructField(START_US, T.LongType()), T.StructField(END_US, T.LongType())]
+        schema = T.StructType([*logic.buffer_schema.fields, *bounds])
+        return LiveStateStore(
+            spark,
+            store_root,
+            logic.group_keys,
+            logic.buffer_names,
+            schema,
+            store_partitions(spark),
+            sessions=(START_US, END_US),
+        )
+
+    @staticmethod
+    def start_rows(state: DataFrame) -> DataFrame:
+        return state.withColumn(START_US, F.unix_micros(F.col(WINDOW_START))).withColumn(
+            END_US, F.unix_micros(F.col(WINDOW_END))
+        )
+
+    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+        on_time = records[SOURCE_LABEL]
+        if on_time is None and closing_us is None:
+            return state
+        logic, store = self.logic, self.store(spark)
+        version = self.start_version(spark, state)
+        if on_time is None:
+            sessions = spark.createDataFrame([], store.schema)
+        else:
+            lifted = logic.lift(on_time)
+            start = F.unix_micros(F.col(TS))
+            sessions = lifted.select(
+                *logic.group_keys,
+                start.alias(START_US),
+                (start + F.lit(logic.gap_us)).alias(END_US),
+                *logic.buffer_names,
+            )
+        update = store.store.update_and_close(sessions, self.combine_sql(), version, closing_us)
         try:
-            if out.isEmpty():
-                return
-            tables.append_once(out, self.sink_path, app("sink"), batch)
-            with tables.idempotent_dml(spark, app("closed"), batch):
-                DeltaTable.forPath(spark, self.state_path).delete(closed)
+            if update.changed_keys:
+                closed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))
+                bounded = closed.withColumn(WINDOW_START, F.timestamp_micros(F.col(START_US))).withColumn(
+                    WINDOW_END, F.timestamp_micros(F.col(END_US))
+                )
+                tables.append_once(logic.finalize(bounded), self.sink_path, app("sink"), batch)
         finally:
-            out.unpersist()
+            update.release()
+        return StatePosition(store.layout, update.version)
 
 
 class SessionAggregateKind(WindowAggregateKind):
     spec = SessionAggregate
-    live_state_in_store = False  # sessions keep their live state in the handoff's state table (for now)
     logic_class = SessionAggregationLogic
-    step_class = SessionStep
+    step_class = SessionStoreStep

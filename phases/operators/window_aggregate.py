@@ -46,11 +46,6 @@ class WindowStoreStep(StoreStep):
     def start_rows(state: DataFrame) -> DataFrame:
         return state.withColumn(END_US, F.unix_micros(F.col(WINDOW_END)))
 
-    def combine_sql(self) -> list[str]:
-        types = {f.name: f.dataType for f in self.logic.buffer_schema.fields}
-        combined = self.logic.combine_set("t", "s")
-        return [f"CAST(({combined[b]}) AS {types[b].simpleString()})" for b in self.logic.buffer_names]
-
     def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
         on_time = records[SOURCE_LABEL]
         if on_time is None and closing_us is None:

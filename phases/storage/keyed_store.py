@@ -58,7 +58,12 @@ class KeyedStore:
     """The store at ``path``: ``keys`` -> ``values`` (columns of ``schema``), in ``partitions`` partitions.
 
     ``order``: a long key column the keys are stored in the order of (windows: their end), so that an update can
-    close the rows at or below a bound by an ordered read of each partition's start (``close_at``)."""
+    close the rows at or below a bound by an ordered read of each partition's start (``close_at``).
+
+    ``sessions``: the (start, end) long columns of session windows (microseconds): ``keys`` are then the group keys,
+    a key's open sessions are read by a prefix scan and merged with a batch's records by Spark's session rule, and
+    the rows an update takes and returns are keys, start, end and values (``org.apache.spark.sql.phases.
+    SessionStateStore``)."""
 
     def __init__(
         self,
@@ -70,20 +75,27 @@ class KeyedStore:
         partitions: int,
         run_id: str | None = None,
         order: str | None = None,
+        sessions: tuple[str, str] | None = None,
     ):
         self.spark, self.path, self.keys, self.values, self.partitions = spark, path, keys, values, partitions
-        self.order = order
         # One id per opening: Spark keeps a store's provider loaded in its executor under (store, run id), so the
         # next micro-batch finds the version it needs already in memory.
         self.run_id = run_id or str(uuid.uuid4())
-        helper = spark._jvm.org.apache.spark.sql.phases.KeyedStateStore
+        jvm = spark._jvm.org.apache.spark.sql.phases
         try:
-            self._store = helper.open(
-                spark._jsparkSession, path, keys, values, schema.json(), partitions, self.run_id, order
-            )
+            if sessions is not None:
+                start, end = sessions
+                self.order = end
+                self._store = jvm.SessionStateStore.open(
+                    spark._jsparkSession, path, keys, start, end, values, schema.json(), partitions, self.run_id
+                )
+            else:
+                self.order = order
+                self._store = jvm.KeyedStateStore.open(
+                    spark._jsparkSession, path, keys, values, schema.json(), partitions, self.run_id, order
+                )
         except (Py4JJavaError, PySparkException) as exc:
             raise StateStoreError(f"cannot open the state store {path}: {_java_message(exc)}") from exc
-        self.row_schema = T.StructType([schema[c] for c in [*keys, *values]])
 
     def update(self, partials: DataFrame, combine: list[str], version: int) -> StoreUpdate:
         """Combines ``partials`` (keys + values; a key's rows combine in turn) into version ``version``; commits
@@ -149,16 +161,23 @@ class LiveStateStore:
         schema: T.StructType,
         partitions: int,
         order: str | None = None,
+        sessions: tuple[str, str] | None = None,
     ):
         self.spark, self.root, self.keys, self.values, self.partitions = spark, root, keys, values, partitions
-        self.schema = T.StructType([schema[c] for c in [*keys, *values]])
+        columns = [*keys, *(sessions or ()), *values]  # the rows the store takes and returns
+        self.schema = T.StructType([schema[c] for c in columns])
         layout = {"keys": keys, "values": values, "schema": self.schema.jsonValue(), "partitions": partitions}
-        if order is not None:  # (an unordered layout's description, and so its name, is as before orders existed)
+        # (A plain layout's description, and so its name, is as it was before orders and sessions existed.)
+        if order is not None:
             layout["order"] = order
+        if sessions is not None:
+            layout["sessions"] = list(sessions)
         described = json.dumps(layout, sort_keys=True)
         self.description = described
         self.layout = f"p{partitions}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
-        self.store = KeyedStore(spark, f"{root}/{self.layout}", keys, values, self.schema, partitions, order=order)
+        self.store = KeyedStore(
+            spark, f"{root}/{self.layout}", keys, values, self.schema, partitions, order=order, sessions=sessions
+        )
 
     def _seeded(self, layout: str) -> dict | None:
         path = f"{self.root}/{layout}/{SEEDED}"
@@ -201,6 +220,7 @@ class LiveStateStore:
             T.StructType.fromJson(before["schema"]),
             int(before["partitions"]),
             order=before.get("order"),
+            sessions=tuple(before["sessions"]) if "sessions" in before else None,
         )
         self.write_start(old.read(position.version))
         return 1

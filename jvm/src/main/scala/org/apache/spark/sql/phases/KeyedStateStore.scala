@@ -71,20 +71,8 @@ class KeyedStateStore(
   val rowSchema: StructType = StructType(keySchema.fields ++ valueSchema.fields)
   private val queryRunId = UUID.fromString(runId)
 
-  /** The session whose SQL conf the store reads: RocksDB with changelog checkpointing (a commit writes the changed
-   * keys only; snapshots are uploaded by Spark's maintenance thread). `writeOnce`: version 1's write, whose provider
-   * is unloaded after its commit instead of holding the whole store in memory. */
-  private def sessionWith(writeOnce: Boolean): ClassicSession = {
-    val s = spark.cloneSession()
-    s.conf.set("spark.sql.streaming.stateStore.providerClass", KeyedStateStore.RocksDBProvider)
-    s.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-    // Counting the store's rows costs RocksDB a read before every write; nothing here needs the count.
-    s.conf.set("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
-    if (writeOnce) s.conf.set("spark.sql.streaming.stateStore.unloadOnCommit", "true")
-    s
-  }
-  @transient private lazy val storeSession: ClassicSession = sessionWith(writeOnce = false)
-  @transient private lazy val writeOnceSession: ClassicSession = sessionWith(writeOnce = true)
+  @transient private lazy val storeSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = false)
+  @transient private lazy val writeOnceSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = true)
 
   private def encoderSpec: KeyStateEncoderSpec =
     if (orderOrdinal < 0) NoPrefixKeyStateEncoderSpec(keySchema)
@@ -95,38 +83,6 @@ class KeyedStateStore(
     // (unloaded on commit) must not share one with the live updates.
     val runId = if (version == 0L) UUID.randomUUID() else queryRunId
     StatefulOperatorStateInfo(checkpoint, runId, 0L, version, partitions, None, None)
-  }
-
-  private def keyed(rows: DataFrame): RDD[InternalRow] = {
-    val cols = rowSchema.fieldNames.map(n => col(s"`$n`"))
-    val ds = rows.select(cols.toIndexedSeq: _*).repartition(partitions, keyColumns.map(n => col(s"`$n`")).toIndexedSeq: _*)
-    val rdd = ds.asInstanceOf[ClassicDataset[Row]].queryExecution.toRdd
-    if (rdd.getNumPartitions != partitions) {
-      throw new IllegalStateException(
-        s"the rows for state store $checkpoint came in ${rdd.getNumPartitions} partitions, not $partitions")
-    }
-    rdd
-  }
-
-  /** The combine expressions (SQL over structs `t`, the stored values, and `s`, the new ones), analysed once. */
-  private def combineExpressions(combineSql: Array[String]): (Seq[Expression], Seq[org.apache.spark.sql.catalyst.expressions.Attribute]) = {
-    require(combineSql.length == valueColumns.length,
-      s"${combineSql.length} combine expressions for ${valueColumns.length} value columns")
-    val pair = StructType(Seq(StructField("t", valueSchema), StructField("s", valueSchema)))
-    val empty = spark.createDataFrame(spark.sparkContext.emptyRDD[Row], pair)
-    val analyzed = empty.selectExpr(combineSql.toIndexedSeq: _*).queryExecution.analyzed
-    analyzed match {
-      case Project(list, child) =>
-        list.zip(valueSchema.fields).foreach { case (e, f) =>
-          if (e.dataType != f.dataType) {
-            throw new IllegalArgumentException(
-              s"the combine expression of ${f.name} is ${e.dataType.simpleString}, the state column is " +
-                f.dataType.simpleString)
-          }
-        }
-        (list, child.output)
-      case other => throw new IllegalStateException(s"unexpected plan for the combine expressions: $other")
-    }
   }
 
   /**
@@ -153,24 +109,22 @@ class KeyedStateStore(
     val closeBound: Long = if (closeAtOrBelow == null) Long.MinValue else closeAtOrBelow.longValue()
     val closing = closeAtOrBelow != null
     val orderAt = orderOrdinal
-    val (combine, pairAttrs) = combineExpressions(combineSql.asScala.toArray)
+    val (combine, pairAttrs) = StoreSupport.combineExpressions(spark, valueSchema, combineSql.asScala.toSeq)
     val nKeys = keyColumns.length
     val nValues = valueColumns.length
     val keyTypes = keySchema.fields.map(_.dataType)
     val valueTypes = valueSchema.fields.map(_.dataType)
     val rowTypes = rowSchema.fields.map(_.dataType)
     val store = if (version == 0L) writeOnceSession else storeSession
-    val rdd = keyed(partials).mapPartitionsWithStateStore(
+    val routed = StoreSupport.routed(partials, rowSchema.fieldNames.toIndexedSeq, keyColumns.toIndexedSeq, partitions,
+      checkpoint)
+    val rdd = routed.mapPartitionsWithStateStore(
       stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
       Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>
-      val keyOf = UnsafeProjection.create(keyTypes.zipWithIndex.map { case (t, i) =>
-        org.apache.spark.sql.catalyst.expressions.BoundReference(i, t, nullable = true): Expression }.toIndexedSeq)
-      val valueOf = UnsafeProjection.create(valueTypes.zipWithIndex.map { case (t, i) =>
-        org.apache.spark.sql.catalyst.expressions.BoundReference(nKeys + i, t, nullable = true): Expression
-      }.toIndexedSeq)
+      val keyOf = StoreSupport.columns(keyTypes.toIndexedSeq, 0)
+      val valueOf = StoreSupport.columns(valueTypes.toIndexedSeq, nKeys)
       val combined = UnsafeProjection.create(combine, pairAttrs)
-      val out = UnsafeProjection.create(rowTypes.zipWithIndex.map { case (t, i) =>
-        org.apache.spark.sql.catalyst.expressions.BoundReference(i, t, nullable = true): Expression }.toIndexedSeq)
+      val out = StoreSupport.columns(rowTypes.toIndexedSeq, 0)
       val pair = new GenericInternalRow(2)
       val joined = new JoinedRow()
       // Several rows of one key (records lifted one by one) combine in turn; each key is emitted once, with
@@ -235,7 +189,6 @@ class KeyedStateStore(
 }
 
 object KeyedStateStore {
-  val RocksDBProvider = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
   /** From Python: `spark._jsparkSession`, the DataFrame's schema as JSON. */
   def open(
