@@ -25,7 +25,7 @@ from phases.steps.end_of_stream import prepared_schema
 
 if TYPE_CHECKING:
     from phases.definition import OperatorModel, Pipeline
-    from phases.storage.keyed_store import StatePosition
+    from phases.storage.keyed_store import LiveStateStore, StatePosition
     from phases.storage.manifest import HandoffManifest
     from phases.tagging import TaggedRange
 
@@ -234,3 +234,38 @@ class OneInputStep:
 
     def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
         raise NotImplementedError
+
+
+def store_partitions(spark: SparkSession) -> int:
+    """A live state store's partitions: as many as the session shuffles into."""
+    return int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+class StoreStep(OneInputStep):
+    """A live step whose state is in the run's state store: how the store is laid out (:meth:`open_store`) and how the
+    handoff's state table becomes its version 1 (:meth:`start_rows`), for the backlog's write ahead of the switch
+    and for a live start that finds no version 1 (a streaming-only run)."""
+
+    def __init__(self, logic, state_path: str, sink_path: str, store_root: str):
+        self.logic, self.state_path, self.sink_path, self.store_root = logic, state_path, sink_path, store_root
+        self._store: LiveStateStore | None = None
+
+    @classmethod
+    def open_store(cls, spark: SparkSession, logic, store_root: str) -> LiveStateStore:
+        raise NotImplementedError
+
+    @staticmethod
+    def start_rows(state: DataFrame) -> DataFrame:
+        """The handoff's state rows as the store's rows."""
+        raise NotImplementedError
+
+    def store(self, spark: SparkSession) -> LiveStateStore:
+        if self._store is None:
+            self._store = self.open_store(spark, self.logic, self.store_root)
+        return self._store
+
+    def start_version(self, spark: SparkSession, state: StatePosition | None) -> int:
+        """The version this micro-batch loads (the handoff's state written as version 1 first, when missing)."""
+        return self.store(spark).version_for(
+            state, lambda: self.start_rows(spark.read.format("delta").load(self.state_path))
+        )

@@ -16,7 +16,15 @@ from phases.definition import SOURCE_LABEL, WINDOW_END, KeyedAggregate, Pipeline
 from phases.errors import DefinitionError, SchemaChangeError
 from phases.lateness import VERSION, watermark_after
 from phases.operators.aggregation import MAX_TS, ROWS, KeyedAggregationLogic, WindowedAggregationLogic
-from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
+from phases.operators.base import (
+    HandoffCounts,
+    OperatorKind,
+    StoreStep,
+    counted,
+    observed,
+    store_partitions,
+    table_counts,
+)
 from phases.schema_changes import changes, way_out
 from phases.storage import changelog, tables
 from phases.storage.keyed_store import LiveStateStore, StatePosition
@@ -38,7 +46,7 @@ class AggregationHandoff:
         state: DataFrame,
         watermark_us: int | None,
         base: HandoffManifest | None = None,
-        live: type[StoreStep] | None = None,
+        live: type[AggregationStoreStep] | None = None,
     ):
         self.spark, self.logic, self.watermark, self.base, self.live = spark, logic, watermark_us, base, live
         self.windowed = isinstance(logic, WindowedAggregationLogic)
@@ -113,33 +121,10 @@ class AggregationHandoff:
 ROWS_PER_FILE = 1_000_000  # changed keys per sink file a micro-batch writes
 
 
-def store_partitions(spark: SparkSession) -> int:
-    """A live state store's partitions: as many as the session shuffles into."""
-    return int(spark.conf.get("spark.sql.shuffle.partitions"))
+class AggregationStoreStep(StoreStep):
+    """The aggregation family's live step on the store: buffers combined by the backlog's SQL."""
 
-
-class StoreStep(OneInputStep):
-    """A live step whose state is in the run's state store: how the store is laid out (:meth:`open_store`) and how the
-    handoff's state table becomes its version 1 (:meth:`start_rows`), for the backlog's write ahead of the switch
-    and for a live start that finds no version 1 (a streaming-only run)."""
-
-    def __init__(self, logic: KeyedAggregationLogic, state_path: str, sink_path: str, store_root: str):
-        self.logic, self.state_path, self.sink_path, self.store_root = logic, state_path, sink_path, store_root
-        self._store: LiveStateStore | None = None
-
-    @classmethod
-    def open_store(cls, spark: SparkSession, logic: KeyedAggregationLogic, store_root: str) -> LiveStateStore:
-        raise NotImplementedError
-
-    @staticmethod
-    def start_rows(state: DataFrame) -> DataFrame:
-        """The handoff's state rows as the store's rows."""
-        raise NotImplementedError
-
-    def store(self, spark: SparkSession) -> LiveStateStore:
-        if self._store is None:
-            self._store = self.open_store(spark, self.logic, self.store_root)
-        return self._store
+    logic: KeyedAggregationLogic
 
     def combine_sql(self) -> list[str]:
         """Per buffer, the stored one (``t``) combined with the batch's (``s``) by the backlog's SQL, as its type."""
@@ -147,14 +132,8 @@ class StoreStep(OneInputStep):
         combined = self.logic.combine_set("t", "s")
         return [f"CAST(({combined[b]}) AS {types[b].simpleString()})" for b in self.logic.buffer_names]
 
-    def start_version(self, spark: SparkSession, state: StatePosition | None) -> int:
-        """The version this micro-batch loads (the handoff's state written as version 1 first, when missing)."""
-        return self.store(spark).version_for(
-            state, lambda: self.start_rows(spark.read.format("delta").load(self.state_path))
-        )
 
-
-class KeyedStoreStep(StoreStep):
+class KeyedStoreStep(AggregationStoreStep):
     """Keyed aggregation with its live state in the run's state store (:mod:`phases.storage.keyed_store`): the
     batch's buffers merged per key, combined with each key's stored buffers by point lookups (the same SQL the
     backlog's merge and a MERGE's update use, run in the JVM), the store committed at the next version, then the

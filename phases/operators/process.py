@@ -1,7 +1,12 @@
 """Keyed process functions with timers (``process``): per key, the user's state (JSON) and pending
-event-time timers on Delta. The backlog and every live micro-batch run the same sorted pass
+event-time timers. The backlog and every live micro-batch run the same sorted pass
 (:mod:`phases.operators.process_pass`); live, it covers the keys with records and the keys whose timers the new
-watermark makes due. Its state is arbitrary, not a mergeable aggregate: no backlog increments."""
+watermark makes due. Its state is arbitrary, not a mergeable aggregate: no backlog increments.
+
+Live, the state rows are in the run's state store (``TimerStateStore`` of the engine's helper), with the timers in a
+time-ordered index: the keys a watermark makes due are read from the index's start, not found by a scan of every
+key's state. The user's function runs in Python between a lookup of the keys' rows and their replacement: one
+round trip per micro-batch (not per key)."""
 
 from __future__ import annotations
 
@@ -10,14 +15,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.definition import Pipeline, ProcessOperator
+from phases.definition import SOURCE_LABEL, Pipeline, ProcessOperator
 from phases.lateness import watermark_after
 from phases.operators.aggregation import MAX_TS
-from phases.operators.base import HandoffCounts, OneInputStep, OperatorKind, counted, observed, table_counts
-from phases.operators.process_pass import ROWS, TIMERS, ProcessLogic
+from phases.operators.base import (
+    HandoffCounts,
+    OperatorKind,
+    StoreStep,
+    counted,
+    observed,
+    store_partitions,
+    table_counts,
+)
+from phases.operators.process_pass import ROWS, STATE, TIMERS, ProcessLogic
 from phases.storage import tables
-
-_TOUCHED = "_touched"
+from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 
 class ProcessHandoff:
@@ -28,11 +40,15 @@ class ProcessHandoff:
         self.passed = logic.backlog_pass(prepared, final_watermark_us).persist(StorageLevel.DISK_ONLY)
 
     def write_live_state(self, store_root: str) -> None:
-        pass  # the live phase works on the handoff's state table
+        """Version 1 of the run's state store, from the state table just written."""
+        spark = self.passed.sparkSession
+        state = spark.read.format("delta").load(self.state_path)
+        ProcessStoreStep.open_store(spark, self.logic, store_root).write_start(ProcessStoreStep.start_rows(state))
 
     def write_state(self, path: str) -> None:
         states, self._state = counted(self.logic.states(self.passed), "handoff state", records=F.sum(ROWS))
         states.write.format("delta").mode("errorifexists").save(path)
+        self.state_path = path
 
     def write_sink(self, path: str) -> None:
         out, self._sink = counted(self.logic.outputs(self.passed), "handoff sink")
@@ -48,43 +64,64 @@ class ProcessHandoff:
         self.passed.unpersist()
 
 
-class ProcessStep(OneInputStep):
-    """Process function: the keys with records in the batch, and the keys whose timers the new watermark
-    makes due, run from their state on Delta through the operator's pass (the backlog's own); their outputs
-    appended to the sink, then their new state merged into the state table.
+class ProcessStoreStep(StoreStep):
+    """Process function: the state rows of the keys with records in the batch and of the keys whose timers the new
+    watermark makes due, looked up in the store at the version the previous progress record names; the operator's
+    pass (the backlog's own) from them; its outputs appended to the sink once (the batch's Delta transaction id),
+    then the keys' new rows (and their timers' index entries) replaced in the store, committed as the next version.
 
-    The sink is written first: a batch replayed after a crash before the state write starts from the same
-    state and produces the same outputs (Delta skips the second append); one replayed after the state write
-    skips both writes."""
+    Replays: a micro-batch replayed after a crash looks the same rows up at the same version, so its pass produces
+    the same outputs (Delta skips an append it has) and the same next version."""
 
-    def __init__(self, logic: ProcessLogic, state_path: str, sink_path: str):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
+    logic: ProcessLogic
+    VALUES = (STATE, TIMERS, ROWS, MAX_TS)  # a key's row: the user's state (JSON), timers (epoch ms), counters
 
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        logic, keys = self.logic, self.logic.keys
-        state = spark.read.format("delta").load(self.state_path)
-        due = F.lit(False)
-        if closing_us is not None:
-            due = F.exists(F.col(TIMERS), lambda t: t * 1000 <= F.lit(closing_us))
-        if records is not None:
-            touched = records.select(*keys).distinct().withColumn(_TOUCHED, F.lit(True))
-            previous = state.join(touched, keys, "left").filter(F.col(_TOUCHED).isNotNull() | due).drop(_TOUCHED)
+    @classmethod
+    def open_store(cls, spark: SparkSession, logic: ProcessLogic, store_root: str) -> LiveStateStore:
+        values = list(cls.VALUES)
+        # Timers as the pass writes them (an array that may hold nulls, for Spark), so no cast is needed.
+        fields = [
+            T.StructField(f.name, T.ArrayType(T.LongType(), True)) if f.name == TIMERS else f
+            for f in logic.state_schema.fields
+        ]
+        schema = T.StructType(fields)
+        return LiveStateStore(spark, store_root, logic.keys, values, schema, store_partitions(spark), timers=TIMERS)
+
+    @staticmethod
+    def start_rows(state: DataFrame) -> DataFrame:
+        return state
+
+    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+        on_time = records[SOURCE_LABEL]
+        if on_time is None and closing_us is None:
+            return state
+        logic, store = self.logic, self.store(spark)
+        version = self.start_version(spark, state)
+        if on_time is None:
+            keys = spark.createDataFrame([], T.StructType([logic.state_schema[k] for k in logic.keys]))
         else:
-            previous = state.filter(due)
-            if previous.isEmpty():
-                return
-        passed = logic.increment_pass(records, previous, closing_us).persist()
+            keys = on_time.select(*logic.keys)
+        found = store.store.lookup(keys, version, closing_us)
         try:
-            out = logic.outputs(passed)
-            if not out.isEmpty():
-                tables.append_once(out, self.sink_path, app("sink"), batch)
-            tables.upsert(spark, self.state_path, logic.states(passed), keys, app("state"), batch)
+            if on_time is None and not found.changed_keys:
+                return StatePosition(store.layout, version)  # no records, no timer due: nothing to write
+            previous = found.rows if found.changed_keys else None
+            passed = logic.increment_pass(on_time, previous, closing_us).persist()
+            try:
+                out = logic.outputs(passed)
+                if not out.isEmpty():
+                    tables.append_once(out, self.sink_path, app("sink"), batch)
+                store.store.replace(logic.states(passed), version).release()
+            finally:
+                passed.unpersist()
         finally:
-            passed.unpersist()
+            found.release()
+        return StatePosition(store.layout, version + 1)
 
 
 class ProcessKind(OperatorKind[ProcessLogic]):
     spec = ProcessOperator
+    live_state_in_store = True
     state_event_time = MAX_TS
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> ProcessLogic:
@@ -95,5 +132,5 @@ class ProcessKind(OperatorKind[ProcessLogic]):
         final_wm = watermark_after(tagged.running_max_us, pipeline.delay_us)
         return ProcessHandoff(logic, tagged.prepared, final_wm)
 
-    def live_step(self, logic: ProcessLogic, state_path: str, sink_path: str, store_root: str) -> ProcessStep:
-        return ProcessStep(logic, state_path, sink_path)
+    def live_step(self, logic: ProcessLogic, state_path: str, sink_path: str, store_root: str) -> ProcessStoreStep:
+        return ProcessStoreStep(logic, state_path, sink_path, store_root)

@@ -13,7 +13,8 @@ from pyspark.sql import types as T
 
 from phases.definition import SOURCE_LABEL, WINDOW_END, WINDOW_START, SessionAggregate
 from phases.operators.aggregation import TS, SessionAggregationLogic
-from phases.operators.keyed_aggregate import ROWS_PER_FILE, StoreStep, store_partitions
+from phases.operators.base import store_partitions
+from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep
 from phases.operators.window_aggregate import WindowAggregateKind
 from phases.storage import tables
 from phases.storage.keyed_store import LiveStateStore, StatePosition
@@ -21,7 +22,7 @@ from phases.storage.keyed_store import LiveStateStore, StatePosition
 START_US, END_US = "_session_start_us", "_session_end_us"  # the store's session bounds, in microseconds
 
 
-class SessionStoreStep(StoreStep):
+class SessionStoreStep(AggregationStoreStep):
     """Sessions: each on-time record opens its own session [ts, ts + gap) and goes to its key's store partition; the
     store merges it with the key's open sessions (Spark's rule: a session takes the next one in when that one starts
     at or before its end; buffers combine with the backlog's SQL), then removes and returns the sessions ending at or

@@ -16,14 +16,15 @@ from pyspark.sql import types as T
 
 from phases.definition import SOURCE_LABEL, WINDOW_END, WindowedAggregate
 from phases.operators.aggregation import WindowedAggregationLogic
-from phases.operators.keyed_aggregate import ROWS_PER_FILE, KeyedAggregateKind, StoreStep, store_partitions
+from phases.operators.base import store_partitions
+from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep, KeyedAggregateKind
 from phases.storage import tables
 from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 
 
-class WindowStoreStep(StoreStep):
+class WindowStoreStep(AggregationStoreStep):
     """Windows: each on-time record lifted into its windows' buffers and combined with their stored buffers (the
     backlog's SQL, in the JVM); then the windows the watermark closed, finalized, appended to the sink once (the
     batch's Delta transaction id), and removed from the store in the same commit.

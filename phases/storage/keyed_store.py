@@ -63,7 +63,10 @@ class KeyedStore:
     ``sessions``: the (start, end) long columns of session windows (microseconds): ``keys`` are then the group keys,
     a key's open sessions are read by a prefix scan and merged with a batch's records by Spark's session rule, and
     the rows an update takes and returns are keys, start, end and values (``org.apache.spark.sql.phases.
-    SessionStateStore``)."""
+    SessionStateStore``).
+
+    ``timers``: a value column of timers (array of long, epoch milliseconds) indexed in time order: process functions'
+    state rows (``TimerStateStore``), read with :meth:`lookup` and replaced with :meth:`replace`."""
 
     def __init__(
         self,
@@ -76,14 +79,21 @@ class KeyedStore:
         run_id: str | None = None,
         order: str | None = None,
         sessions: tuple[str, str] | None = None,
+        timers: str | None = None,
     ):
         self.spark, self.path, self.keys, self.values, self.partitions = spark, path, keys, values, partitions
+        self.timers = timers
         # One id per opening: Spark keeps a store's provider loaded in its executor under (store, run id), so the
         # next micro-batch finds the version it needs already in memory.
         self.run_id = run_id or str(uuid.uuid4())
         jvm = spark._jvm.org.apache.spark.sql.phases
         try:
-            if sessions is not None:
+            if timers is not None:
+                self.order = None
+                self._store = jvm.TimerStateStore.open(
+                    spark._jsparkSession, path, keys, values, timers, schema.json(), partitions, self.run_id
+                )
+            elif sessions is not None:
                 start, end = sessions
                 self.order = end
                 self._store = jvm.SessionStateStore.open(
@@ -113,6 +123,27 @@ class KeyedStore:
             raise StateStoreError(f"the state store {self.path} has no order column: it cannot close rows")
         return self._update(partials, combine, version, emit=False, close_at=close_at)
 
+    def lookup(self, keys: DataFrame, version: int, due_at: int | None) -> StoreUpdate:
+        """A timer store's rows at ``version`` of the keys in ``keys`` and, unless ``due_at`` is None, of every key with
+        a timer due at it (epoch microseconds: a timer ``t`` ms is due when ``t * 1000 <= due_at``); cached until
+        released; nothing is committed (the result's version is ``version``)."""
+        self._need_timers("look keys up")
+        try:
+            handle = self._store.lookup(keys._jdf, version, due_at)
+        except (Py4JJavaError, PySparkException) as exc:
+            raise self._failed(version, exc) from exc
+        return StoreUpdate(DataFrame(handle.frame(), self.spark), int(handle.changedKeys()), version, handle)
+
+    def replace(self, rows: DataFrame, version: int) -> StoreUpdate:
+        """A timer store's rows of the keys in ``rows`` (one per key) replaced at ``version`` (their timers' index
+        entries too); commits ``version + 1``."""
+        self._need_timers("replace rows")
+        return self._update(rows, [f"s.`{c}`" for c in self.values], version, emit=False)
+
+    def _need_timers(self, what: str) -> None:
+        if self.timers is None:
+            raise StateStoreError(f"the state store {self.path} has no timers column: it cannot {what}")
+
     def write(self, state: DataFrame) -> StoreUpdate:
         """Writes version 1 from ``state`` (one row per key), whatever the store held."""
         return self._update(state, [f"s.`{c}`" for c in self.values], 0, emit=False)
@@ -123,14 +154,17 @@ class KeyedStore:
         try:
             handle = self._store.update(partials._jdf, combine, version, emit, close_at)
         except (Py4JJavaError, PySparkException) as exc:
-            raise StateStoreError(
-                f"the state store {self.path} could not go from version {version} to {version + 1}: "
-                f"{_java_message(exc)}. When its files were removed or damaged: restore the live run's folder "
-                "(the store, the progress log and the checkpoint together, from one backup), or start over with "
-                "BacklogRunner(spark, pipeline).run(reset=True)"
-            ) from exc
+            raise self._failed(version, exc) from exc
         rows = DataFrame(handle.frame(), self.spark)
         return StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle)
+
+    def _failed(self, version: int, exc: Exception) -> StateStoreError:
+        return StateStoreError(
+            f"the state store {self.path} could not go from version {version} to {version + 1}: "
+            f"{_java_message(exc)}. When its files were removed or damaged: restore the live run's folder "
+            "(the store, the progress log and the checkpoint together, from one backup), or start over with "
+            "BacklogRunner(spark, pipeline).run(reset=True)"
+        )
 
     def read(self, version: int) -> DataFrame:
         """Every row of the store at ``version`` (keys + values)."""
@@ -162,6 +196,7 @@ class LiveStateStore:
         partitions: int,
         order: str | None = None,
         sessions: tuple[str, str] | None = None,
+        timers: str | None = None,
     ):
         self.spark, self.root, self.keys, self.values, self.partitions = spark, root, keys, values, partitions
         columns = [*keys, *(sessions or ()), *values]  # the rows the store takes and returns
@@ -172,11 +207,21 @@ class LiveStateStore:
             layout["order"] = order
         if sessions is not None:
             layout["sessions"] = list(sessions)
+        if timers is not None:
+            layout["timers"] = timers
         described = json.dumps(layout, sort_keys=True)
         self.description = described
         self.layout = f"p{partitions}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
         self.store = KeyedStore(
-            spark, f"{root}/{self.layout}", keys, values, self.schema, partitions, order=order, sessions=sessions
+            spark,
+            f"{root}/{self.layout}",
+            keys,
+            values,
+            self.schema,
+            partitions,
+            order=order,
+            sessions=sessions,
+            timers=timers,
         )
 
     def _seeded(self, layout: str) -> dict | None:
@@ -221,6 +266,7 @@ class LiveStateStore:
             int(before["partitions"]),
             order=before.get("order"),
             sessions=tuple(before["sessions"]) if "sessions" in before else None,
+            timers=before.get("timers"),
         )
         self.write_start(old.read(position.version))
         return 1

@@ -45,6 +45,21 @@ INTERNAL_API = [
     ),
     (f"{STATE}.StateStore", "remove", ["org.apache.spark.sql.catalyst.expressions.UnsafeRow", "java.lang.String"]),
     (f"{STATE}.StateStoreIterator", "close", []),
+    # Sessions (SessionStateStore): a prefix-scanned family and an ordered one.
+    (f"{STATE}.PrefixKeyScanStateEncoderSpec", "<init>", ["org.apache.spark.sql.types.StructType", "int"]),
+    (f"{STATE}.StateStore", "prefixScan", ["org.apache.spark.sql.catalyst.expressions.UnsafeRow", "java.lang.String"]),
+    (
+        f"{STATE}.StateStore",
+        "createColFamilyIfAbsent",
+        [
+            "java.lang.String",
+            "org.apache.spark.sql.types.StructType",
+            "org.apache.spark.sql.types.StructType",
+            f"{STATE}.KeyStateEncoderSpec",
+            "boolean",
+            "boolean",
+        ],
+    ),
     (f"{STATE}.StateStore", "get", ["org.apache.spark.sql.catalyst.expressions.UnsafeRow", "java.lang.String"]),
     (
         f"{STATE}.StateStore",
@@ -217,6 +232,40 @@ def test_an_order_column_must_be_a_long_key_column(spark, tmp_path):
         KeyedStore(spark, str(tmp_path / "a"), ["end", "key"], ["n"], schema, 2, order="end")
     with pytest.raises(StateStoreError, match="is not a key column"):
         KeyedStore(spark, str(tmp_path / "b"), ["key"], ["n"], schema, 2, order="n")
+
+
+def test_a_session_store_merges_a_keys_open_sessions_by_sparks_rule_and_closes_by_end(spark, tmp_path):
+    """Sessions' store: a record's own session [start, end) merges with the key's open sessions when one starts at or
+    before the other's end (Spark's session_window rule: touching sessions merge); one record can bridge two stored
+    sessions. The sessions ending at or before the bound are removed and returned; a replay returns the same."""
+    schema = spark.createDataFrame([], "key string, s long, e long, n long").schema
+    store = KeyedStore(spark, str(tmp_path / "s"), ["key"], ["n"], schema, 3, sessions=("s", "e"))
+    handoff = [("a", 0, 10, 1), ("a", 20, 30, 1), ("b", 5, 15, 2), ("c", 100, 110, 1)]
+    store.write(spark.createDataFrame(handoff, schema)).release()
+    assert _rows(store.read(1)) == sorted(handoff)
+    # a: 8 joins [0, 10); 18 then touches [0, 18) and [20, 30): all three become [0, 30). b: 15 touches [5, 15).
+    # d: a new key, two records 4 apart (gap 10): one session.
+    batch = [("a", 8, 18, 1), ("a", 18, 28, 1), ("b", 15, 25, 1), ("d", 40, 50, 1), ("d", 44, 54, 1)]
+    frame = spark.createDataFrame(batch, schema).repartition(4)
+    first = store.update_and_close(frame, ["t.n + s.n"], 1, 30)
+    closed = [("a", 0, 30, 4), ("b", 5, 25, 3)]
+    assert (first.version, first.changed_keys, _rows(first.rows)) == (2, 2, closed)
+    first.release()
+    again = store.update_and_close(frame, ["t.n + s.n"], 1, 30)
+    assert _rows(again.rows) == closed
+    again.release()
+    assert _rows(store.read(2)) == [("c", 100, 110, 1), ("d", 40, 54, 2)]
+    # A record after a stored session's end (not touching) opens a session of its own; nothing is due at 53.
+    later = store.update_and_close(spark.createDataFrame([("c", 111, 121, 1)], schema), ["t.n + s.n"], 2, 53)
+    assert later.changed_keys == 0
+    later.release()
+    assert _rows(store.read(3)) == [("c", 100, 110, 1), ("c", 111, 121, 1), ("d", 40, 54, 2)]
+    # A new opening (a restart) reads the same version from the files, with both of its column families.
+    reopened = KeyedStore(spark, str(tmp_path / "s"), ["key"], ["n"], schema, 3, sessions=("s", "e"))
+    last = reopened.update_and_close(spark.createDataFrame([], schema), ["t.n + s.n"], 3, 200)
+    assert _rows(last.rows) == [("c", 100, 110, 1), ("c", 111, 121, 1), ("d", 40, 54, 2)]
+    last.release()
+    assert _rows(reopened.read(4)) == []
 
 
 def test_a_version_the_store_never_wrote_is_a_state_store_error(spark, tmp_path):

@@ -125,8 +125,8 @@ def test_a_version_read_over_several_micro_batches_loses_no_on_time_row(spark, t
 
 @pytest.mark.parametrize(
     ("kind", "fails"),
-    [("keyed", "sink"), ("keyed", "progress"), ("tumbling", "sink")],
-    ids=["keyed-store-committed", "keyed-sink-committed", "tumbling-state-committed"],
+    [("keyed", "sink"), ("keyed", "progress"), ("tumbling", "sink"), ("session", "sink")],
+    ids=["keyed-store-committed", "keyed-sink-committed", "tumbling-store-committed", "session-store-committed"],
 )
 def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_once(
     spark, tmp_path, monkeypatch, kind, fails
@@ -135,7 +135,8 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
     twice. Keyed aggregations: after the state store committed the next version and before the sink write
     (``sink``), or after the sink write and before the progress record (``progress``): the replay loads the
     version the previous record names again, computes the same rows, and Delta skips a sink write it has.
-    Windows: after the store committed the version that removed the closed windows, before their sink append."""
+    Windows and sessions: after the store committed the version that removed the closed ones, before their sink
+    append."""
     import phases.live.micro_batch as engine
     from phases.storage.progress_log import ProgressLog
 
@@ -162,7 +163,7 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
             return real_write(self, batch_id, record)
 
         monkeypatch.setattr(ProgressLog, "write", write_or_crash)
-    else:  # windows append the closed windows after the store's commit; crash right before that append
+    else:  # windows and sessions append the closed ones after the store's commit; crash right before that append
         monkeypatch.setattr(engine.tables, "append_once", crash)
     with pytest.raises(Exception, match="simulated crash"):
         LiveRunner.from_manifest(spark, p).start(available_now=True)

@@ -167,9 +167,9 @@ def test_sessions_open_at_the_switch_close_in_the_live_phase_with_their_backlog_
 
 
 def test_a_crash_between_the_output_append_and_the_state_write_is_replayed_exactly_once(spark, tmp_path, monkeypatch):
-    """The micro-batch dies after its outputs were appended, before its state MERGE: the restart runs the
-    batch again from the same state, produces the same outputs (Delta skips the second append) and then
-    writes the state; no session is emitted twice or lost."""
+    """The micro-batch dies after its outputs were appended, before its keys' rows are replaced in the state store:
+    the restart runs the batch again from the same store version, produces the same outputs (Delta skips the second
+    append) and then writes the state; no session is emitted twice or lost."""
     source = str(tmp_path / "source")
     versions = {1: [("a", 0, 1), ("a", SECOND, 2), ("b", 0, 5)], 2: [("c", 30 * SECOND, 7)], 3: [("a", 40 * SECOND, 3)]}
     write_source(spark, source, {1: versions[1]})
