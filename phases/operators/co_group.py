@@ -1,63 +1,75 @@
 """The windowed co-group (``co_group``) of the pipeline's source with a second Delta source: every (key,
 window) whose end both inputs' watermarks passed, with all its on-time records of both, passed to the
-user's function once."""
+user's function once.
+
+Live, the open windows' rows are in the run's state store, stored in the order of the window's end (as the
+windows of :mod:`phases.operators.window_aggregate`): a micro-batch adds its rows to their windows by point lookups
+and closes the windows the smaller watermark passed by an ordered read of each store partition's start."""
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, WINDOW_END, CoGroup
+from phases.operators.base import StoreStep, store_partitions
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
 from phases.operators.two_input import TwoInputKind
 from phases.storage import tables
+from phases.storage.keyed_store import LiveStateStore, StatePosition
+
+END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 
 
-class CoGroupStep:
-    """Co-group: the batch's rows of both inputs collected into their (key, window) in the state (one
-    MERGE); the windows both watermarks closed passed to the user's function, its rows appended to the sink
-    once, then those windows removed from the state. Read back from the state after its write, so a replayed
-    batch emits exactly what the first attempt would have."""
+class CoGroupStoreStep(StoreStep):
+    """Co-group: the batch's rows of both inputs collected per (key, window) and appended to the window's rows in the
+    store (point lookups); the windows both watermarks closed removed in the same commit, passed to the user's
+    function, and its rows appended to the sink once (the batch's Delta transaction id).
 
-    def __init__(self, logic: CoGroupLogic, state_path: str, sink_path: str):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
+    Replays: the version loaded is the one the previous progress record names, so a replayed micro-batch closes the
+    same windows with the same rows (the function sees each input's rows in event-time order), and Delta skips a sink
+    append it already committed."""
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> None:
+    logic: CoGroupLogic
+
+    @classmethod
+    def open_store(cls, spark: SparkSession, logic: CoGroupLogic, store_root: str) -> LiveStateStore:
+        schema = T.StructType([T.StructField(END_US, T.LongType()), *logic.state_schema.fields])
+        keys, values = [END_US, *logic.group], [LEFT_ROWS, RIGHT_ROWS]
+        return LiveStateStore(spark, store_root, keys, values, schema, store_partitions(spark), order=END_US)
+
+    @staticmethod
+    def start_rows(state: DataFrame) -> DataFrame:
+        return state.withColumn(END_US, F.unix_micros(F.col(WINDOW_END)))
+
+    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
         logic = self.logic
         lifted = [
             logic.lift(df, side)
             for df, side in ((records[SOURCE_LABEL], LEFT), (records[RIGHT_LABEL], RIGHT))
             if df is not None
         ]
+        if not lifted and closing_us is None:
+            return state
+        store = self.store(spark)
+        version = self.start_version(spark, state)
         if lifted:
             rows = lifted[0] if len(lifted) == 1 else lifted[0].unionByName(lifted[1])
-            windows = rows.groupBy(*logic.group).agg(*logic.merge_columns())
-            with tables.idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(windows.alias("s"), tables.key_match("t", "s", logic.group))
-                    .whenMatchedUpdate(set={c: f"concat(t.{c}, s.{c})" for c in (LEFT_ROWS, RIGHT_ROWS)})
-                    .whenNotMatchedInsertAll()
-                    .execute()
-                )
-        if closing_us is None:
-            return
-        closed = F.col(WINDOW_END) <= F.timestamp_micros(F.lit(closing_us))
-        state = spark.read.format("delta").load(self.state_path)
-        windows = state.filter(closed).persist()
+            windows = self.start_rows(rows.groupBy(*logic.group).agg(*logic.merge_columns()))
+        else:
+            windows = spark.createDataFrame([], store.schema)
+        combine = [f"concat(t.`{c}`, s.`{c}`)" for c in (LEFT_ROWS, RIGHT_ROWS)]
+        update = store.store.update_and_close(windows.select(*store.schema.names), combine, version, closing_us)
         try:
-            if windows.isEmpty():
-                return
-            out = logic.apply(windows)
-            tables.append_once(out, self.sink_path, app("sink"), batch)
-            with tables.idempotent_dml(spark, app("closed"), batch):
-                DeltaTable.forPath(spark, self.state_path).delete(closed)
+            if update.changed_keys:
+                tables.append_once(logic.apply(update.rows.drop(END_US)), self.sink_path, app("sink"), batch)
         finally:
-            windows.unpersist()
+            update.release()
+        return StatePosition(store.layout, update.version)
 
 
 class CoGroupKind(TwoInputKind):
     spec = CoGroup
     logic_class = CoGroupLogic
-    step_class = CoGroupStep
+    step_class = CoGroupStoreStep

@@ -1,49 +1,69 @@
 """The interval join (``interval_join``) of the pipeline's source with a second Delta source: every pair of
 on-time records with equal keys and ``left.ts + lower <= right.ts <= left.ts + upper``. State: per key, each
-input's rows that a future row of the other input can still match."""
+input's rows that a future row of the other input can still match: live, in the run's state store, looked up by
+key (not a scan of every key's rows)."""
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
-from pyspark.sql import DataFrame
+from functools import reduce
+
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, IntervalJoin
 from phases.operators.aggregation import MAX_TS
+from phases.operators.base import StoreStep, store_partitions
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
 from phases.operators.two_input import TwoInputKind
 from phases.storage import tables
+from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 
-class IntervalJoinStep:
-    """Interval join: the batch's new rows of each input joined with the other input's rows held in the state
-    (one row per key: each input's rows that can still match) and with each other; the pairs appended to the
-    sink first, then the new rows merged into their keys' state, leaving out rows no future row of the
-    other input can match (its watermark passed ``ts + upper``, or ``ts - lower``).
+class IntervalJoinStoreStep(StoreStep):
+    """Interval join: the batch's new rows of each input joined with the other input's rows held for their keys
+    (looked up in the run's state store: one row per key, each input's rows that can still match) and with each
+    other; the pairs appended to the sink first (the batch's Delta transaction id), then the keys' held rows
+    replaced, leaving out rows no future row of the other input can match (its watermark passed ``ts + upper``, or
+    ``ts - lower``), committed as the store's next version.
 
-    A batch replayed after a crash before the state write joins against the same state and appends the same
-    pairs (Delta skips the second append); one replayed after it skips both writes. Rows of keys without new
-    rows stay until their key gets one: they can match nothing, they only take room."""
+    Replays: the rows are looked up at the version the previous progress record names, so a replayed micro-batch
+    appends the same pairs (Delta skips an append it has) and writes the same next version. Rows of keys without
+    new rows stay until their key gets one: they can match nothing, they only take room."""
 
-    def __init__(self, logic: IntervalJoinLogic, state_path: str, sink_path: str):
-        self.logic, self.state_path, self.sink_path = logic, state_path, sink_path
+    logic: IntervalJoinLogic
+    VALUES = (LEFT_ROWS, RIGHT_ROWS, MAX_TS)
+
+    @classmethod
+    def open_store(cls, spark: SparkSession, logic: IntervalJoinLogic, store_root: str) -> LiveStateStore:
+        values = list(cls.VALUES)
+        return LiveStateStore(
+            spark, store_root, logic.keys, values, logic.state_schema, store_partitions(spark), whole_rows=True
+        )
+
+    @staticmethod
+    def start_rows(state: DataFrame) -> DataFrame:
+        return state
 
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
         return self.logic.pairs(left, right)
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
         logic, keys, et = self.logic, self.logic.keys, self.logic.event_time
         new_left, new_right = records[SOURCE_LABEL], records[RIGHT_LABEL]
         if new_left is None and new_right is None:
-            return
+            return state
+        store = self.store(spark)
+        version = self.start_version(spark, state)
         left_cols = [f.name for f in logic.fields(LEFT)]
         right_cols = [f.name for f in logic.fields(RIGHT)]
         new_left = None if new_left is None else new_left.select(*left_cols).persist()
         new_right = None if new_right is None else new_right.select(*right_cols).persist()
+        found = None
         try:
             news = [df.select(*keys) for df in (new_left, new_right) if df is not None]
-            touched = (news[0] if len(news) == 1 else news[0].unionByName(news[1])).distinct()
-            held = spark.read.format("delta").load(self.state_path).join(touched, keys)
+            touched = news[0] if len(news) == 1 else news[0].unionByName(news[1])
+            found = store.store.lookup(touched, version, None)
+            held = found.rows
             pairs = []
             if new_left is not None:
                 old_right = held.select(F.explode(RIGHT_ROWS).alias("_r")).select("_r.*")
@@ -81,39 +101,23 @@ class IntervalJoinStep:
                         F.col(et).alias(MAX_TS),
                     )
                 )
-            rows = lifted[0] if len(lifted) == 1 else lifted[0].unionByName(lifted[1])
-            grouped = rows.groupBy(*keys).agg(
-                F.flatten(F.collect_list(LEFT_ROWS)).alias(LEFT_ROWS),
-                F.flatten(F.collect_list(RIGHT_ROWS)).alias(RIGHT_ROWS),
+            # The keys' held rows and the batch's, each key's rows kept while the other input can still match them.
+            held_rows = held.select(*keys, LEFT_ROWS, RIGHT_ROWS, MAX_TS)
+            rows = reduce(DataFrame.unionByName, [held_rows, *lifted])
+            keep_left, keep_right = self._keep(watermarks)
+            replaced = rows.groupBy(*keys).agg(
+                F.expr(f"filter(flatten(collect_list({LEFT_ROWS})), {keep_left})").alias(LEFT_ROWS),
+                F.expr(f"filter(flatten(collect_list({RIGHT_ROWS})), {keep_right})").alias(RIGHT_ROWS),
                 F.max(MAX_TS).alias(MAX_TS),
             )
-            keep_left, keep_right = self._keep(watermarks)
-            with tables.idempotent_dml(spark, app("state"), batch):
-                (
-                    DeltaTable.forPath(spark, self.state_path)
-                    .alias("t")
-                    .merge(grouped.alias("s"), tables.key_match("t", "s", keys))
-                    .whenMatchedUpdate(
-                        set={
-                            LEFT_ROWS: f"filter(concat(t.{LEFT_ROWS}, s.{LEFT_ROWS}), {keep_left})",
-                            RIGHT_ROWS: f"filter(concat(t.{RIGHT_ROWS}, s.{RIGHT_ROWS}), {keep_right})",
-                            MAX_TS: f"greatest(t.{MAX_TS}, s.{MAX_TS})",
-                        }
-                    )
-                    .whenNotMatchedInsert(
-                        values={
-                            **{k: f"s.`{k}`" for k in keys},
-                            LEFT_ROWS: f"filter(s.{LEFT_ROWS}, {keep_left})",
-                            RIGHT_ROWS: f"filter(s.{RIGHT_ROWS}, {keep_right})",
-                            MAX_TS: f"s.{MAX_TS}",
-                        }
-                    )
-                    .execute()
-                )
+            store.store.replace(replaced, version).release()
         finally:
+            if found is not None:
+                found.release()
             for df in (new_left, new_right):
                 if df is not None:
                     df.unpersist()
+        return StatePosition(store.layout, version + 1)
 
     def _keep(self, watermarks: dict[str, int | None]) -> tuple[str, str]:
         """SQL lambdas: a left row is kept while a future right row (ts > the right watermark) can match it
@@ -133,4 +137,4 @@ class IntervalJoinKind(TwoInputKind):
     spec = IntervalJoin
     state_event_time = MAX_TS
     logic_class = IntervalJoinLogic
-    step_class = IntervalJoinStep
+    step_class = IntervalJoinStoreStep

@@ -8,7 +8,15 @@ from pyspark.sql import types as T
 
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, Pipeline
 from phases.lateness import watermark_after
-from phases.operators.base import HandoffCounts, OperatorKind, Watermarks, counted, observed, table_counts
+from phases.operators.base import (
+    HandoffCounts,
+    OperatorKind,
+    StoreStep,
+    Watermarks,
+    counted,
+    observed,
+    table_counts,
+)
 from phases.operators.join_logic import CoGroupLogic, TwoInputLogic
 
 
@@ -22,18 +30,24 @@ class TwoInputHandoff:
         state: DataFrame,
         inputs: list[DataFrame],
         input_rows: list[Observation],
+        logic: TwoInputLogic,
+        live: type[StoreStep],
     ):
         """``inputs``: both inputs' on-time records; ``input_rows`` their counts, observed as the writes of
-        ``out`` and ``state`` read them."""
+        ``out`` and ``state`` read them; ``live``: the live step, whose store gets the state as its version 1."""
         self.spark, self._inputs, self._input_rows = spark, inputs, input_rows
+        self.logic, self.live = logic, live
         self.state, self._state_rows = counted(state, "handoff state")
         self.out, self._sink_rows = counted(out, "handoff sink")
 
     def write_live_state(self, store_root: str) -> None:
-        pass  # the live phase works on the handoff's state table
+        """Version 1 of the run's state store, from the state table just written."""
+        state = self.spark.read.format("delta").load(self.state_path)
+        self.live.open_store(self.spark, self.logic, store_root).write_start(self.live.start_rows(state))
 
     def write_state(self, path: str) -> None:
         self.state.write.format("delta").mode("errorifexists").save(path)
+        self.state_path = path
 
     def write_sink(self, path: str) -> None:
         self.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
@@ -57,6 +71,9 @@ class TwoInputHandoff:
 class TwoInputKind(OperatorKind[TwoInputLogic]):
     """What the interval join and the co-group share (their models declare two inputs)."""
 
+    live_state_in_store = True
+    step_class: type[StoreStep]
+
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]):
         return self.logic_class(pipeline, schemas[0], schemas[1])
 
@@ -70,7 +87,8 @@ class TwoInputKind(OperatorKind[TwoInputLogic]):
             counted(t.prepared, f"{side} input") for t, side in zip(inputs, ("left", "right"), strict=True)
         )
         out, state = logic.backlog(left_in, right_in, wm[0], wm[1])
-        return TwoInputHandoff(spark, out, state, [left.prepared, right.prepared], [left_rows, right_rows])
+        inputs_read = [left.prepared, right.prepared]
+        return TwoInputHandoff(spark, out, state, inputs_read, [left_rows, right_rows], logic, self.step_class)
 
     def live_step(self, logic, state_path: str, sink_path: str, store_root: str):
-        return self.step_class(logic, state_path, sink_path)
+        return self.step_class(logic, state_path, sink_path, store_root)

@@ -65,8 +65,10 @@ class KeyedStore:
     the rows an update takes and returns are keys, start, end and values (``org.apache.spark.sql.phases.
     SessionStateStore``).
 
-    ``timers``: a value column of timers (array of long, epoch milliseconds) indexed in time order: process functions'
-    state rows (``TimerStateStore``), read with :meth:`lookup` and replaced with :meth:`replace`."""
+    ``whole_rows``: the rows are read with :meth:`lookup` and replaced whole with :meth:`replace` (their new values
+    computed outside the store: a process function's Python pass, an interval join's held rows; ``RowStateStore``);
+    ``timers``: such a store's value column of timers (array of long, epoch milliseconds), indexed in time order so
+    that a lookup finds the keys with a due timer without a scan."""
 
     def __init__(
         self,
@@ -79,18 +81,19 @@ class KeyedStore:
         run_id: str | None = None,
         order: str | None = None,
         sessions: tuple[str, str] | None = None,
+        whole_rows: bool = False,
         timers: str | None = None,
     ):
         self.spark, self.path, self.keys, self.values, self.partitions = spark, path, keys, values, partitions
-        self.timers = timers
+        self.whole_rows, self.timers = whole_rows or timers is not None, timers
         # One id per opening: Spark keeps a store's provider loaded in its executor under (store, run id), so the
         # next micro-batch finds the version it needs already in memory.
         self.run_id = run_id or str(uuid.uuid4())
         jvm = spark._jvm.org.apache.spark.sql.phases
         try:
-            if timers is not None:
+            if self.whole_rows:
                 self.order = None
-                self._store = jvm.TimerStateStore.open(
+                self._store = jvm.RowStateStore.open(
                     spark._jsparkSession, path, keys, values, timers, schema.json(), partitions, self.run_id
                 )
             elif sessions is not None:
@@ -124,10 +127,12 @@ class KeyedStore:
         return self._update(partials, combine, version, emit=False, close_at=close_at)
 
     def lookup(self, keys: DataFrame, version: int, due_at: int | None) -> StoreUpdate:
-        """A timer store's rows at ``version`` of the keys in ``keys`` and, unless ``due_at`` is None, of every key with
-        a timer due at it (epoch microseconds: a timer ``t`` ms is due when ``t * 1000 <= due_at``); cached until
+        """A whole-row store's rows at ``version`` of the keys in ``keys`` and, unless ``due_at`` is None, of every key
+        with a timer due at it (epoch microseconds: a timer ``t`` ms is due when ``t * 1000 <= due_at``); cached until
         released; nothing is committed (the result's version is ``version``)."""
-        self._need_timers("look keys up")
+        self._need_whole_rows("look keys up")
+        if due_at is not None and self.timers is None:
+            raise StateStoreError(f"the state store {self.path} has no timers column: no timer can be due")
         try:
             handle = self._store.lookup(keys._jdf, version, due_at)
         except (Py4JJavaError, PySparkException) as exc:
@@ -135,14 +140,16 @@ class KeyedStore:
         return StoreUpdate(DataFrame(handle.frame(), self.spark), int(handle.changedKeys()), version, handle)
 
     def replace(self, rows: DataFrame, version: int) -> StoreUpdate:
-        """A timer store's rows of the keys in ``rows`` (one per key) replaced at ``version`` (their timers' index
+        """A whole-row store's rows of the keys in ``rows`` (one per key) replaced at ``version`` (their timers' index
         entries too); commits ``version + 1``."""
-        self._need_timers("replace rows")
+        self._need_whole_rows("replace rows")
         return self._update(rows, [f"s.`{c}`" for c in self.values], version, emit=False)
 
-    def _need_timers(self, what: str) -> None:
-        if self.timers is None:
-            raise StateStoreError(f"the state store {self.path} has no timers column: it cannot {what}")
+    def _need_whole_rows(self, what: str) -> None:
+        if not self.whole_rows:
+            raise StateStoreError(
+                f"the state store {self.path} combines values, it does not keep whole rows: it cannot {what}"
+            )
 
     def write(self, state: DataFrame) -> StoreUpdate:
         """Writes version 1 from ``state`` (one row per key), whatever the store held."""
@@ -196,6 +203,7 @@ class LiveStateStore:
         partitions: int,
         order: str | None = None,
         sessions: tuple[str, str] | None = None,
+        whole_rows: bool = False,
         timers: str | None = None,
     ):
         self.spark, self.root, self.keys, self.values, self.partitions = spark, root, keys, values, partitions
@@ -207,6 +215,8 @@ class LiveStateStore:
             layout["order"] = order
         if sessions is not None:
             layout["sessions"] = list(sessions)
+        if whole_rows:
+            layout["whole_rows"] = True
         if timers is not None:
             layout["timers"] = timers
         described = json.dumps(layout, sort_keys=True)
@@ -221,6 +231,7 @@ class LiveStateStore:
             partitions,
             order=order,
             sessions=sessions,
+            whole_rows=whole_rows,
             timers=timers,
         )
 
@@ -266,6 +277,7 @@ class LiveStateStore:
             int(before["partitions"]),
             order=before.get("order"),
             sessions=tuple(before["sessions"]) if "sessions" in before else None,
+            whole_rows=bool(before.get("whole_rows")),
             timers=before.get("timers"),
         )
         self.write_start(old.read(position.version))

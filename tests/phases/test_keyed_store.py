@@ -268,6 +268,48 @@ def test_a_session_store_merges_a_keys_open_sessions_by_sparks_rule_and_closes_b
     assert _rows(reopened.read(4)) == []
 
 
+def test_a_timer_store_looks_up_the_batchs_keys_and_the_due_ones_and_replaces_their_timers(spark, tmp_path):
+    """Process functions' store: state rows by key, timers (epoch ms) in a time-ordered index. A lookup returns the
+    rows of the batch's keys (known ones) and of the keys with a timer due at the bound (microseconds), commits
+    nothing; a replace moves a key's index entries with its new timers, so an old timer is never due again."""
+    schema = spark.createDataFrame([], "key string, state string, timers array<bigint>, n long").schema
+    store = KeyedStore(spark, str(tmp_path / "t"), ["key"], ["state", "timers", "n"], schema, 3, timers="timers")
+    start = [("a", "{}", [5, 50], 1), ("b", None, [20], 1), ("c", "{}", [], 1), ("d", "{}", None, 1)]
+    store.write(spark.createDataFrame(start, schema)).release()
+    keys = spark.createDataFrame([("c",), ("zz",), ("c",)], "key string")
+
+    def looked_up(version, due_at):
+        found = store.lookup(keys, version, due_at)
+        rows = sorted((r["key"], tuple(r["timers"] or ())) for r in found.rows.collect())
+        assert (found.changed_keys, found.version) == (len(rows), version)
+        found.release()
+        return rows
+
+    assert looked_up(1, None) == [("c", ())]
+    assert looked_up(1, 19_999) == [("a", (5, 50)), ("c", ())]  # 20 ms is not due at 19,999 µs
+    assert looked_up(1, 20_000) == [("a", (5, 50)), ("b", (20,)), ("c", ())]
+    # a fired its 5 ms timer and set 60; b has none left. Its old entries go: a is due at 50 ms only by 50, not 5.
+    replaced = spark.createDataFrame([("a", "{}", [50, 60], 2), ("b", "{}", [], 2)], schema)
+    update = store.replace(replaced, 1)
+    assert update.version == 2
+    update.release()
+    assert looked_up(2, 49_999) == [("c", ())]
+    assert looked_up(2, 60_000) == [("a", (50, 60)), ("c", ())]
+    assert sorted(r["key"] for r in store.read(2).collect()) == ["a", "b", "c", "d"]
+    with pytest.raises(StateStoreError, match="does not keep whole rows"):
+        _open(spark, tmp_path / "keyed").lookup(keys, 0, None)
+    # Without a timers column (an interval join's held rows): lookups of the batch's keys only.
+    plain = KeyedStore(spark, str(tmp_path / "r"), ["key"], ["state", "timers", "n"], schema, 2, whole_rows=True)
+    plain.write(spark.createDataFrame(start, schema)).release()
+    found = plain.lookup(keys, 1, None)
+    assert [r["key"] for r in found.rows.collect()] == ["c"]
+    found.release()
+    plain.replace(spark.createDataFrame([("c", "x", None, 5)], schema), 1).release()
+    assert sorted((r["key"], r["n"]) for r in plain.read(2).collect()) == [("a", 1), ("b", 1), ("c", 5), ("d", 1)]
+    with pytest.raises(StateStoreError, match="no timers column"):
+        plain.lookup(keys, 2, 10)
+
+
 def test_a_version_the_store_never_wrote_is_a_state_store_error(spark, tmp_path):
     store = _open(spark, tmp_path / "store")
     store.write(_partials(spark, [("a", 1, 1, None)])).release()

@@ -1,15 +1,16 @@
 /*
- * Process functions' live state in Spark's state store (RocksDB, changelog checkpointing, two column families):
+ * Whole state rows by key in Spark's state store (RocksDB, changelog checkpointing), for operators whose new state
+ * is computed outside the store (a process function's Python pass, an interval join's held rows):
  *
- * - the default family: key -> the key's state row (the user's state as JSON, its pending timers, counters);
- * - "timers": (timer, key) -> a marker, stored in the order of the timer (epoch milliseconds; Spark's range-scan
- *   key encoding): the keys whose timers a watermark makes due are read from the start of each partition until the
- *   first later timer, not by a scan of every key's state.
+ * - the default family: key -> the key's state row;
+ * - with a timers column (process functions): "timers": (timer, key) -> a marker, stored in the order of the timer
+ *   (epoch milliseconds; Spark's range-scan key encoding): the keys whose timers a watermark makes due are read from
+ *   the start of each partition until the first later timer, not by a scan of every key's state.
  *
- * The user's function runs in Python, between two passes over the store: lookup() returns the state rows of the
- * batch's keys and of the keys with a due timer (nothing committed); the pass computes their new state rows;
- * update() replaces those rows (and their timers' index entries) and commits the next version. A replay loads the
- * same version again, so it looks up and writes the same rows.
+ * A micro-batch makes two passes over the store: lookup() returns the rows of the batch's keys (and of the keys
+ * with a due timer), committing nothing; the caller computes their new rows; update() replaces those rows (and
+ * their timers' index entries) and commits the next version. A replay loads the same version again, so it looks up
+ * and writes the same rows.
  */
 package org.apache.spark.sql.phases
 
@@ -29,9 +30,10 @@ import org.apache.spark.storage.StorageLevel
 
 /**
  * The store at `checkpoint` (Spark's layout), `partitions` partitions by the hash of the key columns. Rows: key
- * columns, then value columns; `timersColumn` (a value column, array of long: epoch milliseconds) is indexed.
+ * columns, then value columns; `timersColumn` (a value column, array of long: epoch milliseconds; or null) is
+ * indexed.
  */
-class TimerStateStore(
+class RowStateStore(
     spark: ClassicSession,
     val checkpoint: String,
     val keyColumns: Array[String],
@@ -44,9 +46,10 @@ class TimerStateStore(
   require(partitions > 0, s"partitions must be positive, got $partitions")
   private val missing = (keyColumns ++ valueColumns).filterNot(schema.fieldNames.contains)
   require(missing.isEmpty, s"columns ${missing.mkString(", ")} are not in ${schema.simpleString}")
-  require(valueColumns.contains(timersColumn), s"the timers column $timersColumn is not a value column")
-  require(schema(timersColumn).dataType.isInstanceOf[ArrayType] &&
-    schema(timersColumn).dataType.asInstanceOf[ArrayType].elementType == LongType,
+  private val timed = timersColumn != null
+  require(!timed || valueColumns.contains(timersColumn), s"the timers column $timersColumn is not a value column")
+  require(!timed || (schema(timersColumn).dataType.isInstanceOf[ArrayType] &&
+    schema(timersColumn).dataType.asInstanceOf[ArrayType].elementType == LongType),
     s"the timers column $timersColumn must be an array of long, not ${schema(timersColumn).dataType.simpleString}")
 
   val keySchema: StructType = StructType(keyColumns.map(schema(_)))
@@ -71,13 +74,16 @@ class TimerStateStore(
       f: (StateStore, Iterator[InternalRow]) => Iterator[InternalRow]) = {
     val session = if (version == 0L) writeOnceSession else storeSession
     val routed = StoreSupport.routed(rows, columns, keyColumns.toIndexedSeq, partitions, checkpoint)
-    val timers = TimerStateStore.Timers
-    val (timerKeys, markers) = (timerKeySchema, markerSchema)
+    val timers = RowStateStore.Timers
+    val (timerKeys, markers, withTimers) = (timerKeySchema, markerSchema, timed)
     routed.mapPartitionsWithStateStore(
       stateInfo(version), keySchema, valueSchema, NoPrefixKeyStateEncoderSpec(keySchema), session.sessionState,
-      Some(session.streams.stateStoreCoordinator), useColumnFamilies = true) { (state: StateStore, it: Iterator[InternalRow]) =>
-      state.createColFamilyIfAbsent(timers, timerKeys, markers, RangeKeyScanStateEncoderSpec(timerKeys, Seq(0)))
-      f(state, it)
+      Some(session.streams.stateStoreCoordinator), useColumnFamilies = withTimers) {
+      (state: StateStore, it: Iterator[InternalRow]) =>
+        if (withTimers) {
+          state.createColFamilyIfAbsent(timers, timerKeys, markers, RangeKeyScanStateEncoderSpec(timerKeys, Seq(0)))
+        }
+        f(state, it)
     }
   }
 
@@ -95,9 +101,10 @@ class TimerStateStore(
   def lookup(keys: DataFrame, version: Long, dueAtOrBelow: java.lang.Long): StoreUpdate = {
     val keyTypes = keySchema.fields.map(_.dataType).toIndexedSeq
     val rowTypes = rowSchema.fields.map(_.dataType).toIndexedSeq
+    require(dueAtOrBelow == null || timed, s"state store $checkpoint has no timers to be due")
     val due = dueAtOrBelow != null
     val boundMs: Long = if (due) Math.floorDiv(dueAtOrBelow.longValue(), 1000L) else Long.MinValue
-    val timers = TimerStateStore.Timers
+    val timers = RowStateStore.Timers
     val rdd = inStore(keys, keyColumns.toIndexedSeq, version) { (state, input) =>
       val keyOf = StoreSupport.columns(keyTypes, 0)
       val keyOfTimer = StoreSupport.columns(keyTypes, 1)
@@ -142,8 +149,8 @@ class TimerStateStore(
     val nK = keyColumns.length
     val keyTypes = keySchema.fields.map(_.dataType).toIndexedSeq
     val valueTypes = valueSchema.fields.map(_.dataType).toIndexedSeq
-    val timers = TimerStateStore.Timers
-    val (timerKeys, markers, at) = (timerKeySchema, markerSchema, timersAt)
+    val timers = RowStateStore.Timers
+    val (timerKeys, markers, at, withTimers) = (timerKeySchema, markerSchema, timersAt, timed)
     val rdd = inStore(rows, rowSchema.fieldNames.toIndexedSeq, version) { (state, input) =>
       val keyOf = StoreSupport.columns(keyTypes, 0)
       val valueOf = StoreSupport.columns(valueTypes, nK)
@@ -153,11 +160,11 @@ class TimerStateStore(
       val joined = new JoinedRow()
       def timerKey(ms: Long, key: UnsafeRow): UnsafeRow = { one.setLong(0, ms); toTimerKey(joined(one, key)) }
       def timersOf(value: UnsafeRow): Seq[Long] =
-        if (value.isNullAt(at)) Nil else value.getArray(at).toLongArray().toSeq
+        if (!withTimers || value.isNullAt(at)) Nil else value.getArray(at).toLongArray().toSeq
       input.foreach { row =>
         val key = keyOf(row).copy()
         val value = valueOf(row)
-        if (version > 0L) {
+        if (version > 0L && withTimers) {
           val before = state.get(key)
           if (before != null) timersOf(before).foreach(ms => state.remove(timerKey(ms, key), timers))
         }
@@ -189,10 +196,10 @@ class TimerStateStore(
   }
 }
 
-object TimerStateStore {
+object RowStateStore {
   val Timers = "timers"
 
-  /** From Python: `spark._jsparkSession`, the rows' schema as JSON. */
+  /** From Python: `spark._jsparkSession`, the rows' schema as JSON, `timersColumn` null for none. */
   def open(
       spark: org.apache.spark.sql.SparkSession,
       checkpoint: String,
@@ -201,9 +208,9 @@ object TimerStateStore {
       timersColumn: String,
       schemaJson: String,
       partitions: Int,
-      runId: String): TimerStateStore = {
+      runId: String): RowStateStore = {
     val schema = org.apache.spark.sql.types.DataType.fromJson(schemaJson).asInstanceOf[StructType]
-    new TimerStateStore(spark.asInstanceOf[ClassicSession], checkpoint, keyColumns.asScala.toArray,
+    new RowStateStore(spark.asInstanceOf[ClassicSession], checkpoint, keyColumns.asScala.toArray,
       valueColumns.asScala.toArray, timersColumn, schema, partitions, runId)
   }
 }
