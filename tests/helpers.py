@@ -114,23 +114,14 @@ def assert_grouped_by_key(partitions: list[list]) -> None:
 
 
 def crash_on_state_write(monkeypatch, message: str) -> None:
-    """Makes the live phase's next state write raise ``RuntimeError(message)`` (everything written before it in the
-    micro-batch is committed): a state MERGE/DELETE on Delta, or a process function's replacement of its keys' rows
-    in the state store; ``monkeypatch.undo()`` ends it."""
-    import phases.live.micro_batch as engine
+    """Makes the live phase's next replacement of its keys' rows in the state store (a process function's, an interval
+    join's) raise ``RuntimeError(message)``; everything written before it in the micro-batch is committed.
+    ``monkeypatch.undo()`` ends it."""
     from phases.storage.keyed_store import KeyedStore
-
-    real = engine.tables.idempotent_dml
-
-    def crash_before_state(spark_, app_id, version, **kwargs):
-        if app_id.endswith(":state"):
-            raise RuntimeError(message)
-        return real(spark_, app_id, version, **kwargs)
 
     def crash_before_store_write(self, rows, version):
         raise RuntimeError(message)
 
-    monkeypatch.setattr(engine.tables, "idempotent_dml", crash_before_state)
     monkeypatch.setattr(KeyedStore, "replace", crash_before_store_write)
 
 

@@ -101,9 +101,8 @@ class IncrementalLive:
         quarantine.ensure(spark, p.locations.quarantine)
         changelog.ensure_sink(spark, p, self.logic.output_schema)
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
-        if p.maintenance.auto_compact:  # on the tables every micro-batch rewrites (not a handoff's record)
-            rewritten = [p.sink.path] if self.kind.live_state_in_store else [self.state_path, p.sink.path]
-            maintenance.enable_auto_compaction(spark, *rewritten)
+        if p.maintenance.auto_compact:  # on the table every micro-batch rewrites (not the handoff's state table)
+            maintenance.enable_auto_compaction(spark, p.sink.path)
         # The switch's record: the live phase's immediate checkpoint. A run started before the log was a folder of
         # files kept its progress in a Delta table: it goes on from that table's last row.
         legacy = old_layouts.progress_table_record(spark, self.plan.paths.run_root)
@@ -116,6 +115,23 @@ class IncrementalLive:
         self.base, self.query_folder = resume.base, resume.folder
         self._resumed_from = Progress.from_record(resume.record)
         self._progress = {}
+        if self._resumed_from.state_layout is None:
+            self._refuse_a_delta_state_batch_in_flight(resume.latest_id)
+
+    def _refuse_a_delta_state_batch_in_flight(self, latest_id: int) -> None:
+        """A run begun by an engine that kept this kind's live state in the state table on Delta goes on with the
+        state store, whose version 1 is written from that table. A micro-batch that wrote the table but not its
+        progress record cannot be replayed on the store: the table already holds it."""
+        wrote = live_resume.live_writes(self.spark, self.state_path, self.pipeline.name, self.run_name)
+        if wrote is not None and wrote > latest_id:
+            raise PhaseStateError(
+                f"live run {self.run_name} of {self.pipeline.name!r}: its state table {self.state_path} holds the "
+                f"writes of micro-batch {wrote}, but its progress log ends at micro-batch {latest_id}. The run was "
+                "begun by an engine version that kept the live state on Delta and stopped inside a micro-batch; this "
+                "version keeps it in the run's state store and cannot replay that micro-batch. Finish it with the "
+                "engine version that began it (one restart), or start over from the backlog with "
+                "BacklogRunner(spark, pipeline).run(reset=True)"
+            )
 
     def _way_out(self) -> str:
         return live_resume.way_out(self.pipeline.name, self.checkpoints, self.progress_log.root)

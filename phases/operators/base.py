@@ -105,9 +105,9 @@ class LiveStep(Protocol):
     names the Delta transaction), and what the sink gets is read back from the state after the state write
     or written before it from the state before it, so a replayed batch writes exactly what the first did.
 
-    A step whose state is in the run's state store gets the position the previous progress record names
-    (``state``; None: the handoff's state) and returns the position after the batch, which the batch's progress
-    record names; a step whose state is a Delta table returns None."""
+    Every kind's live state is in the run's state store (:class:`StoreStep`; the handoff's state table stays as
+    written): a step gets the position the previous progress record names (``state``; None: the handoff's state,
+    not in the store yet) and returns the position after the batch, which the batch's progress record names."""
 
     def apply_inputs(
         self,
@@ -133,8 +133,6 @@ class OperatorKind(ABC, Generic[Logic]):
     over (increments), steps through a live micro-batch and takes up a source's schema change."""
 
     spec: ClassVar[type[OperatorModel]]  # the definition model of the operator this kind runs
-    # The live state is in the run's state store (Spark's): the handoff's state table is then never rewritten.
-    live_state_in_store: ClassVar[bool] = False
     per_record_watermarks: ClassVar[bool] = True  # reads each record's W(v) (``_watermark_us``): timers
     state_event_time: ClassVar[str | None] = None  # the state column of each row's greatest event time, if any
 
@@ -216,35 +214,16 @@ class OperatorKind(ABC, Generic[Logic]):
         return {}
 
 
-class OneInputStep:
-    """A single-input operator's live step: ``apply`` gets the source's on-time records."""
-
-    def apply_inputs(
-        self,
-        spark: SparkSession,
-        records: dict[str, DataFrame | None],
-        watermarks: Watermarks,
-        closing_us: int | None,
-        batch: int,
-        app,
-        state: StatePosition | None = None,
-    ) -> StatePosition | None:
-        self.apply(spark, records[SOURCE_LABEL], closing_us, batch, app)
-        return None
-
-    def apply(self, spark: SparkSession, records: DataFrame | None, closing_us: int | None, batch: int, app) -> None:
-        raise NotImplementedError
-
-
 def store_partitions(spark: SparkSession) -> int:
     """A live state store's partitions: as many as the session shuffles into."""
     return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
-class StoreStep(OneInputStep):
+class StoreStep:
     """A live step whose state is in the run's state store: how the store is laid out (:meth:`open_store`) and how the
     handoff's state table becomes its version 1 (:meth:`start_rows`), for the backlog's write ahead of the switch
-    and for a live start that finds no version 1 (a streaming-only run)."""
+    and for a live start that finds no version 1 (a streaming-only run). Each kind's step implements
+    :meth:`LiveStep.apply_inputs`."""
 
     def __init__(self, logic, state_path: str, sink_path: str, store_root: str):
         self.logic, self.state_path, self.sink_path, self.store_root = logic, state_path, sink_path, store_root

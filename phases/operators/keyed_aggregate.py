@@ -45,8 +45,8 @@ class AggregationHandoff:
         logic: KeyedAggregationLogic,
         state: DataFrame,
         watermark_us: int | None,
-        base: HandoffManifest | None = None,
-        live: type[AggregationStoreStep] | None = None,
+        base: HandoffManifest | None,
+        live: type[AggregationStoreStep],
     ):
         self.spark, self.logic, self.watermark, self.base, self.live = spark, logic, watermark_us, base, live
         self.windowed = isinstance(logic, WindowedAggregationLogic)
@@ -70,10 +70,7 @@ class AggregationHandoff:
             self.keys, self.rows_merged = int(metrics["rows"]), int(metrics["merged"] or 0)
 
     def write_live_state(self, store_root: str) -> None:
-        """Version 1 of the run's state store, from the state table just written (a kind whose live state is a Delta
-        table: nothing)."""
-        if self.live is None:
-            return
+        """Version 1 of the run's state store, from the state table just written."""
         state = self.spark.read.format("delta").load(self.state_path)
         self.live.open_store(self.spark, self.logic, store_root).write_start(self.live.start_rows(state))
 
@@ -211,7 +208,6 @@ class AggregationPieces:
 
 class KeyedAggregateKind(OperatorKind[KeyedAggregationLogic]):
     spec = KeyedAggregate
-    live_state_in_store = True
     state_event_time = MAX_TS
     per_record_watermarks = False  # lateness only; windows close on the final watermark
     logic_class = KeyedAggregationLogic
@@ -242,8 +238,7 @@ class KeyedAggregateKind(OperatorKind[KeyedAggregationLogic]):
     ) -> AggregationHandoff:
         """The handoff of merged buffers: a whole backlog, an increment on top of ``base``, or slices."""
         watermark = watermark_after(max_us, pipeline.delay_us)
-        live = self.step_class if self.live_state_in_store else None
-        return AggregationHandoff(spark, logic, state, watermark, base, live=live)
+        return AggregationHandoff(spark, logic, state, watermark, base, live=self.step_class)
 
     def live_step(self, logic, state_path: str, sink_path: str, store_root: str):
         return self.step_class(logic, state_path, sink_path, store_root)

@@ -121,7 +121,6 @@ class ProcessStoreStep(StoreStep):
 
 class ProcessKind(OperatorKind[ProcessLogic]):
     spec = ProcessOperator
-    live_state_in_store = True
     state_event_time = MAX_TS
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> ProcessLogic:

@@ -71,7 +71,6 @@ class TwoInputHandoff:
 class TwoInputKind(OperatorKind[TwoInputLogic]):
     """What the interval join and the co-group share (their models declare two inputs)."""
 
-    live_state_in_store = True
     step_class: type[StoreStep]
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]):

@@ -243,8 +243,9 @@ def test_two_input_definitions_are_validated(tmp_path):
 
 
 def test_a_join_batch_that_dies_after_its_pairs_before_its_state_is_replayed_exactly_once(spark, tmp_path, monkeypatch):
-    """The micro-batch appended its pairs, then died before its state MERGE: the restart joins against the
-    same state again, Delta skips the second append, and later rows still meet the rows of that batch."""
+    """The micro-batch appended its pairs, then died before its keys' held rows were replaced in the state store: the
+    restart joins against the same store version again, Delta skips the second append, and later rows still meet
+    the rows of that batch."""
     left_src, right_src = str(tmp_path / "left"), str(tmp_path / "right")
     write_source(spark, left_src, {1: [("a", 10 * SECOND, 1)]})
     write_source(spark, right_src, {1: [("b", 10 * SECOND, 2)]})
