@@ -85,6 +85,10 @@ def markdown(results: dict) -> str:
         lines += _live_lines(results["live"])
     if results.get("live") and results.get("live_peers"):
         lines += _live_peer_lines(results["live"], results["live_peers"])
+    if results.get("live_kinds"):
+        from benchmarks import live_kinds
+
+        lines += live_kinds.lines(results["live_kinds"])
     if results.get("live_kafka"):
         lines += _live_lines(results["live_kafka"], "Kafka topic (3 partitions, JSON); Kafka timestamp → sink commit")
     if results.get("kafka_backlog"):

@@ -23,6 +23,7 @@ from benchmarks import (
     join_variants,
     kafka_backlog,
     live,
+    live_kinds,
     live_peers,
     memory,
     process_variants,
@@ -320,7 +321,7 @@ def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> lis
 
 PARTS = (
     "keyed reduce", "wordcount", "keyed process", "interval join", "low-cardinality join", "growth", "live",
-    "live-kafka", "kafka-backlog", "spill",
+    "live-kinds", "live-kafka", "kafka-backlog", "spill",
 )  # fmt: skip
 
 
@@ -429,6 +430,9 @@ def main() -> None:
         if "live" in only:
             results["live"] = run_live(spark, work, args.live_keys, args.quick)
             results["live_peers"] = run_live_peers(spark, work, args.live_keys, args.quick)
+        if "live-kinds" in only:
+            keys = min(int(k) for k in (args.live_keys or ("2000" if args.quick else "1000000")).split(","))
+            results["live_kinds"] = live_kinds.measure(spark, work, keys=keys, batches=3 if args.quick else 6)
         if "live-kafka" in only:
             results["live_kafka"] = run_live_kafka(spark, work, args.live_keys, args.quick)
         if "kafka-backlog" in only:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from delta.tables import DeltaTable
-from pyspark import InheritableThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -68,57 +66,17 @@ def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dic
     row.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
 
-_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-
-
 @contextmanager
-def idempotent_dml(spark: SparkSession, app_id: str, version: int, *, tag: str | None = None) -> Iterator[None]:
+def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
     """Delta skips a DML statement (MERGE, DELETE) whose (app id, version) it has already committed on that
-    table (the pair is recorded per table: statements on different tables may share it). ``tag`` is written
-    as the commits' ``userMetadata`` (see :func:`recent_commits`)."""
+    table (the pair is recorded per table: statements on different tables may share it)."""
     spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
     spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
-    if tag is not None:
-        spark.conf.set(_USER_METADATA, tag)
     try:
         yield
     finally:
         spark.conf.unset("spark.databricks.delta.write.txnAppId")
         spark.conf.unset("spark.databricks.delta.write.txnVersion")
-        if tag is not None:
-            spark.conf.unset(_USER_METADATA)
-
-
-@dataclass(frozen=True)
-class Commit:
-    version: int
-    user_metadata: str | None
-
-
-def recent_commits(spark: SparkSession, path: str, n: int = 10) -> list[Commit]:
-    """The table's newest ``n`` commits, newest first (from its log: no Spark job)."""
-    rows = DeltaTable.forPath(spark, path).history(n).select("version", "userMetadata").collect()
-    return [Commit(int(r["version"]), r["userMetadata"]) for r in rows]
-
-
-def concurrently(*actions: Callable[[], object]) -> None:
-    """Runs the actions in threads that carry the caller's Spark job properties (job group, scheduler pool),
-    so that their Spark jobs share the cores; re-raises the first failure once all have ended."""
-    errors: list[BaseException] = []
-
-    def run(action: Callable[[], object]) -> None:
-        try:
-            action()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            errors.append(exc)
-
-    threads = [InheritableThread(target=run, args=(a,)) for a in actions]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def replace_rows(spark: SparkSession, path: str, rows: DataFrame, keys: list[str]) -> None:

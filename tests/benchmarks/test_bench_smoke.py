@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import data, kafka_backlog, live, live_peers, report
+from benchmarks import data, kafka_backlog, live, live_kinds, live_peers, report
 from benchmarks.run import (
     run_join_workload,
     run_low_cardinality_join,
@@ -45,6 +45,7 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
         )
         for mode in live_peers.SINK_MODES
     ]  # fmt: skip
+    results["live_kinds"] = live_kinds.measure(spark, tmp_path, keys=200, batches=2, rows=50)
     results["kafka_backlog"] = kafka_backlog.measure(
         spark, tmp_path, 3_000, 300, versions=3, runs=1, version_chunks=False
     )
@@ -84,6 +85,10 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     expected = spark.read.format("delta").load(str(tmp_path / "live_plain_merge_200" / "source")).groupBy("key").count()
     assert merged.join(expected, "key").filter("n != count").count() == 0 and merged.count() == expected.count()
     assert "live phase beside plain Spark" in md.read_text()
+    kinds = loaded["live_kinds"]
+    assert [k["kind"] for k in kinds] == list(live_kinds.KINDS)
+    assert all(k["micro_batch_s"] > 0 and len(k["micro_batches_s"]) == 2 for k in kinds)
+    assert "live phase per operator kind" in md.read_text()
     assert loaded["spill"]["equal"] is True, loaded["spill"]
     kb = loaded["kafka_backlog"]
     assert kb["delta"][0]["input_rows"] == kb["kafka"][0]["input_rows"] == 3_000

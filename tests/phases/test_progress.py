@@ -22,7 +22,19 @@ def _slow_job(spark, path: str) -> None:
 def _source(spark, tmp_path) -> str:
     path = str(tmp_path / "src")
     append_version(spark, path, [(f"k{i}", i * S, i) for i in range(16)], files=8)
+    _idle(spark)
     return path
+
+
+def _idle(spark, timeout_s: float = 120) -> None:
+    """Waits until the shared session runs no stage: a job an earlier test left running in the background (seen once:
+    a 2-task stage of another pipeline's backlog step, active for seconds) would be the newest stage the reporter
+    shows instead of this test's."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while spark.sparkContext._jsc.sc().statusStore().activeStages().size() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def test_a_running_job_is_reported_with_its_step_stage_tasks_and_rows(spark, tmp_path):

@@ -8,21 +8,17 @@
  */
 package org.apache.spark.sql.phases
 
-import java.util.UUID
 
 import scala.collection.mutable.ArrayBuffer
 import scala.jdk.CollectionConverters._
 
 import org.apache.spark.rdd.RDD
-import org.apache.spark.sql.{DataFrame, Row}
+import org.apache.spark.sql.DataFrame
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Expression, GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
-import org.apache.spark.sql.catalyst.plans.logical.Project
-import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
+import org.apache.spark.sql.classic.{SparkSession => ClassicSession}
 import org.apache.spark.sql.execution.streaming.state._
-import org.apache.spark.sql.functions.col
-import org.apache.spark.sql.types.{StructField, StructType}
+import org.apache.spark.sql.types.StructType
 import org.apache.spark.storage.StorageLevel
 
 /** What one update of the store produced: the changed keys' new rows (cached until released) and counts. */
@@ -46,16 +42,15 @@ class StoreUpdate(
  * partition until the first greater one (windows by their end), not by a scan of the whole store.
  */
 class KeyedStateStore(
-    spark: ClassicSession,
-    val checkpoint: String,
+    session: ClassicSession,
+    path: String,
     val keyColumns: Array[String],
     val valueColumns: Array[String],
     val schema: StructType,
-    val partitions: Int,
+    storePartitions: Int,
     runId: String,
-    val orderColumn: String) extends Serializable {
+    val orderColumn: String) extends StoreBase(session, path, storePartitions, runId) {
 
-  require(partitions > 0, s"partitions must be positive, got $partitions")
   private val missing = (keyColumns ++ valueColumns).filterNot(schema.fieldNames.contains)
   require(missing.isEmpty, s"columns ${missing.mkString(", ")} are not in ${schema.simpleString}")
   /** The ordinal of the order column among the key columns (-1: none). */
@@ -69,21 +64,10 @@ class KeyedStateStore(
   val valueSchema: StructType = StructType(valueColumns.map(schema(_)))
   /** The rows update() takes and returns: keys, then values. */
   val rowSchema: StructType = StructType(keySchema.fields ++ valueSchema.fields)
-  private val queryRunId = UUID.fromString(runId)
-
-  @transient private lazy val storeSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = false)
-  @transient private lazy val writeOnceSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = true)
 
   private def encoderSpec: KeyStateEncoderSpec =
     if (orderOrdinal < 0) NoPrefixKeyStateEncoderSpec(keySchema)
     else RangeKeyScanStateEncoderSpec(keySchema, Seq(orderOrdinal))
-
-  private def stateInfo(version: Long): StatefulOperatorStateInfo = {
-    // Executors keep a provider per (store, run id) with the settings it was created with: version 1's write
-    // (unloaded on commit) must not share one with the live updates.
-    val runId = if (version == 0L) UUID.randomUUID() else queryRunId
-    StatefulOperatorStateInfo(checkpoint, runId, 0L, version, partitions, None, None)
-  }
 
   /**
    * Combines `partials` (keys + values; several rows of a key combine in turn) into the store at `version` and commits
@@ -115,7 +99,7 @@ class KeyedStateStore(
     val keyTypes = keySchema.fields.map(_.dataType)
     val valueTypes = valueSchema.fields.map(_.dataType)
     val rowTypes = rowSchema.fields.map(_.dataType)
-    val store = if (version == 0L) writeOnceSession else storeSession
+    val store = sessionFor(version)
     val routed = StoreSupport.routed(partials, rowSchema.fieldNames.toIndexedSeq, keyColumns.toIndexedSeq, partitions,
       checkpoint)
     val rdd = routed.mapPartitionsWithStateStore(
@@ -174,7 +158,7 @@ class KeyedStateStore(
   def read(version: Long): DataFrame = {
     val keyTypes = keySchema.fields.map(_.dataType)
     val nothing = spark.sparkContext.parallelize(Seq.empty[InternalRow], partitions)
-    val store = storeSession
+    val store = sessionFor(version)
     val rdd = nothing.mapPartitionsWithStateStore(
       stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
       Some(store.streams.stateStoreCoordinator)) { (state: StateStore, _: Iterator[InternalRow]) =>

@@ -14,7 +14,6 @@
  */
 package org.apache.spark.sql.phases
 
-import java.util.UUID
 
 import scala.collection.mutable.ArrayBuffer
 import scala.jdk.CollectionConverters._
@@ -23,7 +22,6 @@ import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.classic.{SparkSession => ClassicSession}
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.{ArrayType, BooleanType, LongType, StructField, StructType}
 import org.apache.spark.storage.StorageLevel
@@ -34,16 +32,15 @@ import org.apache.spark.storage.StorageLevel
  * indexed.
  */
 class RowStateStore(
-    spark: ClassicSession,
-    val checkpoint: String,
+    session: ClassicSession,
+    path: String,
     val keyColumns: Array[String],
     val valueColumns: Array[String],
     val timersColumn: String,
     val schema: StructType,
-    val partitions: Int,
-    runId: String) extends Serializable {
+    storePartitions: Int,
+    runId: String) extends StoreBase(session, path, storePartitions, runId) {
 
-  require(partitions > 0, s"partitions must be positive, got $partitions")
   private val missing = (keyColumns ++ valueColumns).filterNot(schema.fieldNames.contains)
   require(missing.isEmpty, s"columns ${missing.mkString(", ")} are not in ${schema.simpleString}")
   private val timed = timersColumn != null
@@ -59,20 +56,11 @@ class RowStateStore(
   private val timersAt = valueColumns.indexOf(timersColumn)
   private val timerKeySchema = StructType(StructField("_timer_ms", LongType, nullable = false) +: keySchema.fields)
   private val markerSchema = StructType(Seq(StructField("due", BooleanType)))
-  private val queryRunId = UUID.fromString(runId)
-
-  @transient private lazy val storeSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = false)
-  @transient private lazy val writeOnceSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = true)
-
-  private def stateInfo(version: Long): StatefulOperatorStateInfo = {
-    val runId = if (version == 0L) UUID.randomUUID() else queryRunId // as KeyedStateStore's
-    StatefulOperatorStateInfo(checkpoint, runId, 0L, version, partitions, None, None)
-  }
 
   /** Runs `f` in each store partition over `rows`' `columns` (routed by the key columns) at `version`. */
   private def inStore(rows: DataFrame, columns: Seq[String], version: Long)(
       f: (StateStore, Iterator[InternalRow]) => Iterator[InternalRow]) = {
-    val session = if (version == 0L) writeOnceSession else storeSession
+    val session = sessionFor(version)
     val routed = StoreSupport.routed(rows, columns, keyColumns.toIndexedSeq, partitions, checkpoint)
     val timers = RowStateStore.Timers
     val (timerKeys, markers, withTimers) = (timerKeySchema, markerSchema, timed)

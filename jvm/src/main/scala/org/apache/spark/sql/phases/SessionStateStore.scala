@@ -14,7 +14,6 @@
  */
 package org.apache.spark.sql.phases
 
-import java.util.UUID
 
 import scala.collection.mutable.ArrayBuffer
 import scala.jdk.CollectionConverters._
@@ -23,7 +22,6 @@ import org.apache.spark.sql.DataFrame
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.classic.{SparkSession => ClassicSession}
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.{BooleanType, LongType, StructField, StructType}
 import org.apache.spark.storage.StorageLevel
@@ -45,17 +43,16 @@ private final class MergedSession(first: OpenSession) {
  * update() takes and returns: group columns, `startColumn`, `endColumn`, value columns (`schema` has them all).
  */
 class SessionStateStore(
-    spark: ClassicSession,
-    val checkpoint: String,
+    session: ClassicSession,
+    path: String,
     val groupColumns: Array[String],
     val startColumn: String,
     val endColumn: String,
     val valueColumns: Array[String],
     val schema: StructType,
-    val partitions: Int,
-    runId: String) extends Serializable {
+    storePartitions: Int,
+    runId: String) extends StoreBase(session, path, storePartitions, runId) {
 
-  require(partitions > 0, s"partitions must be positive, got $partitions")
   private val missing = (groupColumns ++ Seq(startColumn, endColumn) ++ valueColumns).filterNot(schema.fieldNames.contains)
   require(missing.isEmpty, s"columns ${missing.mkString(", ")} are not in ${schema.simpleString}")
   Seq(startColumn, endColumn).foreach { c =>
@@ -71,20 +68,11 @@ class SessionStateStore(
   private val sessionValueSchema = StructType(schema(endColumn) +: valueSchema.fields)
   private val byEndKeySchema = StructType(schema(endColumn) +: sessionKeySchema.fields)
   private val markerSchema = StructType(Seq(StructField("open", BooleanType)))
-  private val queryRunId = UUID.fromString(runId)
-
-  @transient private lazy val storeSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = false)
-  @transient private lazy val writeOnceSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = true)
-
-  private def stateInfo(version: Long): StatefulOperatorStateInfo = {
-    val runId = if (version == 0L) UUID.randomUUID() else queryRunId // as KeyedStateStore's
-    StatefulOperatorStateInfo(checkpoint, runId, 0L, version, partitions, None, None)
-  }
 
   /** Runs `f` in each store partition over `rows` (routed by the group columns) at `version`. */
   private def inStore(rows: DataFrame, version: Long)(
       f: (StateStore, Iterator[InternalRow]) => Iterator[InternalRow]) = {
-    val session = if (version == 0L) writeOnceSession else storeSession
+    val session = sessionFor(version)
     val routed = StoreSupport.routed(rows, rowSchema.fieldNames.toIndexedSeq, groupColumns.toIndexedSeq, partitions,
       checkpoint)
     val byEnd = SessionStateStore.ByEnd

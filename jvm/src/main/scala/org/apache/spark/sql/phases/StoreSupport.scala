@@ -4,12 +4,15 @@
  */
 package org.apache.spark.sql.phases
 
+import java.util.UUID
+
 import org.apache.spark.rdd.RDD
 import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, Expression, UnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.logical.Project
 import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
+import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.functions.col
 import org.apache.spark.sql.types.{DataType, StructField, StructType}
 
@@ -69,4 +72,31 @@ object StoreSupport {
   def columns(types: Seq[DataType], from: Int): UnsafeProjection =
     UnsafeProjection.create(types.zipWithIndex.map { case (t, i) =>
       BoundReference(from + i, t, nullable = true): Expression })
+}
+
+/**
+ * What every store of the engine is: Spark's layout under `checkpoint` (operator 0), `partitions` partitions, the
+ * run id its providers are kept loaded under, and the sessions whose SQL conf its tasks read.
+ */
+abstract class StoreBase(
+    @transient protected val spark: ClassicSession,
+    val checkpoint: String,
+    val partitions: Int,
+    runId: String) extends Serializable {
+
+  require(partitions > 0, s"partitions must be positive, got $partitions")
+  private val queryRunId = UUID.fromString(runId)
+  @transient private lazy val storeSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = false)
+  @transient private lazy val writeOnceSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = true)
+
+  /** The session of an update from `version`: version 0 (the handoff's version 1) is written under a provider of its
+   * own, unloaded after its commit, instead of holding the whole store in the executor's memory. */
+  protected def sessionFor(version: Long): ClassicSession = if (version == 0L) writeOnceSession else storeSession
+
+  protected def stateInfo(version: Long): StatefulOperatorStateInfo = {
+    // Executors keep a provider per (store, run id) with the settings it was created with: version 1's write
+    // (unloaded on commit) must not share one with the live updates.
+    val runId = if (version == 0L) UUID.randomUUID() else queryRunId
+    StatefulOperatorStateInfo(checkpoint, runId, 0L, version, partitions, None, None)
+  }
 }
