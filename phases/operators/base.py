@@ -70,8 +70,8 @@ class HandoffWrite(Protocol):
         """Writes the backlog's results to the sink (a re-run replaces, never duplicates)."""
 
     def write_live_state(self, store_root: str) -> None:
-        """Writes the live phase's starting state into the run's state stores under ``store_root``, so that the
-        switch replays nothing (a kind whose live state is a Delta table: nothing to do)."""
+        """Writes the live phase's starting state (version 1 of the run's state store under ``store_root``, from the
+        state table just written), so that the switch replays nothing."""
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts: ...
 
@@ -102,8 +102,8 @@ class LiveStep(Protocol):
     """One micro-batch of the live phase, after validation and lateness: ``records`` are each input's
     on-time records of the complete versions (None: none), ``closing_us`` the watermark that closes
     windows, sessions and timers after the batch. Every write is idempotent per ``batch`` (``app(what)``
-    names the Delta transaction), and what the sink gets is read back from the state after the state write
-    or written before it from the state before it, so a replayed batch writes exactly what the first did.
+    names the Delta transaction), and what the sink gets is computed from the store version the batch loads, so a
+    replayed batch writes exactly what the first did.
 
     Every kind's live state is in the run's state store (:class:`StoreStep`; the handoff's state table stays as
     written): a step gets the position the previous progress record names (``state``; None: the handoff's state,
