@@ -48,7 +48,7 @@ from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
 from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
 from phases.sources.kafka import parse_offsets
-from phases.storage import changelog, fs, maintenance, old_layouts, quarantine, tables
+from phases.storage import changelog, fs, live_writes, maintenance, old_layouts, quarantine, tables
 from phases.storage.progress_log import ProgressLog
 from phases.tagging import tag_changes
 
@@ -83,6 +83,7 @@ class IncrementalLive:
         self.base = 0
         self.query_folder = live_resume.generation_folder(self.checkpoints, 0)
         self._resumed_from = plan.start
+        self._resumed_id = -1  # the batch id of the record the query generation starts after (prepare)
 
     @property
     def logic(self):
@@ -114,6 +115,7 @@ class IncrementalLive:
             self.progress_log.write(resume.latest_id, resume.record)
         self.base, self.query_folder = resume.base, resume.folder
         self._resumed_from = Progress.from_record(resume.record)
+        self._resumed_id = resume.latest_id
         self._progress = {}
         if self._resumed_from.state_layout is None:
             self._refuse_a_delta_state_batch_in_flight(resume.latest_id)
@@ -122,7 +124,7 @@ class IncrementalLive:
         """A run begun by an engine that kept this kind's live state in the state table on Delta goes on with the
         state store, whose version 1 is written from that table. A micro-batch that wrote the table but not its
         progress record cannot be replayed on the store: the table already holds it."""
-        wrote = live_resume.live_writes(self.spark, self.state_path, self.pipeline.name, self.run_name)
+        wrote = live_writes.live_writes(self.spark, self.state_path, self.pipeline.name, self.run_name)
         if wrote is not None and wrote > latest_id:
             raise PhaseStateError(
                 f"live run {self.run_name} of {self.pipeline.name!r}: its state table {self.state_path} holds the "
@@ -142,13 +144,16 @@ class IncrementalLive:
         paths += [self._pending_path(inp) for inp in self.inputs]
         newest: dict[str, int] = {}
         for path in dict.fromkeys(paths):
-            found = live_resume.live_writes(self.spark, path, self.pipeline.name, self.run_name)
+            found = live_writes.live_writes(self.spark, path, self.pipeline.name, self.run_name)
             if found is not None:
                 newest[path] = found
         return newest
 
-    def app(self, what: str) -> str:
-        return live_resume.app_id(self.pipeline.name, self.run_name, what)
+    def _writes(self, spark: SparkSession, batch_id: int) -> live_writes.BatchWrites:
+        """Batch ``batch_id``'s writes: the query's first micro-batch after a start may be a replay (its predecessor's
+        record is the newest one the start found), every later one writes after its predecessor's record."""
+        first = batch_id == self._resumed_id + 1
+        return live_writes.BatchWrites(spark, self.pipeline.name, self.run_name, batch_id, first=first)
 
     def _pending_path(self, inp: LiveInput) -> str:
         return self.plan.paths.pending(inp)
@@ -225,11 +230,11 @@ class IncrementalLive:
         return batch.filter(F.col(_INPUT) == inp.label).select(f"{_row_column(inp)}.*", *meta)
 
     def _tag_input(
-        self, spark: SparkSession, inp: LiveInput, batch: DataFrame, batch_id: int, before: InputProgress, ends
+        self, inp: LiveInput, batch: DataFrame, writes: live_writes.BatchWrites, before: InputProgress, ends
     ) -> tuple[DataFrame | None, InputProgress, DataFrame]:
         """Holds back a version read in part, tags the complete ones, quarantines; returns (on-time
         records or None, the input's progress after the batch, the persisted rows to unpersist)."""
-        p = self.pipeline
+        p, spark, batch_id = self.pipeline, writes.spark, writes.batch
         rows = self._rows_of(batch, inp)
         if inp.source.arrival == "chunks":
             # One micro-batch = one arrival chunk: the number after the previous batch's (the same on a replay).
@@ -243,16 +248,14 @@ class IncrementalLive:
         if partial_tail:  # the tail of version end_version waits for the batch that completes it
             held_version = end_version
             held = rows.filter(F.col(VERSION) >= end_version).withColumn(HELD_BY, F.lit(batch_id).cast("long"))
-            tables.append_once(
-                held, self._pending_path(inp), self.app(inp.suffix("pending")), batch_id, merge_schema=True
-            )
+            writes.append_once(held, self._pending_path(inp), inp.suffix("pending"), merge_schema=True)
         complete = rows.filter(F.col(VERSION) < end_version)
         tagged = tag_changes(spark, p, complete, before.running_max_us, phase="live", batch_id=batch_id)
         if tagged.has_quarantine:
             q_rows = tagged.quarantine
             if inp.label:
                 q_rows = quarantine.of_input(q_rows, inp.label)
-            tables.append_once(q_rows, p.locations.quarantine, self.app(inp.suffix("quarantine")), batch_id)
+            writes.append_once(q_rows, p.locations.quarantine, inp.suffix("quarantine"))
         after = InputProgress(max(end_version, before.complete_below), tagged.running_max_us, held_version)
         return (tagged.prepared if tagged.has_on_time else None), after, rows
 
@@ -271,20 +274,21 @@ class IncrementalLive:
         before = self._progress_after(batch_id - 1)
         kafka_offsets = self._kafka_offsets(query_batch_id)
         ends = self._end_offsets(query_batch_id) if kafka_offsets is None else {}
+        writes = self._writes(spark, batch_id)
         records: dict[str, DataFrame | None] = {}
         after: dict[str, InputProgress] = {}
         persisted: list[DataFrame] = []
         try:
             for inp in self.inputs:
                 records[inp.label], after[inp.label], rows = self._tag_input(
-                    spark, inp, batch, batch_id, before.of(inp.label), ends
+                    inp, batch, writes, before.of(inp.label), ends
                 )
                 persisted.append(rows)
             watermarks = {label: watermark_after(a.running_max_us, p.delay_us) for label, a in after.items()}
             closing = self.kind.closing(watermarks)
             state = before.state
             if any(r is not None for r in records.values()) or closing != before.closed_us:
-                state = self.step.apply_inputs(spark, records, watermarks, closing, batch_id, self.app, state=state)
+                state = self.step.apply_inputs(spark, records, watermarks, closing, writes, state=state)
             progress = Progress.of_inputs(
                 batch_id,
                 after,

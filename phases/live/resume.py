@@ -4,7 +4,8 @@ A live run keeps three records of how far it got:
 
 - Spark's checkpoint of its query (``offsets/N`` is written before micro-batch N runs, ``commits/N`` after);
 - its progress log (:mod:`phases.storage.progress_log`): what micro-batch N applied, as source positions;
-- the idempotent-write ids Delta keeps per table (``txnAppId`` / ``txnVersion`` = the progress-log batch id).
+- the idempotent-write ids its tables keep (``txnAppId`` / ``txnVersion``, or a marked write's commit metadata, =
+  the progress-log batch id: :mod:`phases.storage.live_writes`).
 
 Operators lose files: a wrong clean-up job, a restore of only the tables, a moved bucket. A new query on a lost
 checkpoint numbers its micro-batches from 0 again, and writes tagged with numbers the tables have already seen are
@@ -35,26 +36,11 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from phases.errors import LiveResumeError, ProgressRecordDamaged
-from phases.storage import fs, table_stats
+from phases.storage import fs
 from phases.storage.progress_log import ProgressLog
 
 QUERY = "increment"  # the first generation's checkpoint sub-folder
-# Every idempotent write a live micro-batch makes (``app_id(..., what)``): a resume reads them back from the tables.
-LIVE_WRITES = ("upsert", "state", "closed", "sink", "pending", "pending_right", "quarantine", "quarantine_right")
 log = logging.getLogger(__name__)
-
-
-def app_id(pipeline: str, run_name: str, what: str) -> str:
-    """The Delta ``txnAppId`` of a live run's write ``what``."""
-    return f"{pipeline}:{run_name}:{what}"
-
-
-def live_writes(spark: SparkSession, path: str, pipeline: str, run_name: str) -> int | None:
-    """The newest micro-batch of the live run that recorded a write in the table at ``path`` (None: none). Read
-    with delta-rs; a log delta-rs cannot read (store settings given to Spark only) is read through Spark's."""
-    app_ids = [app_id(pipeline, run_name, what) for what in LIVE_WRITES]
-    found = table_stats.applied_transactions(spark, path, app_ids)
-    return max(found.values()) if found else None
 
 
 def way_out(pipeline: str, checkpoints: str, progress_log: str) -> str:

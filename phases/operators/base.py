@@ -26,6 +26,7 @@ from phases.steps.end_of_stream import prepared_schema
 if TYPE_CHECKING:
     from phases.definition import OperatorModel, Pipeline
     from phases.storage.keyed_store import LiveStateStore, StatePosition
+    from phases.storage.live_writes import BatchWrites
     from phases.storage.manifest import HandoffManifest
     from phases.tagging import TaggedRange
 
@@ -101,9 +102,9 @@ class Pieces(Protocol):
 class LiveStep(Protocol):
     """One micro-batch of the live phase, after validation and lateness: ``records`` are each input's
     on-time records of the complete versions (None: none), ``closing_us`` the watermark that closes
-    windows, sessions and timers after the batch. Every write is idempotent per ``batch`` (``app(what)``
-    names the Delta transaction), and what the sink gets is computed from the store version the batch loads, so a
-    replayed batch writes exactly what the first did.
+    windows, sessions and timers after the batch. Every write goes through ``writes``
+    (:class:`~phases.storage.live_writes.BatchWrites`: idempotent per micro-batch), and what the sink gets is computed
+    from the store version the batch loads, so a replayed batch writes exactly what the first did.
 
     Every kind's live state is in the run's state store (:class:`StoreStep`; the handoff's state table stays as
     written): a step gets the position the previous progress record names (``state``; None: the handoff's state,
@@ -115,8 +116,7 @@ class LiveStep(Protocol):
         records: dict[str, DataFrame | None],
         watermarks: Watermarks,
         closing_us: int | None,
-        batch: int,
-        app,
+        writes: BatchWrites,
         state: StatePosition | None = None,
     ) -> StatePosition | None: ...
 
@@ -212,11 +212,6 @@ class OperatorKind(ABC, Generic[Logic]):
         them); raises SchemaChangeError when it cannot take a change. Returns state/sink column -> source
         column for the widening of those tables (none: their columns widen like the source's)."""
         return {}
-
-
-def store_partitions(spark: SparkSession) -> int:
-    """A live state store's partitions: as many as the session shuffles into."""
-    return int(spark.conf.get("spark.sql.shuffle.partitions"))
 
 
 class StoreStep:

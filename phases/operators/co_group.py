@@ -13,10 +13,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, WINDOW_END, CoGroup
-from phases.operators.base import StoreStep, store_partitions
+from phases.operators.base import StoreStep
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
 from phases.operators.two_input import TwoInputKind
-from phases.storage import tables
 from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
@@ -25,11 +24,11 @@ END_US = "_window_end_us"  # the store's order column: a window's end, in micros
 class CoGroupStoreStep(StoreStep):
     """Co-group: the batch's rows of both inputs collected per (key, window) and appended to the window's rows in the
     store (point lookups); the windows both watermarks closed removed in the same commit, passed to the user's
-    function, and its rows appended to the sink once (the batch's Delta transaction id).
+    function, and its rows appended to the sink once (marked with the batch id).
 
     Replays: the version loaded is the one the previous progress record names, so a replayed micro-batch closes the
-    same windows with the same rows (the function sees each input's rows in event-time order), and Delta skips a sink
-    append it already committed."""
+    same windows with the same rows (the function sees each input's rows in event-time order), and a sink append
+    already committed is skipped."""
 
     logic: CoGroupLogic
 
@@ -37,13 +36,13 @@ class CoGroupStoreStep(StoreStep):
     def open_store(cls, spark: SparkSession, logic: CoGroupLogic, store_root: str) -> LiveStateStore:
         schema = T.StructType([T.StructField(END_US, T.LongType()), *logic.state_schema.fields])
         keys, values = [END_US, *logic.group], [LEFT_ROWS, RIGHT_ROWS]
-        return LiveStateStore(spark, store_root, keys, values, schema, store_partitions(spark), order=END_US)
+        return LiveStateStore(spark, store_root, keys, values, schema, order=END_US)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:
         return state.withColumn(END_US, F.unix_micros(F.col(WINDOW_END)))
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
         logic = self.logic
         lifted = [
             logic.lift(df, side)
@@ -63,7 +62,7 @@ class CoGroupStoreStep(StoreStep):
         update = store.store.update_and_close(windows.select(*store.schema.names), combine, version, closing_us)
         try:
             if update.changed_keys:
-                tables.append_once(logic.apply(update.rows.drop(END_US)), self.sink_path, app("sink"), batch)
+                writes.sink_append(logic.apply(update.rows.drop(END_US)), self.sink_path, "sink")
         finally:
             update.release()
         return StatePosition(store.layout, update.version)

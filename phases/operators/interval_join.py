@@ -12,23 +12,22 @@ from pyspark.sql import functions as F
 
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, IntervalJoin
 from phases.operators.aggregation import MAX_TS
-from phases.operators.base import StoreStep, store_partitions
+from phases.operators.base import StoreStep
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
 from phases.operators.two_input import TwoInputKind
-from phases.storage import tables
 from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 
 class IntervalJoinStoreStep(StoreStep):
     """Interval join: the batch's new rows of each input joined with the other input's rows held for their keys
     (looked up in the run's state store: one row per key, each input's rows that can still match) and with each
-    other; the pairs appended to the sink first (the batch's Delta transaction id), then the keys' held rows
+    other; the pairs appended to the sink first (marked with the batch id), then the keys' held rows
     replaced, leaving out rows no future row of the other input can match (its watermark passed ``ts + upper``, or
     ``ts - lower``), committed as the store's next version.
 
     Replays: the rows are looked up at the version the previous progress record names, so a replayed micro-batch
-    appends the same pairs (Delta skips an append it has) and writes the same next version. Rows of keys without
-    new rows stay until their key gets one: they can match nothing, they only take room."""
+    appends the same pairs (an append already committed is skipped) and writes the same next version. Rows of keys
+    without new rows stay until their key gets one: they can match nothing, they only take room."""
 
     logic: IntervalJoinLogic
     VALUES = (LEFT_ROWS, RIGHT_ROWS, MAX_TS)
@@ -36,9 +35,7 @@ class IntervalJoinStoreStep(StoreStep):
     @classmethod
     def open_store(cls, spark: SparkSession, logic: IntervalJoinLogic, store_root: str) -> LiveStateStore:
         values = list(cls.VALUES)
-        return LiveStateStore(
-            spark, store_root, logic.keys, values, logic.state_schema, store_partitions(spark), whole_rows=True
-        )
+        return LiveStateStore(spark, store_root, logic.keys, values, logic.state_schema, whole_rows=True)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:
@@ -47,7 +44,7 @@ class IntervalJoinStoreStep(StoreStep):
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
         return self.logic.pairs(left, right)
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
         logic, keys, et = self.logic, self.logic.keys, self.logic.event_time
         new_left, new_right = records[SOURCE_LABEL], records[RIGHT_LABEL]
         if new_left is None and new_right is None:
@@ -79,7 +76,7 @@ class IntervalJoinStoreStep(StoreStep):
             out = out.persist()
             try:
                 if not out.isEmpty():
-                    tables.append_once(out, self.sink_path, app("sink"), batch)
+                    writes.sink_append(out, self.sink_path, "sink")
             finally:
                 out.unpersist()
             lifted = []

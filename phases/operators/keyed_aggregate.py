@@ -22,7 +22,6 @@ from phases.operators.base import (
     StoreStep,
     counted,
     observed,
-    store_partitions,
     table_counts,
 )
 from phases.schema_changes import changes, way_out
@@ -134,11 +133,11 @@ class KeyedStoreStep(AggregationStoreStep):
     """Keyed aggregation with its live state in the run's state store (:mod:`phases.storage.keyed_store`): the
     batch's buffers merged per key, combined with each key's stored buffers by point lookups (the same SQL the
     backlog's merge and a MERGE's update use, run in the JVM), the store committed at the next version, then the
-    changed keys, finalized, upserted into the sink (one MERGE, the batch's Delta transaction id).
+    changed keys, finalized, upserted into the sink (one MERGE, marked with the batch id).
 
     Replays: the version loaded is the one the previous progress record names, so a micro-batch replayed after
     a crash (after the store's commit, or after the sink's) computes the same rows again from the same version;
-    Delta skips a sink write it already committed."""
+    a sink write already committed is skipped (its mark is read back)."""
 
     @classmethod
     def open_store(cls, spark: SparkSession, logic: KeyedAggregationLogic, store_root: str) -> LiveStateStore:
@@ -147,7 +146,7 @@ class KeyedStoreStep(AggregationStoreStep):
         version = T.StructField(changelog.SOURCE_VERSION, T.LongType())
         schema = T.StructType([*logic.buffer_schema.fields, version])
         values = [*logic.buffer_names, version.name]
-        return LiveStateStore(spark, store_root, logic.keys, values, schema, store_partitions(spark))
+        return LiveStateStore(spark, store_root, logic.keys, values, schema)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:
@@ -159,7 +158,7 @@ class KeyedStoreStep(AggregationStoreStep):
         newest = f"greatest(t.`{changelog.SOURCE_VERSION}`, s.`{changelog.SOURCE_VERSION}`)"
         return [*super().combine_sql(), newest]
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
         on_time = records[SOURCE_LABEL]
         if on_time is None:
             return state
@@ -174,10 +173,10 @@ class KeyedStoreStep(AggregationStoreStep):
             # One file per ROWS_PER_FILE changed keys, not one per store partition.
             changed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))
             if logic.pipeline.sink.mode == "changelog":
-                out = changelog.rows(changed.select(*logic.finalize_columns(), changelog.SOURCE_VERSION), batch)
-                tables.append_once(out, self.sink_path, app("sink"), batch)
+                out = changelog.rows(changed.select(*logic.finalize_columns(), changelog.SOURCE_VERSION), writes.batch)
+                writes.sink_append(out, self.sink_path, "sink")
             else:
-                tables.upsert(spark, self.sink_path, logic.finalize(changed), logic.keys, app("upsert"), batch)
+                writes.sink_upsert(logic.finalize(changed), self.sink_path, logic.keys, "upsert")
         finally:
             update.release()
         return StatePosition(store.layout, update.version)

@@ -24,11 +24,9 @@ from phases.operators.base import (
     StoreStep,
     counted,
     observed,
-    store_partitions,
     table_counts,
 )
 from phases.operators.process_pass import ROWS, STATE, TIMERS, ProcessLogic
-from phases.storage import tables
 from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 
@@ -67,11 +65,11 @@ class ProcessHandoff:
 class ProcessStoreStep(StoreStep):
     """Process function: the state rows of the keys with records in the batch and of the keys whose timers the new
     watermark makes due, looked up in the store at the version the previous progress record names; the operator's
-    pass (the backlog's own) from them; its outputs appended to the sink once (the batch's Delta transaction id),
+    pass (the backlog's own) from them; its outputs appended to the sink once (marked with the batch id),
     then the keys' new rows (and their timers' index entries) replaced in the store, committed as the next version.
 
     Replays: a micro-batch replayed after a crash looks the same rows up at the same version, so its pass produces
-    the same outputs (Delta skips an append it has) and the same next version."""
+    the same outputs (an append already committed is skipped) and the same next version."""
 
     logic: ProcessLogic
     VALUES = (STATE, TIMERS, ROWS, MAX_TS)  # a key's row: the user's state (JSON), timers (epoch ms), counters
@@ -85,13 +83,13 @@ class ProcessStoreStep(StoreStep):
             for f in logic.state_schema.fields
         ]
         schema = T.StructType(fields)
-        return LiveStateStore(spark, store_root, logic.keys, values, schema, store_partitions(spark), timers=TIMERS)
+        return LiveStateStore(spark, store_root, logic.keys, values, schema, timers=TIMERS)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:
         return state
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
         on_time = records[SOURCE_LABEL]
         if on_time is None and closing_us is None:
             return state
@@ -110,7 +108,7 @@ class ProcessStoreStep(StoreStep):
             try:
                 out = logic.outputs(passed)
                 if not out.isEmpty():
-                    tables.append_once(out, self.sink_path, app("sink"), batch)
+                    writes.sink_append(out, self.sink_path, "sink")
                 store.store.replace(logic.states(passed), version).release()
             finally:
                 passed.unpersist()

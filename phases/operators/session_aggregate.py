@@ -13,10 +13,8 @@ from pyspark.sql import types as T
 
 from phases.definition import SOURCE_LABEL, WINDOW_END, WINDOW_START, SessionAggregate
 from phases.operators.aggregation import TS, SessionAggregationLogic
-from phases.operators.base import store_partitions
 from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep
 from phases.operators.window_aggregate import WindowAggregateKind
-from phases.storage import tables
 from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 START_US, END_US = "_session_start_us", "_session_end_us"  # the store's session bounds, in microseconds
@@ -26,10 +24,10 @@ class SessionStoreStep(AggregationStoreStep):
     """Sessions: each on-time record opens its own session [ts, ts + gap) and goes to its key's store partition; the
     store merges it with the key's open sessions (Spark's rule: a session takes the next one in when that one starts
     at or before its end; buffers combine with the backlog's SQL), then removes and returns the sessions ending at or
-    before the watermark, which are appended to the sink once (the batch's Delta transaction id).
+    before the watermark, which are appended to the sink once (marked with the batch id).
 
     Replays: the version loaded is the one the previous progress record names, so a replayed micro-batch closes the
-    same sessions with the same values, and Delta skips a sink append it already committed."""
+    same sessions with the same values, and a sink append already committed is skipped."""
 
     logic: SessionAggregationLogic
 
@@ -43,7 +41,6 @@ class SessionStoreStep(AggregationStoreStep):
             logic.group_keys,
             logic.buffer_names,
             schema,
-            store_partitions(spark),
             sessions=(START_US, END_US),
         )
 
@@ -53,7 +50,7 @@ class SessionStoreStep(AggregationStoreStep):
             END_US, F.unix_micros(F.col(WINDOW_END))
         )
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
         on_time = records[SOURCE_LABEL]
         if on_time is None and closing_us is None:
             return state
@@ -77,7 +74,7 @@ class SessionStoreStep(AggregationStoreStep):
                 bounded = closed.withColumn(WINDOW_START, F.timestamp_micros(F.col(START_US))).withColumn(
                     WINDOW_END, F.timestamp_micros(F.col(END_US))
                 )
-                tables.append_once(logic.finalize(bounded), self.sink_path, app("sink"), batch)
+                writes.sink_append(logic.finalize(bounded), self.sink_path, "sink")
         finally:
             update.release()
         return StatePosition(store.layout, update.version)

@@ -16,9 +16,7 @@ from pyspark.sql import types as T
 
 from phases.definition import SOURCE_LABEL, WINDOW_END, WindowedAggregate
 from phases.operators.aggregation import WindowedAggregationLogic
-from phases.operators.base import store_partitions
 from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep, KeyedAggregateKind
-from phases.storage import tables
 from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
@@ -30,7 +28,7 @@ class WindowStoreStep(AggregationStoreStep):
     batch's Delta transaction id), and removed from the store in the same commit.
 
     Replays: the version loaded is the one the previous progress record names, so a replayed micro-batch closes the
-    same windows with the same values, and Delta skips a sink append it already committed."""
+    same windows with the same values, and a sink append already committed is skipped."""
 
     logic: WindowedAggregationLogic
 
@@ -39,15 +37,13 @@ class WindowStoreStep(AggregationStoreStep):
         """Per (window end, key, window start) the window's buffers, in the order of the window's end."""
         schema = T.StructType([T.StructField(END_US, T.LongType()), *logic.buffer_schema.fields])
         keys = [END_US, *logic.keys]
-        return LiveStateStore(
-            spark, store_root, keys, logic.buffer_names, schema, store_partitions(spark), order=END_US
-        )
+        return LiveStateStore(spark, store_root, keys, logic.buffer_names, schema, order=END_US)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:
         return state.withColumn(END_US, F.unix_micros(F.col(WINDOW_END)))
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, batch, app, state=None) -> StatePosition | None:
+    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
         on_time = records[SOURCE_LABEL]
         if on_time is None and closing_us is None:
             return state
@@ -62,7 +58,7 @@ class WindowStoreStep(AggregationStoreStep):
         try:
             if update.changed_keys:
                 closed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))
-                tables.append_once(logic.finalize(closed), self.sink_path, app("sink"), batch)
+                writes.sink_append(logic.finalize(closed), self.sink_path, "sink")
         finally:
             update.release()
         return StatePosition(store.layout, update.version)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from pyspark.sql import types as T
 from phases.errors import StateStoreError
 from phases.storage import fs
 
+_LAYOUT = re.compile(r"^p[0-9]+-[0-9a-f]{12}$")  # a layout's folder: partitions, then the description's hash
 SEEDED = "_seeded.json"  # a layout's version 1 is whole: its schema, keys, values and partitions
 
 
@@ -191,7 +193,12 @@ class LiveStateStore:
 
     Version 1 of a layout is its starting state: the handoff's (``seed``: the handoff's state table, or the
     rows the backlog passes when it writes it ahead), or the previous layout's state. ``_seeded.json`` is
-    written once it is whole."""
+    written once it is whole.
+
+    ``partitions`` (None: chosen once): the run keeps the partitions of a layout it already wrote (otherwise a
+    restart on another number of cores would rewrite its state), and a new run's store takes one partition per
+    core of the session (``defaultParallelism``): each partition is one task of every micro-batch, which loads and
+    commits its part of the store."""
 
     def __init__(
         self,
@@ -200,16 +207,16 @@ class LiveStateStore:
         keys: list[str],
         values: list[str],
         schema: T.StructType,
-        partitions: int,
+        partitions: int | None = None,
         order: str | None = None,
         sessions: tuple[str, str] | None = None,
         whole_rows: bool = False,
         timers: str | None = None,
     ):
-        self.spark, self.root, self.keys, self.values, self.partitions = spark, root, keys, values, partitions
+        self.spark, self.root, self.keys, self.values = spark, root, keys, values
         columns = [*keys, *(sessions or ()), *values]  # the rows the store takes and returns
         self.schema = T.StructType([schema[c] for c in columns])
-        layout = {"keys": keys, "values": values, "schema": self.schema.jsonValue(), "partitions": partitions}
+        layout = {"keys": keys, "values": values, "schema": self.schema.jsonValue()}
         # (A plain layout's description, and so its name, is as it was before orders and sessions existed.)
         if order is not None:
             layout["order"] = order
@@ -219,6 +226,10 @@ class LiveStateStore:
             layout["whole_rows"] = True
         if timers is not None:
             layout["timers"] = timers
+        if partitions is None:
+            partitions = self._written_partitions(layout) or spark.sparkContext.defaultParallelism
+        self.partitions = partitions
+        layout["partitions"] = partitions
         described = json.dumps(layout, sort_keys=True)
         self.description = described
         self.layout = f"p{partitions}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
@@ -234,6 +245,16 @@ class LiveStateStore:
             whole_rows=whole_rows,
             timers=timers,
         )
+
+    def _written_partitions(self, layout: dict) -> int | None:
+        """The partitions of a layout of this run written before with the same columns (the first, by name)."""
+        if not fs.exists(self.spark, self.root):
+            return None
+        for name in sorted(fs.list_names(self.spark, self.root)):
+            seeded = self._seeded(name) if _LAYOUT.match(name) else None
+            if seeded is not None and {k: v for k, v in seeded.items() if k != "partitions"} == layout:
+                return int(seeded["partitions"])
+        return None
 
     def _seeded(self, layout: str) -> dict | None:
         path = f"{self.root}/{layout}/{SEEDED}"

@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
 from phases.errors import LiveResumeError, ManifestError
 from phases.live import resume as live_resume
-from phases.storage import progress_log, tables, uris
+from phases.storage import live_writes, progress_log, tables, uris
 
 
 class HandoffManifest(BaseModel):
@@ -184,7 +184,7 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
 def _written_live(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> bool:
     """Raises LiveResumeError when the live phase of ``manifest`` wrote its state table though its progress log is
     gone (removed by hand): the state is ahead of every record that says how far. False otherwise."""
-    batch = live_resume.live_writes(spark, manifest.state_path, pipeline.name, manifest.manifest_id)
+    batch = live_writes.live_writes(spark, manifest.state_path, pipeline.name, manifest.manifest_id)
     if batch is None:
         return False
     log = uris.join(pipeline.locations.live_run(manifest.manifest_id), progress_log.FOLDER)

@@ -8,6 +8,7 @@ scanned; a file written without statistics makes the figure unknown (None), neve
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -193,12 +194,94 @@ def transaction_versions(path: str, app_ids: list[str]) -> dict[str, int]:
 
 
 def applied_transactions(spark: SparkSession, path: str, app_ids: list[str]) -> dict[str, int]:
-    """:func:`transaction_versions`, read with delta-rs; a log delta-rs cannot read (store settings given to Spark
-    only) is read through Spark's."""
+    """:func:`transaction_versions` and :func:`newest_marked_write`, read with delta-rs; a log delta-rs cannot read
+    (store settings given to Spark only) is read through Spark's."""
     try:
-        return transaction_versions(path, app_ids)
+        found = transaction_versions(path, app_ids)
+        commits = _history_pages(path)
     except SourceError:
-        return transaction_versions_through_spark(spark, path, app_ids)
+        found = transaction_versions_through_spark(spark, path, app_ids)
+        commits = _history_pages_through_spark(spark, path)
+    marked = newest_marked_write(commits, app_ids)
+    if marked is not None and marked[1] > found.get(marked[0], -1):
+        found[marked[0]] = marked[1]
+    return found
+
+
+# --- writes marked in their commit ---------------------------------------------------------------------------
+# A write that carries its (app id, batch) in the commit's ``userMetadata`` instead of Delta's ``txnAppId`` /
+# ``txnVersion``: Delta 4.4's check of those reads the snapshot's transactions, a state reconstruction (three Spark
+# jobs, about 0.45 s a commit on a live sink). A table written this way must have one writer, which checks
+# whether its write is already there only when it may be (:mod:`phases.live.batch_writes`).
+WRITE_MARK = "phases_write"
+# Commits that change no row: looking for the newest write, the log is read back past these.
+_NO_ROWS = {
+    "OPTIMIZE",
+    "VACUUM START",
+    "VACUUM END",
+    "SET TBLPROPERTIES",
+    "UNSET TBLPROPERTIES",
+    "ADD CONSTRAINT",
+    "DROP CONSTRAINT",
+    "UPGRADE PROTOCOL",
+    "COMPUTE STATS",
+}
+
+
+def write_marker(app_id: str, batch: int) -> str:
+    """The ``userMetadata`` of a marked write."""
+    return json.dumps({WRITE_MARK: {"app": app_id, "batch": batch}}, separators=(",", ":"))
+
+
+def _marker(commit: dict) -> tuple[str, int] | None:
+    text = commit.get("userMetadata")
+    if not text:
+        return None
+    try:
+        mark = json.loads(text).get(WRITE_MARK)
+        return str(mark["app"]), int(mark["batch"])
+    except (ValueError, AttributeError, TypeError, KeyError):
+        return None
+
+
+def newest_marked_write(commits: Iterator[list[dict]], app_ids: list[str]) -> tuple[str, int] | None:
+    """(app id, batch) of the newest commit that changed rows, when it is a marked write of one of ``app_ids``;
+    None otherwise. ``commits``: pages of commit infos, newest first (commits that change no row are read past)."""
+    for page in commits:
+        for commit in page:
+            if commit.get("operation") in _NO_ROWS:
+                continue
+            mark = _marker(commit)
+            return mark if mark is not None and mark[0] in app_ids else None
+    return None
+
+
+def _history_pages(path: str) -> Iterator[list[dict]]:
+    """The table's commit infos, newest first, in growing pages (most reads stop in the first)."""
+    table = _table(path)
+    if table is None:
+        return iter(())
+    return _pages(lambda n: table.history(n))
+
+
+def _history_pages_through_spark(spark: SparkSession, path: str) -> Iterator[list[dict]]:
+    from delta.tables import DeltaTable
+
+    def read(n: int) -> list[dict]:
+        rows = DeltaTable.forPath(spark, path).history(n).select("version", "operation", "userMetadata").collect()
+        return [r.asDict() for r in rows]
+
+    return _pages(read)
+
+
+def _pages(read) -> Iterator[list[dict]]:
+    seen, limit = 0, 16
+    while True:
+        commits = read(limit)
+        yield commits[seen:]
+        if len(commits) < limit:
+            return
+        seen, limit = len(commits), limit * 8
 
 
 def transaction_versions_through_spark(spark: SparkSession, path: str, app_ids: list[str]) -> dict[str, int]:

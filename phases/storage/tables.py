@@ -9,7 +9,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from phases.storage import fs
+from phases.storage import fs, table_stats
 
 
 def exists(spark: SparkSession, path: str) -> bool:
@@ -53,6 +53,24 @@ def append_once(df: DataFrame, path: str, app_id: str, txn_version: int, *, merg
         .option("mergeSchema", str(merge_schema).lower())
         .save(path)
     )
+
+
+def append_marked(df: DataFrame, path: str, app_id: str, batch: int) -> None:
+    """Appends ``df`` with (``app_id``, ``batch``) in the commit's ``userMetadata``, without Delta's idempotence
+    check (:func:`phases.storage.table_stats.write_marker`): for a table with one writer that checks first
+    whenever the write may already be there."""
+    marker = table_stats.write_marker(app_id, batch)
+    df.write.format("delta").mode("append").option("userMetadata", marker).save(path)
+
+
+def upsert_marked(spark: SparkSession, path: str, rows: DataFrame, keys: list[str], app_id: str, batch: int) -> None:
+    """:func:`replace_rows` with (``app_id``, ``batch``) in the commit's ``userMetadata`` (as :func:`append_marked`)."""
+    key = "spark.databricks.delta.commitInfo.userMetadata"
+    spark.conf.set(key, table_stats.write_marker(app_id, batch))
+    try:
+        replace_rows(spark, path, rows, keys)
+    finally:
+        spark.conf.unset(key)
 
 
 def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dict) -> None:

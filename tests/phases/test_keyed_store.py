@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from phases.errors import StateStoreError
 from phases.runtime import jvm_deps
-from phases.storage.keyed_store import KeyedStore
+from phases.storage.keyed_store import KeyedStore, LiveStateStore
 
 # (class, method, parameter classes) the helper calls; "<init>" = a constructor.
 STATE = "org.apache.spark.sql.execution.streaming.state"
@@ -344,6 +345,24 @@ def test_the_store_lives_in_sparks_layout_under_its_path(spark, tmp_path):
     assert _rows(store.read(2)) == sorted(
         (f"k{i}", 2 if f"k{i}" in {r["key"] for r in rows.limit(3).collect()} else 1, None, None) for i in range(10)
     )
+
+
+def test_a_run_keeps_the_partitions_its_store_was_written_with_and_a_new_one_takes_one_per_core(spark, tmp_path):
+    """A store's partitions are chosen once: a restart on another number of cores keeps the run's layout (else it
+    would rewrite its state); a new run's store takes the session's cores; a changed schema is a new layout."""
+    schema = _partials(spark, []).schema
+    root = str(tmp_path / "live")
+
+    def live(partitions=None, schema=schema):
+        return LiveStateStore(spark, root, ["key"], ["n", "total", "last"], schema, partitions)
+
+    fresh = live()
+    assert fresh.partitions == spark.sparkContext.defaultParallelism
+    written = live(partitions=5)
+    written.write_start(_partials(spark, [("a", 1, 1, None)]))
+    assert live().partitions == 5 and live().layout == written.layout
+    wider = T.StructType([T.StructField(f.name, T.DoubleType() if f.name == "total" else f.dataType) for f in schema])
+    assert live(schema=wider).partitions == spark.sparkContext.defaultParallelism
 
 
 @pytest.mark.slow

@@ -135,17 +135,16 @@ def test_a_delta_state_micro_batch_in_flight_from_an_older_engine_is_refused(spa
     state MERGE and before its progress record: its table already holds that micro-batch, so the store (written
     from the table) cannot replay it. The restart is refused with the way out instead of counting it twice."""
     from phases.errors import PhaseStateError
-    from phases.live import resume as live_resume
     from phases.operators.keyed_aggregate import KeyedStoreStep
-    from phases.storage import tables
+    from phases.storage import live_writes, tables
 
     p, mid = _started(spark, str(tmp_path))
     append_version(spark, p.source.path, _live_version(3))
 
-    def older_engine(self, spark_, records, watermarks, closing_us, batch, app, state=None):
+    def older_engine(self, spark_, records, watermarks, closing_us, writes, state=None):
         # What the older engine's step did first: a MERGE of the batch into the state table (here: one more row).
         table = spark_.read.format("delta").load(self.state_path)
-        with tables.idempotent_dml(spark_, live_resume.app_id(p.name, mid, "state"), batch):
+        with tables.idempotent_dml(spark_, live_writes.app_id(p.name, mid, "state"), writes.batch):
             table.limit(1).write.format("delta").mode("append").save(self.state_path)
         raise RuntimeError("simulated crash after the state MERGE")
 
