@@ -26,7 +26,7 @@ def main() -> None:
         raise SystemExit(f"unknown kill point {kill_at!r}; valid: {list(KILL_POINTS)}")
     spark = build_session(SparkSettings(shuffle_partitions=2, app_name="live-child"))
     runner = LiveRunner.from_manifest(spark, pipeline)
-    real_upsert, real_append = engine.tables.upsert, engine.tables.append_once
+    real_upsert, real_append = engine.tables.upsert_marked, engine.tables.append_marked
 
     def around_sink_write(path: str, write) -> None:
         if path == pipeline.sink.path and kill_at == "sink":
@@ -38,11 +38,11 @@ def main() -> None:
     def upsert(spark_, path, rows, keys, app_id, batch):
         around_sink_write(path, lambda: real_upsert(spark_, path, rows, keys, app_id, batch))
 
-    def append_once(rows, path, app_id, batch, *args, **kwargs):
-        around_sink_write(path, lambda: real_append(rows, path, app_id, batch, *args, **kwargs))
+    def append(rows, path, app_id, batch):
+        around_sink_write(path, lambda: real_append(rows, path, app_id, batch))
 
-    engine.tables.upsert = upsert
-    engine.tables.append_once = append_once
+    engine.tables.upsert_marked = upsert
+    engine.tables.append_marked = append
     runner.start(available_now=True)
     sys.exit(3)  # not reached when the kill point is hit
 

@@ -57,7 +57,7 @@ def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_onc
     _produce(kafka, topic, _rows(2, 100, 8), produced)
     BacklogRunner(spark, p).run()
     _produce(kafka, topic, _rows(2, 200, 12, late_every=4), produced)
-    real_append, real_upsert, real_write = engine.tables.append_once, engine.tables.upsert, ProgressLog.write
+    real_append, real_upsert, real_write = engine.tables.append_once, engine.tables.upsert_marked, ProgressLog.write
     real_update = KeyedStore.update
 
     for point in ("quarantine", "state", "sink", "progress"):
@@ -79,7 +79,7 @@ def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_onc
 
         monkeypatch.setattr(engine.tables, "append_once", append)
         monkeypatch.setattr(KeyedStore, "update", update)
-        monkeypatch.setattr(engine.tables, "upsert", upsert)
+        monkeypatch.setattr(engine.tables, "upsert_marked", upsert)
         monkeypatch.setattr(ProgressLog, "write", write)
         with pytest.raises(Exception, match=f"simulated crash at the {point} write"):
             LiveRunner.from_manifest(spark, p).start(available_now=True)

@@ -153,7 +153,7 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
         raise RuntimeError(f"simulated crash before the {fails} write")
 
     if kind == "keyed" and fails == "sink":
-        monkeypatch.setattr(engine.tables, "upsert", crash)
+        monkeypatch.setattr(engine.tables, "upsert_marked", crash)
     elif kind == "keyed":
         real_write = ProgressLog.write
 
@@ -164,7 +164,7 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
 
         monkeypatch.setattr(ProgressLog, "write", write_or_crash)
     else:  # windows and sessions append the closed ones after the store's commit; crash right before that append
-        monkeypatch.setattr(engine.tables, "append_once", crash)
+        monkeypatch.setattr(engine.tables, "append_marked", crash)
     with pytest.raises(Exception, match="simulated crash"):
         LiveRunner.from_manifest(spark, p).start(available_now=True)
     monkeypatch.undo()
