@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Literal
 
@@ -19,6 +20,18 @@ STATE_STORE_PROVIDERS = {
 
 
 LOOPBACK = "127.0.0.1"
+LIVE_STATE_PARTITIONS = "spark.phases.liveStatePartitions"  # read by phases.storage.keyed_store
+
+
+def task_slots(master: str) -> int | None:
+    """The tasks a local master runs at once (``local``, ``local[N]``, ``local[*]``, ``local[N,F]``); None for a
+    cluster's master."""
+    if master == "local":
+        return 1
+    found = re.fullmatch(r"local\[(\*|[0-9]+)(?:,[0-9]+)?\]", master)
+    if found is None:
+        return None
+    return (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
 
 
 class SparkSettings(SettingsModel):
@@ -34,6 +47,13 @@ class SparkSettings(SettingsModel):
         "checkpoint at its first run.",
     )
     rocksdb_changelog_checkpointing: bool = True
+    live_state_partitions: int | None = Field(
+        None,
+        gt=0,
+        description="Partitions of a new live run's state store (each is one task of every micro-batch, which loads "
+        "and commits its part of the store). None: the session's task slots (local[N]: N; a cluster: "
+        "spark.default.parallelism). A run keeps the partitions its store was first written with.",
+    )
     ui_enabled: bool = False
     listing_parallelism: int | None = Field(
         None,
@@ -98,6 +118,7 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.sql.shuffle.partitions", str(s.shuffle_partitions))
         .config("spark.default.parallelism", str(s.shuffle_partitions))
         .config("spark.sql.streaming.stateStore.providerClass", STATE_STORE_PROVIDERS[s.state_store])
+        .config(LIVE_STATE_PARTITIONS, str(s.live_state_partitions or task_slots(s.master) or s.shuffle_partitions))
         .config(
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
             str(s.rocksdb_changelog_checkpointing).lower(),

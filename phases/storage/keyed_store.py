@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from phases.errors import StateStoreError
+from phases.runtime.session import LIVE_STATE_PARTITIONS
 from phases.storage import fs
 
 _LAYOUT = re.compile(r"^p[0-9]+-[0-9a-f]{12}$")  # a layout's folder: partitions, then the description's hash
@@ -186,6 +187,14 @@ def _java_message(exc: Exception) -> str:
     return str(exc).splitlines()[0][:500]
 
 
+def new_store_partitions(spark: SparkSession) -> int:
+    """A new live run's store partitions: the session's ``SparkSettings.live_state_partitions`` (by default its task
+    slots). Each partition is one task of every micro-batch, which loads and commits its part of the store: more
+    partitions than slots only queue."""
+    configured = spark.conf.get(LIVE_STATE_PARTITIONS, None)
+    return int(configured) if configured else spark.sparkContext.defaultParallelism
+
+
 class LiveStateStore:
     """A live run's state store for one state layout (key and value columns and types, partitions), under
     ``root/<layout>``: the layout is named by a hash of the schema, so a schema change (a widened source
@@ -196,9 +205,8 @@ class LiveStateStore:
     written once it is whole.
 
     ``partitions`` (None: chosen once): the run keeps the partitions of a layout it already wrote (otherwise a
-    restart on another number of cores would rewrite its state), and a new run's store takes one partition per
-    core of the session (``defaultParallelism``): each partition is one task of every micro-batch, which loads and
-    commits its part of the store."""
+    restart on another number of cores would rewrite its state), and a new run's store takes
+    :func:`new_store_partitions`."""
 
     def __init__(
         self,
@@ -227,7 +235,7 @@ class LiveStateStore:
         if timers is not None:
             layout["timers"] = timers
         if partitions is None:
-            partitions = self._written_partitions(layout) or spark.sparkContext.defaultParallelism
+            partitions = self._written_partitions(layout) or new_store_partitions(spark)
         self.partitions = partitions
         layout["partitions"] = partitions
         described = json.dumps(layout, sort_keys=True)

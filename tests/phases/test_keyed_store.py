@@ -11,7 +11,7 @@ from pyspark.sql import types as T
 
 from phases.errors import StateStoreError
 from phases.runtime import jvm_deps
-from phases.storage.keyed_store import KeyedStore, LiveStateStore
+from phases.storage.keyed_store import KeyedStore, LiveStateStore, new_store_partitions
 
 # (class, method, parameter classes) the helper calls; "<init>" = a constructor.
 STATE = "org.apache.spark.sql.execution.streaming.state"
@@ -347,9 +347,9 @@ def test_the_store_lives_in_sparks_layout_under_its_path(spark, tmp_path):
     )
 
 
-def test_a_run_keeps_the_partitions_its_store_was_written_with_and_a_new_one_takes_one_per_core(spark, tmp_path):
+def test_a_run_keeps_the_partitions_its_store_was_written_with_and_a_new_one_takes_the_task_slots(spark, tmp_path):
     """A store's partitions are chosen once: a restart on another number of cores keeps the run's layout (else it
-    would rewrite its state); a new run's store takes the session's cores; a changed schema is a new layout."""
+    would rewrite its state); a new run's store takes the session's task slots; a changed schema is a new layout."""
     schema = _partials(spark, []).schema
     root = str(tmp_path / "live")
 
@@ -357,12 +357,12 @@ def test_a_run_keeps_the_partitions_its_store_was_written_with_and_a_new_one_tak
         return LiveStateStore(spark, root, ["key"], ["n", "total", "last"], schema, partitions)
 
     fresh = live()
-    assert fresh.partitions == spark.sparkContext.defaultParallelism
+    assert fresh.partitions == new_store_partitions(spark) == 2  # the tests' session: local[2]
     written = live(partitions=5)
     written.write_start(_partials(spark, [("a", 1, 1, None)]))
     assert live().partitions == 5 and live().layout == written.layout
     wider = T.StructType([T.StructField(f.name, T.DoubleType() if f.name == "total" else f.dataType) for f in schema])
-    assert live(schema=wider).partitions == spark.sparkContext.defaultParallelism
+    assert live(schema=wider).partitions == 2
 
 
 @pytest.mark.slow
