@@ -1,5 +1,6 @@
 """The background compaction of a changelog sink while the live phase runs (``DeltaSink.compact_every``): never
-inside a micro-batch, so a micro-batch only ever appends (:mod:`phases.storage.changelog`)."""
+inside a micro-batch, so a micro-batch only ever appends (:mod:`phases.storage.changelog`). Each run also tidies
+the changelog itself: its small files bin-packed and a checkpoint of its Delta log written."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class Compactor:
         while not self._stop.wait(every):
             try:
                 self.last = changelog.compact_changelog(self.spark, self.pipeline)
+                changelog.tidy(self.spark, self.pipeline)
                 self.runs += 1
                 self.last_error = None
             except Exception as exc:  # noqa: BLE001 - logged; the next interval tries again

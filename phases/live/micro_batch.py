@@ -102,7 +102,7 @@ class IncrementalLive:
         quarantine.ensure(spark, p.locations.quarantine)
         changelog.ensure_sink(spark, p, self.logic.output_schema)
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
-        if p.maintenance.auto_compact:  # on the table every micro-batch rewrites (not the handoff's state table)
+        if p.maintenance.auto_compact and p.sink.mode != "changelog":  # a changelog's is the compactor's work
             maintenance.enable_auto_compaction(spark, p.sink.path)
         # The switch's record: the live phase's immediate checkpoint. A run started before the log was a folder of
         # files kept its progress in a Delta table: it goes on from that table's last row.

@@ -5,10 +5,11 @@ their old files vacuumed, under the pipeline's :class:`~phases.definition.Mainte
   that nothing references.
   Every full backlog run removes the state tables no manifest names, while it holds the backlog lease and
   only when no other pipeline's backlog is running under the same root.
-- **Compaction**: tables the live phase rewrites every micro-batch (its state table, an upserted sink) get
-  Delta's auto compaction (``delta.autoOptimize.autoCompact``): it runs in the writer's own commits, so it
-  never conflicts with them. :func:`maintain` compacts the append-only tables (quarantine, manifests, live
-  progress) with ``OPTIMIZE``.
+- **Compaction**: an upserted sink, which the live phase rewrites every micro-batch, gets Delta's auto
+  compaction (``delta.autoOptimize.autoCompact``): it runs in the writer's own commits, so it never conflicts
+  with them. A changelog sink is bin-packed by its background compaction instead, off the micro-batch path
+  (:func:`phases.storage.changelog.tidy`). :func:`maintain` compacts the append-only tables (quarantine,
+  manifests, live progress) with ``OPTIMIZE``.
 - **Retention**: :func:`maintain` vacuums every engine table and the sink with ``Maintenance.retain``. Delta
   refuses a retention below its safety interval (7 days) unless told otherwise, so files a reader or a
   streaming checkpoint may still need stay. A manifest never needs an old table version: once its live

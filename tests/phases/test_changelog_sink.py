@@ -4,6 +4,7 @@ latest row per key, and it equals the upsert sink's rows at every cut-off, whene
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from datetime import timedelta
@@ -149,7 +150,15 @@ def test_the_running_live_phase_compacts_in_the_background_not_in_its_micro_batc
             live.compactor.last is None or live.compactor.last.through_version < log_version
         ):
             time.sleep(0.5)
-        assert live.compactor.last is not None and live.compactor.last_error is None
+        assert live.compactor.last is not None, "no compaction ran"
+        # tidy() checkpoints the changelog's log through Delta's internal DeltaLog.forTable(...).checkpoint().
+        assert live.compactor.last_error is None, (
+            f"compaction or DeltaLog.checkpoint() failed: {live.compactor.last_error}"
+        )
+        checkpoints = [f for f in os.listdir(f"{p.sink.path}/_delta_log") if f.endswith(".checkpoint.parquet")]
+        assert checkpoints, "the background compaction wrote no checkpoint of the changelog's log"
+        props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{p.sink.path}`").collect()}
+        assert {k: props.get(k) for k in changelog.PROPERTIES} == changelog.PROPERTIES
         # The micro-batches only appended (no MERGE); the compactor brought the current table up to them.
         history = spark.sql(f"DESCRIBE HISTORY delta.`{p.sink.path}`").collect()
         assert {h["operation"] for h in history} <= {"CREATE TABLE", "WRITE", "SET TBLPROPERTIES", "OPTIMIZE"}
