@@ -66,13 +66,15 @@ def version_stats(changes: DataFrame, valid: Column, event_time: str) -> list[Ve
             F.min(F.when(valid, us)).alias("min"),
             F.count(F.when(~valid, 1)).alias("invalid"),
         )
-        .orderBy(VERSION)
-        .collect()
+        .collect()  # one row per version: ordered here, not by another shuffle
     )
-    return [
-        VersionStats(int(r[VERSION]), None if r["max"] is None else int(r["max"]), r["min"], int(r["invalid"]))
-        for r in rows
-    ]
+    return sorted(
+        (
+            VersionStats(int(r[VERSION]), None if r["max"] is None else int(r["max"]), r["min"], int(r["invalid"]))
+            for r in rows
+        ),
+        key=lambda s: s.version,
+    )
 
 
 def late_candidates(stats: list[VersionStats], marks: dict[int, int]) -> list[int]:
@@ -108,10 +110,23 @@ def split_late(
     return on_time, late
 
 
+MARKS_AS_EXPRESSION = 64  # up to this many versions, W(v) is a CASE expression, not a broadcast join
+
+
 def with_watermarks(spark: SparkSession, rows: DataFrame, marks: dict[int, int]) -> DataFrame:
-    """``rows`` with ``_watermark_us`` = W(v) of their version (null before the first watermark)."""
+    """``rows`` with ``_watermark_us`` = W(v) of their version (null before the first watermark). A few versions
+    (a live micro-batch's): a CASE over the version, no join and no job to broadcast; more: a broadcast join."""
+    if len(marks) <= MARKS_AS_EXPRESSION:
+        mark: Column = F.lit(None).cast("long")
+        if marks:
+            branches = sorted(marks.items())
+            mark = F.when(F.col(VERSION) == F.lit(branches[0][0]), F.lit(branches[0][1]))
+            for version, us in branches[1:]:
+                mark = mark.when(F.col(VERSION) == F.lit(version), F.lit(us))
+        return rows.withColumn(WATERMARK_US, mark.cast("long"))
     schema = T.StructType(
         [T.StructField(VERSION, T.LongType(), False), T.StructField(WATERMARK_US, T.LongType(), False)]
     )
     table = spark.createDataFrame(sorted(marks.items()), schema)
-    return rows.join(F.broadcast(table), on=VERSION, how="left")
+    joined = rows.join(F.broadcast(table), on=VERSION, how="left")
+    return joined.select(*[F.col(f"`{c}`") for c in rows.columns], WATERMARK_US)  # the columns as above

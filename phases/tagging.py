@@ -92,12 +92,15 @@ def tag_changes(
     # The quarantine reads only the versions that can hold such rows (a literal false prunes the scan).
     late_versions = late_candidates(stats, marks)
     invalid_versions = [s.version for s in stats if s.invalid]
-    late = late.filter(_in_versions(late_versions))
-    # Invalid rows carry the watermark in force for their version too.
-    invalid = with_watermarks(spark, invalid.filter(_in_versions(invalid_versions)), marks)
-    q_rows = quarantine.invalid_and_late(
-        invalid, late, pipeline=pipeline.name, phase=phase, event_time=pipeline.event_time, batch_id=batch_id
-    )
+    if late_versions or invalid_versions:
+        late = late.filter(_in_versions(late_versions))
+        # Invalid rows carry the watermark in force for their version too.
+        invalid = with_watermarks(spark, invalid.filter(_in_versions(invalid_versions)), marks)
+        q_rows = quarantine.invalid_and_late(
+            invalid, late, pipeline=pipeline.name, phase=phase, event_time=pipeline.event_time, batch_id=batch_id
+        )
+    else:  # nothing to quarantine (the statistics say so): no rows to build
+        q_rows = spark.createDataFrame([], quarantine.SCHEMA)
     range_max = max((m for _, m in maxima), default=None)
     # A version holds an on-time record iff its greatest valid event time is above its watermark.
     has_on_time = any(s.max_us is not None and (s.version not in marks or s.max_us > marks[s.version]) for s in stats)
