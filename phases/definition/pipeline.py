@@ -71,7 +71,9 @@ class Maintenance(_Model):
     the fingerprint: it shapes no state."""
 
     auto_compact: bool = Field(
-        True, description="Delta auto compaction on the tables every live micro-batch rewrites (state, sink)."
+        True,
+        description="Compaction of the sink's small files: Delta auto compaction on an upserted sink (every live "
+        "micro-batch rewrites it); a changelog sink is bin-packed by its background compaction instead.",
     )
     retain: timedelta = Field(
         timedelta(days=7),
