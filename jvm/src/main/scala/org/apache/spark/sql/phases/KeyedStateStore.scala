@@ -112,23 +112,25 @@ class KeyedStateStore(
       val pair = new GenericInternalRow(2)
       val joined = new JoinedRow()
       // Several rows of one key (records lifted one by one) combine in turn; each key is emitted once, with
-      // its value after the whole partition.
-      val touched = new java.util.LinkedHashSet[UnsafeRow]()
+      // its value after the whole partition. When emitting, each touched key's newest value is kept here too: a
+      // key's next row combines with it without reading the store, and the emit reads nothing back.
+      val latest = new java.util.LinkedHashMap[UnsafeRow, UnsafeRow]()
       rows.foreach { row =>
         val key = keyOf(row)
         val partial = valueOf(row)
+        val seen = if (emit) latest.get(key) else null
         // Version 0 is the empty store, written from one row per key (the handoff's state): nothing to read.
-        val stored = if (version == 0L) null else state.get(key)
+        val stored = if (seen != null) seen else if (version == 0L) null else state.get(key)
         val value = if (stored == null) partial else {
           pair.update(0, stored)
           pair.update(1, partial)
           combined(pair)
         }
         state.put(key, value)
-        if (emit) touched.add(key.copy())
+        if (emit) latest.put(if (seen != null) key else key.copy(), value.copy())
       }
-      val emitted = new ArrayBuffer[InternalRow](touched.size)
-      touched.forEach { key => emitted += out(joined(key, state.get(key))).copy() }
+      val emitted = new ArrayBuffer[InternalRow](latest.size)
+      latest.forEach { (key, value) => emitted += out(joined(key, value)).copy() }
       if (closing) {
         // Keys in order: read until the first one past the bound, then remove what was read.
         val closed = new ArrayBuffer[UnsafeRow]()
