@@ -187,8 +187,10 @@ def transaction_versions(path: str, app_ids: list[str]) -> dict[str, int]:
     """The newest idempotent-write version Delta recorded for each of ``app_ids`` (``txnAppId`` / ``txnVersion``)
     in the table at ``path``; app ids the table never saw (or no table) are left out."""
     table = _table(path)
-    if table is None:
-        return {}
+    return {} if table is None else _versions(table, app_ids)
+
+
+def _versions(table, app_ids: list[str]) -> dict[str, int]:
     found = {app: table.transaction_version(app) for app in app_ids}
     return {app: int(v) for app, v in found.items() if v is not None}
 
@@ -197,11 +199,14 @@ def applied_transactions(spark: SparkSession, path: str, app_ids: list[str]) -> 
     """:func:`transaction_versions` and :func:`newest_marked_write`, read with delta-rs; a log delta-rs cannot read
     (store settings given to Spark only) is read through Spark's."""
     try:
-        found = transaction_versions(path, app_ids)
-        commits = _history_pages(path)
+        table = _table(path)  # one read of the log for both
     except SourceError:
         found = transaction_versions_through_spark(spark, path, app_ids)
         commits = _history_pages_through_spark(spark, path)
+    else:
+        if table is None:
+            return {}
+        found, commits = _versions(table, app_ids), _pages(lambda n: table.history(n))
     marked = newest_marked_write(commits, app_ids)
     if marked is not None and marked[1] > found.get(marked[0], -1):
         found[marked[0]] = marked[1]
@@ -254,14 +259,6 @@ def newest_marked_write(commits: Iterator[list[dict]], app_ids: list[str]) -> tu
             mark = _marker(commit)
             return mark if mark is not None and mark[0] in app_ids else None
     return None
-
-
-def _history_pages(path: str) -> Iterator[list[dict]]:
-    """The table's commit infos, newest first, in growing pages (most reads stop in the first)."""
-    table = _table(path)
-    if table is None:
-        return iter(())
-    return _pages(lambda n: table.history(n))
 
 
 def _history_pages_through_spark(spark: SparkSession, path: str) -> Iterator[list[dict]]:

@@ -112,10 +112,3 @@ def replace_rows(spark: SparkSession, path: str, rows: DataFrame, keys: list[str
 def key_match(t: str, s: str, columns: list[str]) -> str:
     """A MERGE condition: equal ``columns`` in the target alias ``t`` and the source alias ``s``."""
     return " AND ".join(f"{t}.`{c}` = {s}.`{c}`" for c in columns)
-
-
-def upsert(spark: SparkSession, path: str, rows: DataFrame, keys: list[str], app_id: str, batch: int) -> None:
-    """Replaces the rows of ``rows``' keys in the table at ``path`` and inserts the new ones: one MERGE,
-    skipped when Delta already committed (``app_id``, ``batch``)."""
-    with idempotent_dml(spark, app_id, batch):
-        replace_rows(spark, path, rows, keys)
