@@ -49,7 +49,9 @@ class AggregationHandoff:
     ):
         self.spark, self.logic, self.watermark, self.base, self.live = spark, logic, watermark_us, base, live
         self.windowed = isinstance(logic, WindowedAggregationLogic)
-        self.state = state.persist() if self.windowed else state
+        # Cached: the state table, the store's version 1 and the sink are written from it. The store takes it as the
+        # aggregation left it, hashed by key, without a second shuffle (KeyedStateStore's grouped route).
+        self.state = state.persist()
         self.rows_merged = 0
         self.keys = 0  # rows of the handed-over state
 
@@ -69,13 +71,16 @@ class AggregationHandoff:
             self.keys, self.rows_merged = int(metrics["rows"]), int(metrics["merged"] or 0)
 
     def write_live_state(self, store_root: str) -> None:
-        """Version 1 of the run's state store, from the state table just written."""
-        state = self.spark.read.format("delta").load(self.state_path)
-        self.live.open_store(self.spark, self.logic, store_root).write_start(self.live.start_rows(state))
+        """Version 1 of the run's state store: the rows of the state table just written, from the cache."""
+        self.live.open_store(self.spark, self.logic, store_root).write_start(self.live.start_rows(self._handed_over()))
+
+    def _handed_over(self) -> DataFrame:
+        """The state table's rows (cached): every key, or the windows still open."""
+        return self.state.filter(~self.logic.closed(self.state, self.watermark)) if self.windowed else self.state
 
     def write_sink(self, path: str) -> None:
         logic, spark = self.logic, self.spark
-        state_table = spark.read.format("delta").load(self.state_path)
+        state_table = self._handed_over()
         writer = None
         if not self.windowed and logic.pipeline.sink.mode == "changelog":
             # Every key's row, as the handoff's (batch -1): the changelog starts over from this handoff.
@@ -110,8 +115,7 @@ class AggregationHandoff:
         return HandoffCounts(self.keys, aggregated, int(sink_rows))
 
     def close(self) -> None:
-        if self.windowed:
-            self.state.unpersist()
+        self.state.unpersist()
 
 
 ROWS_PER_FILE = 1_000_000  # changed keys per sink file a micro-batch writes

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import uuid
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from pyspark.sql import types as T
 from phases.errors import StateStoreError
 from phases.runtime.session import LIVE_STATE_PARTITIONS
 from phases.storage import fs
+
+log = logging.getLogger(__name__)
 
 _LAYOUT = re.compile(r"^p[0-9]+-[0-9a-f]{12}$")  # a layout's folder: partitions, then the description's hash
 SEEDED = "_seeded.json"  # a layout's version 1 is whole: its schema, keys, values and partitions
@@ -52,6 +55,7 @@ class StoreUpdate:
     changed_keys: int
     version: int  # the version committed
     _handle: object
+    route: str = "shuffled"  # how the rows reached the store's partitions: grouped (no shuffle) or shuffled
 
     def release(self) -> None:
         self._handle.release()
@@ -166,7 +170,7 @@ class KeyedStore:
         except (Py4JJavaError, PySparkException) as exc:
             raise self._failed(version, exc) from exc
         rows = DataFrame(handle.frame(), self.spark)
-        return StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle)
+        return StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle, str(handle.route()))
 
     def _failed(self, version: int, exc: Exception) -> StateStoreError:
         return StateStoreError(
@@ -237,6 +241,7 @@ class LiveStateStore:
         if partitions is None:
             partitions = self._written_partitions(layout) or new_store_partitions(spark)
         self.partitions = partitions
+        self.start_route: str | None = None  # how version 1's rows reached the store's partitions (once written)
         layout["partitions"] = partitions
         described = json.dumps(layout, sort_keys=True)
         self.description = described
@@ -272,14 +277,17 @@ class LiveStateStore:
         """Writes version 1 from ``rows`` (one row per key, the layout's columns) and marks it whole."""
         marker = f"{self.root}/{self.layout}/{SEEDED}"
         fs.delete_file(self.spark, marker)
-        self.store.write(
+        written = self.store.write(
             rows.select(
                 *[
                     rows[f"`{c}`"].cast(f.dataType).alias(c)
                     for c, f in zip(self.schema.fieldNames(), self.schema.fields, strict=True)
                 ]
             )
-        ).release()
+        )
+        written.release()
+        self.start_route = written.route
+        log.info("state store %s/%s: version 1 written, its rows %s", self.root, self.layout, written.route)
         fs.create_once(self.spark, marker, self.description)
 
     def version_for(self, position: StatePosition | None, handoff_state: Callable[[], DataFrame]) -> int:

@@ -5,6 +5,8 @@ fails naming it, before anything runs into a NoSuchMethodError in a micro-batch.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -84,6 +86,21 @@ INTERNAL_API = [
     ("org.apache.spark.sql.classic.StreamingQueryManager", "stateStoreCoordinator", []),
     ("org.apache.spark.sql.classic.Dataset", "queryExecution", []),
     (f"{STATE}.RocksDBStateStoreProvider", "<init>", []),
+    # The grouped route (StoreSupport.hashPartitions): the plan nodes it looks through to a hash partitioning.
+    ("org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanExec", "executedPlan", []),
+    ("org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanExec", "isFinalPlan", []),
+    ("org.apache.spark.sql.execution.adaptive.QueryStageExec", "plan", []),
+    ("org.apache.spark.sql.execution.WholeStageCodegenExec", "child", []),
+    ("org.apache.spark.sql.execution.InputAdapter", "child", []),
+    ("org.apache.spark.sql.execution.CollectMetricsExec", "child", []),
+    ("org.apache.spark.sql.execution.FilterExec", "child", []),
+    ("org.apache.spark.sql.execution.ProjectExec", "projectList", []),
+    ("org.apache.spark.sql.execution.columnar.InMemoryTableScanExec", "relation", []),
+    ("org.apache.spark.sql.execution.columnar.InMemoryRelation", "cachedPlan", []),
+    ("org.apache.spark.sql.execution.columnar.InMemoryRelation", "output", []),
+    ("org.apache.spark.sql.execution.exchange.Exchange", "child", []),
+    ("org.apache.spark.sql.catalyst.plans.physical.HashPartitioning", "partitionIdExpression", []),
+    ("org.apache.spark.sql.catalyst.plans.physical.HashPartitioning", "numPartitions", []),
 ]
 # The RocksDB settings (changelogCheckpointing.enabled, trackTotalNumberOfRows) are read by prefix, not registered:
 # the layout test below checks that changelog checkpointing took effect.
@@ -345,6 +362,109 @@ def test_the_store_lives_in_sparks_layout_under_its_path(spark, tmp_path):
     assert _rows(store.read(2)) == sorted(
         (f"k{i}", 2 if f"k{i}" in {r["key"] for r in rows.limit(3).collect()} else 1, None, None) for i in range(10)
     )
+
+
+@pytest.fixture
+def no_coalescing(spark):
+    """Adaptive execution keeps a shuffle's partitions as they are (with a few rows it would merge them into one)."""
+    key = "spark.sql.adaptive.coalescePartitions.enabled"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    yield
+    spark.conf.set(key, before)
+
+
+ROUTE = "spark.phases.storeRoute"
+
+
+def _keyed_rows(spark, n=300):
+    """Two key columns of two types, nulls among them, and the store's value columns."""
+    return spark.range(n).select(
+        F.when(F.col("id") % 7 == 0, None)
+        .otherwise(F.concat(F.lit("k"), (F.col("id") % 50).cast("string")))
+        .alias("a"),
+        (F.col("id") % 3).cast("int").alias("b"),
+        F.lit(1).cast("long").alias("n"),
+    )
+
+
+def _counts(spark, path, partitions, version):
+    schema = T.StructType(
+        [T.StructField("a", T.StringType()), T.StructField("b", T.IntegerType()), T.StructField("n", T.LongType())]
+    )
+    store = KeyedStore(spark, str(path), ["a", "b"], ["n"], schema, partitions)
+    return {(r["a"], r["b"]): r["n"] for r in store.read(version).collect()}
+
+
+@pytest.mark.parametrize("partitions", [2, 4])
+def test_rows_an_aggregation_hashed_by_the_keys_reach_the_store_without_a_shuffle_where_a_shuffle_puts_them(
+    spark, tmp_path, no_coalescing, partitions
+):
+    """The backlog's aggregation, cached, is in `spark.sql.shuffle.partitions` hash partitions of the keys: a store
+    of a divisor of that many partitions takes them as they are. Every key must be where a shuffle would put it,
+    or a later update would not meet its state: an update of every key after the write finds each stored count."""
+    spark.conf.set("spark.sql.shuffle.partitions", "8")
+    try:
+        rows = _keyed_rows(spark)
+        state = rows.groupBy("a", "b").agg(F.sum("n").alias("n")).persist()
+        state.count()
+        schema = state.schema
+        grouped = KeyedStore(spark, str(tmp_path / "grouped"), ["a", "b"], ["n"], schema, partitions)
+        written = grouped.write(state)
+        written.release()
+        assert written.route == "grouped"
+        expected = {(r["a"], r["b"]): r["n"] for r in state.collect()}
+        update = grouped.update(state, ["t.n + s.n"], 1)
+        update.release()
+        assert _counts(spark, tmp_path / "grouped", partitions, 2) == {k: 2 * n for k, n in expected.items()}
+        # Other hash partitionings (cached too): the keys in another order, another column, or a count of partitions
+        # that is a multiple of the store's or not; and one whose shuffle has not run (adaptive execution may still
+        # merge its partitions).
+        local = spark.createDataFrame(state.collect(), schema)
+        others = [
+            (local.repartition(8, "b", "a").persist(), "shuffled"),
+            (local.repartition(8, "a").persist(), "shuffled"),
+            (local.repartition(6, "a", "b").persist(), "grouped" if partitions == 2 else "shuffled"),
+            (local.repartition(8, "a", "b"), "shuffled"),
+        ]
+        for other, route in others:
+            other.count()
+            path = tmp_path / f"other-{uuid.uuid4().hex}"
+            update = KeyedStore(spark, str(path), ["a", "b"], ["n"], schema, partitions).write(other)
+            update.release()
+            other.unpersist()
+            assert update.route == route
+            assert _counts(spark, path, partitions, 1) == expected
+        state.unpersist()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+
+
+def test_rows_in_partitions_of_another_hash_are_found_misrouted_and_shuffled(spark, tmp_path):
+    """The grouped route checks every row's partition by Spark's rule: rows it must not take (forced here onto rows
+    in round-robin partitions) fail the attempt, which is run again over the shuffle, and nothing is lost."""
+    rows = _keyed_rows(spark).dropDuplicates(["a", "b"]).repartition(4)
+    expected = {(r["a"], r["b"]): r["n"] for r in rows.collect()}
+    spark.conf.set(ROUTE, "group")
+    try:
+        store = KeyedStore(spark, str(tmp_path / "store"), ["a", "b"], ["n"], rows.schema, 2)
+        update = store.write(rows)
+        update.release()
+    finally:
+        spark.conf.unset(ROUTE)
+    assert update.route == "shuffled after a misrouted row"
+    assert _counts(spark, tmp_path / "store", 2, 1) == expected
+    store.update(rows, ["t.n + s.n"], 1).release()
+    assert _counts(spark, tmp_path / "store", 2, 2) == {k: 2 * n for k, n in expected.items()}
+
+
+def test_an_unknown_store_route_is_refused_with_the_valid_ones(spark, tmp_path):
+    spark.conf.set(ROUTE, "fast")
+    try:
+        with pytest.raises(StateStoreError, match="valid values: auto, shuffle, group"):
+            _open(spark, tmp_path / "store").write(_partials(spark, [("a", 1, 1, None)]))
+    finally:
+        spark.conf.unset(ROUTE)
 
 
 def test_a_run_keeps_the_partitions_its_store_was_written_with_and_a_new_one_takes_the_task_slots(spark, tmp_path):

@@ -21,12 +21,14 @@ import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.StructType
 import org.apache.spark.storage.StorageLevel
 
-/** What one update of the store produced: the changed keys' new rows (cached until released) and counts. */
+/** What one update of the store produced: the changed keys' new rows (cached until released), counts, and the route
+ * its rows took to the store's partitions (StoreSupport.withRoutedRows). */
 class StoreUpdate(
     private val rows: RDD[InternalRow],
     val frame: DataFrame,
     val changedKeys: Long,
-    val committedVersion: Long) {
+    val committedVersion: Long,
+    val route: String = "shuffled") {
   /** Drops the cached rows (call once the micro-batch's writes are done). */
   def release(): Unit = rows.unpersist(blocking = false)
 }
@@ -100,60 +102,65 @@ class KeyedStateStore(
     val valueTypes = valueSchema.fields.map(_.dataType)
     val rowTypes = rowSchema.fields.map(_.dataType)
     val store = sessionFor(version)
-    val routed = StoreSupport.routed(partials, rowSchema.fieldNames.toIndexedSeq, keyColumns.toIndexedSeq, partitions,
-      checkpoint)
-    val rdd = routed.mapPartitionsWithStateStore(
-      stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
-      Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>
-      val keyOf = StoreSupport.columns(keyTypes.toIndexedSeq, 0)
-      val valueOf = StoreSupport.columns(valueTypes.toIndexedSeq, nKeys)
-      val combined = UnsafeProjection.create(combine, pairAttrs)
-      val out = StoreSupport.columns(rowTypes.toIndexedSeq, 0)
-      val pair = new GenericInternalRow(2)
-      val joined = new JoinedRow()
-      // Several rows of one key (records lifted one by one) combine in turn; each key is emitted once, with
-      // its value after the whole partition. When emitting, each touched key's newest value is kept here too: a
-      // key's next row combines with it without reading the store, and the emit reads nothing back.
-      val latest = new java.util.LinkedHashMap[UnsafeRow, UnsafeRow]()
-      rows.foreach { row =>
-        val key = keyOf(row)
-        val partial = valueOf(row)
-        val seen = if (emit) latest.get(key) else null
-        // Version 0 is the empty store, written from one row per key (the handoff's state): nothing to read.
-        val stored = if (seen != null) seen else if (version == 0L) null else state.get(key)
-        val value = if (stored == null) partial else {
-          pair.update(0, stored)
-          pair.update(1, partial)
-          combined(pair)
-        }
-        state.put(key, value)
-        if (emit) latest.put(if (seen != null) key else key.copy(), value.copy())
-      }
-      val emitted = new ArrayBuffer[InternalRow](latest.size)
-      latest.forEach { (key, value) => emitted += out(joined(key, value)).copy() }
-      if (closing) {
-        // Keys in order: read until the first one past the bound, then remove what was read.
-        val closed = new ArrayBuffer[UnsafeRow]()
-        val it = state.iterator()
-        try {
-          var more = true
-          while (more && it.hasNext) {
-            val pair = it.next()
-            if (pair.key.getLong(orderAt) <= closeBound) {
-              closed += pair.key.copy()
-              emitted += out(joined(pair.key, pair.value)).copy()
-            } else more = false
+    StoreSupport.withRoutedRows(partials, rowSchema.fieldNames.toIndexedSeq, keyColumns.toIndexedSeq, partitions,
+      checkpoint) { (routed, route) =>
+      val rdd = routed.mapPartitionsWithStateStore(
+        stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
+        Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>
+        val keyOf = StoreSupport.columns(keyTypes.toIndexedSeq, 0)
+        val valueOf = StoreSupport.columns(valueTypes.toIndexedSeq, nKeys)
+        val combined = UnsafeProjection.create(combine, pairAttrs)
+        val out = StoreSupport.columns(rowTypes.toIndexedSeq, 0)
+        val pair = new GenericInternalRow(2)
+        val joined = new JoinedRow()
+        // Several rows of one key (records lifted one by one) combine in turn; each key is emitted once, with
+        // its value after the whole partition. When emitting, each touched key's newest value is kept here too: a
+        // key's next row combines with it without reading the store, and the emit reads nothing back.
+        val latest = new java.util.LinkedHashMap[UnsafeRow, UnsafeRow]()
+        rows.foreach { row =>
+          val key = keyOf(row)
+          val partial = valueOf(row)
+          val seen = if (emit) latest.get(key) else null
+          // Version 0 is the empty store, written from one row per key (the handoff's state): nothing to read.
+          val stored = if (seen != null) seen else if (version == 0L) null else state.get(key)
+          val value = if (stored == null) partial else {
+            pair.update(0, stored)
+            pair.update(1, partial)
+            combined(pair)
           }
-        } finally it.close()
-        closed.foreach(key => state.remove(key))
+          state.put(key, value)
+          if (emit) latest.put(if (seen != null) key else key.copy(), value.copy())
+        }
+        val emitted = new ArrayBuffer[InternalRow](latest.size)
+        latest.forEach { (key, value) => emitted += out(joined(key, value)).copy() }
+        if (closing) {
+          // Keys in order: read until the first one past the bound, then remove what was read.
+          val closed = new ArrayBuffer[UnsafeRow]()
+          val it = state.iterator()
+          try {
+            var more = true
+            while (more && it.hasNext) {
+              val pair = it.next()
+              if (pair.key.getLong(orderAt) <= closeBound) {
+                closed += pair.key.copy()
+                emitted += out(joined(pair.key, pair.value)).copy()
+              } else more = false
+            }
+          } finally it.close()
+          closed.foreach(key => state.remove(key))
+        }
+        state.commit()
+        emitted.iterator
       }
-      state.commit()
-      emitted.iterator
+      val cached = rdd.persist(StorageLevel.MEMORY_AND_DISK)
+      val changed = try cached.count() catch {
+        case e: Throwable =>
+          cached.unpersist(blocking = false)
+          throw e
+      }
+      val frame = spark.internalCreateDataFrame(cached, rowSchema)
+      new StoreUpdate(cached, frame, changed, version + 1, route)
     }
-    val cached = rdd.persist(StorageLevel.MEMORY_AND_DISK)
-    val changed = cached.count()
-    val frame = spark.internalCreateDataFrame(cached, rowSchema)
-    new StoreUpdate(cached, frame, changed, version + 1)
   }
 
   /** Every row of the store at `version` (nothing is committed). */

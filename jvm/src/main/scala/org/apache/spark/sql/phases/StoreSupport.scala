@@ -6,12 +6,19 @@ package org.apache.spark.sql.phases
 
 import java.util.UUID
 
-import org.apache.spark.rdd.RDD
+import org.apache.spark.SparkException
+import org.apache.spark.rdd.{PartitionCoalescer, PartitionGroup, RDD}
 import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.catalyst.InternalRow
-import org.apache.spark.sql.catalyst.expressions.{Attribute, BoundReference, Expression, UnsafeProjection}
+import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, BoundReference, Expression, UnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.logical.Project
+import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
+import org.apache.spark.sql.execution.{CollectMetricsExec, FilterExec, InputAdapter, ProjectExec, SparkPlan,
+  WholeStageCodegenExec}
+import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
+import org.apache.spark.sql.execution.columnar.InMemoryTableScanExec
+import org.apache.spark.sql.execution.exchange.Exchange
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
 import org.apache.spark.sql.functions.col
 import org.apache.spark.sql.types.{DataType, StructField, StructType}
@@ -43,6 +50,120 @@ object StoreSupport {
     rdd
   }
 
+  /** A row the grouped route (below) found in a store partition its keys do not hash to. */
+  val Misrouted = "row in a store partition its keys do not hash to"
+
+  /** How rows reach the store's partitions: `auto` (grouped when the plan shows it applies, else shuffled),
+   * `shuffle` (always), `group` (grouped whatever the plan shows, still checked row by row: for tests). */
+  val RouteConf = "spark.phases.storeRoute"
+  val Routes = Seq("auto", "shuffle", "group")
+
+  /**
+   * Runs `run` over `rows`' `columns` in `partitions` store partitions by the hash of the `by` columns, the way
+   * `repartition(partitions, by)` routes them, but without a shuffle when the rows already are in `k * partitions`
+   * hash partitions of exactly the `by` columns (the backlog's aggregation by key, cached): store partition `j` then
+   * takes the row partitions `i` with `i % partitions == j`, since pmod(h, k * n) % n == pmod(h, n). Each of those
+   * tasks checks every row's partition by Spark's own rule; a row elsewhere fails the attempt, which is then run
+   * again over the shuffle (an update that fails commits no version that a progress record names, and a replay
+   * rewrites the version it failed to write). `run` gets the rows and the route they took.
+   */
+  def withRoutedRows[T](
+      rows: DataFrame,
+      columns: Seq[String],
+      by: Seq[String],
+      partitions: Int,
+      store: String)(run: (RDD[InternalRow], String) => T): T = {
+    val route = rows.sparkSession.conf.get(RouteConf, "auto")
+    require(Routes.contains(route), s"$RouteConf is '$route'; valid values: ${Routes.mkString(", ")}")
+    val group = route match {
+      case "shuffle" => None
+      case "group" => grouped(rows, columns, by, partitions, force = true)
+      case _ => grouped(rows, columns, by, partitions, force = false)
+    }
+    group match {
+      case Some(rdd) =>
+        try run(rdd, "grouped") catch {
+          case e: SparkException if causes(e).exists(c => Option(c.getMessage).exists(_.contains(Misrouted))) =>
+            run(routed(rows, columns, by, partitions, store), "shuffled after a misrouted row")
+        }
+      case None => run(routed(rows, columns, by, partitions, store), "shuffled")
+    }
+  }
+
+  private def causes(e: Throwable): Iterator[Throwable] = Iterator.iterate(e)(_.getCause).takeWhile(_ != null).take(20)
+
+  /** The grouped route of [[withRoutedRows]] when the plan of `rows` shows it applies (None: shuffle). */
+  private def grouped(
+      rows: DataFrame,
+      columns: Seq[String],
+      by: Seq[String],
+      partitions: Int,
+      force: Boolean): Option[RDD[InternalRow]] = {
+    val ds = rows.select(columns.map(n => col(s"`$n`")): _*).asInstanceOf[ClassicDataset[Row]]
+    // The executed plan's own attributes (the optimizer drops aliases that only rename, and their ids with them).
+    val plan = ds.queryExecution.executedPlan
+    val keys = by.map(n => plan.output(columns.indexOf(n)))
+    val shown = if (force) Some(-1) else hashPartitions(plan, keys, settled = true)
+    shown match {
+      case Some(m) if force || (m >= partitions && m % partitions == 0) =>
+        val source = ds.queryExecution.toRdd
+        if (!force && source.getNumPartitions != m) None
+        else {
+          val keyTypes = keys.map(_.dataType)
+          val keyOrdinals = by.map(columns.indexOf)
+          val checked = source.coalesce(partitions, shuffle = false, Some(new ModuloCoalescer(partitions)))
+            .mapPartitionsWithIndex { (j, it) =>
+              val partitionOf = UnsafeProjection.create(Seq(
+                HashPartitioning(keyOrdinals.zip(keyTypes).map { case (o, t) => BoundReference(o, t, nullable = true) },
+                  partitions).partitionIdExpression))
+              it.map { row =>
+                if (partitionOf(row).getInt(0) != j) {
+                  throw new IllegalStateException(s"$Misrouted: store partition $j")
+                }
+                row
+              }
+            }
+          Some(checked)
+        }
+      case _ => None
+    }
+  }
+
+  /**
+   * The number of hash partitions of exactly `keys` (in order) the rows of `plan` are in, as far as the plan shows it
+   * through what adaptive execution and the cache wrap around it (None: not shown). `settled`: no exchange below
+   * can still be replaced (an adaptive plan that has not run may coalesce its shuffles when it runs).
+   */
+  private[phases] def hashPartitions(plan: SparkPlan, keys: Seq[Attribute], settled: Boolean): Option[Int] = plan match {
+    case a: AdaptiveSparkPlanExec => hashPartitions(a.executedPlan, keys, settled && a.isFinalPlan)
+    case q: QueryStageExec => hashPartitions(q.plan, keys, settled)
+    case w: WholeStageCodegenExec => hashPartitions(w.child, keys, settled)
+    case i: InputAdapter => hashPartitions(i.child, keys, settled)
+    case c: CollectMetricsExec => hashPartitions(c.child, keys, settled)
+    case f: FilterExec => hashPartitions(f.child, keys, settled)
+    case p: ProjectExec =>
+      val sources = keys.map { k =>
+        p.projectList.collectFirst {
+          case a: Attribute if a.exprId == k.exprId => a
+          case al @ Alias(a: Attribute, _) if al.exprId == k.exprId => a
+        }
+      }
+      if (sources.forall(_.isDefined)) hashPartitions(p.child, sources.flatten, settled) else None
+    case s: InMemoryTableScanExec =>
+      // The cached plan ran when the cache was built: it is settled whatever this plan's state.
+      val relation = s.relation
+      val at = keys.map(k => relation.output.indexWhere(_.exprId == k.exprId))
+      if (at.exists(_ < 0)) None
+      else hashPartitions(relation.cachedPlan, at.map(relation.cachedPlan.output), settled = true)
+    case other if !settled && other.exists(_.isInstanceOf[Exchange]) => None
+    case other => other.outputPartitioning match {
+      case h: HashPartitioning
+          if h.expressions.length == keys.length && h.expressions.zip(keys).forall { case (e, k) => e.semanticEquals(k) } =>
+        Some(h.numPartitions)
+      case _ => None
+    }
+  }
+
   /** The combine expressions (SQL over structs `t`, the stored values, and `s`, the new ones), analysed once; each
    * must have its value column's type. */
   def combineExpressions(
@@ -72,6 +193,15 @@ object StoreSupport {
   def columns(types: Seq[DataType], from: Int): UnsafeProjection =
     UnsafeProjection.create(types.zipWithIndex.map { case (t, i) =>
       BoundReference(from + i, t, nullable = true): Expression })
+}
+
+/** Groups partition `i` of the parent into partition `i % n` (the grouped route of [[StoreSupport.withRoutedRows]]). */
+class ModuloCoalescer(n: Int) extends PartitionCoalescer with Serializable {
+  override def coalesce(maxPartitions: Int, parent: RDD[_]): Array[PartitionGroup] = {
+    val groups = Array.fill(n)(new PartitionGroup())
+    parent.partitions.foreach(p => groups(p.index % n).partitions += p)
+    groups
+  }
 }
 
 /**
