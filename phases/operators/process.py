@@ -38,9 +38,9 @@ class ProcessHandoff:
         self.passed = logic.backlog_pass(prepared, final_watermark_us).persist(StorageLevel.DISK_ONLY)
 
     def write_live_state(self, store_root: str) -> None:
-        """Version 1 of the run's state store, from the state table just written."""
+        """Version 1 of the run's state store: the state table's rows, from the persisted pass (not read back)."""
         spark = self.passed.sparkSession
-        state = spark.read.format("delta").load(self.state_path)
+        state = self.logic.states(self.passed)
         ProcessStoreStep.open_store(spark, self.logic, store_root).write_start(ProcessStoreStep.start_rows(state))
 
     def write_state(self, path: str) -> None:

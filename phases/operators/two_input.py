@@ -37,13 +37,15 @@ class TwoInputHandoff:
         ``out`` and ``state`` read them; ``live``: the live step, whose store gets the state as its version 1."""
         self.spark, self._inputs, self._input_rows = spark, inputs, input_rows
         self.logic, self.live = logic, live
-        self.state, self._state_rows = counted(state, "handoff state")
+        # Cached: the state table and the store's version 1 are written from it (the store does not read it back).
+        self._handed_over = state.persist()
+        self.state, self._state_rows = counted(self._handed_over, "handoff state")
         self.out, self._sink_rows = counted(out, "handoff sink")
 
     def write_live_state(self, store_root: str) -> None:
-        """Version 1 of the run's state store, from the state table just written."""
-        state = self.spark.read.format("delta").load(self.state_path)
-        self.live.open_store(self.spark, self.logic, store_root).write_start(self.live.start_rows(state))
+        """Version 1 of the run's state store: the state table's rows, from the cache."""
+        rows = self.live.start_rows(self._handed_over)
+        self.live.open_store(self.spark, self.logic, store_root).write_start(rows)
 
     def write_state(self, path: str) -> None:
         self.state.write.format("delta").mode("errorifexists").save(path)

@@ -75,7 +75,9 @@ class KeyedStateStore(
    * Combines `partials` (keys + values; several rows of a key combine in turn) into the store at `version` and commits
    * version + 1; returns the changed keys' new rows. `combineSql` per value column: SQL over `t.<column>` (the
    * stored value) and `s.<column>` (the partial); a key not in the store takes the partial as it is.
-   * `emit` = false writes without returning rows (the handoff's version 1).
+   * `emit` = false writes without returning rows (the handoff's version 1). The handoff's rows (an update from
+   * version 0) reach the store's partitions without a shuffle when they are hash-partitioned by the keys already
+   * (StoreSupport.withRoutedRows).
    */
   def update(partials: DataFrame, combineSql: java.util.List[String], version: Long, emit: Boolean): StoreUpdate =
     update(partials, combineSql, version, emit, null)
@@ -103,7 +105,7 @@ class KeyedStateStore(
     val rowTypes = rowSchema.fields.map(_.dataType)
     val store = sessionFor(version)
     StoreSupport.withRoutedRows(partials, rowSchema.fieldNames.toIndexedSeq, keyColumns.toIndexedSeq, partitions,
-      checkpoint) { (routed, route) =>
+      checkpoint, mayGroup = version == 0L) { (routed, route) =>
       val rdd = routed.mapPartitionsWithStateStore(
         stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
         Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>

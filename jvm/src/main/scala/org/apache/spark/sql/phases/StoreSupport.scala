@@ -65,17 +65,21 @@ object StoreSupport {
    * takes the row partitions `i` with `i % partitions == j`, since pmod(h, k * n) % n == pmod(h, n). Each of those
    * tasks checks every row's partition by Spark's own rule; a row elsewhere fails the attempt, which is then run
    * again over the shuffle (an update that fails commits no version that a progress record names, and a replay
-   * rewrites the version it failed to write). `run` gets the rows and the route they took.
+   * rewrites the version it failed to write). `run` gets the rows and the route they took. `mayGroup` = false: always
+   * the shuffle (a live micro-batch's rows come from a plan that has not run, whose partitions adaptive execution may
+   * still merge; looking is not worth its planning there).
    */
   def withRoutedRows[T](
       rows: DataFrame,
       columns: Seq[String],
       by: Seq[String],
       partitions: Int,
-      store: String)(run: (RDD[InternalRow], String) => T): T = {
+      store: String,
+      mayGroup: Boolean)(run: (RDD[InternalRow], String) => T): T = {
     val route = rows.sparkSession.conf.get(RouteConf, "auto")
     require(Routes.contains(route), s"$RouteConf is '$route'; valid values: ${Routes.mkString(", ")}")
     val group = route match {
+      case _ if !mayGroup => None
       case "shuffle" => None
       case "group" => grouped(rows, columns, by, partitions, force = true)
       case _ => grouped(rows, columns, by, partitions, force = false)
