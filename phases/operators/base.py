@@ -71,8 +71,9 @@ class HandoffWrite(Protocol):
         """Writes the backlog's results to the sink (a re-run replaces, never duplicates)."""
 
     def write_live_state(self, store_root: str) -> None:
-        """Writes the live phase's starting state (version 1 of the run's state store under ``store_root``, from the
-        state table just written), so that the switch replays nothing."""
+        """Writes the live phase's starting state (version 1 of the run's state store under ``store_root``: the rows of
+        the state table just written, from the handoff's cache rather than read back), so that the switch replays
+        nothing."""
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts: ...
 
