@@ -142,39 +142,38 @@ class SessionStateStore(
         toRow(j2(j1(group, two), values)).copy()
       }
 
-      // The batch's rows per group key, in arrival order of the keys.
+      // The batch's rows per group key, in arrival order of the keys. Version 0's rows are the handoff's sessions,
+      // merged already: each is put as it comes, with nothing to gather.
       val incoming = new java.util.LinkedHashMap[UnsafeRow, ArrayBuffer[OpenSession]]()
-      input.foreach { row =>
+      if (version == 0L) input.foreach(row => put(groupOf(row), row.getLong(nG), row.getLong(nG + 1), valuesOf(row)))
+      else input.foreach { row =>
         val group = groupOf(row).copy()
         val s = new OpenSession(row.getLong(nG), row.getLong(nG + 1), valuesOf(row).copy(), stored = false)
         incoming.computeIfAbsent(group, _ => ArrayBuffer[OpenSession]()) += s
       }
       incoming.forEach { (group, fresh) =>
-        if (version == 0L) fresh.foreach(s => put(group, s.start, s.end, s.values)) // the handoff's, as they are
-        else {
-          val stored = ArrayBuffer[OpenSession]()
-          val it = state.prefixScan(group)
-          try it.foreach { p =>
-            stored += new OpenSession(p.key.getLong(nG), p.value.getLong(0), storedValues(p.value).copy(), stored = true)
-          } finally it.close()
-          // Spark's session rule over the key's open sessions and the new ones, in the order of their start.
-          val merged = ArrayBuffer[MergedSession]()
-          (stored ++ fresh).sortBy(_.start).foreach { s =>
-            val current = merged.lastOption.orNull
-            if (current != null && s.start <= current.end) {
-              current.end = math.max(current.end, s.end)
-              pair.update(0, current.values)
-              pair.update(1, s.values)
-              current.values = combined(pair).copy()
-              current.touched = true
-              current.members += s
-            } else merged += new MergedSession(s)
-          }
-          // A merged session of one stored session alone is as it was: nothing to write.
-          merged.filter(_.touched).foreach { m =>
-            m.members.filter(_.stored).foreach(s => remove(group, s))
-            put(group, m.start, m.end, m.values)
-          }
+        val stored = ArrayBuffer[OpenSession]()
+        val it = state.prefixScan(group)
+        try it.foreach { p =>
+          stored += new OpenSession(p.key.getLong(nG), p.value.getLong(0), storedValues(p.value).copy(), stored = true)
+        } finally it.close()
+        // Spark's session rule over the key's open sessions and the new ones, in the order of their start.
+        val merged = ArrayBuffer[MergedSession]()
+        (stored ++ fresh).sortBy(_.start).foreach { s =>
+          val current = merged.lastOption.orNull
+          if (current != null && s.start <= current.end) {
+            current.end = math.max(current.end, s.end)
+            pair.update(0, current.values)
+            pair.update(1, s.values)
+            current.values = combined(pair).copy()
+            current.touched = true
+            current.members += s
+          } else merged += new MergedSession(s)
+        }
+        // A merged session of one stored session alone is as it was: nothing to write.
+        merged.filter(_.touched).foreach { m =>
+          m.members.filter(_.stored).foreach(s => remove(group, s))
+          put(group, m.start, m.end, m.values)
         }
       }
       val emitted = ArrayBuffer[InternalRow]()
