@@ -241,7 +241,6 @@ class LiveStateStore:
         if partitions is None:
             partitions = self._written_partitions(layout) or new_store_partitions(spark)
         self.partitions = partitions
-        self.start_route: str | None = None  # how version 1's rows reached the store's partitions (once written)
         layout["partitions"] = partitions
         described = json.dumps(layout, sort_keys=True)
         self.description = described
@@ -286,7 +285,6 @@ class LiveStateStore:
             )
         )
         written.release()
-        self.start_route = written.route
         log.info("state store %s/%s: version 1 written, its rows %s", self.root, self.layout, written.route)
         fs.create_once(self.spark, marker, self.description)
 
