@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 class Compactor:
     """Compacts the pipeline's changelog into its current table every ``sink.compact_every`` until stopped. A
-    failed compaction is logged and tried again at the next interval (the reader is exact either way)."""
+    failed compaction is logged and tried again at the next interval (the reader is exact either way). ``last`` is
+    the compaction of the latest run that finished, its tidying included; ``last_error`` the latest run's failure."""
 
     def __init__(self, spark: SparkSession, pipeline: Pipeline):
         self.spark, self.pipeline = spark, pipeline
@@ -37,10 +38,11 @@ class Compactor:
         every = self.pipeline.sink.compact_every.total_seconds()
         while not self._stop.wait(every):
             try:
-                self.last = changelog.compact_changelog(self.spark, self.pipeline)
+                compaction = changelog.compact_changelog(self.spark, self.pipeline)
                 changelog.tidy(self.spark, self.pipeline)
+                # Published once the whole run is done: ``last`` names a run whose log checkpoint is written too.
+                self.last, self.last_error = compaction, None
                 self.runs += 1
-                self.last_error = None
             except Exception as exc:  # noqa: BLE001 - logged; the next interval tries again
                 self.last_error = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
                 log.warning(

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from phases.backlog.runner import BacklogRunner
 from phases.definition import DeltaSink, Window, WindowedAggregate
 from phases.errors import DefinitionError
+from phases.live.compactor import Compactor
 from phases.live.runner import LiveRunner
 from phases.storage import changelog
 from tests import reference
@@ -133,6 +134,33 @@ def test_compaction_follows_appends_and_is_rebuilt_after_a_new_handoff(spark, tm
     assert_results_equal(current_rows(spark, p), expected)
 
 
+def test_a_compaction_run_is_reported_only_once_its_log_checkpoint_is_written(tmp_path, monkeypatch):
+    # The compactor once published a run's compaction before tidying the changelog (its log checkpoint), so a
+    # reader of ``last`` could look for the checkpoint before it was written (a CI failure of the test below).
+    tidied: list[object] = []
+
+    def compact(spark, pipeline):
+        return object()
+
+    def slow_tidy(spark, pipeline):
+        time.sleep(1)
+        tidied.append(compactor.last)
+
+    monkeypatch.setattr(changelog, "compact_changelog", compact)
+    monkeypatch.setattr(changelog, "tidy", slow_tidy)
+    p = _changelog_pipeline(str(tmp_path / "source"), str(tmp_path / "run"), compact_every=timedelta(seconds=0.1))
+    compactor = Compactor(None, p).start()  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 30
+        while compactor.last is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert compactor.last is not None, "no compaction run finished in 30 s"
+        assert tidied, "the compaction was reported before the changelog's log checkpoint was written"
+        assert compactor.runs >= 1 and compactor.last_error is None
+    finally:
+        compactor.stop()
+
+
 def test_the_running_live_phase_compacts_in_the_background_not_in_its_micro_batches(spark, tmp_path):
     source = str(tmp_path / "source")
     write_source(spark, source, {1: [("a", 100 * SECOND, 1)]})
@@ -155,8 +183,13 @@ def test_the_running_live_phase_compacts_in_the_background_not_in_its_micro_batc
         assert live.compactor.last_error is None, (
             f"compaction or DeltaLog.checkpoint() failed: {live.compactor.last_error}"
         )
-        checkpoints = [f for f in os.listdir(f"{p.sink.path}/_delta_log") if f.endswith(".checkpoint.parquet")]
-        assert checkpoints, "the background compaction wrote no checkpoint of the changelog's log"
+        checkpoints = [
+            int(f.split(".")[0]) for f in os.listdir(f"{p.sink.path}/_delta_log") if f.endswith(".checkpoint.parquet")
+        ]
+        assert max(checkpoints, default=-1) >= log_version, (
+            f"the background compaction through version {log_version} wrote no checkpoint of the changelog's log "
+            f"at or after it (checkpoints: {sorted(checkpoints)})"
+        )
         props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{p.sink.path}`").collect()}
         assert {k: props.get(k) for k in changelog.PROPERTIES} == changelog.PROPERTIES
         # The micro-batches only appended (no MERGE); the compactor brought the current table up to them.
