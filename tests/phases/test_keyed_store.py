@@ -84,6 +84,38 @@ INTERNAL_API = [
         ["org.apache.spark.rdd.RDD", "org.apache.spark.sql.types.StructType", "boolean"],
     ),
     ("org.apache.spark.sql.classic.StreamingQueryManager", "stateStoreCoordinator", []),
+    # StoreSupport.frameOf: a store update's rows as a plan that states its row count and size.
+    (
+        "org.apache.spark.sql.execution.LogicalRDD",
+        "<init>",
+        [
+            "scala.collection.immutable.Seq",
+            "org.apache.spark.rdd.RDD",
+            "org.apache.spark.sql.catalyst.plans.physical.Partitioning",
+            "scala.collection.immutable.Seq",
+            "boolean",
+            "scala.Option",
+            "org.apache.spark.sql.classic.SparkSession",
+            "scala.Option",
+            "scala.Option",
+        ],
+    ),
+    (
+        "org.apache.spark.sql.catalyst.plans.logical.Statistics",
+        "<init>",
+        ["scala.math.BigInt", "scala.Option", "org.apache.spark.sql.catalyst.expressions.AttributeMap", "boolean"],
+    ),
+    (
+        "org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils",
+        "getSizePerRow",
+        ["scala.collection.immutable.Seq", "org.apache.spark.sql.catalyst.expressions.AttributeMap"],
+    ),
+    (
+        "org.apache.spark.sql.classic.Dataset",
+        "ofRows",
+        ["org.apache.spark.sql.classic.SparkSession", "org.apache.spark.sql.catalyst.plans.logical.LogicalPlan"],
+    ),
+    ("org.apache.spark.sql.catalyst.types.DataTypeUtils", "toAttributes", ["org.apache.spark.sql.types.StructType"]),
     ("org.apache.spark.sql.classic.Dataset", "queryExecution", []),
     (f"{STATE}.RocksDBStateStoreProvider", "<init>", []),
     # The grouped route (StoreSupport.hashPartitions): the plan nodes it looks through to a hash partitioning.
@@ -326,6 +358,44 @@ def test_a_timer_store_looks_up_the_batchs_keys_and_the_due_ones_and_replaces_th
     assert sorted((r["key"], r["n"]) for r in plain.read(2).collect()) == [("a", 1), ("b", 1), ("c", 5), ("d", 1)]
     with pytest.raises(StateStoreError, match="no timers column"):
         plain.lookup(keys, 2, 10)
+
+
+def _planned_rows(df) -> int | None:
+    count = df._jdf.queryExecution().optimizedPlan().stats().rowCount()
+    return int(str(count.get())) if count.isDefined() else None
+
+
+def test_a_store_updates_rows_state_their_count_so_a_join_with_a_large_table_broadcasts_them(spark, tmp_path):
+    # A live micro-batch MERGEs the changed keys into its sink. Rows without statistics count as the largest size
+    # to Spark's planner: the MERGE planned a sort-merge join and shuffled the whole sink to find 2,000 keys.
+    store = _open(spark, tmp_path / "store")
+    store.write(_partials(spark, [("a", 2, 10, None), ("b", 1, None, None)])).release()
+    update = store.update(_partials(spark, [("a", 1, 5, None), ("c", 1, 7, None), ("a", 1, 1, None)]), COMBINE, 1)
+    try:
+        assert _planned_rows(update.rows) == update.changed_keys == 2
+        table = str(tmp_path / "table")
+        spark.range(200_000).selectExpr("cast(id AS string) AS key", "id AS v").write.format("delta").save(table)
+        joined = spark.read.format("delta").load(table).join(update.rows, "key")
+        spark.conf.set("spark.sql.adaptive.enabled", "false")  # the plan from the statistics alone
+        try:
+            plan = joined._jdf.queryExecution().executedPlan().toString()
+        finally:
+            spark.conf.set("spark.sql.adaptive.enabled", "true")
+        assert "BroadcastHashJoin" in plan and "SortMergeJoin" not in plan, plan
+    finally:
+        update.release()
+    sessions_schema = spark.createDataFrame([], "key string, s long, e long, n long").schema
+    sessions = KeyedStore(spark, str(tmp_path / "s"), ["key"], ["n"], sessions_schema, 2, sessions=("s", "e"))
+    sessions.write(spark.createDataFrame([("a", 0, 10, 1), ("b", 0, 50, 1)], sessions_schema)).release()
+    closed = sessions.update_and_close(spark.createDataFrame([], sessions_schema), ["t.n + s.n"], 1, 20)
+    assert _planned_rows(closed.rows) == closed.changed_keys == 1
+    closed.release()
+    rows_schema = spark.createDataFrame([], "key string, state string, timers array<bigint>, n long").schema
+    whole = KeyedStore(spark, str(tmp_path / "r"), ["key"], ["state", "timers", "n"], rows_schema, 2, whole_rows=True)
+    whole.write(spark.createDataFrame([("a", "x", None, 1), ("b", "y", None, 1)], rows_schema)).release()
+    found = whole.lookup(spark.createDataFrame([("b",), ("z",)], "key string"), 1, None)
+    assert _planned_rows(found.rows) == found.changed_keys == 1
+    found.release()
 
 
 def test_a_version_the_store_never_wrote_is_a_state_store_error(spark, tmp_path):

@@ -160,7 +160,7 @@ class KeyedStateStore(
           cached.unpersist(blocking = false)
           throw e
       }
-      val frame = spark.internalCreateDataFrame(cached, rowSchema)
+      val frame = StoreSupport.frameOf(spark, cached, rowSchema, changed)
       new StoreUpdate(cached, frame, changed, version + 1, route)
     }
   }

@@ -78,7 +78,7 @@ class RowStateStore(
   private def cached(rdd: org.apache.spark.rdd.RDD[InternalRow], version: Long): StoreUpdate = {
     val rows = rdd.persist(StorageLevel.MEMORY_AND_DISK)
     val n = rows.count()
-    new StoreUpdate(rows, spark.internalCreateDataFrame(rows, rowSchema), n, version)
+    new StoreUpdate(rows, StoreSupport.frameOf(spark, rows, rowSchema, n), n, version)
   }
 
   /**

@@ -206,7 +206,7 @@ class SessionStateStore(
     }
     val cached = rdd.persist(StorageLevel.MEMORY_AND_DISK)
     val closedCount = cached.count()
-    new StoreUpdate(cached, spark.internalCreateDataFrame(cached, rowSchema), closedCount, version + 1)
+    new StoreUpdate(cached, StoreSupport.frameOf(spark, cached, rowSchema, closedCount), closedCount, version + 1)
   }
 
   /** Every open session of the store at `version` (nothing is committed). */

@@ -11,11 +11,13 @@ import org.apache.spark.rdd.{PartitionCoalescer, PartitionGroup, RDD}
 import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, BoundReference, Expression, UnsafeProjection}
-import org.apache.spark.sql.catalyst.plans.logical.Project
+import org.apache.spark.sql.catalyst.plans.logical.{Project, Statistics}
+import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
+import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
 import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
-import org.apache.spark.sql.execution.{CollectMetricsExec, FilterExec, InputAdapter, ProjectExec, SparkPlan,
-  WholeStageCodegenExec}
+import org.apache.spark.sql.execution.{CollectMetricsExec, FilterExec, InputAdapter, LogicalRDD, ProjectExec,
+  SparkPlan, WholeStageCodegenExec}
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 import org.apache.spark.sql.execution.columnar.InMemoryTableScanExec
 import org.apache.spark.sql.execution.exchange.Exchange
@@ -25,6 +27,16 @@ import org.apache.spark.sql.types.{DataType, StructField, StructType}
 
 object StoreSupport {
   val RocksDBProvider = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+  /** A DataFrame over `rows` (materialized: `count` rows) whose plan states its row count and size, as a cached
+   * relation's does. `internalCreateDataFrame` states none (Spark then assumes the largest size), so a statement
+   * joining the frame to a table plans a sort-merge join and shuffles the whole table (a live micro-batch's MERGE
+   * of 2,000 changed keys into a 1M-row sink shuffled all 1M rows) where a broadcast of the frame does. */
+  def frameOf(spark: ClassicSession, rows: RDD[InternalRow], schema: StructType, count: Long): DataFrame = {
+    val output = DataTypeUtils.toAttributes(schema)
+    val stats = Statistics(sizeInBytes = EstimationUtils.getSizePerRow(output) * count, rowCount = Some(count))
+    ClassicDataset.ofRows(spark, LogicalRDD(output, rows)(spark, Some(stats)))
+  }
 
   /** A session whose SQL conf the store reads: RocksDB with changelog checkpointing (a commit writes the changed
    * keys only; snapshots are uploaded by Spark's maintenance thread). `writeOnce`: version 1's write, whose provider
