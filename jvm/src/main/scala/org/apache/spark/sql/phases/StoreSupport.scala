@@ -13,8 +13,8 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, BoundReference, Expression, UnsafeProjection}
 import org.apache.spark.sql.catalyst.plans.logical.{Project, Statistics}
 import org.apache.spark.sql.catalyst.plans.logical.statsEstimation.EstimationUtils
-import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.catalyst.plans.physical.HashPartitioning
+import org.apache.spark.sql.catalyst.types.DataTypeUtils
 import org.apache.spark.sql.classic.{Dataset => ClassicDataset, SparkSession => ClassicSession}
 import org.apache.spark.sql.execution.{CollectMetricsExec, FilterExec, InputAdapter, LogicalRDD, ProjectExec,
   SparkPlan, WholeStageCodegenExec}
@@ -30,8 +30,8 @@ object StoreSupport {
 
   /** A DataFrame over `rows` (materialized: `count` rows) whose plan states its row count and size, as a cached
    * relation's does. `internalCreateDataFrame` states none (Spark then assumes the largest size), so a statement
-   * joining the frame to a table plans a sort-merge join and shuffles the whole table (a live micro-batch's MERGE
-   * of 2,000 changed keys into a 1M-row sink shuffled all 1M rows) where a broadcast of the frame does. */
+   * joining the frame to a table plans a sort-merge join and shuffles the whole table where broadcasting the frame
+   * would do (a live micro-batch's MERGE of 2,000 changed keys into a 1M-row sink shuffled all 1M rows). */
   def frameOf(spark: ClassicSession, rows: RDD[InternalRow], schema: StructType, count: Long): DataFrame = {
     val output = DataTypeUtils.toAttributes(schema)
     val stats = Statistics(sizeInBytes = EstimationUtils.getSizePerRow(output) * count, rowCount = Some(count))
