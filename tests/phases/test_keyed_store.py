@@ -376,11 +376,12 @@ def test_a_store_updates_rows_state_their_count_so_a_join_with_a_large_table_bro
         table = str(tmp_path / "table")
         spark.range(200_000).selectExpr("cast(id AS string) AS key", "id AS v").write.format("delta").save(table)
         joined = spark.read.format("delta").load(table).join(update.rows, "key")
+        adaptive = spark.conf.get("spark.sql.adaptive.enabled")
         spark.conf.set("spark.sql.adaptive.enabled", "false")  # the plan from the statistics alone
         try:
             plan = joined._jdf.queryExecution().executedPlan().toString()
         finally:
-            spark.conf.set("spark.sql.adaptive.enabled", "true")
+            spark.conf.set("spark.sql.adaptive.enabled", adaptive)
         assert "BroadcastHashJoin" in plan and "SortMergeJoin" not in plan, plan
     finally:
         update.release()
