@@ -9,7 +9,8 @@
   statistics can hold a probe) — no polling, no Spark in the measurement;
 - **drain**: rows appended while the live phase is stopped, then applied by a restart; rows per second of
   that catch-up is the most the live path sustains (micro-batches grow under load, so a steady input below
-  this rate is kept up with).
+  this rate is kept up with). Its largest state store update's profile (task time in the rows, the store's
+  load, gets, puts and commit; :meth:`phases.storage.keyed_store.StoreUpdate.profile_summary`) goes with it.
 
 The source holds exactly ``state_keys`` keys (one record per key) before the handoff, so the state table
 the live micro-batches merge into has that many rows.
@@ -22,10 +23,12 @@ producer, and a probe's latency runs from its Kafka timestamp (set when it was p
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -255,15 +258,45 @@ def running_rows(runner, feed: _Feed, sink: str, load: Load, label: str) -> dict
     return {"batch": batch, "latency": latency}
 
 
+class _StoreProfiles(logging.Handler):
+    """The profiles of the state store updates logged while it is attached (``phases.storage.keyed_store``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.profiles: list[dict[str, int]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        profile = getattr(record, "store_profile", None)
+        if profile is not None:
+            self.profiles.append(profile)
+
+
+@contextmanager
+def store_profiles() -> Iterator[list[dict[str, int]]]:
+    """The state store updates' profiles while in the block (the store logs them at DEBUG level)."""
+    logger = logging.getLogger("phases.storage.keyed_store")
+    handler, level = _StoreProfiles(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler.profiles
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def drain_after_pause(feed: _Feed, load: Load, restart: Callable[[], None], label: str) -> dict:
     """Rows appended while the live path is stopped, then applied by ``restart`` (which returns once they are)."""
     for _ in range(load.drain_versions):
         feed.append(load.drain_rows // load.drain_versions)
     t = time.perf_counter()
-    restart()
+    with store_profiles() as profiles:
+        restart()
     seconds = time.perf_counter() - t
     rows = load.drain_versions * (load.drain_rows // load.drain_versions)
     drain = {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds)}
+    if profiles:
+        drain["store_update"] = max(profiles, key=lambda p: p.get("rows_ms", 0))
     print(f"{label} drain: {drain}", flush=True)
     return drain
 

@@ -158,7 +158,7 @@ def _live_lines(runs: list[dict], source: str = "Delta source; source commit →
             lines.append(
                 f"Drain with {r['state_keys']:,} keys of state ({r.get('sink_mode', 'upsert')} sink): {d['rows']:,} "
                 f"rows appended while stopped, applied by a restart in {d['seconds']} s: **{d['rows_per_s']:,} "
-                "rows/s** (the most the live path sustains)."
+                "rows/s** (the most the live path sustains)." + _store_profile_text(d.get("store_update"))
             )
     same_mode = [r for r in runs if r.get("sink_mode", "upsert") == runs[0].get("sink_mode", "upsert")]
     if len({r["state_keys"] for r in same_mode}) > 1:
@@ -170,6 +170,18 @@ def _live_lines(runs: list[dict], source: str = "Delta source; source commit →
         )
     lines.append("")
     return lines
+
+
+def _store_profile_text(p: dict | None) -> str:
+    """A drain's state store update in words (task time summed over the store's tasks), or nothing."""
+    if not p:
+        return ""
+    return (
+        f" Its state store update, task time over {p.get('tasks', 0)} tasks: {p.get('rows_ms', 0):,} ms in its rows "
+        f"({p.get('gets', 0):,} gets {p.get('get_ms', 0):,} ms, {p.get('puts', 0):,} puts {p.get('put_ms', 0):,} ms, "
+        f"{p.get('cache_misses', 0):,} block cache misses), load {p.get('load_ms', 0):,} ms (changelog replay "
+        f"{p.get('replay_ms', 0):,} ms), commit {p.get('commit_ms', 0):,} ms."
+    )
 
 
 def _live_peer_lines(runs: list[dict], peers: list[dict]) -> list[str]:

@@ -60,6 +60,35 @@ class StoreUpdate:
     def release(self) -> None:
         self._handle.release()
 
+    @property
+    def profile(self) -> dict[str, int]:
+        """Where the update's task time went, summed over its store tasks: ``rowsMs`` (reading its rows, the
+        shuffle read included, combining them, the store's gets and puts), ``commitMs``, and every figure RocksDB
+        reports for a task (``rocksdbLoadLatencyMs``, ``rocksdbGetLatency``, ``rocksdbPutLatency`` and their counts,
+        ``rocksdbReadBlockCacheMissCount``, the commit's steps, ...). Empty for a lookup, which commits nothing."""
+        return {str(k): int(v) for k, v in dict(self._handle.profiled()).items()}
+
+    def profile_summary(self) -> dict[str, int]:
+        """The :attr:`profile`'s main figures under short names (:data:`PROFILE_FIGURES`)."""
+        profile = self.profile
+        return {short: profile[name] for short, name in PROFILE_FIGURES.items() if name in profile}
+
+
+# The main figures of a store update's profile: short name -> the helper's or RocksDB's name (milliseconds are task
+# time summed over the store's tasks, which run in parallel).
+PROFILE_FIGURES = {
+    "tasks": "tasks",
+    "rows_ms": "rowsMs",
+    "commit_ms": "commitMs",
+    "load_ms": "rocksdbLoadLatencyMs",
+    "replay_ms": "rocksdbReplayChangeLogLatencyMs",
+    "gets": "rocksdbGetCount",
+    "get_ms": "rocksdbGetLatency",
+    "puts": "rocksdbPutCount",
+    "put_ms": "rocksdbPutLatency",
+    "cache_misses": "rocksdbReadBlockCacheMissCount",
+}
+
 
 class KeyedStore:
     """The store at ``path``: ``keys`` -> ``values`` (columns of ``schema``), in ``partitions`` partitions.
@@ -170,7 +199,19 @@ class KeyedStore:
         except (Py4JJavaError, PySparkException) as exc:
             raise self._failed(version, exc) from exc
         rows = DataFrame(handle.frame(), self.spark)
-        return StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle, str(handle.route()))
+        update = StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle, str(handle.route()))
+        if log.isEnabledFor(logging.DEBUG):
+            summary = update.profile_summary()
+            log.debug(
+                "state store %s: version %d -> %d, %d rows out, %s",
+                self.path,
+                version,
+                version + 1,
+                update.changed_keys,
+                summary,
+                extra={"store_profile": summary},
+            )
+        return update
 
     def _failed(self, version: int, exc: Exception) -> StateStoreError:
         return StateStoreError(

@@ -77,6 +77,9 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert run["state_keys"] == 200 and run["switch_s"] > 0 and len(run["batch"]["seconds"]) == 2
     assert [lat["versions"] for lat in run["latency"]] == [3] and run["latency"][0]["p50_s"] > 0
     assert run["drain"]["rows"] == 300 and run["drain"]["rows_per_s"] > 0
+    # The drain's store update: its profile from the store's tasks (each touched key put once).
+    profile = run["drain"]["store_update"]
+    assert profile["tasks"] >= 1 and profile["rows_ms"] >= 0 and 0 < profile["puts"] <= 300
     peers = loaded["live_peers"]
     assert [p["peer"] for p in peers] == ["plain Spark, merge sink", "plain Spark, append sink"]
     assert all(p["latency"][0]["p50_s"] > 0 and p["drain"]["rows"] == 300 for p in peers)

@@ -118,6 +118,10 @@ INTERNAL_API = [
     ("org.apache.spark.sql.catalyst.types.DataTypeUtils", "toAttributes", ["org.apache.spark.sql.types.StructType"]),
     ("org.apache.spark.sql.classic.Dataset", "queryExecution", []),
     (f"{STATE}.RocksDBStateStoreProvider", "<init>", []),
+    # StoreProfile: a task's figures after its commit.
+    (f"{STATE}.StateStore", "metrics", []),
+    (f"{STATE}.StateStoreMetrics", "customMetrics", []),
+    (f"{STATE}.StateStoreCustomMetric", "name", []),
     # The grouped route (StoreSupport.hashPartitions): the plan nodes it looks through to a hash partitioning.
     ("org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanExec", "executedPlan", []),
     ("org.apache.spark.sql.execution.adaptive.AdaptiveSparkPlanExec", "isFinalPlan", []),
@@ -399,6 +403,37 @@ def test_a_store_updates_rows_state_their_count_so_a_join_with_a_large_table_bro
     found.release()
 
 
+def test_an_update_puts_each_touched_key_once_and_reports_where_its_task_time_went(spark, tmp_path):
+    store = _open(spark, tmp_path / "store", partitions=2)
+    store.write(_partials(spark, [(f"k{i}", 1, 1, None) for i in range(50)])).release()
+    # A fresh opening (a restart) loads version 1 from its snapshot: no changelog to replay.
+    reopened = _open(spark, tmp_path / "store", partitions=2)
+    batch = _partials(spark, [("k1", 1, 1, None)] * 4 + [("new", 1, 1, None)] * 3 + [("k2", 1, 1, None)])
+    update = reopened.update(batch, COMBINE, 1)
+    profile = update.profile_summary()
+    update.release()
+    # 8 rows of 3 keys: each key read from the store once and written once, with its newest value.
+    assert (profile["tasks"], profile["gets"], profile["puts"]) == (2, 3, 3)
+    assert profile["rows_ms"] >= 0 and profile["commit_ms"] >= 0 and profile["load_ms"] >= 0
+    assert update.profile["rocksdbNumReplayChangelogFiles"] == 0
+    assert _rows(reopened.read(2))[:3] == [("k0", 1, 1, None), ("k1", 5, 5, None), ("k10", 1, 1, None)]
+    # The next opening replays version 2's changelog on top of the snapshot.
+    again = _open(spark, tmp_path / "store", partitions=2).update(_partials(spark, [("new", 1, 1, None)]), COMBINE, 2)
+    assert again.profile["rocksdbNumReplayChangelogFiles"] >= 1 and _rows(again.rows) == [("new", 4, 4, None)]
+    again.release()
+
+
+def test_the_stores_rocksdb_block_cache_is_64_mib_unless_the_session_sets_one(spark):
+    jvm = spark._jvm.org.apache.spark.sql.phases.StoreSupport
+    key = "spark.sql.streaming.stateStore.rocksdb.blockCacheSizeMB"
+    assert jvm.storeSession(spark._jsparkSession, False).conf().get(key) == "64"
+    spark.conf.set(key, "16")
+    try:
+        assert jvm.storeSession(spark._jsparkSession, False).conf().get(key) == "16"
+    finally:
+        spark.conf.unset(key)
+
+
 def test_a_version_the_store_never_wrote_is_a_state_store_error(spark, tmp_path):
     store = _open(spark, tmp_path / "store")
     store.write(_partials(spark, [("a", 1, 1, None)])).release()
@@ -425,9 +460,10 @@ def test_the_store_lives_in_sparks_layout_under_its_path(spark, tmp_path):
     partitions = sorted(p.name for p in (tmp_path / "store" / "0").iterdir() if p.is_dir())
     assert partitions == ["0", "1"]
     files = {f.name for f in (tmp_path / "store" / "0" / "0").iterdir()}
-    # RocksDB with changelog checkpointing: each version is a changelog file (snapshots come from Spark's
-    # maintenance thread, in the background).
-    assert "1.changelog" in files
+    # Version 1 (the handoff's whole state) is a snapshot: a load takes its files instead of replaying a put per key.
+    assert "1.zip" in files and "1.changelog" not in files
+    # Later versions: RocksDB with changelog checkpointing, each version a changelog file of the changed keys
+    # (snapshots come from Spark's maintenance thread, in the background).
     store.update(rows.limit(3), COMBINE, 1).release()
     assert any("2.changelog" in {f.name for f in (tmp_path / "store" / "0" / p).iterdir()} for p in partitions)
     assert _rows(store.read(2)) == sorted(

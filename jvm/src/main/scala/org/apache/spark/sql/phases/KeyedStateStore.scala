@@ -28,7 +28,12 @@ class StoreUpdate(
     val frame: DataFrame,
     val changedKeys: Long,
     val committedVersion: Long,
-    val route: String = "shuffled") {
+    val route: String = "shuffled",
+    profile: StoreProfile = null) {
+  /** Where the update's task time went, summed over its tasks ([[StoreProfile]]; empty when not profiled). */
+  def profiled: java.util.Map[String, java.lang.Long] =
+    if (profile == null) java.util.Collections.emptyMap() else profile.summed
+
   /** Drops the cached rows (call once the micro-batch's writes are done). */
   def release(): Unit = rows.unpersist(blocking = false)
 }
@@ -104,6 +109,7 @@ class KeyedStateStore(
     val valueTypes = valueSchema.fields.map(_.dataType)
     val rowTypes = rowSchema.fields.map(_.dataType)
     val store = sessionFor(version)
+    val profile = new StoreProfile(spark.sparkContext)
     StoreSupport.withRoutedRows(partials, rowSchema.fieldNames.toIndexedSeq, keyColumns.toIndexedSeq, partitions,
       checkpoint, mayGroup = version == 0L) { (routed, route) =>
       val rdd = routed.mapPartitionsWithStateStore(
@@ -116,9 +122,12 @@ class KeyedStateStore(
         val pair = new GenericInternalRow(2)
         val joined = new JoinedRow()
         // Several rows of one key (records lifted one by one) combine in turn; each key is emitted once, with
-        // its value after the whole partition. When emitting, each touched key's newest value is kept here too: a
-        // key's next row combines with it without reading the store, and the emit reads nothing back.
+        // its value after the whole partition. When emitting, each touched key's newest value is kept here: a
+        // key's next row combines with it without reading the store, the key is put once, after the partition,
+        // and the emit reads nothing back. Without emitting (version 1's write, one row per key; closing
+        // updates), each row is put as it comes, and nothing is held.
         val latest = new java.util.LinkedHashMap[UnsafeRow, UnsafeRow]()
+        val started = System.nanoTime()
         rows.foreach { row =>
           val key = keyOf(row)
           val partial = valueOf(row)
@@ -130,11 +139,15 @@ class KeyedStateStore(
             pair.update(1, partial)
             combined(pair)
           }
-          state.put(key, value)
           if (emit) latest.put(if (seen != null) key else key.copy(), value.copy())
+          else state.put(key, value)
         }
+        // Each touched key is written once, with its newest value (a drain's 1M rows of 632,000 keys: 632,000 puts).
         val emitted = new ArrayBuffer[InternalRow](latest.size)
-        latest.forEach { (key, value) => emitted += out(joined(key, value)).copy() }
+        latest.forEach { (key, value) =>
+          state.put(key, value)
+          emitted += out(joined(key, value)).copy()
+        }
         if (closing) {
           // Keys in order: read until the first one past the bound, then remove what was read.
           val closed = new ArrayBuffer[UnsafeRow]()
@@ -151,7 +164,7 @@ class KeyedStateStore(
           } finally it.close()
           closed.foreach(key => state.remove(key))
         }
-        state.commit()
+        profile.commit(state, started)
         emitted.iterator
       }
       val cached = rdd.persist(StorageLevel.MEMORY_AND_DISK)
@@ -161,7 +174,7 @@ class KeyedStateStore(
           throw e
       }
       val frame = StoreSupport.frameOf(spark, cached, rowSchema, changed)
-      new StoreUpdate(cached, frame, changed, version + 1, route)
+      new StoreUpdate(cached, frame, changed, version + 1, route, profile)
     }
   }
 

@@ -139,7 +139,9 @@ class RowStateStore(
     val valueTypes = valueSchema.fields.map(_.dataType).toIndexedSeq
     val timers = RowStateStore.Timers
     val (timerKeys, markers, at, withTimers) = (timerKeySchema, markerSchema, timersAt, timed)
+    val profile = new StoreProfile(spark.sparkContext)
     val rdd = inStore(rows, rowSchema.fieldNames.toIndexedSeq, version) { (state, input) =>
+      val started = System.nanoTime()
       val keyOf = StoreSupport.columns(keyTypes, 0)
       val valueOf = StoreSupport.columns(valueTypes, nK)
       val toTimerKey = UnsafeProjection.create(timerKeys)
@@ -159,13 +161,13 @@ class RowStateStore(
         state.put(key, value)
         timersOf(value).foreach(ms => state.put(timerKey(ms, key), marker, timers))
       }
-      state.commit()
+      profile.commit(state, started)
       Iterator.empty
     }
     rdd.count()
     // The rows replaced are not returned: count them on the caller's side when needed.
     new StoreUpdate(rdd, spark.internalCreateDataFrame(spark.sparkContext.emptyRDD[InternalRow], rowSchema), 0L,
-      version + 1)
+      version + 1, profile = profile)
   }
 
   /** Every row of the store at `version` (nothing is committed). */

@@ -108,7 +108,9 @@ class SessionStateStore(
     val byEnd = SessionStateStore.ByEnd
     val (sessionKeys, sessionValues, byEndKeys, rows, markers) =
       (sessionKeySchema, sessionValueSchema, byEndKeySchema, rowSchema, markerSchema)
+    val profile = new StoreProfile(spark.sparkContext)
     val rdd = inStore(records, version) { (state, input) =>
+      val started = System.nanoTime()
       val groupOf = StoreSupport.columns(groupTypes, 0)
       val valuesOf = StoreSupport.columns(valueTypes, nG + 2)
       val storedValues = StoreSupport.columns(valueTypes, 1)
@@ -201,12 +203,13 @@ class SessionStateStore(
           state.remove(endKey, byEnd)
         }
       }
-      state.commit()
+      profile.commit(state, started)
       emitted.iterator
     }
     val cached = rdd.persist(StorageLevel.MEMORY_AND_DISK)
     val closedCount = cached.count()
-    new StoreUpdate(cached, StoreSupport.frameOf(spark, cached, rowSchema, closedCount), closedCount, version + 1)
+    new StoreUpdate(cached, StoreSupport.frameOf(spark, cached, rowSchema, closedCount), closedCount, version + 1,
+      profile = profile)
   }
 
   /** Every open session of the store at `version` (nothing is committed). */

@@ -6,7 +6,7 @@ package org.apache.spark.sql.phases
 
 import java.util.UUID
 
-import org.apache.spark.SparkException
+import org.apache.spark.{SparkContext, SparkException}
 import org.apache.spark.rdd.{PartitionCoalescer, PartitionGroup, RDD}
 import org.apache.spark.sql.{DataFrame, Row}
 import org.apache.spark.sql.catalyst.InternalRow
@@ -22,11 +22,14 @@ import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStag
 import org.apache.spark.sql.execution.columnar.InMemoryTableScanExec
 import org.apache.spark.sql.execution.exchange.Exchange
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
+import org.apache.spark.sql.execution.streaming.state.StateStore
 import org.apache.spark.sql.functions.col
 import org.apache.spark.sql.types.{DataType, StructField, StructType}
 
 object StoreSupport {
   val RocksDBProvider = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+  val BlockCacheConf = "spark.sql.streaming.stateStore.rocksdb.blockCacheSizeMB"
+  val BlockCacheMB = 64
 
   /** A DataFrame over `rows` (materialized: `count` rows) whose plan states its row count and size, as a cached
    * relation's does. `internalCreateDataFrame` states none (Spark then assumes the largest size), so a statement
@@ -40,14 +43,22 @@ object StoreSupport {
 
   /** A session whose SQL conf the store reads: RocksDB with changelog checkpointing (a commit writes the changed
    * keys only; snapshots are uploaded by Spark's maintenance thread). `writeOnce`: version 1's write, whose provider
-   * is unloaded after its commit instead of holding the whole store in memory. */
+   * is unloaded after its commit instead of holding the whole store in memory, and which commits a snapshot. */
   def storeSession(spark: ClassicSession, writeOnce: Boolean): ClassicSession = {
     val s = spark.cloneSession()
     s.conf.set("spark.sql.streaming.stateStore.providerClass", RocksDBProvider)
     s.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     // Counting the store's rows costs RocksDB a read before every write; nothing here needs the count.
     s.conf.set("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
-    if (writeOnce) s.conf.set("spark.sql.streaming.stateStore.unloadOnCommit", "true")
+    if (!spark.conf.contains(BlockCacheConf)) s.conf.set(BlockCacheConf, BlockCacheMB.toString)
+    if (writeOnce) {
+      s.conf.set("spark.sql.streaming.stateStore.unloadOnCommit", "true")
+      // Version 1 is a snapshot (its SST files), not a changelog: a changelog of every key would be replayed, one
+      // put per key, by every load of the store until Spark's maintenance uploads a snapshot ten versions later
+      // (the first live micro-batch after the switch and every restart: 1.2 s of task time at 1M keys). A store
+      // mixes both: a load takes the newest snapshot at or below the version, then replays the changelogs after it.
+      s.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "false")
+    }
     s
   }
 
@@ -209,6 +220,38 @@ object StoreSupport {
   def columns(types: Seq[DataType], from: Int): UnsafeProjection =
     UnsafeProjection.create(types.zipWithIndex.map { case (t, i) =>
       BoundReference(from + i, t, nullable = true): Expression })
+}
+
+/**
+ * Where one store update's task time went, summed over its tasks: each task's time in its rows (`rowsMs`: reading
+ * them, which includes the shuffle read, combining them, the store's gets and puts) and in its commit (`commitMs`),
+ * and every figure the provider reports for the task after its commit (RocksDB: `rocksdbLoadLatencyMs`,
+ * `rocksdbGetLatency`, `rocksdbPutLatency`, `rocksdbGetCount`, `rocksdbReadBlockCacheMissCount`, the commit's
+ * steps, ...; `StateStore.metrics`). Task attempts that fail add nothing; a recomputed partition adds again.
+ */
+final class StoreProfile(sc: SparkContext) extends Serializable {
+  private val figures = sc.collectionAccumulator[(String, Long)]("phases.stateStoreProfile")
+
+  /** Commits `state` for a task whose rows' work began at `started` (System.nanoTime), and records its figures. */
+  def commit(state: StateStore, started: Long): Unit = {
+    val committing = System.nanoTime()
+    state.commit()
+    record(state, committing - started, System.nanoTime() - committing)
+  }
+
+  private def record(state: StateStore, rowsNanos: Long, commitNanos: Long): Unit = {
+    figures.add("tasks" -> 1L)
+    figures.add("rowsMs" -> rowsNanos / 1000000L)
+    figures.add("commitMs" -> commitNanos / 1000000L)
+    state.metrics.customMetrics.foreach { case (metric, value) => figures.add(metric.name -> value) }
+  }
+
+  /** The figures so far, summed over the tasks, by name. */
+  def summed: java.util.Map[String, java.lang.Long] = {
+    val sums = new java.util.TreeMap[String, java.lang.Long]()
+    figures.value.forEach { case (name, value) => sums.merge(name, value, (a, b) => a + b) }
+    sums
+  }
 }
 
 /** Groups partition `i` of the parent into partition `i % n` (the grouped route of [[StoreSupport.withRoutedRows]]). */
