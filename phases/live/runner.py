@@ -11,6 +11,7 @@ streaming job over all the data, the reference the two-phase result must equal.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from phases.definition import Pipeline
-from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError
+from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError, StateStoreError
 from phases.lateness import watermark_after
 from phases.live.compactor import Compactor
 from phases.live.micro_batch import IncrementalLive
@@ -29,6 +30,8 @@ from phases.schema_changes import is_schema_change_stop, take_up
 from phases.sources.reader import open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases.storage import changelog, leases, manifest, tables
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,9 @@ class LiveRunner:
         return self.incremental.query
 
     def stop(self) -> None:
-        """Stops the query (and a changelog sink's background compaction) and releases the live lease."""
+        """Stops the query (and a changelog sink's background compaction), unloads the run's state store from the
+        executors (its newest snapshot uploaded first, so that a restart does not replay the changelogs since the
+        last upload) and releases the live lease."""
         try:
             if self.compactor is not None:
                 self.compactor.stop()
@@ -238,8 +243,19 @@ class LiveRunner:
             q = self.incremental.query
             if q is not None and q.isActive:
                 q.stop()
+            self._unload_state()
         finally:
             self._release()
+
+    def _unload_state(self) -> None:
+        # Only an optimisation of the next start: a failure is logged, and the next opening loads what is there.
+        try:
+            unloaded = self.incremental.step.release()
+        except StateStoreError as exc:
+            log.warning("live phase %s: the state store stays loaded until Spark's maintenance: %s", self.run_name, exc)
+            return
+        if unloaded:
+            log.info("live phase %s: state store unloaded (%d partitions)", self.run_name, unloaded)
 
     def raise_if_failed(self) -> None:
         """Raises PhaseStateError when the started query has stopped (with the query's own error). A query

@@ -121,6 +121,11 @@ class LiveStep(Protocol):
         state: StatePosition | None = None,
     ) -> StatePosition | None: ...
 
+    def release(self) -> int:
+        """Unloads the step's state store from the executors once the query has stopped (its newest snapshot
+        uploaded first); returns the store partitions unloaded."""
+        ...
+
 
 Logic = TypeVar("Logic")  # a kind's logic object: schemas, lift/merge/finalize or its pass
 
@@ -233,6 +238,12 @@ class StoreStep:
     def start_rows(state: DataFrame) -> DataFrame:
         """The handoff's state rows as the store's rows."""
         raise NotImplementedError
+
+    def release(self) -> int:
+        """Unloads the store this step opened, if any (:meth:`phases.storage.keyed_store.KeyedStore.unload`); the
+        next micro-batch opens it again."""
+        store, self._store = self._store, None
+        return store.store.unload() if store is not None else 0
 
     def store(self, spark: SparkSession) -> LiveStateStore:
         if self._store is None:

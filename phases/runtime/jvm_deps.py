@@ -224,7 +224,10 @@ def build_helper(jar_dir: Path = DEFAULT_JAR_DIR, sources: Path = HELPER_SOURCES
                 "scala-maven-plugin, scala-compiler and spark-sql from Maven Central: check that this machine "
                 f"reaches https://repo.maven.apache.org. Maven said:\n{tail}"
             )
-        shutil.copy2(Path(work) / HELPER_JAR, folder / HELPER_JAR)
+        # Copied beside, then renamed over the cached jar: a JVM running with the old one keeps reading its file.
+        staged = folder / f".{HELPER_JAR}.new"
+        shutil.copy2(Path(work) / HELPER_JAR, staged)
+        os.replace(staged, folder / HELPER_JAR)
     (folder / _STAMP).write_text(json.dumps(_helper_hash(sources)))
     return helper_jar(jar_dir, sources)
 

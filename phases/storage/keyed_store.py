@@ -225,6 +225,16 @@ class KeyedStore:
         """Every row of the store at ``version`` (keys + values)."""
         return DataFrame(self._store.read(version), self.spark)
 
+    def unload(self) -> int:
+        """Unloads this opening's store from the executors (a stopped live phase's last step): each partition first
+        uploads the newest snapshot its commits queued, so that the next opening loads it instead of replaying the
+        changelogs since Spark's maintenance thread last ran; then it frees its memory. Returns the partitions
+        unloaded (those loaded nowhere are skipped). The opening can still be used: its next update loads again."""
+        try:
+            return int(self._store.unload())
+        except (Py4JJavaError, PySparkException) as exc:
+            raise StateStoreError(f"could not unload the state store {self.path}: {_java_message(exc)}") from exc
+
 
 def _java_message(exc: Exception) -> str:
     if isinstance(exc, Py4JJavaError):

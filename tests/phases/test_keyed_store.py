@@ -118,7 +118,11 @@ INTERNAL_API = [
     ("org.apache.spark.sql.catalyst.types.DataTypeUtils", "toAttributes", ["org.apache.spark.sql.types.StructType"]),
     ("org.apache.spark.sql.classic.Dataset", "queryExecution", []),
     (f"{STATE}.RocksDBStateStoreProvider", "<init>", []),
-    # StoreProfile: a task's figures after its commit.
+    # StoreProfile: a task's figures after its commit; StoreBase.unload.
+    (f"{STATE}.StateStore$", "isLoaded", [f"{STATE}.StateStoreProviderId"]),
+    (f"{STATE}.StateStore$", "doMaintenanceAndUnload", [f"{STATE}.StateStoreProviderId"]),
+    (f"{STATE}.StateStoreProviderId", "<init>", [f"{STATE}.StateStoreId", "java.util.UUID"]),
+    (f"{STATE}.StateStoreId", "<init>", ["java.lang.String", "long", "int", "java.lang.String"]),
     (f"{STATE}.StateStore", "metrics", []),
     (f"{STATE}.StateStoreMetrics", "customMetrics", []),
     (f"{STATE}.StateStoreCustomMetric", "name", []),
@@ -421,6 +425,39 @@ def test_an_update_puts_each_touched_key_once_and_reports_where_its_task_time_we
     again = _open(spark, tmp_path / "store", partitions=2).update(_partials(spark, [("new", 1, 1, None)]), COMBINE, 2)
     assert again.profile["rocksdbNumReplayChangelogFiles"] >= 1 and _rows(again.rows) == [("new", 4, 4, None)]
     again.release()
+
+
+def _replayed(update) -> int:
+    profile = update.profile
+    update.release()
+    return profile["rocksdbNumReplayChangelogFiles"]
+
+
+def test_an_unloaded_store_has_uploaded_its_newest_snapshot_so_a_reopening_replays_only_what_follows(spark, tmp_path):
+    """A stopped live phase unloads its store: the snapshot its commits queued (every minDeltasForSnapshot versions) is
+    uploaded then, not at Spark's next maintenance (60 s by default), and a restart replays only the changelogs
+    after it."""
+    key = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
+    spark.conf.set(key, "3")
+    try:
+        batch = _partials(spark, [("k1", 1, 1, None), ("k2", 1, 1, None)])
+        store = _open(spark, tmp_path / "store", partitions=2)
+        store.write(_partials(spark, [(f"k{i}", 1, 1, None) for i in range(20)])).release()
+        for version in range(1, 6):  # versions 2..6; version 4 is 3 versions after version 1's snapshot
+            store.update(batch, COMBINE, version).release()
+        assert store.unload() == 2
+        assert store.unload() == 0  # nothing loaded any more
+        zips = {f.name for p in ("0", "1") for f in (tmp_path / "store" / "0" / p).iterdir() if f.suffix == ".zip"}
+        assert "4.zip" in zips
+        reopened = _open(spark, tmp_path / "store", partitions=2)
+        # Per partition, 5 and 6 after the snapshot of 4 (summed over the 2 partitions); 2..6 without the upload.
+        assert _replayed(reopened.update(batch, COMBINE, 6)) == 4
+        # The unloaded opening still works: its next update loads the store again.
+        again = store.update(batch, COMBINE, 6)
+        assert _rows(again.rows)[0] == ("k1", 7, 7, None)
+        again.release()
+    finally:
+        spark.conf.unset(key)
 
 
 def test_the_stores_rocksdb_block_cache_is_64_mib_unless_the_session_sets_one(spark):

@@ -106,3 +106,22 @@ def test_late_and_invalid_live_records_are_quarantined_with_reason_and_watermark
     # W(4) = max event time of versions 1..3 (120 s) - 15 s.
     invalid = by_reason["null key column 'key'"]
     assert '"key":null' in invalid["record"] and us_of(invalid["watermark"]) == 105 * S
+
+
+def test_a_stopped_live_phase_unloads_its_state_store_from_the_executors(spark, started):
+    live = LiveRunner.from_manifest(spark, started)
+    live.start()
+    append_version(spark, started.source.path, LIVE[3])
+    live.process_available()
+    store = live.incremental.step.store(spark).store  # the opening the micro-batches used
+    live.stop()
+    # Stopping unloaded it (its newest snapshot uploaded first): nothing of it is loaded any more.
+    assert store.unload() == 0
+    # A restart opens the store again and goes on from where the stopped run was.
+    append_version(spark, started.source.path, LIVE[4])
+    live = LiveRunner.from_manifest(spark, started)
+    live.start()
+    live.process_available()
+    live.stop()
+    expected, _ = reference.run({**BACKLOG, **LIVE}, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, started.sink.path), expected)

@@ -22,7 +22,7 @@ import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStag
 import org.apache.spark.sql.execution.columnar.InMemoryTableScanExec
 import org.apache.spark.sql.execution.exchange.Exchange
 import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.state.StateStore
+import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreId, StateStoreProviderId}
 import org.apache.spark.sql.functions.col
 import org.apache.spark.sql.types.{DataType, StructField, StructType}
 
@@ -281,6 +281,28 @@ abstract class StoreBase(
   /** The session of an update from `version`: version 0 (the handoff's version 1) is written under a provider of its
    * own, unloaded after its commit, instead of holding the whole store in the executor's memory. */
   protected def sessionFor(version: Long): ClassicSession = if (version == 0L) writeOnceSession else storeSession
+
+  /**
+   * Unloads this opening's providers (its run id) from the executors, as a stopped live phase's last step: each first
+   * does its maintenance, which uploads the newest snapshot its commits queued (Spark's maintenance thread would, at
+   * its next interval, 60 s by default), then closes and frees its memory. The next opening (a restart) then loads a
+   * recent snapshot instead of replaying every changelog since the last upload. One task per partition, placed where
+   * the coordinator last saw it loaded; a partition loaded nowhere (nothing run, or an executor lost) is skipped.
+   * Returns the providers unloaded.
+   */
+  def unload(): Int = {
+    val coordinator = storeSession.streams.stateStoreCoordinator
+    val placed = (0 until partitions).map { p =>
+      val id = StateStoreProviderId(StateStoreId(checkpoint, 0L, p), queryRunId)
+      (id, coordinator.getLocation(id).toSeq)
+    }
+    spark.sparkContext.makeRDD(placed).map { id =>
+      if (StateStore.isLoaded(id)) {
+        StateStore.doMaintenanceAndUnload(id)
+        1
+      } else 0
+    }.collect().sum
+  }
 
   protected def stateInfo(version: Long): StatefulOperatorStateInfo = {
     // Executors keep a provider per (store, run id) with the settings it was created with: version 1's write
