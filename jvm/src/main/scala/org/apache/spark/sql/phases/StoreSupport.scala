@@ -230,7 +230,8 @@ object StoreSupport {
  * steps, ...; `StateStore.metrics`). Task attempts that fail add nothing; a recomputed partition adds again.
  */
 final class StoreProfile(sc: SparkContext) extends Serializable {
-  private val figures = sc.collectionAccumulator[(String, Long)]("phases.stateStoreProfile")
+  // Unnamed: a named accumulator's values go to every task's row in the UI and the event log, on each micro-batch.
+  private val figures = sc.collectionAccumulator[(String, Long)]
 
   /** Commits `state` for a task whose rows' work began at `started` (System.nanoTime), and records its figures. */
   def commit(state: StateStore, started: Long): Unit = {
