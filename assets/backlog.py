@@ -11,11 +11,13 @@ from assets import catalog
 from assets.progress import reporting
 from assets.settings import Names, Orchestration
 from phases.backlog.runner import BacklogRunner
-from phases.backlog.slices import SliceRunner
+from phases.backlog.slices import SliceRecord, SliceRunner
 from phases.definition import Pipeline
 from phases.storage.manifest import HandoffManifest
 from resources.spark import SparkResource
 from resources.storage import StorageResource
+
+NOT_RUN_TAG = "phases/not_run"  # on a run whose backlog step did nothing, and why
 
 
 class BacklogMode(Enum):
@@ -99,6 +101,19 @@ def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dic
     return meta
 
 
+def slice_metadata(record: SliceRecord, executed: bool) -> dict:
+    """One day's slice as its partition's materialization: its own versions and counts."""
+    versions = "none" if record.first_version is None else f"{record.first_version}..{record.last_version}"
+    return {
+        "versions": versions,
+        "keys": record.keys,
+        "aggregated_rows": record.aggregated_rows,
+        "quarantined_rows": record.quarantined_rows,
+        "slice_seconds": round(record.seconds, 3),
+        "executed_by": "this run" if executed else "an earlier run (not executed again)",
+    }
+
+
 def backlog_specs(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetSpec]:
     """The tables the backlog phase makes: the handoff manifest (``<name>_backlog``, upstream of the others),
     the per-key state, the sink and the quarantine."""
@@ -113,6 +128,9 @@ def backlog_specs(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetS
             key,
             deps=deps,
             code_version=fingerprint,
+            # A backlog asked for after the switch (by "Materialize all", say) materializes nothing: the live phase
+            # owns these tables, and a refused step would mark them failed.
+            skippable=True,
             metadata={"dagster/table_name": f"{pipeline.name}.{table}"},
             **catalog.spec_kwargs(pipeline, about, kinds=kinds),
         )
@@ -130,7 +148,10 @@ def backlog_specs(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetS
         spec(
             names.state,
             [names.backlog],
-            "Per-key state of the handoff: what the backlog computed, then kept up to date by the live phase.",
+            "Per-key state of the handoff: what the backlog computed up to its final version, the live phase's "
+            "starting point. It does not change after the handoff: the live phase keeps its state in Spark's state "
+            "store (RocksDB, under the live run's folder), whose newest version the live run records as an "
+            "observation of this asset (live_store_version, live_state_store).",
             "state",
             {"delta"},
         ),
@@ -145,7 +166,9 @@ def backlog_specs(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetS
         spec(
             names.quarantine,
             [names.backlog],
-            "Records the pipeline did not apply, each with its reason (late, invalid, future, undecodable, ...).",
+            "Records the pipeline did not apply, each with its reason (late, invalid, future, undecodable, ...): "
+            "written by the backlog, then appended to by the live phase, whose run materializes it again with its "
+            "row count and rows_by_reason whenever it adds rows.",
             "quarantine",
             {"delta"},
         ),
@@ -169,6 +192,17 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
         p = storage.resolve(pipeline)
         mode = config.mode.value if config.mode is not None else default_mode
         session = spark.session()
+        switched = None if config.reset else BacklogRunner(session, p).switched_to_live()
+        if switched is not None:
+            context.log.warning(
+                f"{mode} backlog of {pipeline.name!r} not run: the pipeline has switched to live from manifest "
+                f"{switched}, and its live phase (running or stopped) keeps the state, the sink and the quarantine "
+                "current. Nothing was materialized; these tables keep their status. To resume a stopped live phase, "
+                f"launch {names.live_job}; to rebuild from the source after a definition change, stop the live phase "
+                "and run this job with reset: true."
+            )
+            context.instance.add_run_tags(context.run_id, {NOT_RUN_TAG: f"backlog: switched to live ({switched})"})
+            return
         if mode == "slices":
             if settings.backfill is None:
                 raise dg.Failure(
@@ -214,6 +248,7 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                 **written,
                 "quarantined_by_backlog": handoff.quarantined_rows,
                 **catalog.table_metadata(p, p.locations.quarantine, "quarantine"),
+                **catalog.quarantine_metadata(p),
             },
         )
 
@@ -258,6 +293,12 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                         "empty. If data for that day exists, its commits carry other dates"
                     )
                     return
+                if record.aggregated_rows + record.quarantined_rows == 0:
+                    context.log.warning(
+                        f"slice {record.slice}: versions {record.first_version}..{record.last_version} were "
+                        "committed on that day but hold no record (a table's creation, say), so the slice is empty"
+                    )
+                    return
                 context.log.info(
                     f"slice {record.slice} finished: versions {record.first_version}..{record.last_version}, "
                     f"{record.keys} keys, {record.aggregated_rows} rows, {record.seconds:.1f} s"
@@ -267,27 +308,27 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                 result = runner.run_range(days, on_done=done)
             if result.recovered:
                 context.log.info(f"slices finished by an earlier run, not executed again: {result.recovered}")
-            records = result.records.values()
-            empty = sorted(r.slice for r in records if r.first_version is None)
+            records = result.records
+            # Each day's partition carries its own figures (a range runs in one run, whose result would otherwise
+            # give every day the whole range's totals).
+            for day, record in records.items():
+                context.add_asset_metadata(slice_metadata(record, day in result.executed), partition_key=day)
+            empty = sorted(r.slice for r in records.values() if r.aggregated_rows + r.quarantined_rows == 0)
             has_data = dg.AssetCheckResult(
                 check_name=names.slices_have_data,
                 passed=not empty,
                 severity=dg.AssetCheckSeverity.WARN,
                 description=(
-                    f"days with no source version: {', '.join(empty)}" if empty else "every day found source versions"
+                    f"days with no source record: {', '.join(empty)}" if empty else "every day found source records"
                 ),
                 metadata={"empty_days": ", ".join(empty) or "none", "empty_day_count": len(empty)},
             )
             return dg.MaterializeResult(
                 check_results=[has_data],
                 metadata={
-                    "executed": ", ".join(result.executed) or "none",
-                    "recovered": ", ".join(result.recovered) or "none",
-                    "executed_count": len(result.executed),
-                    "recovered_count": len(result.recovered),
-                    "keys": sum(r.keys for r in records),
-                    "aggregated_rows": sum(r.aggregated_rows for r in records),
-                    "quarantined_rows": sum(r.quarantined_rows for r in records),
+                    "run_range": f"{min(records)}..{max(records)}" if records else "none",
+                    "run_executed_days": ", ".join(result.executed) or "none",
+                    "run_recovered_days": ", ".join(result.recovered) or "none",
                 },
             )
 

@@ -67,6 +67,22 @@ def table_metadata(pipeline: Pipeline, path: str, table: str) -> dict:
     return meta
 
 
+def quarantine_metadata(pipeline: Pipeline) -> dict:
+    """The quarantine by reason and by phase (the pipeline's rows; read from those columns alone, no Spark)."""
+    where = ("pipeline", pipeline.name)
+    reasons = table_stats.value_counts(pipeline.locations.quarantine, "reason", where=where)
+    if reasons is None:
+        return {}
+    phases = table_stats.value_counts(pipeline.locations.quarantine, "phase", where=where) or {}
+    ordered = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    return {
+        "rows_by_reason": dg.MetadataValue.json(ordered),
+        "late_rows": sum(n for reason, n in reasons.items() if reason.startswith("late")),
+        "backlog_rows": phases.get("backlog", 0),
+        "live_rows": phases.get("live", 0),
+    }
+
+
 def timestamp(at: datetime | None) -> dg.MetadataValue:
     return dg.MetadataValue.timestamp(at) if at is not None else dg.MetadataValue.text("none")
 

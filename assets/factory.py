@@ -11,7 +11,7 @@ import dagster as dg
 
 from assets.backlog import build_backlog_assets
 from assets.checks import build_backlog_checks
-from assets.health import build_freshness_check, build_health_sensor
+from assets.health import build_freshness_check, build_health_sensor, build_live_check
 from assets.live import build_live_asset, build_live_job
 from assets.settings import Names, Orchestration
 from assets.source import build_source_asset
@@ -31,7 +31,8 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
     * ``<name>_source`` (and ``_right_source``): observable sources, observed by the health sensor;
     * ``<name>_backlog`` (the handoff manifest) with its blocking checks, ``_state``, ``_sink`` and
       ``_quarantine``: one multi-asset, the backlog phase (plus ``_backlog_slices`` with a daily backfill);
-    * ``<name>_live``: the live phase, a long-running materialization; the sink's ``sink_fresh`` check;
+    * ``<name>_live``: the live phase, a long-running step, with its ``live_phase_running`` check; the sink's
+      ``sink_fresh`` check;
     * jobs (backlog, live, slices), the switch sensor, the health sensor, the daily schedule.
 
     Resources ``spark`` and ``storage`` are bound by the caller's Definitions (see :func:`default_resources`)."""
@@ -64,7 +65,11 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
         )
     return dg.Definitions(
         assets=[build_source_asset(pipeline), *backlog_assets, build_live_asset(pipeline, settings)],
-        asset_checks=[build_backlog_checks(pipeline, settings), build_freshness_check(pipeline, settings)],
+        asset_checks=[
+            build_backlog_checks(pipeline, settings),
+            build_freshness_check(pipeline, settings),
+            build_live_check(pipeline),
+        ],
         jobs=jobs,
         sensors=[
             build_switch_sensor(pipeline, settings, live_job, backlog_job),

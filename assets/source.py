@@ -1,6 +1,11 @@
 """The pipeline's inputs as observable source assets: each observation records where the input's head is (a
 Delta version, or Kafka end offsets) and its newest event time. The health sensor observes them on every tick
-where the head moved; the UI's "Observe" button runs the same function."""
+where the head moved; the UI's "Observe" button runs the same function.
+
+The head is metadata (``position``), not a Dagster data version: with one, every new source version would mark the
+backlog "Unsynced (upstream data)" and invite a second backlog, though the switch sensor catches the backlog up
+before the switch and the live phase applies new data after it. A changed definition shows instead, as a changed
+code version of the pipeline's assets."""
 
 import dagster as dg
 
@@ -20,8 +25,7 @@ def source_keys(pipeline: Pipeline) -> list[str]:
 
 
 def observation(key: str, head: SourceHead) -> dg.AssetObservation:
-    tags = {"dagster/data_version": head.position} if head.position else None
-    return dg.AssetObservation(asset_key=key, metadata=catalog.head_metadata(head), tags=tags)
+    return dg.AssetObservation(asset_key=key, metadata=catalog.head_metadata(head))
 
 
 def observations(resolved: Pipeline) -> list[dg.AssetObservation]:
@@ -49,10 +53,6 @@ def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition:
     def heads(context):
         resolved = context.resources.storage.resolve(pipeline)
         for key, head in zip(source_keys(resolved), source_heads(resolved), strict=True):
-            yield dg.ObserveResult(
-                asset_key=key,
-                metadata=catalog.head_metadata(head),
-                data_version=dg.DataVersion(head.position) if head.position else None,
-            )
+            yield dg.ObserveResult(asset_key=key, metadata=catalog.head_metadata(head))
 
     return heads

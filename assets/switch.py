@@ -22,8 +22,10 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from assets.checks import CHECK_NAMES
+from assets.backlog import NOT_RUN_TAG
+from assets.checks import CHECK_NAMES, NO_FAR_FUTURE
 from assets.handoff_events import Handoff, read_handoff
+from assets.health import live_runs, live_status
 from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
 from phases.sources.lag import InputLag, input_lags
@@ -48,8 +50,10 @@ def decide(
     launched_manifest: str | None,
     can_catch_up: bool = True,
     max_records_behind: int = 0,
+    running_live_run: str | None = None,
 ) -> Decision:
-    """The switch rule, as a pure function of what the sensor read."""
+    """The switch rule, as a pure function of what the sensor read (``running_live_run``: a run of the live phase
+    that runs now, whatever launched it)."""
     if handoff is None:
         return Decision("skip", "no backlog materialization with a handoff manifest yet")
     mid = handoff.manifest_id
@@ -64,6 +68,8 @@ def decide(
         return Decision("skip", f"manifest {mid} is invalid: checks not passed: {', '.join(failed_checks)}", mid)
     if launched_manifest == mid:
         return Decision("skip", f"live phase already launched for manifest {mid}", mid)
+    if running_live_run is not None:
+        return Decision("skip", f"the live phase of manifest {mid} already runs (run {running_live_run})", mid)
     unknown = [lag for lag in lags if lag.behind is None]
     if unknown:
         return Decision("skip", "; ".join(lag.describe() for lag in unknown), mid)
@@ -115,17 +121,55 @@ def _lags(p: Pipeline, handoff: Handoff) -> list[InputLag]:
     )
 
 
-def failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> list[str]:
-    """Blocking checks that did not pass in the materialization's run (not run, planned or failed)."""
-    check_keys = [dg.AssetCheckKey(key, n) for n in CHECK_NAMES]
-    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(check_keys)
+def failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str, history: int = 50) -> list[str]:
+    """Blocking checks that did not pass in the materialization's own run (not run, planned or failed). A later run
+    that planned the checks without evaluating them (a backlog refused in "Materialize all") does not change the
+    verdict on this materialization."""
     out = []
-    for ck in check_keys:
-        rec = latest.get(ck)
-        if rec is None or rec.run_id != run_id:
-            out.append(f"{ck.name} (not evaluated for this materialization)")
+    for name in CHECK_NAMES:
+        check_key = dg.AssetCheckKey(key, name)
+        records = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=history)
+        rec = next((r for r in records if r.run_id == run_id), None)
+        if rec is None:
+            out.append(f"{name} (not evaluated for this materialization)")
         elif rec.status.value != "SUCCEEDED":
-            out.append(f"{ck.name} ({rec.status.value.lower()})")
+            out.append(f"{name} ({rec.status.value.lower()})")
+    return out
+
+
+def restated_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> list[dg.AssetCheckEvaluation]:
+    """The backlog checks whose latest execution is a plan that a finished run never carried out because its backlog
+    step did nothing (tagged :data:`assets.backlog.NOT_RUN_TAG`: a backlog asked for after the switch, e.g. by
+    "Materialize all"), restated as the handoff's own run evaluated them, for the same materialization. Without this
+    the UI shows the handoff's checks as skipped (0 of 6 passed) though they passed for the manifest in use."""
+    out = []
+    for name in (*CHECK_NAMES, NO_FAR_FUTURE):
+        check_key = dg.AssetCheckKey(key, name)
+        latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([check_key]).get(check_key)
+        if latest is None or latest.run_id == run_id or latest.status.value != "PLANNED":
+            continue
+        planner = instance.get_run_by_id(latest.run_id)
+        if planner is None or not planner.is_finished or NOT_RUN_TAG not in planner.tags:
+            continue
+        history = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=50)
+        own = next((r for r in history if r.run_id == run_id and r.event is not None), None)
+        evaluation = (
+            own.event.dagster_event.event_specific_data if own is not None and own.event.dagster_event else None
+        )
+        if not isinstance(evaluation, dg.AssetCheckEvaluation):
+            continue
+        out.append(
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=name,
+                passed=evaluation.passed,
+                metadata={**evaluation.metadata, "evaluated_by_run": run_id},
+                target_materialization_data=evaluation.target_materialization_data,
+                severity=evaluation.severity,
+                description=f"as evaluated for this manifest by run {run_id} (run {latest.run_id} planned this check "
+                "but its backlog did not run: the pipeline is live)",
+            )
+        )
     return out
 
 
@@ -151,6 +195,7 @@ def build_switch_sensor(
         p = storage.resolve(pipeline)
         handoff = read_handoff(context.instance, key)
         cursor = json.loads(context.cursor) if context.cursor else {}
+        status = live_status(live_runs(context.instance, pipeline.name, handoff.manifest_id)) if handoff else None
         decision = decide(
             handoff=handoff,
             fingerprint=p.fingerprint(),
@@ -161,23 +206,28 @@ def build_switch_sensor(
             launched_manifest=cursor.get("launched"),
             can_catch_up=pipeline.supports_increments,
             max_records_behind=policy.max_records_behind,
+            running_live_run=status.run_id if status is not None and status.state == "running" else None,
         )
-        context.log.info(decision.reason)
+        restated = restated_checks(context.instance, key, handoff.run_id) if handoff else []
         if decision.action == "skip":
-            return dg.SkipReason(decision.reason)
+            return dg.SensorResult(skip_reason=decision.reason, asset_events=restated)
         if decision.action == "live":
+            context.log.info(decision.reason)
             context.update_cursor(json.dumps({**cursor, "launched": decision.manifest_id}))
-            return dg.RunRequest(
+            request = dg.RunRequest(
                 run_key=f"live:{decision.manifest_id}",
                 job_name=names.live_job,
                 run_config={"ops": {names.live_asset: {"config": {"manifest_id": decision.manifest_id}}}},
                 tags={"phases/manifest_id": decision.manifest_id, "phases/switch_reason": decision.reason[:200]},
             )
-        return dg.RunRequest(
+            return dg.SensorResult(run_requests=[request], asset_events=restated)
+        context.log.info(decision.reason)
+        request = dg.RunRequest(
             run_key=f"catch-up:{decision.manifest_id}",
             job_name=names.backlog_job,
             run_config={"ops": {names.backlog_op: {"config": {"mode": "increment"}}}},
             tags={"phases/base_manifest_id": decision.manifest_id, "phases/switch_reason": decision.reason[:200]},
         )
+        return dg.SensorResult(run_requests=[request], asset_events=restated)
 
     return switch

@@ -188,6 +188,50 @@ class DagsterStack:
             job_name, repository_location_name=LOCATION, repository_name=REPOSITORY, run_config=run_config or {}
         )
 
+    def materialize(self, assets: list[str], checks: list[tuple[str, str]] | None = None) -> str:
+        """Launches what the UI's "Materialize" / "Materialize all" buttons launch: a run of the implicit asset job
+        with ``assets`` and their ``checks`` ((asset, check name) pairs) selected. Returns the run id."""
+        data = self.graphql(
+            "mutation($params: ExecutionParams!) { launchPipelineExecution(executionParams: $params) { __typename "
+            "... on LaunchRunSuccess { run { runId } } ... on PythonError { message } "
+            "... on InvalidSubsetError { message } ... on RunConfigValidationInvalid { errors { message } } } }",
+            {
+                "params": {
+                    "selector": {
+                        "repositoryLocationName": LOCATION,
+                        "repositoryName": REPOSITORY,
+                        "pipelineName": "__ASSET_JOB",
+                        "assetSelection": [{"path": [a]} for a in assets],
+                        "assetCheckSelection": [
+                            {"assetKey": {"path": [a]}, "name": name} for a, name in (checks or [])
+                        ],
+                    },
+                    "mode": "default",
+                    "executionMetadata": {"tags": []},
+                }
+            },
+        )
+        out = data["launchPipelineExecution"]
+        if out["__typename"] != "LaunchRunSuccess":
+            raise StackError(f"materializing {assets} was refused: {out}")
+        return out["run"]["runId"]
+
+    def asset_status(self, asset: str) -> dict:
+        """What the lineage graph's node and the catalog show of an asset's materialization: its latest
+        materialization's run, the latest run that planned it (status) and the runs in progress for it."""
+        data = self.graphql(
+            "query($keys: [AssetKeyInput!]!) { assetsLatestInfo(assetKeys: $keys) { inProgressRunIds "
+            "unstartedRunIds latestMaterialization { runId } latestRun { runId status } } }",
+            {"keys": [{"path": [asset]}]},
+        )
+        [info] = data["assetsLatestInfo"]
+        return {
+            "materialized_run": (info["latestMaterialization"] or {}).get("runId"),
+            "latest_run": (info["latestRun"] or {}).get("runId"),
+            "latest_run_status": (info["latestRun"] or {}).get("status"),
+            "in_progress": info["inProgressRunIds"] + info["unstartedRunIds"],
+        }
+
     def run_status(self, run_id: str) -> str:
         return self.client().get_run_status(run_id).value
 

@@ -236,7 +236,7 @@ def main() -> None:
         tags = {tag["key"]: tag["value"] for tag in live["tags"]}
         _line("sensor", f"{names.switch} launched {names.live_job} run {live['runId']} ({tags.get('dagster/run_key')})")
         stack.wait_for_message(live["runId"], "live phase running", timeout_s=1800)
-        started = next(m for m in stack.materializations(names.live_asset) if m.get("event") == "started")
+        started = next(m for m in stack.observations(names.live_asset, 100) if m.get("event") == "started")
         figures["switch"] = (
             f"{time.perf_counter() - backlog_done:.1f} s (backlog run done -> sensor tick -> live run's first "
             f"checkpoint, {meta['keys']:,} keys; queries start -> checkpoint {started['start_s']:.1f} s)"
@@ -265,10 +265,10 @@ def main() -> None:
             f"{time.perf_counter() - t:.1f} s ({args.live_versions * args.live_rows:,} rows appended -> in the sink; "
             "includes the pandas reference)"
         )
-        reports = [m for m in stack.materializations(names.live_asset) if "input_rows_per_s" in m]
+        reports = [m for m in stack.observations(names.live_asset, 100) if "input_rows_per_s" in m]
         if reports:
             last = reports[0]
-            keys = ("applied_position", "behind", "behind_unit", "processed_rows_per_s", "event_time_lag_s")
+            keys = ("lag_s", "behind_versions", "behind_records", "processed_rows_per_s", "applied_position")
             _line("live report", ", ".join(f"{k}={last[k]}" for k in keys if k in last))
 
         t = time.perf_counter()

@@ -2,7 +2,7 @@
 
 ``LocalPostgres(folder).start()`` makes a fresh data directory with ``initdb``, starts ``postgres`` on a free
 loopback port and creates the ``dagster`` database; ``stop()`` stops it. Trust authentication on loopback only:
-this is a test and demo server, not a deployment (docs/DAGSTER_INSTANCE.md shows a production ``dagster.yaml``).
+this is a test and demo server, not a deployment (docs/dagster.md, "The instance" shows a production ``dagster.yaml``).
 
 PostgreSQL refuses to run as root; as root, the server runs as the ``postgres`` user the Debian package creates,
 with its data directory in a folder that user owns.

@@ -105,21 +105,28 @@ class BacklogRunner:
     def _step(self, name: str):
         return progress.step(self.spark, self.pipeline.name, "backlog", name)
 
-    def refuse_after_switch(self, reset: bool) -> None:
-        """Raises PhaseStateError once the live phase of the latest manifest has started (unless reset)."""
+    def switched_to_live(self) -> str | None:
+        """The manifest whose live phase has started (the pipeline is live from it), None before the switch."""
         p = self.pipeline
         try:
             current = manifest.latest(self.spark, p.locations.manifests, p.name)
         except ManifestError:
-            return
-        if not live_started(self.spark, p, current.manifest_id):
+            return None
+        return current.manifest_id if live_started(self.spark, p, current.manifest_id) else None
+
+    def refuse_after_switch(self, reset: bool) -> None:
+        """Raises PhaseStateError once the live phase of the latest manifest has started (unless reset)."""
+        p = self.pipeline
+        switched = self.switched_to_live()
+        if switched is None:
             return
         if not reset:
             raise PhaseStateError(
-                f"pipeline {p.name!r} already switched to live from manifest {current.manifest_id} "
-                f"(checkpoint {live_checkpoint_root(p, current.manifest_id)}); running the backlog again "
-                "would rewrite the sink under a running live phase. Stop the live phase and pass reset=True "
-                "to start over from a new backlog."
+                f"pipeline {p.name!r} has switched to live from manifest {switched} (checkpoint "
+                f"{live_checkpoint_root(p, switched)}): the live phase owns the state and the sink now, whether it "
+                "runs or is stopped, and keeps them current from where the backlog ended. A new backlog is needed "
+                "only for a changed definition: stop the live phase, then run the backlog with reset=True, which "
+                "rebuilds the state and the sink from the source."
             )
         if tables.exists(self.spark, p.locations.quarantine):
             self.spark.sql(

@@ -6,9 +6,11 @@ Each report covers the micro-batches that ended since the previous one:
   time (what arrived and was taken up), ``processed_rows_per_s`` by the time those batches ran (their
   ``triggerExecution`` durations: how fast the live phase works while it works);
 * ``batch_duration_s`` is their mean ``triggerExecution``;
+* ``lag_s`` is how long the oldest source data not applied yet has waited (its Delta commit time, or its Kafka
+  record timestamp, to now; 0 when nothing waits), and ``behind`` how much waits: versions (Delta) or records
+  (Kafka) after what was applied. Together they say whether the live phase keeps up;
 * the watermark and the newest applied event time are the pipeline's own (its progress log; Spark's watermark is
-  not the pipeline's), compared with the wall clock and with the newest event time at the source's head;
-* ``behind`` is the versions (Delta) or records (Kafka) the source holds after what was applied.
+  not the pipeline's), compared with the newest event time at the source's head.
 
 Spark's per-batch ``processedRowsPerSecond`` of the last progress is 0 whenever the last batch had no data (the
 idle batches between arrivals), which is why the rates are computed over the interval instead.
@@ -22,6 +24,8 @@ from datetime import UTC, datetime
 
 from phases.lateness import watermark_after
 from phases.sources.head import source_heads
+from phases.sources.kafka import ChunkPlan
+from phases.sources.lag import unapplied
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class LiveReport:
     watermark_age_s: float | None  # wall clock - watermark
     behind: int | None
     behind_unit: str
+    lag_s: float | None  # how long the oldest source data not applied has waited (0: nothing waits; None: unknown)
     applied_position: str  # the last applied source version ("v12") or end offsets ("0:40,1:38")
     head_position: str
 
@@ -83,7 +88,18 @@ class LiveMeter:
         latest = runner.incremental.latest_progress()
         applied_max = latest.running_max_us
         watermark = watermark_after(applied_max, pipeline.delay_us)
-        lag = runner.lag()
+        if latest.source_offsets is not None:
+            applied_offsets = {int(p): int(o) for p, o in latest.source_offsets.items()}
+        elif runner.handoff is not None and runner.handoff.source_position:
+            applied_offsets = ChunkPlan.from_json(runner.handoff.source_position).end
+        else:
+            applied_offsets = None
+        waiting = unapplied(pipeline, applied_version=latest.complete_below - 1, applied_offsets=applied_offsets)
+        lag_s = None
+        if waiting.behind == 0:
+            lag_s = 0.0
+        elif waiting.oldest_at is not None:
+            lag_s = max(0.0, (now - waiting.oldest_at).total_seconds())
         heads = source_heads(pipeline)
         head = heads[0]
         head_max = head.max_event_time
@@ -109,8 +125,9 @@ class LiveMeter:
             head_max_event_time=head_max,
             event_time_lag_s=event_lag,
             watermark_age_s=None if watermark is None else (now - _dt(watermark)).total_seconds(),
-            behind=lag.behind if lag is not None else None,
-            behind_unit=lag.unit if lag is not None else "versions",
+            behind=waiting.behind,
+            behind_unit=waiting.unit,
+            lag_s=lag_s,
             applied_position=applied,
             head_position=head.position,
         )

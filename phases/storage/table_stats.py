@@ -121,6 +121,24 @@ def stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:
     )
 
 
+def value_counts(path: str, column: str, *, where: tuple[str, str] | None = None) -> dict[str, int] | None:
+    """How many rows of the table hold each value of the string column ``column`` (``where``: only the rows whose
+    column ``where[0]`` equals ``where[1]``), read from that column alone; None when ``path`` holds no Delta table.
+    For small tables a person reads by category, such as a quarantine by reason."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    table = _table(path)
+    if table is None:
+        return None
+    columns = [column] if where is None or where[0] == column else [column, where[0]]
+    data = table.to_pyarrow_dataset().to_table(
+        columns=columns, filter=None if where is None else ds.field(where[0]) == where[1]
+    )
+    counts = pc.value_counts(data.column(column))
+    return {str(c["values"]): int(c["counts"]) for c in counts.to_pylist()}
+
+
 def commit_times(path: str, first_version: int) -> dict[int, datetime]:
     """Commit time of each version from ``first_version`` to the head (empty when there is none)."""
     table = _table(path)

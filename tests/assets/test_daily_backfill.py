@@ -145,8 +145,27 @@ def test_the_demos_daily_data_lands_on_its_days_and_a_day_without_data_warns(spa
             and check.severity == dg.AssetCheckSeverity.WARN
             and check.check_name == names.slices_have_data
         )
-        assert check.metadata["empty_days"].value == empty, check.metadata
+        # Both are empty: a day with no version, and a day whose only version is the table's creation (no record).
+        assert check.metadata["empty_days"].value == f"{empty}, {created}", check.metadata
         logs = instance.all_logs(ran.run_id)
         said = f"slice {empty}: no source version was committed on that day"
         assert any(r.level >= 30 and said in r.user_message for r in logs), [r.user_message for r in logs]
-        assert not any(f"slice {created}: no source version" in r.user_message for r in logs)
+        creation = f"slice {created}: versions 0..0 were committed on that day but hold no record"
+        assert any(r.level >= 30 and creation in r.user_message for r in logs), [r.user_message for r in logs]
+
+        # A range of the three days with data, in one run: each day's partition carries its own day's figures.
+        first, last = (today - timedelta(days=3)).isoformat(), (today - timedelta(days=1)).isoformat()
+        ranged = job.execute_in_process(instance=instance, tags=child.range_tags(first, last))
+        assert ranged.success
+        by_day = {m.partition: m.metadata for m in ranged.asset_materializations_for_node(names.slices)}
+        assert sorted(by_day) == [(today - timedelta(days=d)).isoformat() for d in (3, 2, 1)]
+        versions = {meta["versions"].value for meta in by_day.values()}
+        assert versions == {"1..1", "2..2", "3..3"}, by_day
+        for meta in by_day.values():  # 40 records a day, each either aggregated or quarantined
+            assert meta["aggregated_rows"].value + meta["quarantined_rows"].value == 40, meta
+            assert 0 < meta["keys"].value <= 10 and meta["run_range"].value == f"{first}..{last}"
+        [has_data] = ranged.get_asset_check_evaluations()
+        assert has_data.passed
+        # The check is evaluated once per run, never planned and left unexecuted per partition.
+        planned = instance.all_logs(ranged.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED)
+        assert len(planned) == 1, [r.dagster_event.event_specific_data for r in planned]

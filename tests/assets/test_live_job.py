@@ -31,6 +31,21 @@ def _live_materializations(result: dg.ExecuteInProcessResult, asset: str) -> lis
     return out
 
 
+def _asset_events(result: dg.ExecuteInProcessResult, asset: str) -> list[tuple[str, dict]]:
+    """(kind, metadata) of the asset's observations and materializations in the run, in order."""
+    out = []
+    for event in result.all_events:
+        if event.event_type == dg.DagsterEventType.ASSET_OBSERVATION:
+            data, kind = event.asset_observation_data.asset_observation, "observation"
+        elif event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
+            data, kind = event.step_materialization_data.materialization, "materialization"
+        else:
+            continue
+        if data.asset_key == dg.AssetKey(asset):
+            out.append((kind, {k: getattr(v, "value", v) for k, v in data.metadata.items()}))
+    return out
+
+
 def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_path):
     root = str(tmp_path)
     write_source(spark, f"{root}/src", VERSIONS)
@@ -47,20 +62,41 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
 
         first = live_job.execute_in_process(instance=instance, run_config=run_config)
         assert first.success
-        reports = _live_materializations(first, names.live_asset)
+        events = _asset_events(first, names.live_asset)
+        # The live asset is materialized once, when the live phase stops: while it runs, its reports are
+        # observations, so the UI shows the asset materializing (its run in progress), never a green "materialized".
+        assert [kind for kind, _ in events].count("materialization") == 1 and events[-1][0] == "materialization"
+        reports = [meta for _, meta in events]
         assert reports[0]["event"] == "started" and reports[-1]["state"] == "stopped", reports[-1]
         assert reports[-1]["reason"].startswith("max_runtime_seconds")
-        running = [r for r in reports if r.get("state") == "running" and "input_rows" in r]
+        running = [r for r in reports if r.get("state") == "running" and "input_rows_per_s" in r]
         assert len(running) >= 2
         # Truthful measurements against known input: v4's three records were read once, by a batch that took time.
-        assert sum(r["input_rows"] for r in running) == len(v4)
-        busy = [r for r in running if r["input_rows"] > 0]
+        rows = [int(r["input_rows"].split(" ")[0].replace(",", "")) for r in running]
+        assert sum(rows) == len(v4)
+        busy = [r for r, n in zip(running, rows, strict=True) if n > 0]
         assert busy and all(r["processed_rows_per_s"] > 0 and r["batch_duration_s"] > 0 for r in busy)
-        assert running[-1]["behind"] == 0 and running[-1]["event_time_lag_s"] == 0.0
+        # Plotted first, with units in their names, and nothing else plotted: the lag behind the head (seconds,
+        # versions), rows/s in and while processing, micro-batch seconds.
+        plotted = ["lag_s", "behind_versions", "input_rows_per_s", "processed_rows_per_s", "batch_duration_s"]
+        for r in running:
+            numbers = [k for k, v in r.items() if isinstance(v, int | float) and not isinstance(v, bool)]
+            assert numbers == [k for k in plotted if k in r] and list(r)[: len(numbers)] == numbers, r
+        assert running[-1]["behind_versions"] == 0 and running[-1]["lag_s"] == 0.0
+        assert running[-1]["event_time_lag"] == "0.000 s"
         assert running[-1]["applied_position"] == "v4" and running[-1]["head_position"] == "v4"
-        last = running[-1]  # timestamps (seconds since the epoch), not text: v4's newest record is at 80 s
-        assert last["applied_max_event_time"] - last["watermark"] == DELAY_S
+        last = running[-1]  # text with the year: v4's newest record is at 80 s after the tests' base time (2026)
+        assert last["applied_max_event_time"] == "2026-01-01 00:01:20 UTC"
         assert last["head_max_event_time"] == last["applied_max_event_time"]
+        assert last["watermark"] == f"2026-01-01 00:01:{20 - DELAY_S:02d} UTC"
+        # The run that ran the live phase says so (the health sensor finds live runs by this tag, whatever their job).
+        run_tags = instance.get_run_by_id(first.run_id).tags
+        assert run_tags["phases/live"] == p.name and run_tags["phases/manifest_id"] == mid
+        # The quarantine is materialized again by the live run, with its count and reasons (("c", 1 s) was late).
+        quarantine_events = _live_materializations(first, names.quarantine)
+        assert quarantine_events and quarantine_events[-1]["written_by"] == "live"
+        assert quarantine_events[-1]["live_rows"] == 1 and quarantine_events[-1]["late_rows"] >= 1
+        assert sum(quarantine_events[-1]["rows_by_reason"].values()) == quarantine_events[-1]["dagster/row_count"]
         sink_events = _live_materializations(first, names.sink)
         assert sink_events and sink_events[-1]["written_by"] == "live"
         assert sink_events[-1]["dagster/row_count"] == len(sink_rows(spark, f"{root}/engine/sink"))

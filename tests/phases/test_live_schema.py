@@ -155,3 +155,15 @@ def test_an_int_to_bigint_widening_of_a_join_input_while_live_runs_is_taken_up(s
     assert _pairs(spark, p.sink.path) == sorted(expected, key=repr)
     sink_types = {f.name: f.dataType for f in spark.read.format("delta").load(p.sink.path).schema.fields}
     assert sink_types["value"] == T.LongType()
+
+
+def test_sparks_streaming_drivers_print_no_error_when_a_query_stops_for_a_schema_change(spark):
+    """A schema change stops the live query on purpose (it is taken up and the query resumes): Spark's drivers used to
+    print "ERROR MicroBatchExecution ... terminated with error" and the JVM stack on the console. The session keeps
+    them at FATAL. The loggers are named after Spark 4.2's classes: a renamed class fails here."""
+    from phases.runtime.session import STREAM_EXECUTION_LOGGERS
+
+    jvm = spark._jvm
+    for name in STREAM_EXECUTION_LOGGERS:
+        jvm.java.lang.Class.forName(name)
+        assert str(jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel()) == "FATAL", name
