@@ -64,19 +64,26 @@ def when(at: datetime | None) -> str:
     return at.strftime("%Y-%m-%d %H:%M:%S UTC") if at is not None else "none"
 
 
+# The plotted figures, named so that the UI, which orders plots by name, shows them in the order they are read: how
+# long the oldest data not applied has waited, how much waits, rows per second taken in and while processing, and the
+# mean micro-batch time.
+PLOTTED = ("lag_s", "lag_to_head_{unit}", "rows_in_per_s", "rows_processed_per_s", "time_per_micro_batch_s")
+
+
 def report_metadata(report: LiveReport, manifest_id: str) -> dict:
     """One report as an observation of the live asset. The numbers, which the UI plots, are what says whether the
-    live phase keeps up, in this order: how long the oldest source data not applied has waited (``lag_s``), how much
-    waits (``behind_versions`` or ``behind_records``), rows per second taken in and while processing, and the mean
-    micro-batch time. The rest is text. A figure with no value in the interval (no row arrived: no processing rate)
-    is left out, so its plot has a gap rather than a made-up zero."""
-    plotted = {
-        "lag_s": report.lag_s,
-        f"behind_{report.behind_unit}": report.behind,
-        "input_rows_per_s": round(report.input_rows_per_s, 3),
-        "processed_rows_per_s": report.processed_rows_per_s,
-        "batch_duration_s": report.batch_duration_s,
-    }
+    live phase keeps up (:data:`PLOTTED`): ``lag_s`` (how long the oldest source data not applied has waited; 0 when
+    nothing waits), ``lag_to_head_versions`` or ``lag_to_head_records`` (how much waits), rows per second taken in
+    and while processing, and the mean micro-batch time. The rest is text. A figure with no value in the interval
+    (no row arrived: no processing rate) is left out, so its plot has a gap rather than a made-up zero."""
+    values = (
+        report.lag_s,
+        report.behind,
+        report.input_rows_per_s,
+        report.processed_rows_per_s,
+        report.batch_duration_s,
+    )
+    plotted = {name.format(unit=report.behind_unit): value for name, value in zip(PLOTTED, values, strict=True)}
     lag = report.event_time_lag_s
     return {
         **{k: round(v, 3) if isinstance(v, float) else v for k, v in plotted.items() if v is not None},

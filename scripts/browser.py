@@ -62,3 +62,49 @@ def screenshot(url: str, png: Path, *, wait_for: tuple[str, ...] = (), timeout_s
         Path(png).parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(png))
         return page.inner_text("body")
+
+
+def _settled_text(locator, timeout_s: float) -> str:
+    """The locator's text once the UI has loaded it (no "Loading..." left), or what it shows at the timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    text = locator.inner_text()
+    while "Loading" in text and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = locator.inner_text()
+    return text
+
+
+def asset_node_text(page, group_url: str, asset: str, timeout_s: float = 60) -> str:
+    """The text of ``asset``'s node in a lineage graph (its name, latest event, checks summary and status row), as
+    the page at ``group_url`` shows it after loading."""
+    page.goto(group_url)
+    wait_for_texts(page, (asset,), timeout_s)
+    node = page.locator("div", has=page.get_by_text(asset, exact=True)).filter(has_text="Latest event").last
+    return _settled_text(node, timeout_s)
+
+
+def catalog_row_text(page, catalog_url: str, asset: str, timeout_s: float = 60) -> str:
+    """The text of ``asset``'s row in the asset catalog (name, description, location, status), after loading."""
+    page.goto(catalog_url)
+    wait_for_texts(page, (asset,), timeout_s)
+    row = page.locator("div", has=page.get_by_text(asset, exact=True)).filter(has_text=LOCATION_HINT).last
+    return _settled_text(row, timeout_s)
+
+
+LOCATION_HINT = "two_phase_pipelines"  # the code location's name, shown in every catalog row
+
+
+def wait_for_asset_state(read, expected: str, timeout_s: float = 90, every_s: float = 3) -> str:
+    """Calls ``read()`` (one of the functions above, bound to a page) until its text shows ``expected``; returns
+    that text, or raises with the last text seen. The UI polls on its own schedule: each call loads the page anew."""
+    import time
+
+    deadline, text = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        text = read()
+        if expected in text:
+            return text
+        time.sleep(every_s)
+    raise BrowserError(f"expected {expected!r} within {timeout_s:.0f} s; the page showed: {text!r}")

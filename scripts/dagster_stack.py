@@ -378,15 +378,19 @@ class DagsterStack:
         mats = (data["assetOrError"] or {}).get("assetMaterializations") or []
         return {"run_id": mats[0]["runId"], **self._metadata(mats[0]["metadataEntries"])} if mats else None
 
-    def observations(self, asset: str, limit: int = 20) -> list[dict]:
+    def observation_entries(self, asset: str, limit: int = 20) -> list[dict]:
+        """The raw metadata entries (with their GraphQL type) of the asset's newest observations."""
         data = self.graphql(
             "query($path: [String!]!, $limit: Int) { assetOrError(assetKey: {path: $path}) { ... on Asset { "
             f"assetObservations(limit: $limit) {{ runId {self._ENTRIES} }} }} }} }}",
             {"path": [asset], "limit": limit},
         )
+        return (data["assetOrError"] or {}).get("assetObservations") or []
+
+    def observations(self, asset: str, limit: int = 20) -> list[dict]:
         return [
             {"run_id": o["runId"], **self._metadata(o["metadataEntries"])}
-            for o in (data["assetOrError"] or {}).get("assetObservations") or []
+            for o in self.observation_entries(asset, limit)
         ]
 
     def check_results(self, run_id: str) -> dict[str, bool]:

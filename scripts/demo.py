@@ -265,10 +265,10 @@ def main() -> None:
             f"{time.perf_counter() - t:.1f} s ({args.live_versions * args.live_rows:,} rows appended -> in the sink; "
             "includes the pandas reference)"
         )
-        reports = [m for m in stack.observations(names.live_asset, 100) if "input_rows_per_s" in m]
+        reports = [m for m in stack.observations(names.live_asset, 100) if "rows_in_per_s" in m]
         if reports:
             last = reports[0]
-            keys = ("lag_s", "behind_versions", "behind_records", "processed_rows_per_s", "applied_position")
+            keys = ("lag_s", "lag_to_head_versions", "lag_to_head_records", "rows_processed_per_s", "applied_position")
             _line("live report", ", ".join(f"{k}={last[k]}" for k in keys if k in last))
 
         t = time.perf_counter()

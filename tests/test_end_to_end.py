@@ -1,9 +1,14 @@
-"""End to end through a real Dagster stack: webserver + daemon on a loopback port. The lineage and catalog metadata
-over GraphQL; the backlog launched over GraphQL; the switch sensor launching the live run; new data reaching the
-sink with the live run's materializations; the live run's process killed, seen as failed on the live asset and in
-the sink's freshness check, and relaunched by the health sensor from its checkpoint; a terminate from outside as a
-clean stop, clicked in the UI. A real browser (Playwright driving the system Chromium) checks the lineage page, the
-sink's and the live asset's plots and the live asset's "stopped" state; its screenshots are kept in
+"""End to end through a real Dagster stack on PostgreSQL: webserver + daemon on a loopback port, a real browser
+(Playwright driving the system Chromium) reading the lineage graph and the catalog as a user does.
+
+The backlog is launched over GraphQL and the switch sensor launches the live run. While it runs, the live asset
+looks running (materializing) in the lineage and the catalog; new data, some of it late, reaches the sink, and the
+quarantine's count and reasons move. The live run's process is killed with data waiting: the live asset turns red
+(failed) in both views within a minute, its ``live_phase_running`` check says the phase was lost, ``sink_fresh``
+fails at once, and the health sensor relaunches it from its checkpoint. "Materialize all" on the live pipeline runs
+no backlog and marks no table failed, and the switch sensor still reads the handoff's checks as passed. A terminate
+clicked in the UI is a clean stop (materialized, not running, its check warning), and the live asset's own
+"Materialize" resumes the live phase as a run the health sensor recognises. Screenshots are kept in
 ``.artifacts/ui/``."""
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from assets.pipelines import DEMO
 from assets.settings import Names
 from phases.sources import synthetic
 from resources.storage import StorageResource
-from scripts.browser import browser_page, wait_for_texts
-from scripts.dagster_stack import PROJECT, DagsterStack
+from scripts.browser import asset_node_text, browser_page, catalog_row_text, wait_for_asset_state, wait_for_texts
+from scripts.dagster_stack import LOCATION, PROJECT, DagsterStack
 from scripts.local_postgres import LocalPostgres
 
 NAMES = Names(DEMO)
@@ -181,10 +186,22 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         assert tags["dagster/sensor_name"] == NAMES.switch
         stack.wait_for_message(live["runId"], "live phase running", timeout_s=300)
         timings["live phase running"] = time.monotonic() - t
+        group_url, catalog_url = f"{stack.url}/locations/{LOCATION}/asset-groups/{NAMES.group}", f"{stack.url}/assets"
+        with browser_page() as page:  # a running live phase looks running: its node and its catalog row
+            node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "Materializing")
+            assert "Materialized" not in node and "Failed" not in node, node
+            row = wait_for_asset_state(lambda: catalog_row_text(page, catalog_url, NAMES.live_asset), "Materializing")
+            assert live["runId"][:8] in row, row
+            _shot(page, "catalog_live_running")
+        assert stack.asset_status(NAMES.live_asset)["in_progress"] == [live["runId"]]
 
         t = time.monotonic()
-        synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=3000, keys=2000, batch_index=4))
-        expected_events = meta["aggregated_rows"] + 3000  # every new record is on time (no late fraction hit)
+        # Some of the new records are late: the quarantine's count and reasons move while the live phase runs.
+        batch = synthetic.event_batch(spark, rows=3000, keys=2000, batch_index=4, late_fraction=0.02)
+        synthetic.append(spark, p.source.path, batch)
+        expected_events = (
+            meta["aggregated_rows"] + 3000
+        )  # _wait_sink subtracts the late ones the live phase quarantined
         _wait_sink(spark, p, expected_events)
         timings["new version in sink"] = time.monotonic() - t
         live_sink = _wait(
@@ -193,75 +210,117 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             timeout_s=60,
         )
         assert live_sink["written_by"] == "live" and live_sink["dagster/row_count"] >= meta["keys"]
-        report = _wait(
-            "a live report of the new rows",
+        late_live = _sink_events(spark, p)[1]
+        assert late_live > 0
+        quarantined = _wait(
+            "a quarantine materialization by the live run with its late rows",
             lambda: next(
                 (
                     m
-                    for m in stack.materializations(NAMES.live_asset)
-                    if m["run_id"] == live["runId"] and m.get("input_rows", 0) > 0
+                    for m in stack.materializations(NAMES.quarantine)
+                    if m["run_id"] == live["runId"] and m.get("live_rows") == late_live
                 ),
                 None,
             ),
             timeout_s=60,
         )
-        assert report["state"] == "running" and report["processed_rows_per_s"] > 0 and report["watermark"] > 1e9
+        assert quarantined["dagster/row_count"] == meta["quarantined_rows"] + late_live
+        assert quarantined["rows_by_reason"] == {"late: event time <= watermark": quarantined["dagster/row_count"]}
+        assert quarantined["late_rows"] == quarantined["dagster/row_count"]
+        state_seen = _wait(
+            "the live state store's version on the state asset",
+            lambda: next((o for o in stack.observations(NAMES.state) if o["run_id"] == live["runId"]), None),
+            timeout_s=60,
+        )
+        assert int(state_seen["live_store_version"]) >= 2 and "state-store" in state_seen["live_state_store"]
+        report = _wait(
+            "a live report of the new rows",
+            lambda: next(
+                (
+                    o
+                    for o in stack.observations(NAMES.live_asset, 100)
+                    if o["run_id"] == live["runId"] and o.get("rows_processed_per_s", 0) > 0
+                ),
+                None,
+            ),
+            timeout_s=60,
+        )
+        assert report["state"] == "running" and report["watermark"].startswith("2026-01-01 ")
+        assert report["lag_s"] >= 0 and report["lag_to_head_versions"] >= 0
         live_types = {
             e["label"]: e["__typename"]
-            for m in stack.materialization_entries(NAMES.live_asset)
-            if m["runId"] == live["runId"]
-            for e in m["metadataEntries"]
+            for o in stack.observation_entries(NAMES.live_asset, 100)
+            if o["runId"] == live["runId"]
+            for e in o["metadataEntries"]
         }
-        assert live_types["watermark"] == "TimestampMetadataEntry"
-        assert live_types["last_batch_id"] == "TextMetadataEntry"
-        assert live_types["processed_rows_per_s"] == "FloatMetadataEntry" and live_types["behind"] == "IntMetadataEntry"
+        assert live_types["watermark"] == "TextMetadataEntry" and live_types["last_batch_id"] == "TextMetadataEntry"
+        assert live_types["rows_processed_per_s"] == "FloatMetadataEntry"
+        assert live_types["lag_to_head_versions"] == "IntMetadataEntry"
+        # While it runs, the live asset is never materialized (its run stays in progress in the UI).
+        assert all(m["run_id"] != live["runId"] for m in stack.materializations(NAMES.live_asset))
         with browser_page() as page:  # the sink's and the live asset's plots
             _plots(page, f"{stack.url}/assets/{NAMES.sink}", "dagster/row_count")
             _shot(page, "sink_plots")
-            _plots(page, f"{stack.url}/assets/{NAMES.live_asset}", "processed_rows_per_s")
+            _plots(page, f"{stack.url}/assets/{NAMES.live_asset}", "lag_s")
             _shot(page, "live_plots")
         assert _wait(
             "the freshness check passing",
             lambda: (e := stack.check_executions(NAMES.sink, NAMES.fresh)) and e[0]["success"],
             timeout_s=60,
         )
+        running_check = _wait(
+            "live_phase_running passing",
+            lambda: (e := stack.check_executions(NAMES.live_asset, NAMES.live_running)) and e[0]["success"] and e[0],
+            timeout_s=60,
+        )
+        assert running_check["live_state"] == "running" and running_check["run_id"] == live["runId"]
 
-        # The live run's process is lost (SIGKILL, its JVM too): the health sensor shows it failed on the live
-        # asset, the freshness check fails once new data waits longer than 5 s, then the run is relaunched from
-        # its checkpoint and applies that data.
+        # The live run's process is lost (SIGKILL, its JVM too) while new data waits: the live asset turns red in the
+        # lineage and the catalog, its live_phase_running check fails (ERROR, "lost"), and sink_fresh fails at once,
+        # though max_lag has not passed. Then the health sensor relaunches it from its checkpoint.
         t = time.monotonic()
         _kill_tree(stack.run_pid(live["runId"]))
         stack.wait_run(live["runId"], {"FAILURE"}, timeout_s=120)
         synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=2000, keys=2000, batch_index=5))
-        failed = _wait(
-            "the live asset showing the failure",
-            lambda: next((o for o in stack.observations(NAMES.live_asset) if o.get("state") == "failed"), None),
+        with browser_page() as page:
+            node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "Failed", 60)
+            assert "Materializing" not in node, node
+            _shot(page, "asset_graph_live_failed")
+            wait_for_asset_state(lambda: catalog_row_text(page, catalog_url, NAMES.live_asset), "Failed", 60)
+            _shot(page, "catalog_live_failed")
+        timings["kill seen red in the UI"] = time.monotonic() - t
+        lost = _wait(
+            "live_phase_running failing with the live phase lost",
+            lambda: next(
+                (
+                    e
+                    for e in stack.check_executions(NAMES.live_asset, NAMES.live_running)
+                    if e["success"] is False and e.get("live_state") == "lost"
+                ),
+                None,
+            ),
             timeout_s=60,
         )
-        assert failed["run_id"] == live["runId"]
-        # Since issue 27 the check fails as soon as the live phase is down (health.when_live_down), before the new
-        # version is observed or has waited 5 s: wait for the execution that reports the new data waiting that long.
-        # (The health sensor evaluates the check on every change and at least once a minute: when the first execution
-        # after the append came before the data had waited 5 s, the next one can be a minute later, more under the
-        # suite's load.)
+        assert lost["description"].startswith("lost: its process died"), lost
         stale = _wait(
-            "the freshness check failing while the live run is dead, with the new data waiting over 5 s",
+            "sink_fresh failing at once: data waits and the live phase is lost",
             lambda: next(
                 (
                     e
                     for e in stack.check_executions(NAMES.sink, NAMES.fresh)
                     if e["success"] is False
-                    and e.get("live_state") == "failed"
+                    and e.get("live_state") == "lost"
                     and isinstance(e.get("behind"), int)
                     and e["behind"] >= 1
-                    and e.get("lag_s", 0) > 5
                 ),
                 None,
             ),
-            timeout_s=120,
+            timeout_s=60,
         )
-        assert stale["behind"] >= 1 and stale["lag_s"] > 5, stale
+        assert "the live phase is lost" in stale["description"], stale
         timings["failure seen"] = time.monotonic() - t
+        failed = next(o for o in stack.observations(NAMES.live_asset) if o.get("state") == "lost")
+        assert failed["run_id"] == live["runId"]
         relaunched = _wait(
             "a relaunched live run",
             lambda: next((r for r in stack.runs(NAMES.live_job) if r["runId"] != live["runId"]), None),
@@ -279,8 +338,35 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             timeout_s=60,
         )
 
-        # Terminating from the UI is a clean stop: no step failure, the live asset says "stopped" and why, and the
-        # health sensor does not relaunch it.
+        # "Materialize all" on the live pipeline: the backlog step does nothing, no table is marked failed, no live
+        # run is started, and the switch sensor still reads the handoff's checks as passed.
+        t = time.monotonic()
+        tables = (NAMES.backlog, NAMES.state, NAMES.sink, NAMES.quarantine)
+        before = {a: stack.latest_materialization(a)["run_id"] for a in (NAMES.backlog, NAMES.state)}
+        every_check = [(NAMES.backlog, c) for c in (*CHECK_NAMES, NO_FAR_FUTURE)]
+        every_check += [(NAMES.sink, NAMES.fresh), (NAMES.live_asset, NAMES.live_running)]
+        everything = stack.materialize([*tables, NAMES.live_asset], every_check)
+        stack.wait_run(everything, {"SUCCESS"}, timeout_s=300)
+        assert any("not run: the pipeline has switched to live" in m for m in stack.messages(everything))
+        assert {a: stack.latest_materialization(a)["run_id"] for a in before} == before
+        for table in tables:
+            assert stack.asset_status(table)["latest_run_status"] != "FAILURE", table
+        assert [r["runId"] for r in stack.runs(NAMES.live_job)] == [relaunched["runId"], live["runId"]]
+        assert stack.run_status(relaunched["runId"]) == "STARTED"
+        restated = _wait(
+            "the handoff's checks shown as passed again",
+            lambda: all(
+                (e := stack.check_executions(NAMES.backlog, c, 1)) and e[0]["success"] for c in (*CHECK_NAMES,)
+            ),
+            timeout_s=60,
+        )
+        assert restated
+        ticks = stack.sensor_ticks(NAMES.switch)
+        assert not any("invalid" in (tick["skipReason"] or "") for tick in ticks), ticks
+        timings["materialize all"] = time.monotonic() - t
+
+        # Terminating from the UI is a clean stop: no step failure, the live asset says "stopped" and why, its
+        # check warns that nothing runs, and the health sensor does not relaunch it.
         t = time.monotonic()
         with browser_page() as page:  # the user's way: the run page's Terminate button, then the dialog's
             page.goto(f"{stack.url}/runs/{relaunched['runId']}")
@@ -301,11 +387,50 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         stopped = stack.materializations(NAMES.live_asset)[0]
         assert stopped["run_id"] == relaunched["runId"] and stopped["state"] == "stopped", stopped
         assert stopped["reason"].startswith("terminated")
-        time.sleep(6)  # three health ticks
+        _wait(
+            "live_phase_running warning that the live phase is stopped",
+            lambda: (
+                (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
+                and e[0]["success"] is False
+                and e[0].get("live_state") == "stopped"
+                and e[0]
+            ),
+            timeout_s=60,
+        )
+        with browser_page() as page:  # a stopped live phase: materialized, not running, and its check warns
+            node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "0 / 1 Passed")
+            assert "Materializing" not in node and "Failed" not in node, node
+            _shot(page, "asset_graph_live_stopped")
+        _wait(
+            "a health tick that saw the stop and did not relaunch",
+            lambda: any("not relaunched" in (tick["skipReason"] or "") for tick in stack.sensor_ticks(NAMES.health)),
+            timeout_s=60,
+        )
         assert len(stack.runs(NAMES.live_job)) == 2
-        ticks = stack.sensor_ticks(NAMES.health)
-        assert any("not relaunched" in (tick["skipReason"] or "") for tick in ticks), ticks
         print(f"\nterminated run ended {status}")
+
+        # Resuming from the live asset's own "Materialize" button (a run of the implicit asset job, not the live
+        # job): the health sensor recognises it as the live phase.
+        t = time.monotonic()
+        resumed = stack.materialize([NAMES.live_asset])
+        stack.wait_for_message(resumed, "live phase running", timeout_s=300)
+        seen = _wait(
+            "live_phase_running passing for the run started from the asset's page",
+            lambda: (
+                (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
+                and e[0]["success"]
+                and resumed in e[0]["description"]
+            ),
+            timeout_s=60,
+        )
+        assert seen and _wait(
+            "the health sensor seeing that run",
+            lambda: any(resumed in (tick["skipReason"] or "") for tick in stack.sensor_ticks(NAMES.health)),
+            timeout_s=60,
+        )
+        stack.terminate(resumed)
+        stack.wait_run(resumed, {"CANCELED", "SUCCESS"}, timeout_s=120)
+        timings["resumed from the asset's page"] = time.monotonic() - t
     finally:
         stack.stop()
         postgres.stop()

@@ -69,20 +69,21 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
         reports = [meta for _, meta in events]
         assert reports[0]["event"] == "started" and reports[-1]["state"] == "stopped", reports[-1]
         assert reports[-1]["reason"].startswith("max_runtime_seconds")
-        running = [r for r in reports if r.get("state") == "running" and "input_rows_per_s" in r]
+        running = [r for r in reports if r.get("state") == "running" and "rows_in_per_s" in r]
         assert len(running) >= 2
         # Truthful measurements against known input: v4's three records were read once, by a batch that took time.
         rows = [int(r["input_rows"].split(" ")[0].replace(",", "")) for r in running]
         assert sum(rows) == len(v4)
         busy = [r for r, n in zip(running, rows, strict=True) if n > 0]
-        assert busy and all(r["processed_rows_per_s"] > 0 and r["batch_duration_s"] > 0 for r in busy)
-        # Plotted first, with units in their names, and nothing else plotted: the lag behind the head (seconds,
-        # versions), rows/s in and while processing, micro-batch seconds.
-        plotted = ["lag_s", "behind_versions", "input_rows_per_s", "processed_rows_per_s", "batch_duration_s"]
+        assert busy and all(r["rows_processed_per_s"] > 0 and r["time_per_micro_batch_s"] > 0 for r in busy)
+        # Plotted first, with units in their names, named in the order the UI shows them (by name), and nothing else
+        # plotted: the lag behind the head (seconds, versions), rows/s in and while processing, micro-batch seconds.
+        plotted = ["lag_s", "lag_to_head_versions", "rows_in_per_s", "rows_processed_per_s", "time_per_micro_batch_s"]
+        assert plotted == sorted(plotted)
         for r in running:
             numbers = [k for k, v in r.items() if isinstance(v, int | float) and not isinstance(v, bool)]
             assert numbers == [k for k in plotted if k in r] and list(r)[: len(numbers)] == numbers, r
-        assert running[-1]["behind_versions"] == 0 and running[-1]["lag_s"] == 0.0
+        assert running[-1]["lag_to_head_versions"] == 0 and running[-1]["lag_s"] == 0.0
         assert running[-1]["event_time_lag"] == "0.000 s"
         assert running[-1]["applied_position"] == "v4" and running[-1]["head_position"] == "v4"
         last = running[-1]  # text with the year: v4's newest record is at 80 s after the tests' base time (2026)
