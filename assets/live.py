@@ -34,7 +34,7 @@ from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
 from phases.live.report import LiveMeter, LiveReport
 from phases.live.runner import LiveRunner
-from phases.storage import table_stats
+from phases.storage import fs, table_stats
 from phases.storage.live_layout import state_store_root
 from resources.spark import SparkResource
 from resources.storage import StorageResource
@@ -153,6 +153,8 @@ class _Tables:
                     metadata={
                         "live_state_store": catalog.uri(store),
                         "live_store_version": str(latest.state_version),
+                        # Its files: the snapshots and changelogs Spark keeps of its recent versions.
+                        "live_store_bytes": fs.size_bytes(runner.spark, store),
                         "live_store_layout": latest.state_layout,
                         "live_batch_id": str(latest.batch_id),
                         "manifest_id": self.mid,

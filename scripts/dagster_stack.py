@@ -44,14 +44,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def dev_command(port: int, workspace_yaml: bool = False) -> tuple[str, list[str]]:
+# The services' console level. At "info" the daemon writes two lines per sensor tick ("Checking for new runs for
+# sensor", "Sensor ... skipped: <reason>"): with two pipelines' four sensors they were most of the log. Each tick's
+# reason is kept with the tick (Automation → the sensor); warnings and errors still show.
+LOG_LEVEL = "warning"
+
+
+def dev_command(port: int, workspace_yaml: bool = False, log_level: str = LOG_LEVEL) -> tuple[str, list[str]]:
     """(program, argv) of the UI, run in the project folder: ``dg dev`` (the project's ``[tool.dg]``), or
-    ``dagster dev -w workspace.yaml``."""
+    ``dagster dev -w workspace.yaml``; ``log_level``: the services' console level."""
     if workspace_yaml:
         dagster = str(Path(sys.executable).with_name("dagster"))
-        return dagster, [dagster, "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
+        return dagster, [
+            dagster,
+            "dev",
+            "-w",
+            "workspace.yaml",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "--log-level",
+            log_level,
+        ]
     dg = str(Path(sys.executable).with_name("dg"))
-    return dg, [dg, "dev", "--host", "127.0.0.1", "--port", str(port)]
+    return dg, [dg, "dev", "--host", "127.0.0.1", "--port", str(port), "--log-level", log_level]
 
 
 def prepare_home(home: Path, storage_yaml: str = "") -> None:

@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from scripts.dagster_stack import PROJECT, dev_command, prepare_home
+from scripts.dagster_stack import LOG_LEVEL, PROJECT, dev_command, prepare_home
 
 
 def main() -> None:
@@ -26,6 +26,12 @@ def main() -> None:
     ap.add_argument("--data", default=str(PROJECT / ".data" / "dagster"), help="root of the pipelines' Delta tables")
     ap.add_argument("--port", type=int, default=3000)
     ap.add_argument("--workspace-yaml", action="store_true", help="dagster dev -w workspace.yaml instead of dg dev")
+    ap.add_argument(
+        "--log-level",
+        default=LOG_LEVEL,
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="the services' console level (info adds two daemon lines per sensor tick)",
+    )
     args = ap.parse_args()
     home = Path(args.home).resolve()
     prepare_home(home)
@@ -36,7 +42,7 @@ def main() -> None:
         signal.signal(sig, signal.SIG_DFL)  # an ignored signal stays ignored across exec
     print(f"Dagster UI on http://127.0.0.1:{args.port} (DAGSTER_HOME={home}, tables under {args.data})", flush=True)
     os.chdir(PROJECT)
-    os.execv(*dev_command(args.port, args.workspace_yaml))
+    os.execv(*dev_command(args.port, args.workspace_yaml, args.log_level))
 
 
 if __name__ == "__main__":

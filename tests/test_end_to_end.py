@@ -233,6 +233,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             timeout_s=60,
         )
         assert int(state_seen["live_store_version"]) >= 2 and "state-store" in state_seen["live_state_store"]
+        assert state_seen["live_store_bytes"] > 0
         report = _wait(
             "a live report of the new rows",
             lambda: next(

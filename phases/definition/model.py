@@ -4,7 +4,7 @@ the message and in ``.errors``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -60,6 +60,17 @@ class SettingsModel(BaseModel):
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any):
         with _outermost(cls.__name__):
             return super().model_validate(obj, *args, **kwargs)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False):
+        """A copy; with ``update``, a new definition validated like one built by hand (pydantic's own copy skips
+        validation, so a windowed pipeline could be given a sink mode it refuses). Fields left at their defaults
+        stay defaults, so rules that derive them apply to the new values."""
+        if not update:
+            return super().model_copy(deep=deep)
+        copied = super().model_copy(deep=deep)
+        fields = type(self).model_fields
+        data = {name: getattr(copied, name) for name in copied.model_fields_set if name in fields}
+        return type(self).model_validate({**data, **update})
 
     @classmethod
     def model_validate_json(cls, json_data: str | bytes | bytearray, *args: Any, **kwargs: Any):

@@ -67,6 +67,15 @@ def list_names(spark: SparkSession, path: str) -> list[str]:
     return sorted(str(status.getPath().getName()) for status in fs.listStatus(p))
 
 
+def size_bytes(spark: SparkSession, path: str) -> int:
+    """The bytes of every file under ``path`` (0 when it does not exist)."""
+    if _is_local(path):
+        local = uris.local_path(path)
+        return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(local) for name in names)
+    fs, p = _fs_path(spark, path)
+    return int(fs.getContentSummary(p).getLength()) if fs.exists(p) else 0
+
+
 def _is_local(path: str) -> bool:
     """A plain path: the OS answers directly (URIs, ``file:`` ones too, go through Hadoop's FileSystem)."""
     return uris.scheme(path) is None

@@ -169,3 +169,31 @@ def test_an_invalid_reduce_expression_is_refused_when_the_pipeline_is_defined(sp
     with pytest.raises(DefinitionError, match=r"aggregation 'x': reduce 'acc \+\* x' is not a Spark SQL expression"):
         Aggregation(name="x", kind="reduce", column="value", reduce="acc +* x")
     Aggregation(name="x", kind="reduce", column="value", reduce="greatest(acc, x)")
+
+
+def test_every_way_to_change_a_definition_validates_it(tmp_path):
+    """``model_copy(update=...)``, the way the guide changes settings, skipped pydantic's validation: a windowed
+    pipeline given a changelog sink that way ran both phases and wrote three all-null columns."""
+    from phases.definition import Window, WindowedAggregate
+
+    windowed = make_pipeline(
+        str(tmp_path / "src"),
+        str(tmp_path / "run"),
+        operator=WindowedAggregate(
+            window=Window(size=timedelta(seconds=10)), aggregations=[Aggregation(name="n", kind="count")]
+        ),
+    )
+    with pytest.raises(DefinitionError, match="sink.mode 'changelog' is for operators that replace"):
+        windowed.model_copy(update={"sink": DeltaSink(path=str(tmp_path / "sink"), mode="changelog")})
+    with pytest.raises(DefinitionError, match="watermark_delay"):
+        windowed.model_copy(update={"watermark_delay": "soon"})
+    with pytest.raises(DefinitionError, match="no_such_field"):
+        windowed.model_copy(update={"no_such_field": 1})
+    # A valid change gives a validated definition; the original is unchanged, and a plain copy stays a copy.
+    renamed = windowed.model_copy(update={"name": "renamed"})
+    assert (renamed.name, windowed.name) == ("renamed", windowed.name) and renamed.operator == windowed.operator
+    assert windowed.model_copy() == windowed and windowed.model_copy(deep=True) == windowed
+    sink = DeltaSink(path=str(tmp_path / "sink"))
+    assert sink.model_copy(update={"mode": "changelog"}).mode == "changelog"
+    with pytest.raises(DefinitionError, match="mode"):
+        sink.model_copy(update={"mode": "sometimes"})
