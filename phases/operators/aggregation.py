@@ -51,6 +51,49 @@ def fold(column: str, dtype: T.DataType, reduce_sql: str) -> Column:
     )
 
 
+# Two values of each type a reduce may fold: the expression is evaluated on them once, before any data is read.
+_SAMPLES: dict[type, tuple] = {
+    T.ByteType: (1, 2),
+    T.ShortType: (1, 2),
+    T.IntegerType: (1, 2),
+    T.LongType: (1, 2),
+    T.FloatType: (1.5, 2.5),
+    T.DoubleType: (1.5, 2.5),
+    T.StringType: ("a", "b"),
+    T.BooleanType: (True, False),
+}
+
+
+def reduce_problem(reduce_sql: str, dtype: T.DataType) -> str | None:
+    """What is wrong with ``reduce_sql`` as a fold of two ``dtype`` values ``acc`` and ``x`` (None: nothing), found
+    the way the engine runs it: analysed over a frame of just ``acc`` and ``x`` (a column other than those two, an
+    aggregate function, a type error), then evaluated once on two sample values (an implicit cast that fails at run
+    time, such as ``acc + 'a'``). Needs an active SparkSession; both phases build their logic through it."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        return None
+    sql_type = dtype.simpleString()
+    schema = T.StructType([T.StructField("acc", dtype, True), T.StructField("x", dtype, True)])
+    folded = f"CAST(({reduce_sql}) AS {sql_type}) AS folded"
+    try:
+        analysed = spark.createDataFrame([], schema).selectExpr(folded)
+        plan = analysed._jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() == "Aggregate":
+            return "it uses an aggregate function; a reduce combines two values, acc and x, at a time"
+        sample = _SAMPLES.get(type(dtype))
+        if sample is not None:
+            spark.createDataFrame([sample], schema).selectExpr(folded).collect()
+    except PySparkException as exc:
+        said = " ".join(line.strip() for line in str(exc).splitlines()[:1])
+        if any(marker in said for marker in ("MISSING_GROUP_BY", "MISSING_AGGREGATION")):
+            return "it uses an aggregate function; a reduce combines two values, acc and x, at a time"
+        return f"{said} (a reduce sees only acc and x, of the column's type {sql_type})"
+    return None
+
+
 def _add(t: str, s: str) -> str:
     """Null-aware sum of two partial sums (SQL: a sum of only nulls is null)."""
     return f"CASE WHEN {t} IS NULL THEN {s} WHEN {s} IS NULL THEN {t} ELSE {t} + {s} END"
@@ -164,6 +207,11 @@ class KeyedAggregationLogic:
         if problem is not None:
             raise DefinitionError(
                 f"aggregation {agg.name!r}: reduce {agg.reduce!r} is not a Spark SQL expression: {problem}"
+            )
+        problem = reduce_problem(agg.reduce, dtype)
+        if problem is not None:
+            raise DefinitionError(
+                f"aggregation {agg.name!r}: reduce {agg.reduce!r} cannot fold column {agg.column!r}: {problem}"
             )
         b = f"{n}__acc"
         return [_Buffer(b, dtype, col, fold(b, dtype, agg.reduce), _pairwise_fold(dtype, agg.reduce))]

@@ -3,6 +3,7 @@ exactly what shapes the state."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -197,3 +198,46 @@ def test_every_way_to_change_a_definition_validates_it(tmp_path):
     assert sink.model_copy(update={"mode": "changelog"}).mode == "changelog"
     with pytest.raises(DefinitionError, match="mode"):
         sink.model_copy(update={"mode": "sometimes"})
+
+
+@pytest.mark.parametrize(
+    ("reduce", "fragment"),
+    [
+        ("acc + x + nope", "`nope` cannot be resolved"),
+        ("acc + x + 'a'", "CAST_INVALID_INPUT"),
+        ("max(acc) + x", "aggregate function"),
+        ("max(acc + x)", "aggregate function"),
+        ("acc + value + x", "`value` cannot be resolved"),
+    ],
+)
+def test_a_reduce_that_parses_but_cannot_fold_is_refused_before_the_backlog_reads_anything(
+    spark, tmp_path, reduce, fragment
+):
+    """These parse, so the definition took them; then the backlog raised Spark's own AnalysisException or
+    NumberFormatException, or ('max(acc) + x') ran and the live phase blamed a schema change that never happened.
+    Both phases build their logic through one analysis, which refuses them with the engine's DefinitionError."""
+    from phases.backlog.runner import BacklogRunner
+    from phases.live.runner import LiveRunner
+    from phases.storage import tables
+    from tests.helpers import write_source
+
+    source = str(tmp_path / "src")
+    write_source(spark, source, {1: [("a", 1_000_000, 1), ("b", 2_000_000, 2)]})
+    aggregations = [Aggregation(name="r", kind="reduce", column="value", reduce=reduce)]
+    p = make_pipeline(source, str(tmp_path / "run"), operator=KeyedAggregate(aggregations=aggregations))
+    rule = f"aggregation 'r': reduce {reduce!r} cannot fold column 'value'"
+    with pytest.raises(DefinitionError, match=re.escape(rule) + ".*" + re.escape(fragment)):
+        BacklogRunner(spark, p).run()
+    assert not tables.exists(spark, p.sink.path)  # refused before anything was written
+    with pytest.raises(DefinitionError, match=re.escape(rule)):
+        LiveRunner.streaming_only(spark, p)
+
+
+def test_a_reduce_that_folds_passes_the_analysis(spark):
+    from pyspark.sql import types as T
+
+    from phases.operators.aggregation import reduce_problem
+
+    for reduce in ("acc + x", "acc ^ x", "greatest(acc, x)", "acc | x"):
+        assert reduce_problem(reduce, T.LongType()) is None, reduce
+    assert reduce_problem("concat(acc, x)", T.StringType()) is None
