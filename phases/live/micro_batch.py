@@ -43,12 +43,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from phases.errors import PhasesError, PhaseStateError
+from phases.errors import LiveResumeError, PhasesError, PhaseStateError
 from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
 from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
 from phases.sources.kafka import parse_offsets
-from phases.storage import changelog, fs, live_writes, maintenance, old_layouts, quarantine, tables
+from phases.storage import changelog, fs, live_writes, maintenance, old_layouts, quarantine, table_stats, tables
 from phases.storage.progress_log import ProgressLog
 from phases.tagging import tag_changes
 
@@ -117,8 +117,47 @@ class IncrementalLive:
         self._resumed_from = Progress.from_record(resume.record)
         self._resumed_id = resume.latest_id
         self._progress = {}
+        self._refuse_tables_behind_the_log(self._resumed_from, resume.latest_id)
         if self._resumed_from.state_layout is None:
             self._refuse_a_delta_state_batch_in_flight(resume.latest_id)
+
+    def _write_targets(self) -> dict[str, str]:
+        """The table each of the run's writes goes to (``what`` -> path)."""
+        p = self.pipeline
+        targets = {"sink": p.sink.path, "upsert": p.sink.path}
+        for inp in self.inputs:
+            targets[inp.suffix("quarantine")] = p.locations.quarantine
+            targets[inp.suffix("pending")] = self._pending_path(inp)
+        return targets
+
+    def _refuse_tables_behind_the_log(self, record: Progress, latest_id: int) -> None:
+        """Every start: each table the live phase writes must hold the newest write the progress log says it made
+        (a table restored from an older backup, or whose newest commits were removed, would otherwise stay wrong
+        for good: later micro-batches only add to it). One that does not is refused, naming what it holds."""
+        targets = self._write_targets()
+        behind = []
+        for what, batch in sorted((record.writes or {}).items()):
+            path = targets.get(what)
+            if path is None:
+                continue
+            app = live_writes.app_id(self.pipeline.name, self.run_name, what)
+            holds = table_stats.applied_transactions(self.spark, path, [app]).get(app)
+            if holds is None or holds < batch:
+                held = f"micro-batch {holds}" if holds is not None else "none of this run's writes"
+                behind.append(
+                    f"{path} holds {held} of its {what!r} writes, the progress log expects micro-batch {batch}"
+                )
+        if behind:
+            raise LiveResumeError(
+                f"the live phase of {self.pipeline.name!r} cannot resume exactly: tables are behind its progress log "
+                f"(whose newest record is micro-batch {latest_id}): "
+                + "; ".join(behind)
+                + ". They were restored from an older backup, or their newest commits were removed; the live phase "
+                "would never write those micro-batches again. Nothing was started. To proceed: restore each such "
+                "table to its newest version; or restore the run's tables, its checkpoint "
+                f"{self.checkpoints} and its progress log {self.progress_log.root} together, from one backup; or "
+                "start over: BacklogRunner(spark, pipeline).run(reset=True)"
+            )
 
     def _refuse_a_delta_state_batch_in_flight(self, latest_id: int) -> None:
         """A run begun by an engine that kept this kind's live state in the state table on Delta goes on with the
@@ -297,6 +336,7 @@ class IncrementalLive:
                 kafka_offsets,
                 query_base=self.base,
                 state=state,
+                writes={**(before.writes or {}), **dict.fromkeys(writes.committed, batch_id)},
             )
             self.progress_log.write(batch_id, progress.record())
             self._progress = {batch_id: progress}

@@ -59,6 +59,10 @@ class Progress:
     # (:mod:`phases.storage.keyed_store`; None: the state is still the handoff's, not yet in a store).
     state_layout: str | None = None
     state_version: int | None = None
+    # The newest micro-batch whose write each of the run's tables holds, by write (``what`` of
+    # :mod:`phases.storage.live_writes`): a start refuses tables restored to before it. None: a record from before
+    # the log kept it.
+    writes: dict[str, int] | None = None
 
     @property
     def state(self) -> StatePosition | None:
@@ -83,8 +87,10 @@ class Progress:
         source_offsets: dict[str, int] | None = None,
         query_base: int = 0,
         state: StatePosition | None = None,
+        writes: dict[str, int] | None = None,
     ) -> Progress:
         fields: dict = {
+            "writes": writes,
             "batch_id": batch_id,
             "closed_us": closed_us,
             "at_us": at_us,

@@ -46,23 +46,39 @@ class BatchWrites:
 
     def __init__(self, spark: SparkSession, pipeline: str, run_name: str, batch: int, *, first: bool):
         self.spark, self.pipeline, self.run_name, self.batch, self.first = spark, pipeline, run_name, batch, first
+        # The writes this batch left in its tables (``what`` -> the table's path): the progress record names them,
+        # so that a start can tell a table restored to before them (:meth:`IncrementalLive.prepare`).
+        self.committed: dict[str, str] = {}
 
     def app(self, what: str) -> str:
         return app_id(self.pipeline, self.run_name, what)
 
     def append_once(self, df: DataFrame, path: str, what: str, *, merge_schema: bool = False) -> None:
-        """Appends ``df`` to a table other writers may share, skipped by Delta when already committed."""
+        """Appends ``df`` to a table other writers may share, skipped by Delta when already committed. Delta commits
+        the write's transaction id even with no row, so the table always holds it."""
         tables.append_once(df, path, self.app(what), self.batch, merge_schema=merge_schema)
+        self.committed[what] = path
 
     def sink_append(self, df: DataFrame, path: str, what: str) -> None:
         """Appends ``df`` to the run's sink as a marked write, unless this batch's write is already there."""
-        if not self.already_written(path):
-            tables.append_marked(df, path, self.app(what), self.batch)
+        if self.already_written(path):
+            self.committed[what] = path
+            return
+        tables.append_marked(df, path, self.app(what), self.batch)
+        self._note_commit(path, what)
 
     def sink_upsert(self, rows: DataFrame, path: str, keys: list[str], what: str) -> None:
         """Upserts ``rows`` into the run's sink (one MERGE) as a marked write, unless already there."""
-        if not self.already_written(path):
-            tables.upsert_marked(self.spark, path, rows, keys, self.app(what), self.batch)
+        if self.already_written(path):
+            self.committed[what] = path
+            return
+        tables.upsert_marked(self.spark, path, rows, keys, self.app(what), self.batch)
+        self._note_commit(path, what)
+
+    def _note_commit(self, path: str, what: str) -> None:
+        """Notes the marked write if Delta committed it (Delta makes no commit for a marked write with no row)."""
+        if table_stats.has_marked_write(path, self.app(what), self.batch):
+            self.committed[what] = path
 
     def already_written(self, path: str) -> bool:
         """Whether the table at ``path`` holds a write of this batch or a later one (read only for a query's first

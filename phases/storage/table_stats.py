@@ -279,6 +279,15 @@ def newest_marked_write(commits: Iterator[list[dict]], app_ids: list[str]) -> tu
     return None
 
 
+def has_marked_write(path: str, app_id: str, batch: int, *, newest: int = 8) -> bool:
+    """Whether one of the table's ``newest`` commits is the marked write (``app_id``, ``batch``): asked right after
+    that write, to tell a commit from a write Delta skipped because it had no row to add."""
+    table = _table(path)
+    if table is None:
+        return False
+    return any(_marker(commit) == (app_id, batch) for commit in table.history(newest))
+
+
 def _history_pages_through_spark(spark: SparkSession, path: str) -> Iterator[list[dict]]:
     from delta.tables import DeltaTable
 

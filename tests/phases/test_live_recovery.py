@@ -4,6 +4,7 @@ refused with an engine error that names what is missing and the way out; never a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -13,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phases.backlog.runner import BacklogRunner
+from phases.definition import DeltaSink
 from phases.errors import LiveResumeError, StateStoreError
 from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, assert_results_equal, create_source, sink_rows
+from tests.helpers import append_version, assert_results_equal, create_source, current_rows, sink_rows
 
 S = 1_000_000
 DELAY_S = 15
@@ -29,12 +31,13 @@ def _live_version(v: int) -> list:
     return [(f"k{v}", (100 + 10 * v) * S, v), ("a", (105 + 10 * v) * S, 10 * v), ("b", 60 * S, -v)]
 
 
-def _started(spark, root: str):
+def _started(spark, root: str, sink_mode: str = "upsert"):
     source = f"{root}/source"
     create_source(spark, source)
     for v in sorted(BACKLOG):
         append_version(spark, source, BACKLOG[v])
-    p = make_pipeline(source, f"{root}/run", delay_s=DELAY_S)
+    sink = DeltaSink(path=f"{root}/run/sink", mode=sink_mode)
+    p = make_pipeline(source, f"{root}/run", delay_s=DELAY_S, sink=sink)
     handoff = BacklogRunner(spark, p).run()
     return p, handoff.manifest_id
 
@@ -211,3 +214,113 @@ def test_any_lost_record_then_appends_and_restarts_equals_the_reference_or_is_re
         return
     expected, _ = reference.run(versions, DELAY_S * S)
     assert_results_equal(sink_rows(spark, p.sink.path), expected)
+
+
+def _operation(log: str, version: int) -> str | None:
+    with open(f"{log}/{version:020d}.json") as f:
+        for line in f:
+            info = json.loads(line).get("commitInfo")
+            if info is not None:
+                return info.get("operation")
+    return None
+
+
+def _roll_back(path: str, writes: int) -> None:
+    """Removes the table's newest ``writes`` writes (commits that changed rows) and every commit after them, as
+    restoring only that table from an older backup of its files would: each commit's JSON, its checksum files, and
+    any checkpoint past the new head. (A compaction's commit alone changes no row: removing it loses nothing.)"""
+    log = f"{path}/_delta_log"
+    versions = sorted(int(n.split(".")[0]) for n in os.listdir(log) if n.endswith(".json") and n[:1].isdigit())
+    keep = versions[-1]
+    for version in reversed(versions):
+        if writes == 0:
+            break
+        keep = version - 1
+        if _operation(log, version) not in ("OPTIMIZE", "SET TBLPROPERTIES", "VACUUM START", "VACUUM END"):
+            writes -= 1
+    for name in os.listdir(log):
+        head = name.lstrip(".").split(".")[0]
+        if head.isdigit() and int(head) > keep:
+            os.remove(f"{log}/{name}")
+    last = f"{log}/_last_checkpoint"
+    if os.path.exists(last):
+        with open(last) as f:
+            newest_checkpoint = json.load(f)["version"]
+        if newest_checkpoint > keep:
+            for name in ("_last_checkpoint", "._last_checkpoint.crc"):
+                if os.path.exists(f"{log}/{name}"):
+                    os.remove(f"{log}/{name}")
+
+
+@pytest.mark.parametrize("sink_mode", ["upsert", "changelog"])
+def test_a_sink_restored_one_commit_behind_its_progress_log_is_refused_naming_it(spark, tmp_path, sink_mode):
+    """The sink's newest write removed (with its checksum files and the compaction after it), as restoring only the
+    sink from a slightly older backup would, then a restart: no error, and both sink modes stayed wrong for good
+    (the later micro-batches only add to the sink). Every start now checks each table the live phase writes against
+    the progress log."""
+    p, mid = _started(spark, str(tmp_path), sink_mode)
+    _live(spark, p)  # the switch
+    append_version(spark, p.source.path, _live_version(3))
+    _live(spark, p)
+    _roll_back(p.sink.path, 1)
+    append_version(spark, p.source.path, _live_version(4))
+    what = "upsert" if sink_mode == "upsert" else "sink"
+    with pytest.raises(LiveResumeError) as refused:
+        _live(spark, p)
+    said = str(refused.value)
+    assert f"{p.sink.path} holds" in said and f"of its {what!r} writes, the progress log expects micro-batch" in said
+    assert "restore each such table to its newest version" in said and "reset=True" in said
+
+
+def test_a_quarantine_restored_behind_its_progress_log_is_refused_naming_it(spark, tmp_path):
+    """The same for the quarantine: the live phase's late rows of a micro-batch gone from it with no error."""
+    p, mid = _started(spark, str(tmp_path))
+    _live(spark, p)
+    append_version(spark, p.source.path, _live_version(3))  # holds a late record: the quarantine gets a write
+    _live(spark, p)
+    _roll_back(p.locations.quarantine, 1)
+    with pytest.raises(LiveResumeError, match=f"{p.locations.quarantine} holds .* 'quarantine' writes"):
+        _live(spark, p)
+
+
+TABLES = st.sampled_from([("sink",), ("quarantine",), ("sink", "quarantine")])
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    before=st.integers(min_value=1, max_value=3),
+    restored=TABLES,
+    commits=st.integers(min_value=0, max_value=2),
+    sink_mode=st.sampled_from(["upsert", "changelog"]),
+)
+def test_any_table_restored_to_an_older_commit_equals_the_reference_or_is_refused(
+    spark, tmp_path, before, restored, commits, sink_mode
+):
+    """Live runs over ``before`` versions; then ``restored`` tables lose their newest ``commits`` writes (a restore
+    from an older backup), one more version is appended and the live phase restarts: the sink equals the reference
+    over every version, or the restart is refused with :class:`LiveResumeError`, never a silent difference."""
+    root = str(tmp_path / uuid.uuid4().hex)
+    p, mid = _started(spark, root, sink_mode)
+    versions = dict(BACKLOG)
+    _live(spark, p)  # the switch
+    for v in range(3, 3 + before):
+        versions[v] = _live_version(v)
+        append_version(spark, p.source.path, versions[v])
+        _live(spark, p)
+    paths = {"sink": p.sink.path, "quarantine": p.locations.quarantine}
+    for table in restored:
+        _roll_back(paths[table], commits)
+    v = 3 + before
+    versions[v] = _live_version(v)
+    append_version(spark, p.source.path, versions[v])
+    try:
+        _live(spark, p)
+    except LiveResumeError as refused:
+        assert commits > 0 and "reset=True" in str(refused), refused
+        return
+    expected, _ = reference.run(versions, DELAY_S * S)
+    if sink_mode == "upsert":
+        assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    else:
+        assert_results_equal(current_rows(spark, p), expected)
