@@ -47,8 +47,22 @@ def rejection_reason(pipeline: Pipeline, columns: list[str] | None = None) -> Co
     return reason
 
 
+def duration_text(span: timedelta) -> str:
+    """A duration as a person writes it: "1 day", "2 hours 30 minutes", "90 seconds", "0.5 seconds"."""
+    total = span.total_seconds()
+    if total < 60 and total != int(total):
+        return f"{total:g} seconds"
+    seconds = int(total)
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
+    return " ".join(parts) or "0 seconds"
+
+
 def future_reason(max_future: timedelta) -> str:
-    return f"future: event time more than {max_future} after its version's commit (max_future)"
+    return f"future: event time more than {duration_text(max_future)} after its version's commit (max_future)"
 
 
 def past_reason(min_event_time: datetime) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,9 +40,11 @@ from phases.operators.base import HandoffWrite, Pieces
 from phases.operators.registry import kind_of
 from phases.sources.reader import SourceReader, open_inputs
 from phases.steps.end_of_stream import EndOfStreamRunner
-from phases.storage import leases, maintenance, manifest, quarantine, tables, uris
+from phases.storage import fs, leases, maintenance, manifest, quarantine, tables, uris
 from phases.storage.live_layout import live_checkpoint_root, live_started, state_store_root
 from phases.tagging import tag_version_range
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,12 @@ class BacklogRunner:
     def _run(self, end_version: int | None, reset: bool) -> manifest.HandoffManifest:
         started = time.perf_counter()
         self.refuse_after_switch(reset)
+        p = self.pipeline
+        for path in (p.sink.path, p.locations.quarantine, p.locations.manifests):
+            for removed in fs.remove_orphan_checksums(path):
+                log.warning(
+                    "removed %s: the checksum of a commit file that is gone (a removed or restored commit)", removed
+                )
         self.removed_orphans = maintenance.remove_orphan_state(self.spark, self.pipeline)
         v = self._end_version(end_version)
         if self.pipeline.checkpoint_interval_during_backlog > timedelta(0):

@@ -35,6 +35,7 @@ event time and final watermark) before the query starts: its immediate checkpoin
 from __future__ import annotations
 
 import json
+import logging
 import time
 from datetime import UTC, datetime
 
@@ -51,6 +52,8 @@ from phases.sources.kafka import parse_offsets
 from phases.storage import changelog, fs, live_writes, maintenance, old_layouts, quarantine, table_stats, tables
 from phases.storage.progress_log import ProgressLog
 from phases.tagging import tag_changes
+
+log = logging.getLogger(__name__)
 
 HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
 _INPUT = "_input"  # two-input query: the input a row comes from ("" or "right")
@@ -99,6 +102,11 @@ class IncrementalLive:
         """Creates the sink, quarantine and state if missing; picks the query generation that resumes exactly
         (:mod:`phases.live.resume`) and writes the switch's progress record when the log has none."""
         spark, p = self.spark, self.pipeline
+        for path in dict.fromkeys(self._write_targets().values()):
+            for removed in fs.remove_orphan_checksums(path):
+                log.warning(
+                    "removed %s: the checksum of a commit file that is gone (a removed or restored commit)", removed
+                )
         quarantine.ensure(spark, p.locations.quarantine)
         changelog.ensure_sink(spark, p, self.logic.output_schema)
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))

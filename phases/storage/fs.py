@@ -76,6 +76,25 @@ def size_bytes(spark: SparkSession, path: str) -> int:
     return int(fs.getContentSummary(p).getLength()) if fs.exists(p) else 0
 
 
+def remove_orphan_checksums(path: str) -> list[str]:
+    """Removes the hidden checksum files (``.<name>.crc``, Hadoop's local file system) under a local Delta table's log
+    whose file is gone, and returns their paths. They are left behind when a commit's JSON is removed by hand (a
+    restore of older files): Delta would write that version again, and Hadoop would check it against the stale
+    checksum (``ChecksumException``). Object stores keep no such files: nothing to do there."""
+    if not _is_local(path):
+        return []
+    log = os.path.join(uris.local_path(path), "_delta_log")
+    if not os.path.isdir(log):
+        return []
+    names = set(os.listdir(log))
+    removed = []
+    for name in sorted(names):
+        if name.startswith(".") and name.endswith(".crc") and name[1 : -len(".crc")] not in names:
+            os.remove(os.path.join(log, name))
+            removed.append(os.path.join(log, name))
+    return removed
+
+
 def _is_local(path: str) -> bool:
     """A plain path: the OS answers directly (URIs, ``file:`` ones too, go through Hadoop's FileSystem)."""
     return uris.scheme(path) is None

@@ -82,3 +82,15 @@ def test_guard_settings_are_validated_and_shape_the_fingerprint(tmp_path):
     naive = make_pipeline("s", str(tmp_path), min_event_time=datetime(2020, 1, 1))
     assert naive.min_event_time == datetime(2020, 1, 1, tzinfo=UTC)
     assert naive.fingerprint() != base.fingerprint()
+
+
+def test_the_far_future_reason_says_its_bound_as_a_person_writes_it():
+    """It read "more than 1 day, 0:00:00 after its version's commit"."""
+    from phases.records import duration_text, future_reason
+
+    assert (
+        future_reason(timedelta(days=1)) == "future: event time more than 1 day after its version's commit (max_future)"
+    )
+    assert duration_text(timedelta(hours=2, minutes=30)) == "2 hours 30 minutes"
+    assert duration_text(timedelta(seconds=90)) == "1 minute 30 seconds"
+    assert duration_text(timedelta(milliseconds=500)) == "0.5 seconds"

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -324,3 +325,27 @@ def test_any_table_restored_to_an_older_commit_equals_the_reference_or_is_refuse
         assert_results_equal(sink_rows(spark, p.sink.path), expected)
     else:
         assert_results_equal(current_rows(spark, p), expected)
+
+
+def test_a_removed_commit_whose_checksum_file_stayed_behind_does_not_block_the_way_out(spark, tmp_path):
+    """The sink's newest write removed but its hidden checksum file (``.<v>.json.crc``) left behind: the restart is
+    refused as for any table behind its log, and the way out, ``run(reset=True)``, used to fail on Hadoop's stale
+    checksum (``ChecksumException``) when Delta wrote that version again. The engine removes a checksum file whose
+    file is gone, naming it in a warning."""
+    p, mid = _started(spark, str(tmp_path))
+    _live(spark, p)
+    versions = {**BACKLOG, 3: _live_version(3)}
+    append_version(spark, p.source.path, versions[3])
+    _live(spark, p)
+    log = f"{p.sink.path}/_delta_log"
+    kept = {n: Path(f"{log}/{n}").read_bytes() for n in os.listdir(log) if n.startswith(".") and n.endswith(".crc")}
+    _roll_back(p.sink.path, 1)
+    for name, data in kept.items():  # the checksum files come back, as a careless restore of the JSON files leaves them
+        with open(f"{log}/{name}", "wb") as f:
+            f.write(data)
+    with pytest.raises(LiveResumeError, match="expects micro-batch"):
+        _live(spark, p)
+    BacklogRunner(spark, p).run(reset=True)
+    _live(spark, p)
+    expected, _ = reference.run(versions, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
