@@ -93,10 +93,13 @@ def test_killed_backfill_resumes_only_unfinished_days_and_combines_to_the_whole_
                 instance=instance, tags=child.range_tags(first, last)
             )
             assert rerun.success
-            meta = rerun.asset_materializations_for_node(names.slices)[0].metadata
-            executed = set(meta["executed"].value.split(", "))
-            recovered = set(meta["recovered"].value.split(", "))
+            by_day = {m.partition: m.metadata for m in rerun.asset_materializations_for_node(names.slices)}
+            meta = by_day[first]
+            executed = set(meta["run_executed_days"].value.split(", "))
+            recovered = set(meta["run_recovered_days"].value.split(", "))
             assert recovered == done_at_kill and executed == {d.isoformat() for d in days} - done_at_kill
+            # Each day's partition says which run executed it.
+            assert {d for d, m in by_day.items() if m["executed_by"].value == "this run"} == executed
             assert defs.resolve_job_def(names.backlog_job).execute_in_process(instance=instance).success
     finally:
         os.environ.pop("DAGSTER_HOME", None)
