@@ -12,13 +12,14 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from phases.definition import RIGHT_LABEL, SOURCE_LABEL, Pipeline
-from phases.errors import PhaseStateError
+from phases.definition import RIGHT_LABEL, SOURCE_LABEL, DeltaSource, Pipeline
+from phases.errors import DefinitionError, PhaseStateError, SchemaChangeError
 from phases.lateness import watermark_after
 from phases.operators.base import OperatorKind
 from phases.operators.registry import kind_of
+from phases.schema_changes import way_out as schema_way_out
 from phases.sources.reader import SourceReader, open_inputs
-from phases.storage import progress_log, uris
+from phases.storage import progress_log, table_stats, uris
 from phases.storage.keyed_store import StatePosition
 from phases.storage.live_layout import live_checkpoint_root, state_store_root
 from phases.storage.manifest import HandoffManifest
@@ -196,7 +197,16 @@ class LivePlan:
         kind = kind_of(pipeline)
         start = _switch_progress(pipeline, kind, handoff)
         plan = cls(pipeline, kind, None, inputs, start, paths, max_files_per_trigger)
-        plan.logic = plan.build_logic(spark)
+        try:
+            plan.logic = plan.build_logic(spark)
+        except DefinitionError as exc:
+            changed = _source_changes_since(pipeline, handoff) if handoff is not None else []
+            if not changed:
+                raise
+            raise SchemaChangeError(
+                f"pipeline {pipeline.name!r}: the source's schema changed since the handoff ({'; '.join(changed)}) "
+                f"and its operator cannot take it: {exc}. {schema_way_out(pipeline.name)}"
+            ) from exc
         return plan
 
     def build_logic(self, spark: SparkSession) -> Any:
@@ -207,6 +217,17 @@ class LivePlan:
     def source(self) -> SourceReader:
         """The reader of the pipeline's own source."""
         return self.inputs[0].source
+
+
+def _source_changes_since(pipeline: Pipeline, handoff: HandoffManifest) -> list[str]:
+    """The columns of the pipeline's Delta source whose type differs between the handoff's version and now (read
+    from the Delta log with delta-rs), as "column 'c': <then> -> <now>"."""
+    source = pipeline.source
+    if not isinstance(source, DeltaSource):
+        return []
+    then = table_stats.column_types(source.path, handoff.source_version)
+    now = table_stats.column_types(source.path)
+    return [f"column {name!r}: {then[name]} -> {now[name]}" for name in then if name in now and now[name] != then[name]]
 
 
 def _switch_progress(pipeline: Pipeline, kind: OperatorKind, handoff: HandoffManifest | None) -> Progress:

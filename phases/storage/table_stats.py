@@ -121,6 +121,12 @@ def stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:
     )
 
 
+def column_types(path: str, version: int | None = None) -> dict[str, str]:
+    """The table's columns and their Delta type names at ``version`` (None: now); empty when there is no table."""
+    table = _table(path, version)
+    return {} if table is None else {f.name: _type_name(f.type) for f in table.schema().fields}
+
+
 def value_counts(path: str, column: str, *, where: tuple[str, str] | None = None) -> dict[str, int] | None:
     """How many rows of the table hold each value of the string column ``column`` (``where``: only the rows whose
     column ``where[0]`` equals ``where[1]``), read from that column alone; None when ``path`` holds no Delta table.
