@@ -244,7 +244,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
                 ),
                 None,
             ),
-            timeout_s=60,
+            timeout_s=120,
         )
         assert report["state"] == "running" and report["watermark"].startswith("2026-01-01 ")
         assert report["lag_s"] >= 0 and report["lag_to_head_versions"] >= 0

@@ -70,6 +70,7 @@ class LiveMeter:
     def __init__(self, runner):
         self.runner = runner
         self._last_batch: int | None = None
+        self._last_seen: str | None = None  # the newest progress's timestamp already reported
         self._last_at = time.monotonic()
 
     def report(self) -> LiveReport:
@@ -79,9 +80,12 @@ class LiveMeter:
         self._last_at = mono
         q = runner.query
         progresses = list(q.recentProgress) if q is not None else []
-        new = [p for p in progresses if self._last_batch is None or p.batchId > self._last_batch]
+        # By the trigger's timestamp (ISO 8601, UTC: ordered as text), not its batch id: an idle trigger reports the
+        # id the next micro-batch will carry, so a batch that reads data can share its id with a progress seen before.
+        new = [p for p in progresses if self._last_seen is None or p.timestamp > self._last_seen]
         if progresses:
             self._last_batch = max(p.batchId for p in progresses)
+            self._last_seen = max(p.timestamp for p in progresses)
         data = [p for p in new if p.numInputRows > 0]
         rows = sum(int(p.numInputRows) for p in new)
         busy_s = sum((p.durationMs or {}).get("triggerExecution", 0) for p in data) / 1000
