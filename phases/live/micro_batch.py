@@ -14,17 +14,18 @@ after the handoff version (a two-input operator's both sources, in one query); e
    versions into micro-batches;
 2. validation and lateness by W(v), continuing from the progress of the previous batch; invalid and late
    records to the quarantine (only when there are any);
-3. the operator's step (its kind's): the aggregation family combines the batch into its state in the run's
-   state store (:mod:`phases.storage.keyed_store`; version 1 is the backlog's handed-over state, so the switch
-   replays nothing), the other kinds merge into their state table on Delta;
-4. the sink: changed keys upserted or appended as a changelog (keyed aggregation), or the windows/sessions
-   the watermark closed appended (removed from the state in the same store commit);
+3. the operator's step (its kind's): every kind advances its state in the run's state store
+   (:mod:`phases.storage.keyed_store`) by one version; version 1 is the backlog's handed-over state, so the
+   switch replays nothing;
+4. the sink: changed keys upserted or appended as a changelog (keyed aggregation), the windows/sessions the
+   watermark closed appended (removed from the state in the same store commit), or the process function's and
+   the joins' output rows appended;
 5. last, one progress record (running maximum event time, closed watermark, held version): a file in the
    run's progress log (:mod:`phases.storage.progress_log`), not a Delta commit.
 
-Every write is idempotent per micro-batch (Delta ``txnAppId``/``txnVersion`` = the batch id, also for the
-MERGE and DELETE statements; a state store version is loaded by the number the previous progress record names),
-and everything the sink gets is computed from the state the batch started from, so a micro-batch replayed after
+Every write is idempotent per micro-batch (the sink's commit carries the run and batch id, the quarantine's
+Delta ``txnAppId``/``txnVersion``; a state store version is loaded by the number the previous progress record
+names), and everything the sink gets is computed from the state the batch started from, so a micro-batch replayed after
 a crash at any point writes exactly what the first attempt would have. Spark's own watermark is not used: there
 is no stateful Spark operator in the query.
 

@@ -1,9 +1,10 @@
 """The live phase: Structured Streaming over the source's versions after the handoff's V.
 
 Every operator kind runs as a continuous increment (:mod:`phases.live.micro_batch`): one streaming query over
-the live inputs (a two-input operator reads both sources in that one query), no staging table, state on
-Delta, exact under any split of versions into micro-batches. The switch replays nothing: the live phase works
-on the handoff's state table, and its immediate checkpoint is its first progress row.
+the live inputs (a two-input operator reads both sources in that one query), no staging table, the keyed state
+in the run's state store (:mod:`phases.storage.keyed_store`), exact under any split of versions into
+micro-batches. The switch replays nothing: the backlog wrote the store's version 1 from the handoff's state, and
+the live phase's immediate checkpoint is its first progress record.
 
 ``LiveRunner.streaming_only`` runs the same query from the sources' first versions with an empty state: one
 streaming job over all the data, the reference the two-phase result must equal.

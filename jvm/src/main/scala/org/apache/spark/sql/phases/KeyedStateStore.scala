@@ -3,7 +3,7 @@
  * from a foreachBatch micro-batch: point lookups per key instead of a scan of a Delta table.
  *
  * This lives in a package under org.apache.spark.sql because the state store's entry points are Spark-internal
- * (private[sql] session members, the StateStoreOps of the state package). tests/phases/test_state_store_api.py
+ * (private[sql] session members, the StateStoreOps of the state package). tests/phases/test_keyed_store.py
  * pins every internal class and signature used here and fails naming the one that changed.
  */
 package org.apache.spark.sql.phases

@@ -1,0 +1,76 @@
+"""The manual speaks of the product: every relative link and every repository path it names resolves, and its prose
+cites no work session and no scratch file outside the repository (code examples may use any path)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+# Folders of the repository a page names paths under ("`phases/storage/manifest.py`", "`tests/phases/`").
+REPOSITORY_FOLDERS = ("phases", "assets", "resources", "scripts", "benchmarks", "tests", "docs", "jvm", ".ci")
+
+_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_CODE = re.compile(r"`([^`\n]+)`")
+_SESSION = re.compile(r"\bsessions? \d+\b", re.I)
+
+
+def _prose(page: Path) -> str:
+    """The page without its fenced code blocks."""
+    return _FENCE.sub("", page.read_text())
+
+
+def _named_paths(text: str) -> list[str]:
+    """Inline-code spans that name a file or folder of the repository (``phases/live/runner.py``,
+    ``tests/phases/test_live.py::test_x``), without a test id or line suffix."""
+    named = []
+    for span in _CODE.findall(text):
+        candidate = span.split("::")[0].split(" ")[0].rstrip(".,:;")
+        if "/" not in candidate or any(c in candidate for c in "*<>{}$=(") or "://" in candidate:
+            continue
+        is_file_or_folder = candidate.endswith("/") or re.search(r"\.[a-z]+$", candidate.split("/")[-1])
+        if candidate.split("/")[0] in REPOSITORY_FOLDERS and is_file_or_folder:
+            named.append(candidate)
+    return named
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path) -> None:
+    broken = []
+    for target in _LINK.findall(_prose(page)):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = target.split("#")[0]
+        if not (page.parent / path).exists():
+            broken.append(target)
+    assert not broken, f"{page.relative_to(ROOT)} links to what does not exist: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_named_repository_paths_exist(page: Path) -> None:
+    missing = [path for path in _named_paths(_prose(page)) if not (ROOT / path).exists()]
+    assert not missing, f"{page.relative_to(ROOT)} names repository paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_build_diary(page: Path) -> None:
+    prose = _prose(page)
+    found = [m.group(0) for m in _SESSION.finditer(prose)] + re.findall(r"/tmp/\S*", prose)
+    assert not found, (
+        f"{page.relative_to(ROOT)} cites work sessions or scratch files: {found}. Name a date and a commit, and "
+        "cite a committed script (benchmarks/), or leave the figure out."
+    )
+
+
+def test_the_checks_find_what_they_look_for() -> None:
+    """The patterns above catch what they are for (so a passing run means something)."""
+    assert _named_paths("see `phases/live/runner.py` and `tests/x.py::test_y`") == [
+        "phases/live/runner.py",
+        "tests/x.py",
+    ]
+    assert _SESSION.search("measured in session 18") and not _SESSION.search("the Spark session's 8 partitions")
+    assert _FENCE.sub("", "text\n```python\nroot = '/tmp/x'\n```\nmore") == "text\n\nmore"
