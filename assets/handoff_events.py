@@ -24,34 +24,16 @@ def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | No
     if not records:
         return None
     meta = records[0].asset_materialization.metadata
-    if "handoff" in meta:  # exact fields in one JSON entry
-        fields = meta["handoff"].value
-        return Handoff(
-            manifest_id=fields["manifest_id"],
-            fingerprint=fields["fingerprint"],
-            source_version=int(fields["source_version"]),
-            final_watermark_us=fields.get("final_watermark_us"),
-            run_id=records[0].run_id,
-            source_position=fields.get("source_position") or None,
-            right_source_version=fields.get("right_source_version"),
-            right_watermark_us=fields.get("right_final_watermark_us"),
-        )
-    if "manifest_id" not in meta:
+    if "handoff" not in meta:  # a materialization that recorded no handoff
         return None
-    # Materializations recorded by earlier releases: one entry per field, -1/"" for none.
-    wm = meta["final_watermark_us"].value if "final_watermark_us" in meta else -1
-
-    def optional(name: str):
-        value = meta[name].value if name in meta else None
-        return None if value in ("", -1) else value
-
+    fields = meta["handoff"].value  # exact fields in one JSON entry
     return Handoff(
-        manifest_id=meta["manifest_id"].value,
-        fingerprint=meta["fingerprint"].value,
-        source_version=int(meta["source_version"].value),
-        final_watermark_us=None if wm is None or wm < 0 else int(wm),
+        manifest_id=fields["manifest_id"],
+        fingerprint=fields["fingerprint"],
+        source_version=int(fields["source_version"]),
+        final_watermark_us=fields.get("final_watermark_us"),
         run_id=records[0].run_id,
-        source_position=optional("source_position"),
-        right_source_version=optional("right_source_version"),
-        right_watermark_us=optional("right_final_watermark_us"),
+        source_position=fields.get("source_position") or None,
+        right_source_version=fields.get("right_source_version"),
+        right_watermark_us=fields.get("right_final_watermark_us"),
     )

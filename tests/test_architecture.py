@@ -217,3 +217,62 @@ def test_the_longest_modules_named_for_scheduling_exist():
     from tests.conftest import LONGEST_MODULES
 
     assert [path for path in LONGEST_MODULES if not (ROOT / path).is_file()] == []
+
+
+# The engine's layers, lowest first. A module may import its own layer and the layers below it, never one above:
+# a leaf helper that a lower layer needs lives in that layer or below it. (Within a layer the cycle test above
+# keeps the imports acyclic.) ``phases`` itself (the public names) and ``phases.testing`` sit on top.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("phases.errors", "phases.uris", "phases.reduce_fold"),
+    ("phases.definition",),
+    ("phases.records", "phases.lateness", "phases.runtime"),
+    ("phases.storage",),
+    ("phases.sources",),
+    ("phases.steps",),
+    ("phases.tagging", "phases.schema_changes"),
+    ("phases.operators",),
+    ("phases.backlog", "phases.live"),
+    ("phases.testing", "phases"),
+)
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``module``: that of the longest unit in :data:`LAYERS` it is or lies under."""
+    best, rank = "", None
+    for i, units in enumerate(LAYERS):
+        for unit in units:
+            if (module == unit or module.startswith(unit + ".")) and len(unit) > len(best):
+                best, rank = unit, i
+    if rank is None:
+        raise AssertionError(f"{module} is in no layer of tests/test_architecture.py LAYERS: add its unit there")
+    return rank
+
+
+def back_arrows(graph: dict[str, dict[str, int]]) -> list[str]:
+    return [
+        f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)}) at line {line}"
+        for a, targets in sorted(graph.items())
+        for b, line in sorted(targets.items())
+        if layer_of(b) > layer_of(a)
+    ]
+
+
+def test_every_module_of_the_engine_has_a_layer():
+    for module in import_graph():
+        layer_of(module)
+
+
+def test_the_layer_check_finds_an_import_that_runs_back_up():
+    """The three back-arrows the layers replaced would each be found."""
+    graph = {
+        "phases.steps.partition_ops": {"phases.operators.aggregation": 29},
+        "phases.storage.manifest": {"phases.live.resume": 21},
+        "phases.definition.pipeline": {"phases.storage": 29},
+        "phases.operators.aggregation": {"phases.reduce_fold": 34},
+    }
+    assert len(back_arrows(graph)) == 3
+
+
+def test_imports_run_down_the_layers_only():
+    found = back_arrows(import_graph())
+    assert not found, "imports that run back up the layers (move the helper down):\n" + "\n".join(found)

@@ -32,6 +32,7 @@ from datetime import timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 
+from phases import uris
 from phases.backlog import progress
 from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
@@ -40,7 +41,7 @@ from phases.operators.base import HandoffWrite, Pieces
 from phases.operators.registry import kind_of
 from phases.sources.reader import SourceReader, open_inputs
 from phases.steps.end_of_stream import EndOfStreamRunner
-from phases.storage import fs, leases, maintenance, manifest, quarantine, tables, uris
+from phases.storage import fs, leases, maintenance, manifest, quarantine, tables
 from phases.storage.live_layout import live_checkpoint_root, live_started, state_store_root
 from phases.tagging import tag_version_range
 

@@ -25,12 +25,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases import uris
 from phases.backlog import progress
 from phases.backlog.runner import BacklogRunner, version_range_partial
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
 from phases.records import split_invalid
-from phases.storage import quarantine, tables, uris
+from phases.storage import quarantine, tables
 from phases.storage.manifest import HandoffManifest
 
 SLICE = "_slice"

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from pydantic import Field, field_validator, model_validator
 
+from phases import uris
 from phases.definition.fields import _Model, name, not_negative, positive, user_column
 from phases.definition.operators import (
     OPERATOR_MODELS,
@@ -26,7 +27,6 @@ from phases.definition.operators import (
 )
 from phases.definition.sources import DeltaSink, DeltaSource, HybridSource, KafkaSource
 from phases.definition.steps import FULL_PARTITION_KINDS, Derive, EndOfStreamStep, Enrichment, Filter, PartitionOperator
-from phases.storage import uris
 
 # Bumped whenever the layout of the state table or the meaning of its columns changes.
 STATE_SCHEMA_VERSION = 1

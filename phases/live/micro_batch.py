@@ -50,7 +50,7 @@ from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
 from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
 from phases.sources.kafka import parse_offsets
-from phases.storage import changelog, fs, live_writes, maintenance, old_layouts, quarantine, table_stats, tables
+from phases.storage import changelog, fs, live_writes, maintenance, quarantine, table_stats, tables
 from phases.storage.progress_log import ProgressLog
 from phases.tagging import tag_changes
 
@@ -113,12 +113,14 @@ class IncrementalLive:
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
         if p.maintenance.auto_compact and p.sink.mode != "changelog":  # a changelog's is the compactor's work
             maintenance.enable_auto_compaction(spark, p.sink.path)
-        # The switch's record: the live phase's immediate checkpoint. A run started before the log was a folder of
-        # files kept its progress in a Delta table: it goes on from that table's last row.
-        legacy = old_layouts.progress_table_record(spark, self.plan.paths.run_root)
-        switch = Progress.from_record(legacy) if legacy is not None else self.start_progress
+        # The switch's record: the live phase's immediate checkpoint.
         resume = live_resume.plan(
-            spark, self.progress_log, self.checkpoints, switch.record(), self._applied_writes, self._way_out()
+            spark,
+            self.progress_log,
+            self.checkpoints,
+            self.start_progress.record(),
+            self._applied_writes,
+            self._way_out(),
         )
         if resume.write_record:
             self.progress_log.write(resume.latest_id, resume.record)
@@ -127,8 +129,6 @@ class IncrementalLive:
         self._resumed_id = resume.latest_id
         self._progress = {}
         self._refuse_tables_behind_the_log(self._resumed_from, resume.latest_id)
-        if self._resumed_from.state_layout is None:
-            self._refuse_a_delta_state_batch_in_flight(resume.latest_id)
 
     def _write_targets(self) -> dict[str, str]:
         """The table each of the run's writes goes to (``what`` -> path)."""
@@ -166,21 +166,6 @@ class IncrementalLive:
                 "table to its newest version; or restore the run's tables, its checkpoint "
                 f"{self.checkpoints} and its progress log {self.progress_log.root} together, from one backup; or "
                 "start over: BacklogRunner(spark, pipeline).run(reset=True)"
-            )
-
-    def _refuse_a_delta_state_batch_in_flight(self, latest_id: int) -> None:
-        """A run begun by an engine that kept this kind's live state in the state table on Delta goes on with the
-        state store, whose version 1 is written from that table. A micro-batch that wrote the table but not its
-        progress record cannot be replayed on the store: the table already holds it."""
-        wrote = live_writes.live_writes(self.spark, self.state_path, self.pipeline.name, self.run_name)
-        if wrote is not None and wrote > latest_id:
-            raise PhaseStateError(
-                f"live run {self.run_name} of {self.pipeline.name!r}: its state table {self.state_path} holds the "
-                f"writes of micro-batch {wrote}, but its progress log ends at micro-batch {latest_id}. The run was "
-                "begun by an engine version that kept the live state on Delta and stopped inside a micro-batch; this "
-                "version keeps it in the run's state store and cannot replay that micro-batch. Finish it with the "
-                "engine version that began it (one restart), or start over from the backlog with "
-                "BacklogRunner(spark, pipeline).run(reset=True)"
             )
 
     def _way_out(self) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from phases import uris
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, DeltaSource, Pipeline
 from phases.errors import DefinitionError, PhaseStateError, SchemaChangeError
 from phases.lateness import watermark_after
@@ -19,7 +20,7 @@ from phases.operators.base import OperatorKind
 from phases.operators.registry import kind_of
 from phases.schema_changes import way_out as schema_way_out
 from phases.sources.reader import SourceReader, open_inputs
-from phases.storage import progress_log, table_stats, uris
+from phases.storage import progress_log, table_stats
 from phases.storage.keyed_store import StatePosition
 from phases.storage.live_layout import live_checkpoint_root, state_store_root
 from phases.storage.manifest import HandoffManifest

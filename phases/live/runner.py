@@ -335,6 +335,5 @@ class LiveRunner:
 
     def status(self) -> dict:
         """Batch id, input rates, the pipeline's watermark and last applied source version, for progress
-        reports. One query does what the earlier tagger and aggregate queries did: both keys report it."""
-        one = self.incremental.status()
-        return {"run": self.run_name, "live": one, "tagger": one, "aggregate": one}
+        reports."""
+        return {"run": self.run_name, "live": self.incremental.status()}

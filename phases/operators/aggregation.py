@@ -7,9 +7,9 @@ Every aggregation is a commutative monoid over *buffers*:
 * ``finalize`` turns a key's buffers into output columns (avg = sum / count).
 
 The backlog phase lifts the sorted backlog records and merges them per key; the state it hands over is
-exactly the merged buffers. The live phase streams the union of those buffers (one row per key) and the
-lifted live records through the *same* merge inside a Structured Streaming aggregation, so the first
-micro-batch rebuilds the state in Spark's state store. Only state access differs between the phases.
+exactly the merged buffers. The live phase combines each micro-batch's lifted records with its keys' stored
+buffers by the *same* merge expressions, in the run's state store (:mod:`phases.storage.keyed_store`). Only
+state access differs between the phases.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from phases.definition import (
     sql_expression_problem,
 )
 from phases.errors import DefinitionError
+from phases.reduce_fold import fold
 
 MAX_TS = "_max_ts"  # buffer: the key's greatest event time (drives the live watermark after the switch)
 ROWS = "_rows"  # buffer: on-time records aggregated for the key
@@ -40,15 +41,6 @@ TS = "_ts"  # the event time column of the unified (state + live) stream
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType)
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _ORDERABLE = (*_NUMERIC, T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType, T.BooleanType)
-
-
-def fold(column: str, dtype: T.DataType, reduce_sql: str) -> Column:
-    """An aggregate folding ``column``'s non-null values with ``reduce_sql`` over ``acc`` and ``x``."""
-    sql_type = dtype.simpleString()
-    return F.expr(
-        f"aggregate(collect_list(`{column}`), CAST(NULL AS {sql_type}), "
-        f"(acc, x) -> CASE WHEN acc IS NULL THEN x ELSE CAST(({reduce_sql}) AS {sql_type}) END)"
-    )
 
 
 # Two values of each type a reduce may fold: the expression is evaluated on them once, before any data is read.

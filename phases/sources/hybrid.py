@@ -16,11 +16,12 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases import uris
 from phases.definition import FileArchive, HybridSource
 from phases.errors import SourceError
 from phases.sources.delta import CHANGE_COLUMNS, DeltaTableSource
 from phases.sources.kafka import ChunkPlan, KafkaTopicSource, client_conf
-from phases.storage import fs, uris
+from phases.storage import fs
 
 
 class HybridArchiveSource:

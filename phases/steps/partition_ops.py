@@ -26,7 +26,7 @@ from phases.definition import (
     SortPartition,
 )
 from phases.errors import DefinitionError
-from phases.operators.aggregation import fold
+from phases.reduce_fold import fold
 from phases.runtime.user_code import load_function
 
 PARTITION = "partition"

@@ -8,7 +8,7 @@ import tempfile
 
 from pyspark.sql import SparkSession
 
-from phases.storage import uris
+from phases import uris
 
 
 def _fs_path(spark: SparkSession, path: str):

@@ -29,9 +29,9 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
+from phases import uris
 from phases.definition import Pipeline
 from phases.errors import LeaseHeld
-from phases.storage import uris
 
 ROLES = ("backlog", "live")
 HEARTBEAT_S = 10.0

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
+from phases import uris
 from phases.definition import Pipeline
-from phases.storage import old_layouts, progress_log, uris
+from phases.storage import progress_log
 
 
 def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
@@ -22,6 +23,4 @@ def state_store_root(pipeline: Pipeline, run_name: str) -> str:
 
 def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
     """True once the live phase of ``manifest_id`` has recorded its switch (its first progress record)."""
-    return progress_log.live_started(
-        spark, pipeline.locations.live_run(manifest_id)
-    ) or old_layouts.two_query_run_started(spark, live_checkpoint_root(pipeline, manifest_id))
+    return progress_log.live_started(spark, pipeline.locations.live_run(manifest_id))

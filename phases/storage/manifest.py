@@ -17,9 +17,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
-from phases.errors import LiveResumeError, ManifestError
-from phases.live import resume as live_resume
-from phases.storage import live_writes, progress_log, tables, uris
+from phases.errors import ManifestError
+from phases.storage import progress_log, tables
 
 
 class HandoffManifest(BaseModel):
@@ -164,13 +163,11 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
         if not tables.exists(spark, manifest.state_path):
             problems.append(f"state table {manifest.state_path} is missing")
         elif progress_log.live_started(spark, pipeline.locations.live_run(manifest.manifest_id)):
-            pass  # the live phase started on this state table and merges into it: it is the live state now
+            pass  # the live phase started: its state is the run's store; the table stays the handoff's record
         else:
             v = tables.version(spark, manifest.state_path)
             n = spark.read.format("delta").load(manifest.state_path).count()
-            if v != manifest.state_table_version and _written_live(spark, manifest, pipeline):
-                pass  # raised LiveResumeError
-            elif v != manifest.state_table_version or n != manifest.state_rows:
+            if v != manifest.state_table_version or n != manifest.state_rows:
                 problems.append(
                     f"state table {manifest.state_path}: manifest says version {manifest.state_table_version} "
                     f"with {manifest.state_rows} rows, the table has version {v} with {n} rows"
@@ -179,18 +176,3 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
         raise ManifestError(
             f"handoff manifest {manifest.manifest_id} does not match pipeline {pipeline.name!r}: " + "; ".join(problems)
         )
-
-
-def _written_live(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> bool:
-    """Raises LiveResumeError when the live phase of ``manifest`` wrote its state table though its progress log is
-    gone (removed by hand): the state is ahead of every record that says how far. False otherwise."""
-    batch = live_writes.live_writes(spark, manifest.state_path, pipeline.name, manifest.manifest_id)
-    if batch is None:
-        return False
-    log = uris.join(pipeline.locations.live_run(manifest.manifest_id), progress_log.FOLDER)
-    raise LiveResumeError(
-        f"the live phase of handoff manifest {manifest.manifest_id} of pipeline {pipeline.name!r} applied "
-        f"micro-batches up to {batch} to its state table {manifest.state_path}, but its progress log {log} is "
-        "missing: what those micro-batches read is not recorded anywhere. Nothing was started. "
-        + live_resume.way_out(pipeline.name, uris.join(pipeline.locations.checkpoints, manifest.manifest_id), log)
-    )

@@ -17,8 +17,9 @@ import json
 
 from pyspark.sql import SparkSession
 
+from phases import uris
 from phases.errors import ProgressRecordDamaged
-from phases.storage import fs, old_layouts, uris
+from phases.storage import fs
 
 RETAIN = 100
 FOLDER = "progress_log"  # under the live run's folder
@@ -87,14 +88,13 @@ def parse(text: str, path: str) -> dict:
 
 
 def live_started(spark: SparkSession, live_run_root: str) -> bool:
-    """True once a live run under ``live_run_root`` has recorded its switch (it then owns its state table)."""
-    root = live_run_root.rstrip("/")
-    return bool(ProgressLog(spark, f"{root}/{FOLDER}").batch_ids()) or old_layouts.has_progress_table(spark, root)
+    """True once a live run under ``live_run_root`` has recorded its switch (its first progress record)."""
+    return bool(ProgressLog(spark, f"{live_run_root.rstrip('/')}/{FOLDER}").batch_ids())
 
 
 def latest_without_spark(live_run_root: str) -> tuple[int, dict] | None:
     """:meth:`ProgressLog.latest` without Spark, for sensors and health checks: local folders and object-store
-    URIs alike (:func:`phases.storage.uris.pyarrow_filesystem`). None when the run has no record yet."""
+    URIs alike (:func:`phases.uris.pyarrow_filesystem`). None when the run has no record yet."""
     import pyarrow.fs as pafs
 
     filesystem, folder = uris.pyarrow_filesystem(uris.join(live_run_root, FOLDER))

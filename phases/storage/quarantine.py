@@ -9,7 +9,7 @@ from pyspark.sql import types as T
 from phases.definition import RIGHT_LABEL
 from phases.lateness import VERSION, WATERMARK_US
 from phases.records import FUTURE
-from phases.storage import old_layouts, tables
+from phases.storage import tables
 
 SCHEMA = T.StructType(
     [
@@ -75,11 +75,8 @@ def invalid_and_late(
 
 
 def ensure(spark: SparkSession, path: str) -> None:
-    """Creates the quarantine table, or adds the columns a table made by an earlier release lacks."""
-    if not tables.exists(spark, path):
-        tables.ensure(spark, path, SCHEMA)
-        return
-    old_layouts.add_missing_columns(spark, path, SCHEMA)
+    """Creates the quarantine table if it is missing."""
+    tables.ensure(spark, path, SCHEMA)
 
 
 def replace_backlog(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from phases import uris
 from phases.definition import Pipeline
-from phases.storage import uris
 
 
 def under(root: str, path: str) -> str:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from phases import uris
 from phases.errors import SourceError
-from phases.storage import uris
 
 if TYPE_CHECKING:  # the sensors import this module without Spark
     from pyspark.sql import SparkSession

@@ -23,8 +23,9 @@ import dagster as dg
 
 from assets.factory import pipeline_definitions
 from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
+from phases import uris
 from phases.definition import ProcessOperator
-from phases.storage import manifest, uris
+from phases.storage import manifest
 from resources.spark import SparkResource
 from resources.storage import StorageResource
 from tests import reference

@@ -68,7 +68,7 @@ def test_switch_commits_a_checkpoint_before_any_live_data_and_restarts_never_dou
     first = live.start()
     assert os.path.exists(f"{live.checkpoints}/increment/commits/0"), "no immediate checkpoint at the switch"
     assert first.start_seconds > 0
-    assert live.status()["aggregate"]["watermark"] is not None
+    assert live.status()["live"]["watermark"] is not None
     live.stop()
 
     # Crash right after the switch, before new data: the restart must not apply the state again.

@@ -134,32 +134,6 @@ def test_a_removed_state_store_is_refused_with_the_version_it_needs_and_the_way_
     assert "could not go from version 2 to 3" in str(err.value) and "reset=True" in str(err.value)
 
 
-def test_a_delta_state_micro_batch_in_flight_from_an_older_engine_is_refused(spark, tmp_path, monkeypatch):
-    """A run begun by an engine that kept the live state in the state table on Delta, stopped after a micro-batch's
-    state MERGE and before its progress record: its table already holds that micro-batch, so the store (written
-    from the table) cannot replay it. The restart is refused with the way out instead of counting it twice."""
-    from phases.errors import PhaseStateError
-    from phases.operators.keyed_aggregate import KeyedStoreStep
-    from phases.storage import live_writes, tables
-
-    p, mid = _started(spark, str(tmp_path))
-    append_version(spark, p.source.path, _live_version(3))
-
-    def older_engine(self, spark_, records, watermarks, closing_us, writes, state=None):
-        # What the older engine's step did first: a MERGE of the batch into the state table (here: one more row).
-        table = spark_.read.format("delta").load(self.state_path)
-        with tables.idempotent_dml(spark_, live_writes.app_id(p.name, mid, "state"), writes.batch):
-            table.limit(1).write.format("delta").mode("append").save(self.state_path)
-        raise RuntimeError("simulated crash after the state MERGE")
-
-    monkeypatch.setattr(KeyedStoreStep, "apply_inputs", older_engine)
-    with pytest.raises(Exception, match="simulated crash"):
-        _live(spark, p)
-    monkeypatch.undo()
-    with pytest.raises(PhaseStateError, match=r"holds the writes of micro-batch 0.*ends at micro-batch -1"):
-        _live(spark, p)
-
-
 LOSSES = st.sampled_from(["checkpoint", "progress log", "both", "newest record", "nothing"])
 
 

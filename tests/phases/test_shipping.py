@@ -21,7 +21,7 @@ def test_the_archive_holds_the_packages_and_imports_without_the_project(tmp_path
     assert shipping.package_archive(tmp_path, ["tests", "phases"]) == archive  # same sources, same archive
     # A bare interpreter (-S: no site-packages, so no editable install of the project) imports the engine's
     # definitions from the archive alone, from a folder that is not the project's.
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import phases.storage.uris as u; print(u.__file__)"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import phases.uris as u; print(u.__file__)"
     out = subprocess.run([sys.executable, "-S", "-c", code, archive], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith(archive)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from phases import uris
 from phases.definition import Locations
-from phases.storage import uris
 
 
 @pytest.mark.parametrize(
