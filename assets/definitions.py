@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from assets.factory import default_resources, pipeline_definitions
 from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA
-from assets.settings import DailyBackfill, LiveHealth, Orchestration, SwitchPolicy
+from phases_dagster import DailyBackfill, LiveHealth, Orchestration, SwitchPolicy, pipeline_definitions
+from resources import RESOURCES
 
 # The two beta APIs the pipelines' definitions use on purpose, each once per pipeline and per process that loads this
 # location (webserver, daemon, code server, every run): multi_observable_source_asset (the inputs' observations) and
@@ -40,5 +40,5 @@ if os.environ.get("PHASES_KAFKA_BOOTSTRAP_SERVERS"):  # a deployment with a Kafk
 
 defs = dg.Definitions.merge(
     *served,
-    dg.Definitions(resources=default_resources(), executor=dg.in_process_executor),
+    dg.Definitions(resources=RESOURCES, executor=dg.in_process_executor),
 )

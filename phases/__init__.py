@@ -26,6 +26,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.1.0"
+
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases.definition": (
         "Pipeline",
@@ -56,12 +58,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "phases.backlog.runner": ("BacklogRunner",),
     "phases.backlog.slices": ("SliceRunner",),
-    "phases.live.runner": ("LiveRunner",),
+    "phases.live.runner": ("LiveRunner", "LiveStart"),
     "phases.storage.manifest": ("HandoffManifest",),
     "phases.storage.maintenance": ("maintain",),
-    "phases.storage.changelog": ("compact_changelog", "read_current"),
+    "phases.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
     "phases.runtime.session": ("SparkSettings", "build_session"),
-    "phases.sources.feed": ("create_source", "append"),
+    "phases.runtime.shipping": ("package_archive",),
+    "phases.sources.lag": ("InputLag",),
     "phases.operators.process_function": ("KeyedProcessFunction", "ProcessContext"),
     "phases.testing": ("assert_equivalent", "event_versions", "run_streaming", "run_two_phase"),
     "phases.errors": (
@@ -76,7 +79,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ProcessFunctionError",
         "LiveQueryStopped",
         "LiveResumeError",
-        "ProgressRecordDamaged",
         "StateStoreError",
     ),
 }
@@ -87,6 +89,7 @@ __all__ = [
     "Aggregation",
     "BacklogRunner",
     "CoGroup",
+    "Compaction",
     "DefinitionError",
     "DeltaSink",
     "DeltaSource",
@@ -97,6 +100,7 @@ __all__ = [
     "Filter",
     "HandoffManifest",
     "HybridSource",
+    "InputLag",
     "IntervalJoin",
     "KafkaHandoff",
     "KafkaSource",
@@ -106,6 +110,7 @@ __all__ = [
     "LiveQueryStopped",
     "LiveResumeError",
     "LiveRunner",
+    "LiveStart",
     "Locations",
     "Maintenance",
     "ManifestError",
@@ -116,7 +121,6 @@ __all__ = [
     "ProcessContext",
     "ProcessFunctionError",
     "ProcessOperator",
-    "ProgressRecordDamaged",
     "ReducePartition",
     "SchemaChangeError",
     "SessionAggregate",
@@ -128,13 +132,12 @@ __all__ = [
     "StateStoreError",
     "Window",
     "WindowedAggregate",
-    "append",
     "assert_equivalent",
     "build_session",
     "compact_changelog",
-    "create_source",
     "event_versions",
     "maintain",
+    "package_archive",
     "read_current",
     "run_streaming",
     "run_two_phase",
@@ -193,17 +196,17 @@ if TYPE_CHECKING:
         PhasesError,
         PhaseStateError,
         ProcessFunctionError,
-        ProgressRecordDamaged,
         SchemaChangeError,
         SetupError,
         SourceError,
         StateStoreError,
     )
-    from phases.live.runner import LiveRunner
+    from phases.live.runner import LiveRunner, LiveStart
     from phases.operators.process_function import KeyedProcessFunction, ProcessContext
     from phases.runtime.session import SparkSettings, build_session
-    from phases.sources.feed import append, create_source
-    from phases.storage.changelog import compact_changelog, read_current
+    from phases.runtime.shipping import package_archive
+    from phases.sources.lag import InputLag
+    from phases.storage.changelog import Compaction, compact_changelog, read_current
     from phases.storage.maintenance import maintain
     from phases.storage.manifest import HandoffManifest
     from phases.testing import assert_equivalent, event_versions, run_streaming, run_two_phase

@@ -1,12 +1,9 @@
-"""Testing your own pipelines with pytest: a plugin shipped with the package.
+"""Testing your own pipelines: two-phase against one streaming job, for any cut-off.
 
-Installed with the package, pytest loads it by itself (entry point ``pytest11`` named ``phases``). It gives:
+The helpers need no test framework; the fixtures that go with them (``phases_spark``, ``delta_source``,
+``phases_kafka``) are the pytest plugin :mod:`phases.pytest_plugin`, which pytest loads by itself once the package
+is installed with its ``testing`` extra (``pip install "two-phase-pipelines[testing]"``: pytest and hypothesis).
 
-- the fixture ``phases_spark``: one local SparkSession with Delta for the whole test session (2 shuffle
-  partitions; build your own with :func:`phases.runtime.session.build_session` for other settings);
-- the fixture ``delta_source``: a factory that writes a fresh source table from versions (each a list of
-  tuples, a list of dicts or a pandas DataFrame: one element, one source version) under the test's
-  ``tmp_path`` and returns its path;
 - :func:`run_two_phase`: your pipeline moved under a scratch folder, the first ``cutoff`` versions through the
   backlog, the rest through the live phase; returns the sink and the quarantine;
 - :func:`run_streaming`: the same pipeline as one streaming job over all versions (the reference the
@@ -17,26 +14,25 @@ Installed with the package, pytest loads it by itself (entry point ``pytest11`` 
   :data:`phases.sources.feed.EVENT_SCHEMA`), for property tests (needs ``hypothesis``).
 
 A Dagster-level helper (materialize a pipeline's assets and run their checks in pytest) is in
-:mod:`assets.testing` (this module never imports Dagster).
+:mod:`phases_dagster.testing` (this module never imports Dagster).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from phases.definition import Pipeline
-from phases.errors import DefinitionError
+from phases.errors import DefinitionError, SetupError
 from phases.sources import feed as sources
 from phases.storage import tables
 
@@ -241,7 +237,7 @@ def event_versions(
 ):
     """A hypothesis strategy of versions: lists of ``(key, ts, value)`` rows, ``ts`` within ``max_seconds`` of
     2026-01-01 (so records arrive out of order and some late), ``value`` possibly null when ``nulls``."""
-    from hypothesis import strategies as st
+    st = _extra_module("hypothesis.strategies", "event_versions")
 
     value = st.integers(*values)
     row = st.tuples(
@@ -252,38 +248,14 @@ def event_versions(
     return st.lists(st.lists(row, max_size=max_rows), min_size=1, max_size=max_versions)
 
 
-# --- fixtures ------------------------------------------------------------------------------------------
+def _extra_module(name: str, needed_by: str):
+    """``name`` imported, or SetupError saying which extra installs it."""
+    import importlib
 
-
-@pytest.fixture(scope="session")
-def phases_spark() -> Iterator[SparkSession]:
-    """One local SparkSession with Delta for the test session (2 shuffle partitions)."""
-    from phases.runtime.session import SparkSettings, build_session
-
-    session = build_session(SparkSettings(shuffle_partitions=2, app_name="phases-tests"))
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="session")
-def phases_kafka(tmp_path_factory: pytest.TempPathFactory):
-    """One real Kafka broker (KRaft, :class:`phases.runtime.local_kafka.LocalKafka`) on 127.0.0.1 for the test session,
-    with a fresh data folder: ``phases_kafka.bootstrap_servers``, ``phases_kafka.create_topic(name, partitions)``."""
-    from phases.runtime.local_kafka import LocalKafka
-
-    broker = LocalKafka(tmp_path_factory.mktemp("kafka-broker")).start()
-    yield broker
-    broker.stop()
-
-
-@pytest.fixture
-def delta_source(phases_spark: SparkSession, tmp_path: Path):
-    """A factory: ``delta_source(versions, schema=EVENT_SCHEMA)`` writes a fresh source table under the test's
-    ``tmp_path`` (version 0 empty, then one version per element) and returns its path."""
-
-    def make(versions: Sequence[Version], schema: T.StructType | str = sources.EVENT_SCHEMA) -> str:
-        path = str(tmp_path / f"source-{uuid.uuid4().hex[:8]}")
-        write_versions(phases_spark, path, versions, schema)
-        return path
-
-    return make
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise SetupError(
+            f"{needed_by} needs {name.split('.')[0]}, which the package's testing extra installs: "
+            'pip install "two-phase-pipelines[testing]"'
+        ) from exc

@@ -1,6 +1,6 @@
-"""Dagster resources: the Spark session and the storage root of the Delta tables."""
+"""This repository's code location's resources: the engine's Spark session and storage root with their defaults,
+which read the environment (``PHASES_*``; docs/deployment.md). A deployment binds its own here."""
 
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster import default_resources
 
-__all__ = ["SparkResource", "StorageResource"]
+RESOURCES = default_resources()

@@ -22,14 +22,14 @@ import pandas as pd
 from pyspark.sql import functions as F
 
 from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA
-from assets.settings import Names
 from phases.definition import Pipeline
 from phases.live.runner import LiveRunner
 from phases.runtime.local_kafka import LocalKafka
 from phases.runtime.session import SparkSettings, build_session
 from phases.sources import synthetic
 from phases.storage import quarantine
-from resources.storage import StorageResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names
 from scripts.browser import BrowserError, screenshot
 from scripts.dagster_stack import LOCATION, DagsterStack
 

@@ -84,7 +84,7 @@ def _forget_tables_between_modules():
 
 @pytest.fixture(scope="session")
 def phases_spark():
-    """The kit's session (:mod:`phases.testing`) with a 3 GiB driver: the project's suite runs ~150 tests in one
+    """The kit's session (:mod:`phases.pytest_plugin`) with a 3 GiB driver: the project's suite runs ~150 tests in one
     JVM (a user's suite keeps the kit's 2 GiB). With the S3A connector, for the object-store tier."""
     from phases.runtime.session import SparkSettings, build_session
 
@@ -101,7 +101,7 @@ def spark(phases_spark: SparkSession) -> SparkSession:
 
 @pytest.fixture(scope="session")
 def kafka(phases_kafka):
-    """The pytest kit's Kafka broker (:mod:`phases.testing`): KRaft, from the setup's Maven jars, on 127.0.0.1."""
+    """The pytest kit's Kafka broker (:mod:`phases.pytest_plugin`): KRaft, from the setup's Maven jars, on 127.0.0.1."""
     return phases_kafka
 
 

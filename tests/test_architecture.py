@@ -153,7 +153,7 @@ def test_the_engine_does_not_import_dagster():
         f"{name} line {line}: {module}"
         for name, path in _modules().items()
         for module, line in _imported(name, path)
-        if module == "dagster" or module.startswith(("dagster.", "dagster_", "assets", "resources"))
+        if module == "dagster" or module.startswith(("dagster.", "dagster_", "assets", "resources", "phases_dagster"))
     ]
     assert not offenders, offenders
 
@@ -221,7 +221,7 @@ def test_the_longest_modules_named_for_scheduling_exist():
 
 # The engine's layers, lowest first. A module may import its own layer and the layers below it, never one above:
 # a leaf helper that a lower layer needs lives in that layer or below it. (Within a layer the cycle test above
-# keeps the imports acyclic.) ``phases`` itself (the public names) and ``phases.testing`` sit on top.
+# keeps the imports acyclic.) ``phases`` itself (the public names) and the testing kit sit on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("phases.errors", "phases.uris", "phases.reduce_fold"),
     ("phases.definition",),
@@ -232,7 +232,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phases.tagging", "phases.schema_changes"),
     ("phases.operators",),
     ("phases.backlog", "phases.live"),
-    ("phases.testing", "phases"),
+    ("phases.testing", "phases.pytest_plugin", "phases"),
 )
 
 
@@ -276,3 +276,15 @@ def test_the_layer_check_finds_an_import_that_runs_back_up():
 def test_imports_run_down_the_layers_only():
     found = back_arrows(import_graph())
     assert not found, "imports that run back up the layers (move the helper down):\n" + "\n".join(found)
+
+
+def test_the_dagster_resources_use_the_engine_not_the_assets():
+    """Dependencies point one way in the Dagster factory too: assets, checks and sensors -> resources -> engine."""
+    offenders = [
+        f"{name} line {line}: {module}"
+        for name, path in _modules("phases_dagster/resources").items()
+        for module, line in _imported(name, path)
+        if module.startswith("phases_dagster") and not module.startswith("phases_dagster.resources")
+    ]
+    assert _modules("phases_dagster/resources"), "the scan found no resources module"
+    assert not offenders, offenders

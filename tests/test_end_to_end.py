@@ -24,11 +24,11 @@ from pathlib import Path
 
 from pyspark.sql import functions as F
 
-from assets.checks import CHECK_NAMES, NO_FAR_FUTURE
 from assets.pipelines import DEMO
-from assets.settings import Names
 from phases.sources import synthetic
-from resources.storage import StorageResource
+from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names
 from scripts.browser import asset_node_text, browser_page, catalog_row_text, wait_for_asset_state, wait_for_texts
 from scripts.dagster_stack import LOCATION, PROJECT, DagsterStack
 from scripts.local_postgres import LocalPostgres

@@ -3,7 +3,7 @@
 FLIP-309: a job is *processing backlog* while **any** of its sources is. An input is behind by the versions its
 Delta table committed after the handoff's version (read from its log with delta-rs), or by the records its
 Kafka topic holds after the handoff's end offsets (the broker's end offsets, through confluent-kafka). Together
-with each input's watermark this gives the switch rule (``assets.switch.decide``).
+with each input's watermark this gives the switch rule (``phases_dagster.switch.decide``).
 """
 
 from __future__ import annotations

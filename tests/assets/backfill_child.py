@@ -8,10 +8,10 @@ from datetime import date
 
 import dagster as dg
 
-from assets.factory import pipeline_definitions
-from assets.settings import CheckPolicy, DailyBackfill, Names, Orchestration
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster.factory import pipeline_definitions
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import CheckPolicy, DailyBackfill, Names, Orchestration
 from tests.assets.conftest import relative_pipeline
 
 START = date(2026, 3, 1)

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
-from assets.factory import pipeline_definitions
-from assets.settings import Orchestration
 from phases.definition import Pipeline
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster.factory import pipeline_definitions
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Orchestration
 from tests.conftest import make_pipeline
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import dagster as dg
 from pyspark.sql import functions as F
 
-from assets.settings import Names
 from phases.storage import manifest, tables
-from resources.spark import SparkResource
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.settings import Names
 from tests import reference
 from tests.assets import backfill_child as child
 from tests.helpers import assert_results_equal, backdate_commits, sink_rows, write_source
@@ -126,7 +126,7 @@ def test_the_demos_daily_data_lands_on_its_days_and_a_day_without_data_warns(spa
     from assets.definitions import DAILY_SETTINGS
     from assets.pipelines import DEMO_DAILY
     from phases.backlog.slices import SliceRunner
-    from resources.storage import StorageResource
+    from phases_dagster.resources.storage import StorageResource
     from scripts.demo import daily_source
     from tests.assets.conftest import definitions
 

@@ -7,13 +7,13 @@ from datetime import date
 import dagster as dg
 import pytest
 
-from assets.checks import CHECK_NAMES
 from assets.definitions import defs
-from assets.factory import default_resources, pipeline_definitions
 from assets.pipelines import DEMO
-from assets.settings import DailyBackfill, Names, Orchestration, SwitchPolicy
 from phases.errors import DefinitionError
-from resources.storage import StorageResource
+from phases_dagster.checks import CHECK_NAMES
+from phases_dagster.factory import default_resources, pipeline_definitions
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import DailyBackfill, Names, Orchestration, SwitchPolicy
 from tests.assets.conftest import relative_pipeline
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from assets.health import LiveRunRecord, decide_relaunch
-from assets.settings import LiveHealth
+from phases_dagster.health import LiveRunRecord, decide_relaunch
+from phases_dagster.settings import LiveHealth
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 POLICY = LiveHealth(backoff_seconds=30, max_backoff_seconds=100, max_relaunches=3)
@@ -74,9 +74,9 @@ def test_the_freshness_check_is_not_green_while_the_live_phase_is_down_even_with
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from assets.handoff_events import Handoff
-    from assets.health import sink_freshness
-    from assets.settings import WhenLiveDown
+    from phases_dagster.handoff_events import Handoff
+    from phases_dagster.health import sink_freshness
+    from phases_dagster.settings import WhenLiveDown
     from tests.conftest import make_pipeline
 
     source = str(tmp_path / "source")

@@ -8,8 +8,8 @@ import os
 
 import dagster as dg
 
-from assets.settings import CheckPolicy, Names, Orchestration
 from phases.storage import manifest
+from phases_dagster.settings import CheckPolicy, Names, Orchestration
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import dagster as dg
 
-from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from phases.definition import ProcessOperator
 from phases.storage import manifest
-from resources.storage import StorageResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline
 from tests.helpers import append_version, ts, write_source

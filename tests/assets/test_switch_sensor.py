@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
-from assets.checks import CHECK_NAMES, NO_FAR_FUTURE
-from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
-from assets.switch import Handoff, decide
 from phases.sources.lag import InputLag
 from phases.storage import manifest
-from resources.storage import StorageResource
+from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
+from phases_dagster.switch import Handoff, decide
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
@@ -228,9 +228,9 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
     # and the sink's freshness from Kafka record timestamps. Nothing is applied yet: 3 records wait.
     from datetime import UTC, datetime, timedelta
 
-    from assets.handoff_events import read_handoff
-    from assets.health import sink_freshness
     from phases.sources.head import source_heads
+    from phases_dagster.handoff_events import read_handoff
+    from phases_dagster.health import sink_freshness
     from tests.helpers import ts
 
     resolved = StorageResource(root=str(tmp_path)).resolve(p)

@@ -1,8 +1,9 @@
-"""The Dagster half of the pytest kit (:mod:`assets.testing`): a user's pipeline materialized with its checks."""
+"""The Dagster half of the pytest kit (:mod:`phases_dagster.testing`): a user's pipeline materialized with its
+checks."""
 
 from __future__ import annotations
 
-from assets.testing import materialize_backlog
+from phases_dagster.testing import materialize_backlog
 from tests.assets.conftest import relative_pipeline
 from tests.helpers import write_source
 from tests.phases.test_backlog import DELAY_S, S

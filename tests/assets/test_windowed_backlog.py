@@ -7,11 +7,11 @@ from datetime import timedelta
 
 import dagster as dg
 
-from assets.settings import CheckPolicy, Names, Orchestration
 from phases.backlog.runner import BacklogRunner
 from phases.definition import Window, WindowedAggregate
 from phases.storage import manifest
-from resources.storage import StorageResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import CheckPolicy, Names, Orchestration
 from tests import reference
 from tests.assets.conftest import definitions
 from tests.conftest import make_pipeline

@@ -21,13 +21,13 @@ from datetime import timedelta
 
 import dagster as dg
 
-from assets.factory import pipeline_definitions
-from assets.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from phases import uris
 from phases.definition import ProcessOperator
 from phases.storage import manifest
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster.factory import pipeline_definitions
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, ts, write_source

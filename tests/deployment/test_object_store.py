@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from phases.storage import leases, manifest, progress_log, table_stats, tables
-from resources.spark import SparkResource
+from phases_dagster.resources.spark import SparkResource
 from tests.deployment import flows
 from tests.deployment.local_s3 import LocalS3
 

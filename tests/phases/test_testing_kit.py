@@ -1,5 +1,5 @@
-"""The pytest kit for users' own pipelines (phases.testing): its fixtures come through the installed
-``pytest11`` entry point (this suite's ``spark`` fixture is the kit's ``phases_spark``), its equivalence
+"""The pytest kit for users' own pipelines (phases.testing, phases.pytest_plugin): its fixtures come through the
+installed ``pytest11`` entry point (this suite's ``spark`` fixture is the kit's ``phases_spark``), its equivalence
 helper holds for a pipeline at every cut-off, and its diff names the rows that differ."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ S = timedelta(seconds=1)
 
 
 def test_the_kit_is_registered_as_a_pytest_plugin(pytestconfig):
-    assert pytestconfig.pluginmanager.has_plugin("phases"), "phases.testing is not loaded through pytest11"
+    assert pytestconfig.pluginmanager.has_plugin("phases"), "phases.pytest_plugin is not loaded through pytest11"
 
 
 def test_assert_equivalent_holds_for_a_keyed_pipeline_at_every_cutoff(phases_spark, delta_source, tmp_path):
@@ -63,3 +63,22 @@ def test_a_two_input_pipeline_is_refused_with_what_to_do(tmp_path):
 def test_a_cutoff_outside_the_versions_is_refused(phases_spark, tmp_path):
     with pytest.raises(ValueError, match=r"cutoff 3 is not in 0\.\.1"):
         testing.run_two_phase(phases_spark, make_pipeline("s", str(tmp_path)), [[]], 3, work=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("code", "needs"),
+    [
+        ("import phases.pytest_plugin", "pytest"),
+        ("from phases.testing import event_versions; event_versions()", "hypothesis"),
+    ],
+)
+def test_without_the_testing_extra_the_kit_names_the_extra_to_install(code, needs):
+    """A user who installed the package without its ``testing`` extra gets an engine error that says what to
+    install, not a bare ImportError; ``import phases`` and the helpers that need no test framework still work."""
+    import subprocess
+    import sys
+
+    blocked = f"import sys; sys.modules['{needs}'] = None; import phases; phases.run_two_phase; "
+    done = subprocess.run([sys.executable, "-c", blocked + code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "SetupError" in done.stderr and "two-phase-pipelines[testing]" in done.stderr, done.stderr[-2000:]

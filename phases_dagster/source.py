@@ -9,10 +9,10 @@ code version of the pipeline's assets."""
 
 import dagster as dg
 
-from assets import catalog
-from assets.settings import Names
 from phases.definition import HybridSource, KafkaSource, Pipeline
 from phases.sources.head import SourceHead, source_heads
+from phases_dagster import catalog
+from phases_dagster.settings import Names
 
 
 def _kind(pipeline: Pipeline) -> str:

@@ -7,15 +7,15 @@ from enum import Enum
 import dagster as dg
 from pydantic import Field
 
-from assets import catalog
-from assets.progress import reporting
-from assets.settings import Names, Orchestration
 from phases.backlog.runner import BacklogRunner
 from phases.backlog.slices import SliceRecord, SliceRunner
 from phases.definition import Pipeline
 from phases.storage.manifest import HandoffManifest
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster import catalog
+from phases_dagster.progress import reporting
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names, Orchestration
 
 NOT_RUN_TAG = "phases/not_run"  # on a run whose backlog step did nothing, and why
 
@@ -53,8 +53,8 @@ def delay_us(handoff: HandoffManifest) -> int:
 
 
 def handoff_machine_fields(handoff: HandoffManifest) -> dict:
-    """What the switch sensor reads back (:mod:`assets.handoff_events`): exact integers, in one JSON entry so that
-    GraphQL never truncates them and the UI does not plot ids."""
+    """What the switch sensor reads back (:mod:`phases_dagster.handoff_events`): exact integers, in one JSON entry
+    so that GraphQL never truncates them and the UI does not plot ids."""
     right_wm = None
     if handoff.right_source_version is not None and handoff.right_max_event_time_us is not None:
         right_wm = handoff.right_max_event_time_us - delay_us(handoff)

@@ -9,16 +9,16 @@ defs = dg.Definitions.merge(
 
 import dagster as dg
 
-from assets.backlog import build_backlog_assets
-from assets.checks import build_backlog_checks
-from assets.health import build_freshness_check, build_health_sensor, build_live_check
-from assets.live import build_live_asset, build_live_job
-from assets.settings import Names, Orchestration
-from assets.source import build_source_asset
-from assets.switch import build_switch_sensor
 from phases.definition import Pipeline
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster.backlog import build_backlog_assets
+from phases_dagster.checks import build_backlog_checks
+from phases_dagster.health import build_freshness_check, build_health_sensor, build_live_check
+from phases_dagster.live import build_live_asset, build_live_job
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names, Orchestration
+from phases_dagster.source import build_source_asset
+from phases_dagster.switch import build_switch_sensor
 
 
 def default_resources() -> dict:

@@ -9,7 +9,7 @@ The live phase's state is what the asset's *materialization status* shows, in th
   stopped and the reason: **materialized**, with the ``live_phase_running`` check warning that nothing runs;
 * an error fails the step, and a run whose process was killed is marked failed by run monitoring: either way the
   run that planned the asset failed without materializing it, so Dagster shows it **failed** (red), and the
-  ``live_phase_running`` check fails with severity ERROR (:mod:`assets.health`, which also relaunches it).
+  ``live_phase_running`` check fails with severity ERROR (:mod:`phases_dagster.health`, which also relaunches it).
 
 The measurements go out as observations of the live asset at every report interval (:func:`report_metadata`: the
 plotted figures first), so they never turn the running asset green. While it runs the live step also keeps the
@@ -18,7 +18,7 @@ whenever the live phase committed a new version of them, and an observation of t
 store's version.
 
 Any run that runs this step is the live phase, whatever launched it (the live job, this asset's own
-"Materialize", "Materialize all"): the step tags its run with :data:`assets.health.LIVE_RUN_TAG`, so the health
+"Materialize", "Materialize all"): the step tags its run with :data:`phases_dagster.health.LIVE_RUN_TAG`, so the health
 sensor watches and relaunches it like the live job's. A new run resumes from the live run's checkpoint.
 """
 
@@ -28,16 +28,16 @@ from datetime import datetime
 import dagster as dg
 from pydantic import Field
 
-from assets import catalog
-from assets.health import LIVE_RUN_TAG
-from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
 from phases.live.report import LiveMeter, LiveReport
 from phases.live.runner import LiveRunner
 from phases.storage import fs, table_stats
 from phases.storage.live_layout import state_store_root
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster import catalog
+from phases_dagster.health import LIVE_RUN_TAG
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names, Orchestration
 
 RUNNING, STOPPED, FAILED = "running", "stopped", "failed"
 

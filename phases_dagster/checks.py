@@ -9,14 +9,14 @@ from functools import reduce
 import dagster as dg
 from pyspark.sql import functions as F
 
-from assets.handoff_events import read_handoff
-from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
 from phases.errors import ManifestError
 from phases.operators.registry import kind_of
 from phases.storage import manifest, quarantine, tables
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster.handoff_events import read_handoff
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names, Orchestration
 
 STATE_MATCHES_MANIFEST = "state_matches_manifest"
 KEYS_UNIQUE = "state_keys_unique"

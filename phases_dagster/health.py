@@ -3,7 +3,7 @@
 Each tick, without Spark:
 
 * **Source observations.** Each input whose head moved (Delta version, Kafka end offsets) gets an observation
-  (:mod:`assets.source`).
+  (:mod:`phases_dagster.source`).
 * **The live phase's state.** The ``live_phase_running`` check of the live asset says whether a live run runs:
   it passes while one does, fails with severity WARN while the live phase is stopped (terminated, or ended by
   ``max_runtime_seconds``) and with severity ERROR once its run failed or its process was lost. Every run that
@@ -29,15 +29,15 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from assets import source as source_assets
-from assets.handoff_events import Handoff, read_handoff
-from assets.settings import LiveHealth, Names, Orchestration, WhenLiveDown
 from phases import errors
 from phases.definition import Pipeline
 from phases.sources.kafka import ChunkPlan
 from phases.sources.lag import unapplied
 from phases.storage import progress_log
-from resources.storage import StorageResource
+from phases_dagster import source as source_assets
+from phases_dagster.handoff_events import Handoff, read_handoff
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import LiveHealth, Names, Orchestration, WhenLiveDown
 
 RUNNING_STATUSES = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING", "MANAGED"}
 REPORT_AT_LEAST_EVERY = timedelta(seconds=60)

@@ -22,14 +22,14 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from assets.backlog import NOT_RUN_TAG
-from assets.checks import CHECK_NAMES, NO_FAR_FUTURE
-from assets.handoff_events import Handoff, read_handoff
-from assets.health import live_runs, live_status
-from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
 from phases.sources.lag import InputLag, input_lags
-from resources.storage import StorageResource
+from phases_dagster.backlog import NOT_RUN_TAG
+from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
+from phases_dagster.handoff_events import Handoff, read_handoff
+from phases_dagster.health import live_runs, live_status
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names, Orchestration
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str, h
 
 def restated_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> list[dg.AssetCheckEvaluation]:
     """The backlog checks whose latest execution is a plan that a finished run never carried out because its backlog
-    step did nothing (tagged :data:`assets.backlog.NOT_RUN_TAG`: a backlog asked for after the switch, e.g. by
+    step did nothing (tagged :data:`phases_dagster.backlog.NOT_RUN_TAG`: a backlog asked for after the switch, e.g. by
     "Materialize all"), restated as the handoff's own run evaluated them, for the same materialization. Without this
     the UI shows the handoff's checks as skipped (0 of 6 passed) though they passed for the manifest in use."""
     out = []

@@ -1,8 +1,9 @@
 """Where a pipeline's Delta tables live, as a swappable Dagster resource.
 
 Pipeline definitions may use relative paths (source, sink, engine locations); the storage resource
-resolves them under its ``root``, which defaults to the project's ``.data/dagster`` folder (or the
-``PHASES_DATA_ROOT`` environment variable). Absolute paths and URIs are kept as they are.
+resolves them under its ``root``, which defaults to ``.data/dagster`` in the Dagster project's folder (the working
+directory of Dagster's processes), or the ``PHASES_DATA_ROOT`` environment variable. Absolute paths and URIs are
+kept as they are.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from pydantic import Field
 from phases.definition import Pipeline
 from phases.storage.resolve import resolve_paths
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
 
 def default_root() -> str:
-    return os.environ.get("PHASES_DATA_ROOT") or str(PROJECT_ROOT / ".data" / "dagster")
+    return os.environ.get("PHASES_DATA_ROOT") or str(Path.cwd() / ".data" / "dagster")
 
 
 class StorageResource(dg.ConfigurableResource):

@@ -3,7 +3,7 @@ throwaway Dagster instance, with the test's SparkSession and a scratch storage r
 
 Next to :mod:`phases.testing` (the Spark-level pytest kit, which never imports Dagster)::
 
-    from assets.testing import materialize_backlog
+    from phases_dagster.testing import materialize_backlog
 
     def test_my_pipeline_hands_off_with_passing_checks(phases_spark, delta_source, tmp_path):
         ...
@@ -19,11 +19,11 @@ from pathlib import Path
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from assets.factory import pipeline_definitions
-from assets.settings import Names, Orchestration
 from phases.definition import Pipeline
-from resources.spark import SparkResource
-from resources.storage import StorageResource
+from phases_dagster.factory import pipeline_definitions
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names, Orchestration
 
 
 @dataclass(frozen=True)
