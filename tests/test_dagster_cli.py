@@ -53,12 +53,16 @@ def test_make_ui_serves_both_pipelines_with_dg_dev_and_stops_on_sigterm_when_sta
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
-        deadline = time.monotonic() + 180
+        deadline, status = time.monotonic() + 180, None
         while True:
             assert ui.poll() is None, (tmp_path / "ui.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "code location not loaded in 180 s"
+            assert time.monotonic() < deadline, (
+                f"code location not loaded in 180 s (last status {status!r}); the UI's log ends: "
+                + (tmp_path / "ui.log").read_text()[-3000:]
+            )
             with contextlib.suppress(OSError):
-                if stack._location_status() == "LOADED":
+                status = stack._location_status()
+                if status == "LOADED":
                     break
             time.sleep(0.5)
         data = stack.graphql(

@@ -69,14 +69,17 @@ def _wait_sink(spark, p, expected_events: int, timeout_s: float = 180) -> None:
     raise AssertionError(f"sink events {got[0]}, expected {got[1]}")
 
 
-def _wait(what: str, probe, timeout_s: float, every_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
+def _wait(what: str, probe, timeout_s: float, every_s: float = 1.0, seen=None):
+    """``probe()``'s first true value; fails after ``timeout_s`` with the last value seen (or ``seen()``: what to
+    show instead, e.g. the sensor ticks or the run's status)."""
+    deadline, value = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
         value = probe()
         if value:
             return value
         time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+    shown = seen() if seen is not None else value
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s; last seen: {shown!r}"[:4000])
 
 
 def _kill_tree(pid: int) -> None:
@@ -268,11 +271,13 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             "the freshness check passing",
             lambda: (e := stack.check_executions(NAMES.sink, NAMES.fresh)) and e[0]["success"],
             timeout_s=60,
+            seen=lambda: stack.check_executions(NAMES.sink, NAMES.fresh)[:3],
         )
         running_check = _wait(
             "live_phase_running passing",
             lambda: (e := stack.check_executions(NAMES.live_asset, NAMES.live_running)) and e[0]["success"] and e[0],
             timeout_s=60,
+            seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
         )
         assert running_check["live_state"] == "running" and running_check["run_id"] == live["runId"]
 
@@ -301,6 +306,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
                 None,
             ),
             timeout_s=60,
+            seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
         )
         assert lost["description"].startswith("lost: its process died"), lost
         stale = _wait(
@@ -317,6 +323,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
                 None,
             ),
             timeout_s=60,
+            seen=lambda: stack.check_executions(NAMES.sink, NAMES.fresh)[:3],
         )
         assert "the live phase is lost" in stale["description"], stale
         timings["failure seen"] = time.monotonic() - t
@@ -337,6 +344,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             "the freshness check passing again",
             lambda: (e := stack.check_executions(NAMES.sink, NAMES.fresh)) and e[0]["success"],
             timeout_s=60,
+            seen=lambda: stack.check_executions(NAMES.sink, NAMES.fresh)[:3],
         )
 
         # "Materialize all" on the live pipeline: the backlog step does nothing, no table is marked failed, no live
@@ -360,6 +368,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
                 (e := stack.check_executions(NAMES.backlog, c, 1)) and e[0]["success"] for c in (*CHECK_NAMES,)
             ),
             timeout_s=60,
+            seen=lambda: {c: stack.check_executions(NAMES.backlog, c, 1) for c in CHECK_NAMES},
         )
         assert restated
         ticks = stack.sensor_ticks(NAMES.switch)
@@ -397,6 +406,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
                 and e[0]
             ),
             timeout_s=60,
+            seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
         )
         with browser_page() as page:  # a stopped live phase: materialized, not running, and its check warns
             node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "0 / 1 Passed")
@@ -406,6 +416,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             "a health tick that saw the stop and did not relaunch",
             lambda: any("not relaunched" in (tick["skipReason"] or "") for tick in stack.sensor_ticks(NAMES.health)),
             timeout_s=60,
+            seen=lambda: [tick["skipReason"] for tick in stack.sensor_ticks(NAMES.health)][:5],
         )
         assert len(stack.runs(NAMES.live_job)) == 2
         print(f"\nterminated run ended {status}")
@@ -423,11 +434,13 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
                 and resumed in e[0]["description"]
             ),
             timeout_s=60,
+            seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
         )
         assert seen and _wait(
             "the health sensor seeing that run",
             lambda: any(resumed in (tick["skipReason"] or "") for tick in stack.sensor_ticks(NAMES.health)),
             timeout_s=60,
+            seen=lambda: [tick["skipReason"] for tick in stack.sensor_ticks(NAMES.health)][:5],
         )
         stack.terminate(resumed)
         stack.wait_run(resumed, {"CANCELED", "SUCCESS"}, timeout_s=120)

@@ -69,7 +69,10 @@ def test_killed_backfill_resumes_only_unfinished_days_and_combines_to_the_whole_
         deadline = time.monotonic() + 300
         while not _finished(spark, log_path):
             assert proc.poll() is None, "the backfill run ended before any slice finished"
-            assert time.monotonic() < deadline, "no slice finished within 300 s"
+            assert time.monotonic() < deadline, (
+                f"no slice finished within 300 s; the backfill run (pid {proc.pid}) is still running, "
+                f"the slice log {log_path} exists: {tables.exists(spark, log_path)}"
+            )
             time.sleep(0.2)
         # A crash of the machine: no cleanup, no Dagster failure event. The whole group, not the Python process
         # alone: its Spark JVM would otherwise finish the py4j call it was running (the next slice's log append)

@@ -33,7 +33,11 @@ def _idle(spark, timeout_s: float = 120) -> None:
     import time
 
     deadline = time.monotonic() + timeout_s
-    while spark.sparkContext._jsc.sc().statusStore().activeStages().size() and time.monotonic() < deadline:
+    while spark.sparkContext._jsc.sc().statusStore().activeStages().size():
+        if time.monotonic() > deadline:
+            active = spark.sparkContext._jsc.sc().statusStore().activeStages()
+            names = [active.apply(i).name() for i in range(active.size())]
+            raise AssertionError(f"the shared session still runs stages after {timeout_s:.0f} s: {names}")
         time.sleep(0.2)
 
 
