@@ -9,9 +9,11 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from phases import spark_internals
+
 
 def jvm_pid(spark: SparkSession) -> int:
-    return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    return int(spark_internals.jvm(spark).java.lang.ProcessHandle.current().pid())
 
 
 def _python_workers() -> list[int]:

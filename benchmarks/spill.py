@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 from benchmarks import process_variants
+from phases import spark_internals
 from phases.backlog.runner import BacklogRunner
 from phases.runtime.session import SparkSettings, build_session
 
@@ -48,7 +49,7 @@ def main() -> None:
         seconds = time.perf_counter() - t
         equal = process_variants.same_outputs(spark, args.expected, p.sink.path) if args.expected else None
         stages = _stages(spark)
-        heap = int(spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory())
+        heap = int(spark_internals.jvm(spark).java.lang.Runtime.getRuntime().maxMemory())
         result = {
             "driver_memory": args.driver_memory,
             "jvm_max_heap_mib": heap // 2**20,

@@ -70,6 +70,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases.errors": (
         "PhasesError",
         "SetupError",
+        "SparkInternalsChanged",
         "DefinitionError",
         "SourceError",
         "ManifestError",
@@ -128,6 +129,7 @@ __all__ = [
     "SliceRunner",
     "SortPartition",
     "SourceError",
+    "SparkInternalsChanged",
     "SparkSettings",
     "StateStoreError",
     "Window",
@@ -199,6 +201,7 @@ if TYPE_CHECKING:
         SchemaChangeError,
         SetupError,
         SourceError,
+        SparkInternalsChanged,
         StateStoreError,
     )
     from phases.live.runner import LiveRunner, LiveStart

@@ -9,6 +9,11 @@ class SetupError(PhasesError):
     """The environment is not usable: JVM dependencies missing or not fetchable, no Java, ..."""
 
 
+class SparkInternalsChanged(SetupError):
+    """Something of Spark or Delta the engine reads past their public API (:mod:`phases.spark_internals`: a
+    checkpoint file's format, an internal class) is not what the pinned releases have: the message names it."""
+
+
 class DefinitionError(PhasesError, ValueError):
     """A pipeline definition or setting is invalid. The message names the field and the rule; for a model
     that failed validation, ``errors`` holds pydantic's error list (field paths, rules, inputs)."""

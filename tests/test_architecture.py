@@ -223,7 +223,7 @@ def test_the_longest_modules_named_for_scheduling_exist():
 # a leaf helper that a lower layer needs lives in that layer or below it. (Within a layer the cycle test above
 # keeps the imports acyclic.) ``phases`` itself (the public names) and the testing kit sit on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("phases.errors", "phases.uris", "phases.reduce_fold"),
+    ("phases.errors", "phases.uris", "phases.reduce_fold", "phases.spark_internals"),
     ("phases.definition",),
     ("phases.records", "phases.lateness", "phases.runtime"),
     ("phases.storage",),
@@ -241,7 +241,8 @@ def layer_of(module: str) -> int:
     best, rank = "", None
     for i, units in enumerate(LAYERS):
         for unit in units:
-            if (module == unit or module.startswith(unit + ".")) and len(unit) > len(best):
+            under = module.startswith(unit + ".") and unit != PACKAGE  # the package itself: its __init__ only
+            if (module == unit or under) and len(unit) > len(best):
                 best, rank = unit, i
     if rank is None:
         raise AssertionError(f"{module} is in no layer of tests/test_architecture.py LAYERS: add its unit there")
@@ -288,3 +289,34 @@ def test_the_dagster_resources_use_the_engine_not_the_assets():
     ]
     assert _modules("phases_dagster/resources"), "the scan found no resources module"
     assert not offenders, offenders
+
+
+# PySpark's private handles: reached only from phases/spark_internals.py, so that one module (and its pin tests) is
+# the whole list of what to check when Spark or Delta changes.
+PRIVATE_HANDLES = {"_jvm", "_jsc", "_jdf", "_jsparkSession", "_jo", "_gateway", "_jconf", "_jcol", "_jreader"}
+INTERNALS_HOME = "phases/spark_internals.py"
+
+
+def private_handle_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, attribute) of every private handle the module reaches."""
+    return [
+        (node.lineno, node.attr)
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_HANDLES
+    ]
+
+
+def test_the_handle_scan_sees_a_private_handle(tmp_path):
+    path = tmp_path / "x.py"
+    path.write_text("def f(spark, df):\n    return spark.sparkContext._jvm, df._jdf.queryExecution()\n")
+    assert sorted(private_handle_uses(path)) == [(2, "_jdf"), (2, "_jvm")]
+
+
+def test_no_private_spark_handle_outside_the_internals_home():
+    found = []
+    for folder in ("phases", "phases_dagster", "assets", "resources", "scripts", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            where = path.relative_to(ROOT).as_posix()
+            if where != INTERNALS_HOME:
+                found += [f"{where} line {line}: .{attr}" for line, attr in private_handle_uses(path)]
+    assert not found, f"private Spark handles outside {INTERNALS_HOME}:\n" + "\n".join(found)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from phases import spark_internals
+
 _PREFIX = "phases:"
 
 
@@ -57,16 +59,10 @@ class _Rows:
     """Input rows read by the run's stages (those of a phases step), finished ones included: stage ids are
     sequential, so every stage since the reporter started is looked up once it is no longer active."""
 
-    def __init__(self, store):
-        self.store = store
+    def __init__(self, spark: SparkSession):
+        self.spark = spark
         self.finished: dict[int, int] = {}
         self.first: int | None = None  # the first stage id the reporter saw
-
-    def _stage(self, stage_id: int):
-        try:
-            return self.store.lastStageAttempt(stage_id)
-        except Exception:  # skipped or evicted stage: nothing read
-            return None
 
     def total(self, active: dict[int, tuple[str, int]]) -> int:
         if active and self.first is None:
@@ -75,40 +71,34 @@ class _Rows:
         for stage_id in range(self.first if self.first is not None else top + 1, top + 1):
             if stage_id in self.finished or stage_id in active:
                 continue
-            stage = self._stage(stage_id)
-            if stage is not None and str(stage.status()) not in ("ACTIVE", "PENDING"):
-                described = stage.description().get() if stage.description().isDefined() else ""
-                self.finished[stage_id] = int(stage.inputRecords()) if described.startswith(_PREFIX) else 0
+            stage = spark_internals.stage_attempt(self.spark, stage_id)
+            if stage is not None and stage.status not in ("ACTIVE", "PENDING"):
+                self.finished[stage_id] = stage.input_records if stage.description.startswith(_PREFIX) else 0
         return sum(self.finished.values()) + sum(rows for described, rows in active.values() if described)
 
 
 def snapshot(spark: SparkSession, started: float, rows: _Rows) -> Snapshot | None:
     """What the session runs now (the newest active stage of a phases step), or None when idle."""
-    store = spark.sparkContext._jsc.sc().statusStore()
-    stages = store.activeStages()
     now_ms = time.time() * 1000
     best = None
     active: dict[int, tuple[str, int]] = {}
-    for i in range(stages.size()):
-        stage = stages.apply(i)
-        description = stage.description().get() if stage.description().isDefined() else ""
-        ours = description.startswith(_PREFIX)
-        active[int(stage.stageId())] = (description if ours else "", int(stage.inputRecords()))
-        if best is None or (ours and not best[1]) or (ours == best[1] and stage.stageId() > best[0].stageId()):
-            best = (stage, ours, description)
+    for stage in spark_internals.active_stages(spark):
+        ours = stage.description.startswith(_PREFIX)
+        active[stage.stage_id] = (stage.description if ours else "", stage.input_records)
+        if best is None or (ours and not best[1]) or (ours == best[1] and stage.stage_id > best[0].stage_id):
+            best = (stage, ours)
     if best is None:
         return None
-    stage, _, description = best
-    done, total = int(stage.numCompleteTasks()), int(stage.numTasks())
+    stage = best[0]
+    done, total = stage.tasks_done, stage.tasks_total
     left = None
-    submitted = stage.submissionTime()
-    if done > 0 and submitted.isDefined():
-        running_ms = now_ms - submitted.get().getTime()
+    if done > 0 and stage.submitted_ms is not None:
+        running_ms = now_ms - stage.submitted_ms
         left = max(0.0, running_ms / 1000 * (total - done) / done)
     return Snapshot(
-        step=description.removeprefix(_PREFIX),
-        stage_id=int(stage.stageId()),
-        stage_name=str(stage.name()).split(" at ")[0],
+        step=stage.description.removeprefix(_PREFIX),
+        stage_id=stage.stage_id,
+        stage_name=stage.name.split(" at ")[0],
         tasks_done=done,
         tasks_total=total,
         input_rows=rows.total(active),
@@ -128,7 +118,7 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="phases-progress", daemon=True)
         self._started = time.monotonic()
-        self._rows = _Rows(spark.sparkContext._jsc.sc().statusStore())
+        self._rows = _Rows(spark)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every_s):

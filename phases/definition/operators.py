@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from phases import spark_internals
 from phases.definition.fields import (
     IDENTIFIER,
     RESERVED_PREFIX,
@@ -100,7 +101,7 @@ def sql_expression_problem(text: str) -> str | None:
     if spark is None:
         return None
     try:  # in parentheses, as the engine embeds it: 'acc +* x' alone would parse as 'acc + *' aliased 'x'
-        spark._jsparkSession.sessionState().sqlParser().parseExpression(f"({text})")
+        spark_internals.parse_sql_expression(spark, f"({text})")
     except ParseException as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         return " ".join(lines[:2])

@@ -35,7 +35,6 @@ event time and final watermark) before the query starts: its immediate checkpoin
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from datetime import UTC, datetime
@@ -45,11 +44,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
+from phases import spark_internals
 from phases.errors import LiveResumeError, PhasesError, PhaseStateError
 from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
 from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
-from phases.sources.kafka import parse_offsets
 from phases.storage import changelog, fs, live_writes, maintenance, quarantine, table_stats, tables
 from phases.storage.progress_log import ProgressLog
 from phases.tagging import tag_changes
@@ -220,34 +219,29 @@ class IncrementalLive:
         source = self.inputs[0].source
         if source.arrival != "chunks":
             return None
-        path = f"{self.query_folder}/offsets/{batch_id}"
-        for line in fs.read_text(self.spark, path).splitlines():
-            offsets = parse_offsets(line, source.topic)
-            if offsets is not None:
-                return {str(p): o for p, o in sorted(offsets.items())}
-        raise PhaseStateError(f"no offsets of kafka topic {source.topic!r} in {path}")
+        entry = spark_internals.read_offset_log(self.spark, self.query_folder, batch_id)
+        offsets = entry.kafka_offsets(source.topic)
+        if offsets is None:
+            raise PhaseStateError(f"no offsets of kafka topic {source.topic!r} in {entry.path}")
+        return {str(p): o for p, o in sorted(offsets.items())}
 
     def _end_offsets(self, batch_id: int) -> dict[str, tuple[int, bool]]:
         """Per input: (first version not fully read, whether that version was read in part) after
         ``batch_id``; an input the query has not read yet is missing.
 
-        From Spark's offset log, written before the batch runs (one line per source, told apart by the
-        Delta table id): Delta's offset is (reservoirVersion, index); index -1 means every version below
-        reservoirVersion is read, index >= 0 that reservoirVersion is read up to that file only."""
-        path = f"{self.query_folder}/offsets/{batch_id}"
-        text = fs.read_text(self.spark, path)
+        From Spark's offset log, written before the batch runs (one offset per source, told apart by the Delta
+        table id): (reservoirVersion, index); index -1 means every version below reservoirVersion is read,
+        index >= 0 that reservoirVersion is read up to that file only."""
+        entry = spark_internals.read_offset_log(self.spark, self.query_folder, batch_id)
         by_id = {table_id: label for label, table_id in self._table_ids.items()}
         out: dict[str, tuple[int, bool]] = {}
-        for line in text.splitlines():
-            if '"reservoirVersion"' not in line:
-                continue
-            offset = json.loads(line)
-            label = by_id.get(offset.get("reservoirId"), "" if len(self.inputs) == 1 else None)
+        for offset in entry.delta_offsets():
+            label = by_id.get(offset.table_id, "" if len(self.inputs) == 1 else None)
             if label is None:
-                raise PhaseStateError(f"{path}: a Delta source offset of an unknown table: {line!r}")
-            out[label] = (int(offset["reservoirVersion"]), int(offset["index"]) >= 0)
+                raise PhaseStateError(f"{entry.path}: a Delta source offset of an unknown table: {offset}")
+            out[label] = (offset.reservoir_version, offset.index >= 0)
         if not out and len(self.inputs) == 1:
-            raise PhaseStateError(f"no Delta source offset in {path}: {text!r}")
+            raise PhaseStateError(f"no Delta source offset in {entry.path}: {entry.sources!r}")
         return out
 
     # --- one micro-batch -----------------------------------------------------------------------------

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from phases import spark_internals
 from phases.errors import LiveResumeError, ProgressRecordDamaged
-from phases.storage import fs
 from phases.storage.progress_log import ProgressLog
 
 QUERY = "increment"  # the first generation's checkpoint sub-folder
@@ -67,10 +67,6 @@ class Resume:
     latest_id: int  # the newest whole record's batch id (-1: the switch's)
     record: dict  # that record
     write_record: bool  # the record is the switch's, rebuilt: write it before the query starts
-
-
-def _ids(spark: SparkSession, folder: str) -> list[int]:
-    return sorted(int(n) for n in fs.list_names(spark, folder) if n.isdigit())
 
 
 def plan(
@@ -106,7 +102,8 @@ def plan(
         problems.append(f"progress records {sorted(damaged)} in {progress.root} are damaged")
     for base in dict.fromkeys([written_by, newest + 1]):
         folder = generation_folder(checkpoints, base)
-        offsets, commits = _ids(spark, f"{folder}/offsets"), _ids(spark, f"{folder}/commits")
+        offsets = spark_internals.checkpoint_batch_ids(spark, folder, spark_internals.OFFSETS)
+        commits = spark_internals.checkpoint_batch_ids(spark, folder, spark_internals.COMMITS)
         planned = base + offsets[-1] if offsets else base - 1  # the newest log batch this checkpoint planned
         if planned not in (newest, newest + 1):
             if offsets:
@@ -129,8 +126,8 @@ def plan(
             actions.append(f"set the damaged record aside as {progress.set_aside(batch_id)}")
         if planned == newest + 1 and commits and commits[-1] == offsets[-1]:
             # Committed, but its record is gone: Spark replays the micro-batch once its commit is removed.
-            fs.delete(spark, f"{folder}/commits/{commits[-1]}")  # Hadoop's: its checksum file goes with it
-            actions.append(f"removed {folder}/commits/{commits[-1]} to replay micro-batch {planned}")
+            removed = spark_internals.remove_commit(spark, folder, commits[-1])
+            actions.append(f"removed {removed} to replay micro-batch {planned}")
         if base != written_by:
             actions.append(f"started a new checkpoint {folder} from progress record {newest}")
         for action in actions:

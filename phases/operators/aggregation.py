@@ -22,6 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases import spark_internals
 from phases.definition import (
     WINDOW_END,
     WINDOW_START,
@@ -72,8 +73,7 @@ def reduce_problem(reduce_sql: str, dtype: T.DataType) -> str | None:
     folded = f"CAST(({reduce_sql}) AS {sql_type}) AS folded"
     try:
         analysed = spark.createDataFrame([], schema).selectExpr(folded)
-        plan = analysed._jdf.queryExecution().analyzed()
-        if plan.getClass().getSimpleName() == "Aggregate":
+        if spark_internals.analysed_root_node(analysed) == "Aggregate":
             return "it uses an aggregate function; a reduce combines two values, acc and x, at a time"
         sample = _SAMPLES.get(type(dtype))
         if sample is not None:

@@ -18,6 +18,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases import spark_internals
 from phases.definition import SOURCE_LABEL
 from phases.errors import PhaseStateError
 from phases.sources.reader import SourceReader
@@ -57,8 +58,7 @@ def table_counts(spark: SparkSession, path: str, **sums: Column) -> dict[str, An
 def observed(observation: Observation, scan: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """The metrics :func:`counted` observed, or ``scan()`` when the action ran without the observed node:
     Spark's adaptive execution replaces a subtree it finds empty, and the metrics with it (an empty row)."""
-    row = observation._jo.getRow()  # blocks until the first action on the observed frame ends
-    return scan() if row.length() == 0 else observation.get
+    return observation.get if spark_internals.observation_has_row(observation) else scan()
 
 
 class HandoffWrite(Protocol):

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 from pyspark.sql import SparkSession
 
+from phases import spark_internals
 from phases.definition.model import SettingsModel
 from phases.runtime import jvm_deps
 
@@ -166,6 +167,5 @@ STREAM_EXECUTION_LOGGERS = (
 def quiet_stopped_queries(spark: SparkSession) -> None:
     """Leaves only FATAL messages of Spark's streaming query drivers on the console (see
     :data:`STREAM_EXECUTION_LOGGERS`); every other logger keeps the session's level."""
-    jvm = spark._jvm
     for name in STREAM_EXECUTION_LOGGERS:
-        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.FATAL)
+        spark_internals.set_logger_level(spark, name, "FATAL")

@@ -90,17 +90,6 @@ def offsets_json(topic: str, offsets: dict[int, int]) -> str:
     return json.dumps({topic: {str(p): o for p, o in sorted(offsets.items())}})
 
 
-def parse_offsets(line: str, topic: str) -> dict[int, int] | None:
-    """A topic's offsets from a line of Spark's offset log (None when the line is not that topic's)."""
-    try:
-        data = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or topic not in data or not isinstance(data[topic], dict):
-        return None
-    return {int(p): int(o) for p, o in data[topic].items()}
-
-
 class KafkaTopicSource:
     """Reads one topic for the backlog (Spark batch, by chunk plan) and the live phase (Spark stream)."""
 

@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases import spark_internals
 from phases.definition import Pipeline
 from phases.storage import table_stats, tables
 
@@ -106,7 +107,7 @@ def tidy(spark: SparkSession, pipeline: Pipeline) -> None:
     path = pipeline.sink.path
     if pipeline.maintenance.auto_compact:
         spark.sql(f"OPTIMIZE delta.`{path}`")
-    spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).checkpoint()
+    spark_internals.checkpoint_delta_log(spark, path)
 
 
 def rows(out: DataFrame, batch_id: int) -> DataFrame:

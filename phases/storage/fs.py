@@ -8,13 +8,8 @@ import tempfile
 
 from pyspark.sql import SparkSession
 
-from phases import uris
-
-
-def _fs_path(spark: SparkSession, path: str):
-    jvm = spark.sparkContext._jvm
-    p = jvm.org.apache.hadoop.fs.Path(path)
-    return p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), p
+from phases import spark_internals, uris
+from phases.spark_internals import hadoop_path as _fs_path
 
 
 def exists(spark: SparkSession, path: str) -> bool:
@@ -42,19 +37,7 @@ def read_text(spark: SparkSession, path: str) -> str:
     if _is_local(path):
         with open(path, encoding="utf-8") as f:
             return f.read()
-    jvm = spark.sparkContext._jvm
-    fs, p = _fs_path(spark, path)
-    stream = fs.open(p)
-    try:
-        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8"))
-        lines = []
-        line = reader.readLine()
-        while line is not None:
-            lines.append(line)
-            line = reader.readLine()
-        return "\n".join(lines)
-    finally:
-        stream.close()
+    return spark_internals.read_hadoop_text(spark, path)
 
 
 def list_names(spark: SparkSession, path: str) -> list[str]:
@@ -120,7 +103,7 @@ def create_once(spark: SparkSession, path: str, text: str) -> bool:
         finally:
             os.unlink(tmp)
         return True
-    jvm = spark.sparkContext._jvm
+    jvm = spark_internals.jvm(spark)
     fs, p = _fs_path(spark, path)
     if fs.exists(p):
         return False
@@ -152,5 +135,5 @@ def rename(spark: SparkSession, source: str, target: str) -> None:
         os.rename(source, target)
         return
     fs, p = _fs_path(spark, source)
-    if not fs.rename(p, spark.sparkContext._jvm.org.apache.hadoop.fs.Path(target)):
+    if not fs.rename(p, spark_internals.jvm(spark).org.apache.hadoop.fs.Path(target)):
         raise OSError(f"could not rename {source} to {target}")

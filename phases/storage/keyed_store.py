@@ -28,6 +28,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from phases import spark_internals
 from phases.errors import StateStoreError
 from phases.runtime.session import LIVE_STATE_PARTITIONS
 from phases.storage import fs
@@ -125,23 +126,45 @@ class KeyedStore:
         # One id per opening: Spark keeps a store's provider loaded in its executor under (store, run id), so the
         # next micro-batch finds the version it needs already in memory.
         self.run_id = run_id or str(uuid.uuid4())
-        jvm = spark._jvm.org.apache.spark.sql.phases
+        jvm = spark_internals.jvm(spark).org.apache.spark.sql.phases
         try:
             if self.whole_rows:
                 self.order = None
                 self._store = jvm.RowStateStore.open(
-                    spark._jsparkSession, path, keys, values, timers, schema.json(), partitions, self.run_id
+                    spark_internals.java_session(spark),
+                    path,
+                    keys,
+                    values,
+                    timers,
+                    schema.json(),
+                    partitions,
+                    self.run_id,
                 )
             elif sessions is not None:
                 start, end = sessions
                 self.order = end
                 self._store = jvm.SessionStateStore.open(
-                    spark._jsparkSession, path, keys, start, end, values, schema.json(), partitions, self.run_id
+                    spark_internals.java_session(spark),
+                    path,
+                    keys,
+                    start,
+                    end,
+                    values,
+                    schema.json(),
+                    partitions,
+                    self.run_id,
                 )
             else:
                 self.order = order
                 self._store = jvm.KeyedStateStore.open(
-                    spark._jsparkSession, path, keys, values, schema.json(), partitions, self.run_id, order
+                    spark_internals.java_session(spark),
+                    path,
+                    keys,
+                    values,
+                    schema.json(),
+                    partitions,
+                    self.run_id,
+                    order,
                 )
         except (Py4JJavaError, PySparkException) as exc:
             raise StateStoreError(f"cannot open the state store {path}: {_java_message(exc)}") from exc
@@ -170,10 +193,12 @@ class KeyedStore:
         if due_at is not None and self.timers is None:
             raise StateStoreError(f"the state store {self.path} has no timers column: no timer can be due")
         try:
-            handle = self._store.lookup(keys._jdf, version, due_at)
+            handle = self._store.lookup(spark_internals.java_frame(keys), version, due_at)
         except (Py4JJavaError, PySparkException) as exc:
             raise self._failed(version, exc) from exc
-        return StoreUpdate(DataFrame(handle.frame(), self.spark), int(handle.changedKeys()), version, handle)
+        return StoreUpdate(
+            spark_internals.frame_of(handle.frame(), self.spark), int(handle.changedKeys()), version, handle
+        )
 
     def replace(self, rows: DataFrame, version: int) -> StoreUpdate:
         """A whole-row store's rows of the keys in ``rows`` (one per key) replaced at ``version`` (their timers' index
@@ -195,10 +220,10 @@ class KeyedStore:
         self, partials: DataFrame, combine: list[str], version: int, emit: bool, close_at: int | None = None
     ) -> StoreUpdate:
         try:
-            handle = self._store.update(partials._jdf, combine, version, emit, close_at)
+            handle = self._store.update(spark_internals.java_frame(partials), combine, version, emit, close_at)
         except (Py4JJavaError, PySparkException) as exc:
             raise self._failed(version, exc) from exc
-        rows = DataFrame(handle.frame(), self.spark)
+        rows = spark_internals.frame_of(handle.frame(), self.spark)
         update = StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle, str(handle.route()))
         if log.isEnabledFor(logging.DEBUG):
             summary = update.profile_summary()
@@ -223,7 +248,7 @@ class KeyedStore:
 
     def read(self, version: int) -> DataFrame:
         """Every row of the store at ``version`` (keys + values)."""
-        return DataFrame(self._store.read(version), self.spark)
+        return spark_internals.frame_of(self._store.read(version), self.spark)
 
     def unload(self) -> int:
         """Unloads this opening's store from the executors (a stopped live phase's last step): each partition first

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
-from phases import uris
+from phases import spark_internals, uris
 from phases.definition import Pipeline
 from phases.errors import LeaseHeld
 
@@ -94,12 +94,11 @@ class _HadoopStore:
     stores it is as atomic as the connector's conditional create."""
 
     def __init__(self, spark: SparkSession):
-        self.jvm = spark.sparkContext._jvm
-        self.conf = spark.sparkContext._jsc.hadoopConfiguration()
+        self.spark = spark
+        self.jvm = spark_internals.jvm(spark)
 
     def _fs(self, path: str):
-        p = self.jvm.org.apache.hadoop.fs.Path(path)
-        return p.getFileSystem(self.conf), p
+        return spark_internals.hadoop_path(self.spark, path)
 
     @staticmethod
     def _put(out, body: str) -> None:

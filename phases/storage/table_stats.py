@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from phases import uris
+from phases import spark_internals, uris
 from phases.errors import SourceError
 
 if TYPE_CHECKING:  # the sensors import this module without Spark
@@ -315,15 +315,5 @@ def _pages(read) -> Iterator[list[dict]]:
 
 
 def transaction_versions_through_spark(spark: SparkSession, path: str, app_ids: list[str]) -> dict[str, int]:
-    """:func:`transaction_versions` through Delta's JVM classes (``DeltaLog``, ``Snapshot``:
-    internal API, pinned by ``tests/phases/test_live_resume.py``)."""
-    jvm = spark.sparkContext._jvm
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
-    transactions = log.update(False, none, none).transactions()
-    out = {}
-    for app in app_ids:
-        version = transactions.get(app)
-        if version.isDefined():
-            out[app] = int(version.get())
-    return out
+    """:func:`transaction_versions` through Delta's JVM classes (:func:`phases.spark_internals.delta_transactions`)."""
+    return spark_internals.delta_transactions(spark, path, app_ids)

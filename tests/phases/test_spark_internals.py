@@ -1,0 +1,156 @@
+"""Pins every function of :mod:`phases.spark_internals` (the engine's one home for Spark's and Delta's internals)
+against a real session and real files: when a Spark or Delta release changes one of them, a test here names it.
+The checkpoint parsers are also fed changed files, to show that a changed format is refused by name rather than
+misread."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from pyspark.sql import Observation
+from pyspark.sql import functions as F
+
+from phases import spark_internals as si
+from phases.errors import SparkInternalsChanged
+from tests.helpers import append_version, create_source, produce
+
+
+def _noop_query(spark, stream, checkpoint: str) -> None:
+    query = stream.writeStream.foreachBatch(lambda df, _id: None).option("checkpointLocation", checkpoint).start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+def test_the_offset_and_commit_logs_of_a_delta_source_are_read_as_the_engine_reads_them(spark, tmp_path):
+    source, checkpoint = str(tmp_path / "src"), str(tmp_path / "checkpoint")
+    create_source(spark, source)
+    append_version(spark, source, [("a", 1, 1)])
+    append_version(spark, source, [("b", 2, 2)])
+    stream = spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 1)
+    _noop_query(spark, stream.load(source), checkpoint)
+
+    assert si.checkpoint_batch_ids(spark, checkpoint, si.OFFSETS) == [0]
+    assert si.checkpoint_batch_ids(spark, checkpoint, si.COMMITS) == [0]
+    entry = si.read_offset_log(spark, checkpoint, 0)
+    assert "batchWatermarkMs" in entry.metadata
+    [offset] = entry.delta_offsets()
+    table_id = spark.sql(f"DESCRIBE DETAIL delta.`{source}`").first()["id"]
+    assert offset.table_id == table_id
+    assert offset.reservoir_version == 3 and offset.index == -1  # every version below 3 read whole
+    assert "nextBatchWatermarkMs" in si.read_commit_log(spark, checkpoint, 0)
+
+    removed = si.remove_commit(spark, checkpoint, 0)
+    assert removed.endswith("/commits/0")
+    assert si.checkpoint_batch_ids(spark, checkpoint, si.COMMITS) == []
+    assert si.checkpoint_batch_ids(spark, str(tmp_path / "nothing"), si.OFFSETS) == []
+
+
+@pytest.mark.slow
+def test_the_offset_log_of_a_kafka_source_names_each_partitions_end_offset(spark, kafka, tmp_path):
+    topic = f"internals-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    produce(kafka.bootstrap_servers, topic, [(0, b"x"), (0, b"y"), (1, b"z")])
+    stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    checkpoint = str(tmp_path / "checkpoint")
+    _noop_query(spark, stream, checkpoint)
+    entry = si.read_offset_log(spark, checkpoint, si.checkpoint_batch_ids(spark, checkpoint, si.OFFSETS)[-1])
+    assert entry.kafka_offsets(topic) == {0: 2, 1: 1}
+    assert entry.kafka_offsets("another-topic") is None and entry.delta_offsets() == []
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('v2\n{"batchWatermarkMs":0}\n{"reservoirId":"t","reservoirVersion":3,"index":-1}', "starts with 'v2'"),
+        ('v1\n{"batchWatermarkMs":0}\nnot json', "not JSON"),
+        ('v1\n["metadata as a list"]', "not the offset log"),
+        ("", "(nothing)"),
+    ],
+)
+def test_a_changed_offset_log_format_is_refused_by_name(text, named):
+    with pytest.raises(SparkInternalsChanged, match=named.replace("(", r"\(").replace(")", r"\)")):
+        si.parse_offset_log(text, "offsets/7")
+
+
+def test_a_delta_offset_without_a_field_the_engine_reads_is_refused_by_name():
+    entry = si.parse_offset_log('v1\n{"batchWatermarkMs":0}\n{"reservoirVersion":3,"index":-1}\n-', "offsets/7")
+    assert entry.sources[1] is None  # "-": a source with no offset yet
+    with pytest.raises(SparkInternalsChanged, match=r"without \['reservoirId'\]"):
+        entry.delta_offsets()
+
+
+@pytest.mark.parametrize("text", ['v2\n{"nextBatchWatermarkMs":0}', "v1", 'v1\n{"nextBatch'])
+def test_a_changed_commit_log_format_is_refused_by_name(text):
+    with pytest.raises(SparkInternalsChanged, match="commit log"):
+        si.parse_commit_log(text, "commits/7")
+
+
+def test_the_session_handles_and_the_sql_internals(spark, tmp_path):
+    assert si.jvm(spark).java.lang.Runtime.getRuntime().availableProcessors() >= 1
+    assert si.java_session(spark).version() == spark.version
+    frame = spark.range(3)
+    assert si.frame_of(si.java_frame(frame), spark).count() == 3
+    assert si.hadoop_configuration(spark).get("fs.defaultFS") is not None
+    fs, path = si.hadoop_path(spark, str(tmp_path / "f.txt"))
+    (tmp_path / "f.txt").write_text("one\ntwo\n")
+    assert fs.exists(path) and si.read_hadoop_text(spark, str(tmp_path / "f.txt")) == "one\ntwo"
+    si.set_logger_level(spark, "phases.pinned.logger", "FATAL")
+    si.parse_sql_expression(spark, "(acc + x)")
+    from pyspark.errors import ParseException
+
+    with pytest.raises(ParseException):
+        si.parse_sql_expression(spark, "(acc +* x)")
+    assert si.analysed_root_node(frame.groupBy().count()) == "Aggregate"
+    assert si.analysed_root_node(frame.select("id")) == "Project"
+
+
+def test_an_observation_tells_whether_its_node_reported(spark):
+    seen = Observation("pinned")
+    frame = spark.range(5).observe(seen, F.count(F.lit(1)).alias("n"))
+    frame.collect()
+    assert si.observation_has_row(seen) and seen.get["n"] == 5
+    # Adaptive execution drops a subtree it finds empty, and the observed node with it.
+    empty = Observation("pinned-empty")
+    joined = spark.range(5).filter("id < 0").observe(empty, F.count(F.lit(1)).alias("n")).join(spark.range(5), "id")
+    joined.collect()
+    assert isinstance(si.observation_has_row(empty), bool)
+
+
+def test_the_status_store_shows_stages_with_their_fields(spark):
+    group = f"pinned-{uuid.uuid4().hex[:8]}"
+    spark.sparkContext.setJobGroup(group, "phases: pinned stage")
+    try:
+        spark.range(1000).repartition(2).count()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        spark.sparkContext.setJobDescription(None)
+    tracker = spark.sparkContext.statusTracker()
+    stage_ids = [s for job in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(job).stageIds]
+    stages = [found for found in (si.stage_attempt(spark, s) for s in stage_ids) if found is not None]
+    assert stages, f"no stage of the job group {group} in the status store (stage ids {stage_ids})"
+    assert all(stage.status in ("COMPLETE", "SKIPPED") and stage.name for stage in stages), stages
+    ran = [stage for stage in stages if stage.status == "COMPLETE"]
+    assert ran and all(s.description == "phases: pinned stage" for s in ran), ran
+    assert all(s.tasks_done == s.tasks_total > 0 and s.submitted_ms is not None for s in ran), ran
+    assert all(isinstance(stage, si.StageView) for stage in si.active_stages(spark))
+    assert si.stage_attempt(spark, 10**9) is None
+
+
+def test_delta_transactions_and_log_checkpoint(spark, tmp_path):
+    path = str(tmp_path / "t")
+    for version in (0, 3):
+        spark.range(2).write.format("delta").mode("append").option("txnAppId", "app").option(
+            "txnVersion", version
+        ).save(path)
+    assert si.delta_transactions(spark, path, ["app", "other"]) == {"app": 3}
+    si.checkpoint_delta_log(spark, path)
+    assert (tmp_path / "t" / "_delta_log" / "00000000000000000001.checkpoint.parquet").exists()
