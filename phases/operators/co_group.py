@@ -16,7 +16,7 @@ from phases.definition import RIGHT_LABEL, SOURCE_LABEL, WINDOW_END, CoGroup
 from phases.operators.base import StoreStep
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
 from phases.operators.two_input import TwoInputKind
-from phases.storage.keyed_store import LiveStateStore, StatePosition
+from phases.storage.keyed_store import LiveStateStore, OrderedLayout, StatePosition
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 
@@ -36,7 +36,7 @@ class CoGroupStoreStep(StoreStep):
     def open_store(cls, spark: SparkSession, logic: CoGroupLogic, store_root: str) -> LiveStateStore:
         schema = T.StructType([T.StructField(END_US, T.LongType()), *logic.state_schema.fields])
         keys, values = [END_US, *logic.group], [LEFT_ROWS, RIGHT_ROWS]
-        return LiveStateStore(spark, store_root, keys, values, schema, order=END_US)
+        return LiveStateStore(spark, store_root, OrderedLayout(tuple(keys), tuple(values), END_US), schema)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:

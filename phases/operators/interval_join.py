@@ -15,7 +15,7 @@ from phases.operators.aggregation import MAX_TS
 from phases.operators.base import StoreStep
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
 from phases.operators.two_input import TwoInputKind
-from phases.storage.keyed_store import LiveStateStore, StatePosition
+from phases.storage.keyed_store import LiveStateStore, RowLayout, StatePosition
 
 
 class IntervalJoinStoreStep(StoreStep):
@@ -35,7 +35,7 @@ class IntervalJoinStoreStep(StoreStep):
     @classmethod
     def open_store(cls, spark: SparkSession, logic: IntervalJoinLogic, store_root: str) -> LiveStateStore:
         values = list(cls.VALUES)
-        return LiveStateStore(spark, store_root, logic.keys, values, logic.state_schema, whole_rows=True)
+        return LiveStateStore(spark, store_root, RowLayout(tuple(logic.keys), tuple(values)), logic.state_schema)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:

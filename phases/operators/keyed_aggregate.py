@@ -26,7 +26,7 @@ from phases.operators.base import (
 )
 from phases.schema_changes import changes, way_out
 from phases.storage import changelog, tables
-from phases.storage.keyed_store import LiveStateStore, StatePosition
+from phases.storage.keyed_store import CombinedLayout, LiveStateStore, StatePosition
 from phases.storage.manifest import HandoffManifest
 
 
@@ -150,7 +150,7 @@ class KeyedStoreStep(AggregationStoreStep):
         version = T.StructField(changelog.SOURCE_VERSION, T.LongType())
         schema = T.StructType([*logic.buffer_schema.fields, version])
         values = [*logic.buffer_names, version.name]
-        return LiveStateStore(spark, store_root, logic.keys, values, schema)
+        return LiveStateStore(spark, store_root, CombinedLayout(tuple(logic.keys), tuple(values)), schema)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:

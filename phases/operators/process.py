@@ -27,7 +27,7 @@ from phases.operators.base import (
     table_counts,
 )
 from phases.operators.process_pass import ROWS, STATE, TIMERS, ProcessLogic
-from phases.storage.keyed_store import LiveStateStore, StatePosition
+from phases.storage.keyed_store import LiveStateStore, RowLayout, StatePosition
 
 
 class ProcessHandoff:
@@ -83,7 +83,7 @@ class ProcessStoreStep(StoreStep):
             for f in logic.state_schema.fields
         ]
         schema = T.StructType(fields)
-        return LiveStateStore(spark, store_root, logic.keys, values, schema, timers=TIMERS)
+        return LiveStateStore(spark, store_root, RowLayout(tuple(logic.keys), tuple(values), TIMERS), schema)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:

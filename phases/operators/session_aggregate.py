@@ -15,7 +15,7 @@ from phases.definition import SOURCE_LABEL, WINDOW_END, WINDOW_START, SessionAgg
 from phases.operators.aggregation import TS, SessionAggregationLogic
 from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep
 from phases.operators.window_aggregate import WindowAggregateKind
-from phases.storage.keyed_store import LiveStateStore, StatePosition
+from phases.storage.keyed_store import LiveStateStore, SessionLayout, StatePosition
 
 START_US, END_US = "_session_start_us", "_session_end_us"  # the store's session bounds, in microseconds
 
@@ -35,14 +35,8 @@ class SessionStoreStep(AggregationStoreStep):
     def open_store(cls, spark: SparkSession, logic: SessionAggregationLogic, store_root: str) -> LiveStateStore:
         bounds = [T.StructField(START_US, T.LongType()), T.StructField(END_US, T.LongType())]
         schema = T.StructType([*logic.buffer_schema.fields, *bounds])
-        return LiveStateStore(
-            spark,
-            store_root,
-            logic.group_keys,
-            logic.buffer_names,
-            schema,
-            sessions=(START_US, END_US),
-        )
+        layout = SessionLayout(tuple(logic.group_keys), tuple(logic.buffer_names), START_US, END_US)
+        return LiveStateStore(spark, store_root, layout, schema)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:

@@ -17,7 +17,7 @@ from pyspark.sql import types as T
 from phases.definition import SOURCE_LABEL, WINDOW_END, WindowedAggregate
 from phases.operators.aggregation import WindowedAggregationLogic
 from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep, KeyedAggregateKind
-from phases.storage.keyed_store import LiveStateStore, StatePosition
+from phases.storage.keyed_store import LiveStateStore, OrderedLayout, StatePosition
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 
@@ -37,7 +37,7 @@ class WindowStoreStep(AggregationStoreStep):
         """Per (window end, key, window start) the window's buffers, in the order of the window's end."""
         schema = T.StructType([T.StructField(END_US, T.LongType()), *logic.buffer_schema.fields])
         keys = [END_US, *logic.keys]
-        return LiveStateStore(spark, store_root, keys, logic.buffer_names, schema, order=END_US)
+        return LiveStateStore(spark, store_root, OrderedLayout(tuple(keys), tuple(logic.buffer_names), END_US), schema)
 
     @staticmethod
     def start_rows(state: DataFrame) -> DataFrame:

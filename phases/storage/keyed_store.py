@@ -1,14 +1,22 @@
 """Spark's state store (RocksDB, changelog checkpointing) used as a library: per-key state with point lookups.
 
 The live phase's keyed state lives in one such store per run instead of a Delta table that every micro-batch
-would scan. The JVM side is the engine's helper (``jvm/``, ``org.apache.spark.sql.phases.KeyedStateStore``):
+would scan. The JVM side is the engine's helper (``jvm/``, package ``org.apache.spark.sql.phases``). A store's
+:class:`StoreLayout` says what it keeps and opens its own store type, with only the operations it supports:
 
-- rows are keys + values; ``partitions`` store partitions, a key in the one ``repartition(partitions, keys)``
-  sends it to (the same every micro-batch, so a key always meets its own state);
-- version ``v`` is the state after ``v`` updates. :meth:`KeyedStore.update` at version ``v`` loads ``v``, combines
-  each key's stored values with the new ones (SQL expressions bound in the JVM: no Python runs per record) and
-  commits ``v + 1``. A replayed update loads the same ``v`` again, so it writes what the first attempt wrote;
-- version 1 is written from the handoff's state (:meth:`KeyedStore.write`), version 0 is the empty store.
+- :class:`CombinedLayout` -> :class:`CombiningStore` (``update``: the changed keys) for keyed aggregations;
+- :class:`OrderedLayout` -> :class:`OrderedStore` (``update_and_close``: rows closed at a bound) for windows and
+  co-groups;
+- :class:`SessionLayout` -> :class:`SessionStore` (``update_and_close`` by Spark's session rule) for sessions;
+- :class:`RowLayout` -> :class:`RowStore` (``lookup``, ``replace``; timers indexed) for process functions and
+  interval joins.
+
+Every store: rows are its layout's columns; ``partitions`` store partitions, a key in the one
+``repartition(partitions, keys)`` sends it to (the same every micro-batch, so a key always meets its own state);
+version ``v`` is the state after ``v`` updates: an update at ``v`` loads ``v`` and commits ``v + 1`` (a replayed
+update loads the same ``v`` again, so it writes what the first attempt wrote); version 1 is written from the
+handoff's state (:meth:`KeyedStore.write`), version 0 is the empty store. Combining happens in the JVM by SQL
+expressions bound there: no Python runs per record.
 
 Spark's own watermark is not involved: the caller tags records by the version watermark before they get here.
 """
@@ -91,147 +99,165 @@ PROFILE_FIGURES = {
 }
 
 
+@dataclass(frozen=True)
+class StoreLayout:
+    """What a store keeps, and so which of the helper's store classes holds it: ``keys`` -> ``values``. Each layout
+    opens a store of its own type, with only the operations that layout supports. Its description (and so the folder
+    name a run's state gets, :class:`LiveStateStore`) names the columns and what orders them."""
+
+    keys: tuple[str, ...]
+    values: tuple[str, ...]
+
+    def columns(self) -> list[str]:
+        """The rows the store takes and returns, in this order."""
+        return [*self.keys, *self.values]
+
+    def described(self) -> dict:
+        return {"keys": list(self.keys), "values": list(self.values)}
+
+    def open(self, spark: SparkSession, path: str, schema: T.StructType, partitions: int, run_id: str) -> KeyedStore:
+        raise NotImplementedError
+
+    @staticmethod
+    def from_description(described: dict) -> StoreLayout:
+        """The layout a description (``_seeded.json``) names."""
+        keys, values = tuple(described["keys"]), tuple(described["values"])
+        if "sessions" in described:
+            start, end = described["sessions"]
+            return SessionLayout(keys, values, start, end)
+        if described.get("whole_rows"):
+            return RowLayout(keys, values, described.get("timers"))
+        if "order" in described:
+            return OrderedLayout(keys, values, described["order"])
+        return CombinedLayout(keys, values)
+
+
+@dataclass(frozen=True)
+class CombinedLayout(StoreLayout):
+    """Key -> values combined by SQL; an update returns the changed keys (keyed aggregations)."""
+
+    def open(self, spark, path, schema, partitions, run_id) -> CombiningStore:
+        return CombiningStore(spark, path, self, schema, partitions, run_id)
+
+
+@dataclass(frozen=True)
+class OrderedLayout(StoreLayout):
+    """As :class:`CombinedLayout`, the keys stored in the order of the long key column ``order``, so that an update
+    closes the rows at or below a bound by an ordered read of each partition's start (windows by their end,
+    co-groups)."""
+
+    order: str = ""
+
+    def described(self) -> dict:
+        return {**super().described(), "order": self.order}
+
+    def open(self, spark, path, schema, partitions, run_id) -> OrderedStore:
+        return OrderedStore(spark, path, self, schema, partitions, run_id)
+
+
+@dataclass(frozen=True)
+class SessionLayout(StoreLayout):
+    """Session windows: ``keys`` are the group keys, (``start``, ``end``) the long session columns (microseconds). A
+    key's open sessions are read by a prefix scan and merged with a batch's records by Spark's session rule; the rows
+    an update takes and returns are keys, start, end and values."""
+
+    start: str = ""
+    end: str = ""
+
+    def columns(self) -> list[str]:
+        return [*self.keys, self.start, self.end, *self.values]
+
+    def described(self) -> dict:
+        return {**super().described(), "sessions": [self.start, self.end]}
+
+    def open(self, spark, path, schema, partitions, run_id) -> SessionStore:
+        return SessionStore(spark, path, self, schema, partitions, run_id)
+
+
+@dataclass(frozen=True)
+class RowLayout(StoreLayout):
+    """Whole rows by key, looked up and replaced by the caller (their new values computed outside the store: a process
+    function's Python pass, an interval join's held rows). ``timers``: a value column of timers (array of long, epoch
+    milliseconds), indexed in time order so that a lookup finds the keys with a due timer without a scan."""
+
+    timers: str | None = None
+
+    def described(self) -> dict:
+        described = {**super().described(), "whole_rows": True}
+        if self.timers is not None:
+            described["timers"] = self.timers
+        return described
+
+    def open(self, spark, path, schema, partitions, run_id) -> RowStore:
+        return RowStore(spark, path, self, schema, partitions, run_id)
+
+
 class KeyedStore:
-    """The store at ``path``: ``keys`` -> ``values`` (columns of ``schema``), in ``partitions`` partitions.
+    """The store at ``path`` of a :class:`StoreLayout` (rows of the layout's columns, typed by ``schema``), in
+    ``partitions`` partitions: what every layout's store does (write version 1, read a version, unload). Open one with
+    ``layout.open(...)``; each layout's own operations are on its subclass."""
 
-    ``order``: a long key column the keys are stored in the order of (windows: their end), so that an update can
-    close the rows at or below a bound by an ordered read of each partition's start (``close_at``).
-
-    ``sessions``: the (start, end) long columns of session windows (microseconds): ``keys`` are then the group keys,
-    a key's open sessions are read by a prefix scan and merged with a batch's records by Spark's session rule, and
-    the rows an update takes and returns are keys, start, end and values (``org.apache.spark.sql.phases.
-    SessionStateStore``).
-
-    ``whole_rows``: the rows are read with :meth:`lookup` and replaced whole with :meth:`replace` (their new values
-    computed outside the store: a process function's Python pass, an interval join's held rows; ``RowStateStore``);
-    ``timers``: such a store's value column of timers (array of long, epoch milliseconds), indexed in time order so
-    that a lookup finds the keys with a due timer without a scan."""
+    _helper_class = ""  # the helper's class (org.apache.spark.sql.phases.<name>)
 
     def __init__(
         self,
         spark: SparkSession,
         path: str,
-        keys: list[str],
-        values: list[str],
+        layout: StoreLayout,
         schema: T.StructType,
         partitions: int,
         run_id: str | None = None,
-        order: str | None = None,
-        sessions: tuple[str, str] | None = None,
-        whole_rows: bool = False,
-        timers: str | None = None,
     ):
-        self.spark, self.path, self.keys, self.values, self.partitions = spark, path, keys, values, partitions
-        self.whole_rows, self.timers = whole_rows or timers is not None, timers
+        self.spark, self.path, self.layout, self.partitions = spark, path, layout, partitions
+        self.keys, self.values = list(layout.keys), list(layout.values)
         # One id per opening: Spark keeps a store's provider loaded in its executor under (store, run id), so the
         # next micro-batch finds the version it needs already in memory.
         self.run_id = run_id or str(uuid.uuid4())
-        jvm = spark_internals.jvm(spark).org.apache.spark.sql.phases
+        helper = getattr(spark_internals.jvm(spark).org.apache.spark.sql.phases, self._helper_class)
         try:
-            if self.whole_rows:
-                self.order = None
-                self._store = jvm.RowStateStore.open(
-                    spark_internals.java_session(spark),
-                    path,
-                    keys,
-                    values,
-                    timers,
-                    schema.json(),
-                    partitions,
-                    self.run_id,
-                )
-            elif sessions is not None:
-                start, end = sessions
-                self.order = end
-                self._store = jvm.SessionStateStore.open(
-                    spark_internals.java_session(spark),
-                    path,
-                    keys,
-                    start,
-                    end,
-                    values,
-                    schema.json(),
-                    partitions,
-                    self.run_id,
-                )
-            else:
-                self.order = order
-                self._store = jvm.KeyedStateStore.open(
-                    spark_internals.java_session(spark),
-                    path,
-                    keys,
-                    values,
-                    schema.json(),
-                    partitions,
-                    self.run_id,
-                    order,
-                )
+            self._store = helper.open(spark_internals.java_session(spark), path, *self._open_arguments(schema))
         except (Py4JJavaError, PySparkException) as exc:
             raise StateStoreError(f"cannot open the state store {path}: {_java_message(exc)}") from exc
 
-    def update(self, partials: DataFrame, combine: list[str], version: int) -> StoreUpdate:
-        """Combines ``partials`` (keys + values; a key's rows combine in turn) into version ``version``; commits
-        ``version + 1`` and returns the changed keys' rows. ``combine``: per value column, SQL over ``t.`col```
-        (stored) and ``s.`col``` (new)."""
-        return self._update(partials, combine, version, emit=True)
-
-    def update_and_close(
-        self, partials: DataFrame, combine: list[str], version: int, close_at: int | None
-    ) -> StoreUpdate:
-        """Combines ``partials`` into version ``version`` like :meth:`update`, then removes the rows whose order
-        column is at or below ``close_at`` (None: none); commits ``version + 1`` and returns the rows it removed
-        (their values with this update's combined in)."""
-        if self.order is None:
-            raise StateStoreError(f"the state store {self.path} has no order column: it cannot close rows")
-        return self._update(partials, combine, version, emit=False, close_at=close_at)
-
-    def lookup(self, keys: DataFrame, version: int, due_at: int | None) -> StoreUpdate:
-        """A whole-row store's rows at ``version`` of the keys in ``keys`` and, unless ``due_at`` is None, of every key
-        with a timer due at it (epoch microseconds: a timer ``t`` ms is due when ``t * 1000 <= due_at``); cached until
-        released; nothing is committed (the result's version is ``version``)."""
-        self._need_whole_rows("look keys up")
-        if due_at is not None and self.timers is None:
-            raise StateStoreError(f"the state store {self.path} has no timers column: no timer can be due")
-        try:
-            handle = self._store.lookup(spark_internals.java_frame(keys), version, due_at)
-        except (Py4JJavaError, PySparkException) as exc:
-            raise self._failed(version, exc) from exc
-        return StoreUpdate(
-            spark_internals.frame_of(handle.frame(), self.spark), int(handle.changedKeys()), version, handle
-        )
-
-    def replace(self, rows: DataFrame, version: int) -> StoreUpdate:
-        """A whole-row store's rows of the keys in ``rows`` (one per key) replaced at ``version`` (their timers' index
-        entries too); commits ``version + 1``."""
-        self._need_whole_rows("replace rows")
-        return self._update(rows, [f"s.`{c}`" for c in self.values], version, emit=False)
-
-    def _need_whole_rows(self, what: str) -> None:
-        if not self.whole_rows:
-            raise StateStoreError(
-                f"the state store {self.path} combines values, it does not keep whole rows: it cannot {what}"
-            )
+    def _open_arguments(self, schema: T.StructType) -> list:
+        return [self.keys, self.values, schema.json(), self.partitions, self.run_id]
 
     def write(self, state: DataFrame) -> StoreUpdate:
-        """Writes version 1 from ``state`` (one row per key), whatever the store held."""
-        return self._update(state, [f"s.`{c}`" for c in self.values], 0, emit=False)
+        """Writes version 1 from ``state`` (one row per key, the layout's columns), whatever the store held."""
+        return self._call("writeStart", 0, spark_internals.java_frame(state))
 
-    def _update(
-        self, partials: DataFrame, combine: list[str], version: int, emit: bool, close_at: int | None = None
-    ) -> StoreUpdate:
+    def read(self, version: int) -> DataFrame:
+        """Every row of the store at ``version`` (the layout's columns)."""
+        return spark_internals.frame_of(self._store.read(version), self.spark)
+
+    def unload(self) -> int:
+        """Unloads this opening's store from the executors (a stopped live phase's last step): each partition first
+        uploads the newest snapshot its commits queued, so that the next opening loads it instead of replaying the
+        changelogs since Spark's maintenance thread last ran; then it frees its memory. Returns the partitions
+        unloaded (those loaded nowhere are skipped). The opening can still be used: its next update loads again."""
         try:
-            handle = self._store.update(spark_internals.java_frame(partials), combine, version, emit, close_at)
+            return int(self._store.unload())
+        except (Py4JJavaError, PySparkException) as exc:
+            raise StateStoreError(f"could not unload the state store {self.path}: {_java_message(exc)}") from exc
+
+    def _call(self, method: str, version: int, *arguments, commits: bool = True) -> StoreUpdate:
+        """The helper's ``method`` on the version the store holds after ``version`` updates; commits ``version + 1``
+        unless ``commits`` is false (a lookup)."""
+        try:
+            handle = getattr(self._store, method)(*arguments)
         except (Py4JJavaError, PySparkException) as exc:
             raise self._failed(version, exc) from exc
         rows = spark_internals.frame_of(handle.frame(), self.spark)
-        update = StoreUpdate(rows, int(handle.changedKeys()), version + 1, handle, str(handle.route()))
-        if log.isEnabledFor(logging.DEBUG):
+        update = StoreUpdate(
+            rows, int(handle.changedKeys()), int(handle.committedVersion()), handle, str(handle.route())
+        )
+        if commits and log.isEnabledFor(logging.DEBUG):
             summary = update.profile_summary()
             log.debug(
                 "state store %s: version %d -> %d, %d rows out, %s",
                 self.path,
                 version,
-                version + 1,
+                update.version,
                 update.changed_keys,
                 summary,
                 extra={"store_profile": summary},
@@ -246,19 +272,79 @@ class KeyedStore:
             "BacklogRunner(spark, pipeline).run(reset=True)"
         )
 
-    def read(self, version: int) -> DataFrame:
-        """Every row of the store at ``version`` (keys + values)."""
-        return spark_internals.frame_of(self._store.read(version), self.spark)
 
-    def unload(self) -> int:
-        """Unloads this opening's store from the executors (a stopped live phase's last step): each partition first
-        uploads the newest snapshot its commits queued, so that the next opening loads it instead of replaying the
-        changelogs since Spark's maintenance thread last ran; then it frees its memory. Returns the partitions
-        unloaded (those loaded nowhere are skipped). The opening can still be used: its next update loads again."""
-        try:
-            return int(self._store.unload())
-        except (Py4JJavaError, PySparkException) as exc:
-            raise StateStoreError(f"could not unload the state store {self.path}: {_java_message(exc)}") from exc
+class CombiningStore(KeyedStore):
+    """:class:`CombinedLayout`'s store (the helper's ``KeyedStateStore``)."""
+
+    _helper_class = "KeyedStateStore"
+
+    def update(self, partials: DataFrame, combine: list[str], version: int) -> StoreUpdate:
+        """Combines ``partials`` (keys + values; a key's rows combine in turn) into version ``version``; commits
+        ``version + 1`` and returns the changed keys' rows. ``combine``: per value column, SQL over ``t.`col```
+        (stored) and ``s.`col``` (new)."""
+        return self._call("update", version, spark_internals.java_frame(partials), combine, version)
+
+
+class OrderedStore(KeyedStore):
+    """:class:`OrderedLayout`'s store (the helper's ``OrderedStateStore``)."""
+
+    _helper_class = "OrderedStateStore"
+    layout: OrderedLayout
+
+    def _open_arguments(self, schema: T.StructType) -> list:
+        return [*super()._open_arguments(schema), self.layout.order]
+
+    def update_and_close(
+        self, partials: DataFrame, combine: list[str], version: int, close_at: int | None
+    ) -> StoreUpdate:
+        """Combines ``partials`` into version ``version`` like :meth:`CombiningStore.update`, then removes the rows
+        whose order column is at or below ``close_at`` (None: none); commits ``version + 1`` and returns the rows it
+        removed (their values with this update's combined in)."""
+        partials_java = spark_internals.java_frame(partials)
+        return self._call("updateAndClose", version, partials_java, combine, version, close_at)
+
+
+class SessionStore(KeyedStore):
+    """:class:`SessionLayout`'s store (the helper's ``SessionStateStore``)."""
+
+    _helper_class = "SessionStateStore"
+    layout: SessionLayout
+
+    def _open_arguments(self, schema: T.StructType) -> list:
+        return [self.keys, self.layout.start, self.layout.end, self.values, schema.json(), self.partitions, self.run_id]
+
+    def update_and_close(
+        self, records: DataFrame, combine: list[str], version: int, close_at: int | None
+    ) -> StoreUpdate:
+        """Merges ``records`` (each record's own session) with their keys' open sessions by Spark's session rule at
+        ``version``, then removes and returns the sessions ending at or before ``close_at`` (None: none); commits
+        ``version + 1``."""
+        records_java = spark_internals.java_frame(records)
+        return self._call("updateAndClose", version, records_java, combine, version, close_at)
+
+
+class RowStore(KeyedStore):
+    """:class:`RowLayout`'s store (the helper's ``RowStateStore``)."""
+
+    _helper_class = "RowStateStore"
+    layout: RowLayout
+
+    def _open_arguments(self, schema: T.StructType) -> list:
+        return [self.keys, self.values, self.layout.timers, schema.json(), self.partitions, self.run_id]
+
+    def lookup(self, keys: DataFrame, version: int, due_at: int | None) -> StoreUpdate:
+        """The rows at ``version`` of the keys in ``keys`` and, unless ``due_at`` is None, of every key with a timer
+        due at it (epoch microseconds: a timer ``t`` ms is due when ``t * 1000 <= due_at``); cached until released;
+        nothing is committed (the result's version is ``version``)."""
+        if due_at is not None and self.layout.timers is None:
+            raise StateStoreError(f"the state store {self.path} has no timers column: no timer can be due")
+        keys_java = spark_internals.java_frame(keys)
+        return self._call("lookup", version, keys_java, version, due_at, commits=False)
+
+    def replace(self, rows: DataFrame, version: int) -> StoreUpdate:
+        """The rows of the keys in ``rows`` (one per key) replaced at ``version`` (their timers' index entries too);
+        commits ``version + 1``."""
+        return self._call("replace", version, spark_internals.java_frame(rows), version)
 
 
 def _java_message(exc: Exception) -> str:
@@ -276,71 +362,45 @@ def new_store_partitions(spark: SparkSession) -> int:
 
 
 class LiveStateStore:
-    """A live run's state store for one state layout (key and value columns and types, partitions), under
-    ``root/<layout>``: the layout is named by a hash of the schema, so a schema change (a widened source
-    type) moves the state to a new layout, written from the old one at the position the progress names.
+    """A live run's state store for one state layout (a :class:`StoreLayout` with its columns' types, and
+    partitions), under ``root/<layout>``: the layout is named by a hash of that description, so a schema change (a
+    widened source type) moves the state to a new layout, written from the old one at the position the progress
+    names.
 
-    Version 1 of a layout is its starting state: the handoff's (``seed``: the handoff's state table, or the
-    rows the backlog passes when it writes it ahead), or the previous layout's state. ``_seeded.json`` is
-    written once it is whole.
+    Version 1 of a layout is its starting state: the handoff's (the handoff's state table, or the rows the backlog
+    passes when it writes it ahead), or the previous layout's state. ``_seeded.json`` is written once it is whole.
 
     ``partitions`` (None: chosen once): the run keeps the partitions of a layout it already wrote (otherwise a
     restart on another number of cores would rewrite its state), and a new run's store takes
-    :func:`new_store_partitions`."""
+    :func:`new_store_partitions`. ``store`` is the layout's own store type (:meth:`StoreLayout.open`)."""
 
     def __init__(
         self,
         spark: SparkSession,
         root: str,
-        keys: list[str],
-        values: list[str],
+        layout: StoreLayout,
         schema: T.StructType,
         partitions: int | None = None,
-        order: str | None = None,
-        sessions: tuple[str, str] | None = None,
-        whole_rows: bool = False,
-        timers: str | None = None,
     ):
-        self.spark, self.root, self.keys, self.values = spark, root, keys, values
-        columns = [*keys, *(sessions or ()), *values]  # the rows the store takes and returns
-        self.schema = T.StructType([schema[c] for c in columns])
-        layout = {"keys": keys, "values": values, "schema": self.schema.jsonValue()}
-        # (A plain layout's description, and so its name, is as it was before orders and sessions existed.)
-        if order is not None:
-            layout["order"] = order
-        if sessions is not None:
-            layout["sessions"] = list(sessions)
-        if whole_rows:
-            layout["whole_rows"] = True
-        if timers is not None:
-            layout["timers"] = timers
+        self.spark, self.root, self.spec = spark, root, layout
+        self.keys, self.values = list(layout.keys), list(layout.values)
+        self.schema = T.StructType([schema[c] for c in layout.columns()])  # the rows the store takes and returns
+        described = {**layout.described(), "schema": self.schema.jsonValue()}
         if partitions is None:
-            partitions = self._written_partitions(layout) or new_store_partitions(spark)
+            partitions = self._written_partitions(described) or new_store_partitions(spark)
         self.partitions = partitions
-        layout["partitions"] = partitions
-        described = json.dumps(layout, sort_keys=True)
-        self.description = described
-        self.layout = f"p{partitions}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
-        self.store = KeyedStore(
-            spark,
-            f"{root}/{self.layout}",
-            keys,
-            values,
-            self.schema,
-            partitions,
-            order=order,
-            sessions=sessions,
-            whole_rows=whole_rows,
-            timers=timers,
-        )
+        described["partitions"] = partitions
+        self.description = json.dumps(described, sort_keys=True)
+        self.layout = f"p{partitions}-{hashlib.sha256(self.description.encode()).hexdigest()[:12]}"
+        self.store = layout.open(spark, f"{root}/{self.layout}", self.schema, partitions, None)
 
-    def _written_partitions(self, layout: dict) -> int | None:
+    def _written_partitions(self, described: dict) -> int | None:
         """The partitions of a layout of this run written before with the same columns (the first, by name)."""
         if not fs.exists(self.spark, self.root):
             return None
         for name in sorted(fs.list_names(self.spark, self.root)):
             seeded = self._seeded(name) if _LAYOUT.match(name) else None
-            if seeded is not None and {k: v for k, v in seeded.items() if k != "partitions"} == layout:
+            if seeded is not None and {k: v for k, v in seeded.items() if k != "partitions"} == described:
                 return int(seeded["partitions"])
         return None
 
@@ -379,17 +439,12 @@ class LiveStateStore:
                 f"the live state is in layout {position.layout} of {self.root}, whose description "
                 f"{position.layout}/{SEEDED} is gone; restore the run's folder or start over from the backlog"
             )
-        old = KeyedStore(
+        old = StoreLayout.from_description(before).open(
             self.spark,
             f"{self.root}/{position.layout}",
-            before["keys"],
-            before["values"],
             T.StructType.fromJson(before["schema"]),
             int(before["partitions"]),
-            order=before.get("order"),
-            sessions=tuple(before["sessions"]) if "sessions" in before else None,
-            whole_rows=bool(before.get("whole_rows")),
-            timers=before.get("timers"),
+            None,
         )
         self.write_start(old.read(position.version))
         return 1

@@ -13,7 +13,14 @@ from pyspark.sql import types as T
 
 from phases.errors import StateStoreError
 from phases.runtime import jvm_deps
-from phases.storage.keyed_store import KeyedStore, LiveStateStore, new_store_partitions
+from phases.storage.keyed_store import (
+    CombinedLayout,
+    LiveStateStore,
+    OrderedLayout,
+    RowLayout,
+    SessionLayout,
+    new_store_partitions,
+)
 
 # (class, method, parameter classes) the helper calls; "<init>" = a constructor.
 STATE = "org.apache.spark.sql.execution.streaming.state"
@@ -205,9 +212,12 @@ COMBINE = [
 ]
 
 
+AB = CombinedLayout(("a", "b"), ("n",))  # a two-column key
+
+
 def _open(spark, path, partitions=3):
     schema = _partials(spark, []).schema
-    return KeyedStore(spark, str(path), ["key"], ["n", "total", "last"], schema, partitions)
+    return CombinedLayout(("key",), ("n", "total", "last")).open(spark, str(path), schema, partitions, None)
 
 
 def _rows(df):
@@ -259,9 +269,8 @@ def test_an_ordered_store_closes_exactly_the_rows_at_or_below_the_bound_and_keep
     returns every row whose end is at or below the bound (also one this update just changed), in every partition,
     whatever the key order; a replay of the same version closes the same rows."""
     schema = "end long, key string, n long"
-    store = KeyedStore(
-        spark, str(tmp_path / "w"), ["end", "key"], ["n"], spark.createDataFrame([], schema).schema, 3, order="end"
-    )
+    ordered = OrderedLayout(("end", "key"), ("n",), "end")
+    store = ordered.open(spark, str(tmp_path / "w"), spark.createDataFrame([], schema).schema, 3, None)
     ends = [-5, 0, 7, 10, 11, 2**40, 30]
     start = [(e, f"k{i}", 1) for i, e in enumerate(ends)] + [(10, "z", 1), (11, "z", 1)]
     store.write(spark.createDataFrame(start, schema).repartition(5)).release()
@@ -279,17 +288,16 @@ def test_an_ordered_store_closes_exactly_the_rows_at_or_below_the_bound_and_keep
     nothing = store.update_and_close(spark.createDataFrame([], schema), ["t.n + s.n"], 2, 10)
     assert (nothing.changed_keys, _rows(store.read(3))) == (0, left)
     nothing.release()
-    unordered = _open(spark, tmp_path / "keyed")
-    with pytest.raises(StateStoreError, match="no order column"):
-        unordered.update_and_close(_partials(spark, []), COMBINE, 0, 10)
+    # Closing is an ordered store's operation: a combining store without an order has none.
+    assert not hasattr(_open(spark, tmp_path / "keyed"), "update_and_close")
 
 
 def test_an_order_column_must_be_a_long_key_column(spark, tmp_path):
     schema = spark.createDataFrame([], "end timestamp, key string, n long").schema
     with pytest.raises(StateStoreError, match="must be a long"):
-        KeyedStore(spark, str(tmp_path / "a"), ["end", "key"], ["n"], schema, 2, order="end")
+        OrderedLayout(("end", "key"), ("n",), "end").open(spark, str(tmp_path / "a"), schema, 2, None)
     with pytest.raises(StateStoreError, match="is not a key column"):
-        KeyedStore(spark, str(tmp_path / "b"), ["key"], ["n"], schema, 2, order="n")
+        OrderedLayout(("key",), ("n",), "n").open(spark, str(tmp_path / "b"), schema, 2, None)
 
 
 def test_a_session_store_merges_a_keys_open_sessions_by_sparks_rule_and_closes_by_end(spark, tmp_path):
@@ -297,7 +305,7 @@ def test_a_session_store_merges_a_keys_open_sessions_by_sparks_rule_and_closes_b
     before the other's end (Spark's session_window rule: touching sessions merge); one record can bridge two stored
     sessions. The sessions ending at or before the bound are removed and returned; a replay returns the same."""
     schema = spark.createDataFrame([], "key string, s long, e long, n long").schema
-    store = KeyedStore(spark, str(tmp_path / "s"), ["key"], ["n"], schema, 3, sessions=("s", "e"))
+    store = SessionLayout(("key",), ("n",), "s", "e").open(spark, str(tmp_path / "s"), schema, 3, None)
     handoff = [("a", 0, 10, 1), ("a", 20, 30, 1), ("b", 5, 15, 2), ("c", 100, 110, 1)]
     store.write(spark.createDataFrame(handoff, schema)).release()
     assert _rows(store.read(1)) == sorted(handoff)
@@ -319,7 +327,7 @@ def test_a_session_store_merges_a_keys_open_sessions_by_sparks_rule_and_closes_b
     later.release()
     assert _rows(store.read(3)) == [("c", 100, 110, 1), ("c", 111, 121, 1), ("d", 40, 54, 2)]
     # A new opening (a restart) reads the same version from the files, with both of its column families.
-    reopened = KeyedStore(spark, str(tmp_path / "s"), ["key"], ["n"], schema, 3, sessions=("s", "e"))
+    reopened = SessionLayout(("key",), ("n",), "s", "e").open(spark, str(tmp_path / "s"), schema, 3, None)
     last = reopened.update_and_close(spark.createDataFrame([], schema), ["t.n + s.n"], 3, 200)
     assert _rows(last.rows) == [("c", 100, 110, 1), ("c", 111, 121, 1), ("d", 40, 54, 2)]
     last.release()
@@ -331,7 +339,8 @@ def test_a_timer_store_looks_up_the_batchs_keys_and_the_due_ones_and_replaces_th
     rows of the batch's keys (known ones) and of the keys with a timer due at the bound (microseconds), commits
     nothing; a replace moves a key's index entries with its new timers, so an old timer is never due again."""
     schema = spark.createDataFrame([], "key string, state string, timers array<bigint>, n long").schema
-    store = KeyedStore(spark, str(tmp_path / "t"), ["key"], ["state", "timers", "n"], schema, 3, timers="timers")
+    timed = RowLayout(("key",), ("state", "timers", "n"), "timers")
+    store = timed.open(spark, str(tmp_path / "t"), schema, 3, None)
     start = [("a", "{}", [5, 50], 1), ("b", None, [20], 1), ("c", "{}", [], 1), ("d", "{}", None, 1)]
     store.write(spark.createDataFrame(start, schema)).release()
     keys = spark.createDataFrame([("c",), ("zz",), ("c",)], "key string")
@@ -354,10 +363,10 @@ def test_a_timer_store_looks_up_the_batchs_keys_and_the_due_ones_and_replaces_th
     assert looked_up(2, 49_999) == [("c", ())]
     assert looked_up(2, 60_000) == [("a", (50, 60)), ("c", ())]
     assert sorted(r["key"] for r in store.read(2).collect()) == ["a", "b", "c", "d"]
-    with pytest.raises(StateStoreError, match="does not keep whole rows"):
-        _open(spark, tmp_path / "keyed").lookup(keys, 0, None)
+    # Looking rows up is a whole-row store's operation: a combining store has none.
+    assert not hasattr(_open(spark, tmp_path / "keyed"), "lookup")
     # Without a timers column (an interval join's held rows): lookups of the batch's keys only.
-    plain = KeyedStore(spark, str(tmp_path / "r"), ["key"], ["state", "timers", "n"], schema, 2, whole_rows=True)
+    plain = RowLayout(("key",), ("state", "timers", "n")).open(spark, str(tmp_path / "r"), schema, 2, None)
     plain.write(spark.createDataFrame(start, schema)).release()
     found = plain.lookup(keys, 1, None)
     assert [r["key"] for r in found.rows.collect()] == ["c"]
@@ -394,13 +403,13 @@ def test_a_store_updates_rows_state_their_count_so_a_join_with_a_large_table_bro
     finally:
         update.release()
     sessions_schema = spark.createDataFrame([], "key string, s long, e long, n long").schema
-    sessions = KeyedStore(spark, str(tmp_path / "s"), ["key"], ["n"], sessions_schema, 2, sessions=("s", "e"))
+    sessions = SessionLayout(("key",), ("n",), "s", "e").open(spark, str(tmp_path / "s"), sessions_schema, 2, None)
     sessions.write(spark.createDataFrame([("a", 0, 10, 1), ("b", 0, 50, 1)], sessions_schema)).release()
     closed = sessions.update_and_close(spark.createDataFrame([], sessions_schema), ["t.n + s.n"], 1, 20)
     assert _planned_rows(closed.rows) == closed.changed_keys == 1
     closed.release()
     rows_schema = spark.createDataFrame([], "key string, state string, timers array<bigint>, n long").schema
-    whole = KeyedStore(spark, str(tmp_path / "r"), ["key"], ["state", "timers", "n"], rows_schema, 2, whole_rows=True)
+    whole = RowLayout(("key",), ("state", "timers", "n")).open(spark, str(tmp_path / "r"), rows_schema, 2, None)
     whole.write(spark.createDataFrame([("a", "x", None, 1), ("b", "y", None, 1)], rows_schema)).release()
     found = whole.lookup(spark.createDataFrame([("b",), ("z",)], "key string"), 1, None)
     assert _planned_rows(found.rows) == found.changed_keys == 1
@@ -536,7 +545,7 @@ def _counts(spark, path, partitions, version):
     schema = T.StructType(
         [T.StructField("a", T.StringType()), T.StructField("b", T.IntegerType()), T.StructField("n", T.LongType())]
     )
-    store = KeyedStore(spark, str(path), ["a", "b"], ["n"], schema, partitions)
+    store = AB.open(spark, str(path), schema, partitions, None)
     return {(r["a"], r["b"]): r["n"] for r in store.read(version).collect()}
 
 
@@ -553,7 +562,7 @@ def test_rows_an_aggregation_hashed_by_the_keys_reach_the_store_without_a_shuffl
         state = rows.groupBy("a", "b").agg(F.sum("n").alias("n")).persist()
         state.count()
         schema = state.schema
-        grouped = KeyedStore(spark, str(tmp_path / "grouped"), ["a", "b"], ["n"], schema, partitions)
+        grouped = AB.open(spark, str(tmp_path / "grouped"), schema, partitions, None)
         written = grouped.write(state)
         written.release()
         assert written.route == "grouped"
@@ -574,7 +583,7 @@ def test_rows_an_aggregation_hashed_by_the_keys_reach_the_store_without_a_shuffl
         for other, route in others:
             other.count()
             path = tmp_path / f"other-{uuid.uuid4().hex}"
-            update = KeyedStore(spark, str(path), ["a", "b"], ["n"], schema, partitions).write(other)
+            update = AB.open(spark, str(path), schema, partitions, None).write(other)
             update.release()
             other.unpersist()
             assert update.route == route
@@ -591,7 +600,7 @@ def test_rows_in_partitions_of_another_hash_are_found_misrouted_and_shuffled(spa
     expected = {(r["a"], r["b"]): r["n"] for r in rows.collect()}
     spark.conf.set(ROUTE, "group")
     try:
-        store = KeyedStore(spark, str(tmp_path / "store"), ["a", "b"], ["n"], rows.schema, 2)
+        store = AB.open(spark, str(tmp_path / "store"), rows.schema, 2, None)
         update = store.write(rows)
         update.release()
     finally:
@@ -618,7 +627,7 @@ def test_a_run_keeps_the_partitions_its_store_was_written_with_and_a_new_one_tak
     root = str(tmp_path / "live")
 
     def live(partitions=None, schema=schema):
-        return LiveStateStore(spark, root, ["key"], ["n", "total", "last"], schema, partitions)
+        return LiveStateStore(spark, root, CombinedLayout(("key",), ("n", "total", "last")), schema, partitions)
 
     fresh = live()
     assert fresh.partitions == new_store_partitions(spark) == 2  # the tests' session: local[2]

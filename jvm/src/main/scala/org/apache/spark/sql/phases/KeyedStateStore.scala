@@ -1,10 +1,8 @@
 /*
- * The live phase's keyed state in Spark's own state store (RocksDB, changelog checkpointing), used as a library
- * from a foreachBatch micro-batch: point lookups per key instead of a scan of a Delta table.
- *
- * This lives in a package under org.apache.spark.sql because the state store's entry points are Spark-internal
- * (private[sql] session members, the StateStoreOps of the state package). tests/phases/test_keyed_store.py
- * pins every internal class and signature used here and fails naming the one that changed.
+ * The combining stores: key -> values, a batch's values combined into a key's stored ones by SQL expressions bound in
+ * the JVM (the backlog's merge; no Python per record). KeyedStateStore returns the changed keys (keyed aggregations);
+ * OrderedStateStore keeps the keys in the order of a long key column and closes the rows at or below a bound in the
+ * same commit (windows by their end, co-groups).
  */
 package org.apache.spark.sql.phases
 
@@ -18,187 +16,171 @@ import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, JoinedRow, UnsafeProjection, UnsafeRow}
 import org.apache.spark.sql.classic.{SparkSession => ClassicSession}
 import org.apache.spark.sql.execution.streaming.state._
-import org.apache.spark.sql.types.StructType
-import org.apache.spark.storage.StorageLevel
-
-/** What one update of the store produced: the changed keys' new rows (cached until released), counts, and the route
- * its rows took to the store's partitions (StoreSupport.withRoutedRows). */
-class StoreUpdate(
-    private val rows: RDD[InternalRow],
-    val frame: DataFrame,
-    val changedKeys: Long,
-    val committedVersion: Long,
-    val route: String = "shuffled",
-    profile: StoreProfile = null) {
-  /** Where the update's task time went, summed over its tasks ([[StoreProfile]]; empty when not profiled). */
-  def profiled: java.util.Map[String, java.lang.Long] =
-    if (profile == null) java.util.Collections.emptyMap() else profile.summed
-
-  /** Drops the cached rows (call once the micro-batch's writes are done). */
-  def release(): Unit = rows.unpersist(blocking = false)
-}
+import org.apache.spark.sql.types.{LongType, StructType}
 
 /**
- * One keyed store: `checkpoint`/0/<partition> in Spark's layout, `partitions` partitions hashed the way
- * `repartition(partitions, keys)` hashes, rows = key columns -> value columns. Version v is the state after
- * `v` updates; `update(..., version = v)` loads version v and commits v + 1 (a replayed update loads the same v
- * and writes the same v + 1).
- *
- * `orderColumn` (a long key column, or null): the keys are stored in its order (Spark's range-scan key encoding),
- * so an update can close the rows whose order value is at or below a bound by reading from the start of each
- * partition until the first greater one (windows by their end), not by a scan of the whole store.
+ * A combining store at `checkpoint`: rows = key columns, then value columns; `partitions` partitions hashed the way
+ * `repartition(partitions, keys)` hashes. Version v is the state after `v` updates; an update at v loads v and commits
+ * v + 1 (a replayed update loads the same v and writes the same v + 1).
  */
-class KeyedStateStore(
+abstract class CombiningStore(
     session: ClassicSession,
     path: String,
     val keyColumns: Array[String],
     val valueColumns: Array[String],
     val schema: StructType,
     storePartitions: Int,
-    runId: String,
-    val orderColumn: String) extends StoreBase(session, path, storePartitions, runId) {
+    runId: String) extends StoreBase(session, path, storePartitions, runId) {
 
   private val missing = (keyColumns ++ valueColumns).filterNot(schema.fieldNames.contains)
   require(missing.isEmpty, s"columns ${missing.mkString(", ")} are not in ${schema.simpleString}")
-  /** The ordinal of the order column among the key columns (-1: none). */
-  val orderOrdinal: Int = if (orderColumn == null) -1 else keyColumns.indexOf(orderColumn)
-  require(orderColumn == null || orderOrdinal >= 0,
-    s"the order column $orderColumn is not a key column (${keyColumns.mkString(", ")})")
-  require(orderColumn == null || schema(orderColumn).dataType == org.apache.spark.sql.types.LongType,
-    s"the order column $orderColumn must be a long, not ${if (orderOrdinal >= 0) schema(orderColumn).dataType.simpleString else "missing"}")
 
-  val keySchema: StructType = StructType(keyColumns.map(schema(_)))
-  val valueSchema: StructType = StructType(valueColumns.map(schema(_)))
-  /** The rows update() takes and returns: keys, then values. */
-  val rowSchema: StructType = StructType(keySchema.fields ++ valueSchema.fields)
+  override protected val keySchema: StructType = StructType(keyColumns.map(schema(_)))
+  override protected val valueSchema: StructType = StructType(valueColumns.map(schema(_)))
+  /** The rows an update takes and returns: keys, then values. */
+  override val rowSchema: StructType = StructType(keySchema.fields ++ valueSchema.fields)
+  override protected def routeColumns: Seq[String] = keyColumns.toIndexedSeq
 
-  private def encoderSpec: KeyStateEncoderSpec =
-    if (orderOrdinal < 0) NoPrefixKeyStateEncoderSpec(keySchema)
-    else RangeKeyScanStateEncoderSpec(keySchema, Seq(orderOrdinal))
+  override protected def rowMaker(): (UnsafeRow, UnsafeRow) => InternalRow = {
+    val joined = new JoinedRow()
+    val out = UnsafeProjection.create(rowSchema)
+    (key, value) => out(joined(key, value))
+  }
 
-  /**
-   * Combines `partials` (keys + values; several rows of a key combine in turn) into the store at `version` and commits
-   * version + 1; returns the changed keys' new rows. `combineSql` per value column: SQL over `t.<column>` (the
-   * stored value) and `s.<column>` (the partial); a key not in the store takes the partial as it is.
-   * `emit` = false writes without returning rows (the handoff's version 1). The handoff's rows (an update from
-   * version 0) reach the store's partitions without a shuffle when they are hash-partitioned by the keys already
-   * (StoreSupport.withRoutedRows).
-   */
-  def update(partials: DataFrame, combineSql: java.util.List[String], version: Long, emit: Boolean): StoreUpdate =
-    update(partials, combineSql, version, emit, null)
+  override protected def putStart(state: StateStore, rows: Iterator[InternalRow]): Unit = {
+    val keyOf = StoreSupport.columns(keySchema.fields.map(_.dataType).toIndexedSeq, 0)
+    val valueOf = StoreSupport.columns(valueSchema.fields.map(_.dataType).toIndexedSeq, keyColumns.length)
+    rows.foreach(row => state.put(keyOf(row), valueOf(row)))
+  }
 
   /**
-   * As above; then, when `closeAtOrBelow` is not null (an ordered store only), every row whose order column is at or
-   * below it is removed from the store and returned (after the changed rows, when `emit`): an ordered read from the
-   * start of each partition that stops at the first greater row.
+   * Combines `partials` (keys + values; several rows of a key combine in turn) into the store at `version` and
+   * commits version + 1. `combineSql` per value column: SQL over `t.<column>` (the stored value) and `s.<column>`
+   * (the partial); a key not in the store takes the partial as it is. `emit`: the changed keys' new rows are returned
+   * (each key once, after its partition); then `close` runs in the same task, before the commit, and returns its rows.
    */
-  def update(
+  protected def combine(
       partials: DataFrame,
       combineSql: java.util.List[String],
       version: Long,
-      emit: Boolean,
-      closeAtOrBelow: java.lang.Long): StoreUpdate = {
-    require(closeAtOrBelow == null || orderOrdinal >= 0, s"state store $checkpoint has no order column to close by")
-    val closeBound: Long = if (closeAtOrBelow == null) Long.MinValue else closeAtOrBelow.longValue()
-    val closing = closeAtOrBelow != null
-    val orderAt = orderOrdinal
+      emit: Boolean)(close: StateStore => Seq[InternalRow]): StoreUpdate = {
     val (combine, pairAttrs) = StoreSupport.combineExpressions(spark, valueSchema, combineSql.asScala.toSeq)
     val nKeys = keyColumns.length
-    val nValues = valueColumns.length
-    val keyTypes = keySchema.fields.map(_.dataType)
-    val valueTypes = valueSchema.fields.map(_.dataType)
-    val rowTypes = rowSchema.fields.map(_.dataType)
-    val store = sessionFor(version)
+    val keyTypes = keySchema.fields.map(_.dataType).toIndexedSeq
+    val valueTypes = valueSchema.fields.map(_.dataType).toIndexedSeq
+    val rowTypes = rowSchema.fields.map(_.dataType).toIndexedSeq
     val profile = new StoreProfile(spark.sparkContext)
-    StoreSupport.withRoutedRows(partials, rowSchema.fieldNames.toIndexedSeq, keyColumns.toIndexedSeq, partitions,
-      checkpoint, mayGroup = version == 0L) { (routed, route) =>
-      val rdd = routed.mapPartitionsWithStateStore(
-        stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
-        Some(store.streams.stateStoreCoordinator)) { (state: StateStore, rows: Iterator[InternalRow]) =>
-        val keyOf = StoreSupport.columns(keyTypes.toIndexedSeq, 0)
-        val valueOf = StoreSupport.columns(valueTypes.toIndexedSeq, nKeys)
-        val combined = UnsafeProjection.create(combine, pairAttrs)
-        val out = StoreSupport.columns(rowTypes.toIndexedSeq, 0)
-        val pair = new GenericInternalRow(2)
-        val joined = new JoinedRow()
-        // Several rows of one key (records lifted one by one) combine in turn; each key is emitted once, with
-        // its value after the whole partition. When emitting, each touched key's newest value is kept here: a
-        // key's next row combines with it without reading the store, the key is put once, after the partition,
-        // and the emit reads nothing back. Without emitting (version 1's write, one row per key; closing
-        // updates), each row is put as it comes, and nothing is held.
-        val latest = new java.util.LinkedHashMap[UnsafeRow, UnsafeRow]()
-        val started = System.nanoTime()
-        rows.foreach { row =>
-          val key = keyOf(row)
-          val partial = valueOf(row)
-          val seen = if (emit) latest.get(key) else null
-          // Version 0 is the empty store, written from one row per key (the handoff's state): nothing to read.
-          val stored = if (seen != null) seen else if (version == 0L) null else state.get(key)
-          val value = if (stored == null) partial else {
-            pair.update(0, stored)
-            pair.update(1, partial)
-            combined(pair)
-          }
-          if (emit) latest.put(if (seen != null) key else key.copy(), value.copy())
-          else state.put(key, value)
-        }
-        // Each touched key is written once, with its newest value (a drain's 1M rows of 632,000 keys: 632,000 puts).
-        val emitted = new ArrayBuffer[InternalRow](latest.size)
-        latest.forEach { (key, value) =>
-          state.put(key, value)
-          emitted += out(joined(key, value)).copy()
-        }
-        if (closing) {
-          // Keys in order: read until the first one past the bound, then remove what was read.
-          val closed = new ArrayBuffer[UnsafeRow]()
-          val it = state.iterator()
-          try {
-            var more = true
-            while (more && it.hasNext) {
-              val pair = it.next()
-              if (pair.key.getLong(orderAt) <= closeBound) {
-                closed += pair.key.copy()
-                emitted += out(joined(pair.key, pair.value)).copy()
-              } else more = false
-            }
-          } finally it.close()
-          closed.foreach(key => state.remove(key))
-        }
-        profile.commit(state, started)
-        emitted.iterator
-      }
-      val cached = rdd.persist(StorageLevel.MEMORY_AND_DISK)
-      val changed = try cached.count() catch {
-        case e: Throwable =>
-          cached.unpersist(blocking = false)
-          throw e
-      }
-      val frame = StoreSupport.frameOf(spark, cached, rowSchema, changed)
-      new StoreUpdate(cached, frame, changed, version + 1, route, profile)
-    }
-  }
-
-  /** Every row of the store at `version` (nothing is committed). */
-  def read(version: Long): DataFrame = {
-    val keyTypes = keySchema.fields.map(_.dataType)
-    val nothing = spark.sparkContext.parallelize(Seq.empty[InternalRow], partitions)
-    val store = sessionFor(version)
-    val rdd = nothing.mapPartitionsWithStateStore(
-      stateInfo(version), keySchema, valueSchema, encoderSpec, store.sessionState,
-      Some(store.streams.stateStoreCoordinator)) { (state: StateStore, _: Iterator[InternalRow]) =>
+    val rdd = inStore(routed(partials), version) { (state, rows) =>
+      val keyOf = StoreSupport.columns(keyTypes, 0)
+      val valueOf = StoreSupport.columns(valueTypes, nKeys)
+      val combined = UnsafeProjection.create(combine, pairAttrs)
+      val out = StoreSupport.columns(rowTypes, 0)
+      val pair = new GenericInternalRow(2)
       val joined = new JoinedRow()
-      val out = UnsafeProjection.create(rowSchema)
-      val rows: Array[InternalRow] = state.iterator().map(p => out(joined(p.key, p.value)).copy(): InternalRow).toArray
-      state.abort()
-      rows.iterator
+      // Several rows of one key (records lifted one by one) combine in turn; each key is emitted once, with its value
+      // after the whole partition. When emitting, each touched key's newest value is kept here: a key's next row
+      // combines with it without reading the store, the key is put once, after the partition, and the emit reads
+      // nothing back. Without emitting (closing updates), each row is put as it comes, and nothing is held.
+      val latest = new java.util.LinkedHashMap[UnsafeRow, UnsafeRow]()
+      val started = System.nanoTime()
+      rows.foreach { row =>
+        val key = keyOf(row)
+        val partial = valueOf(row)
+        val seen = if (emit) latest.get(key) else null
+        val stored = if (seen != null) seen else state.get(key)
+        val value = if (stored == null) partial else {
+          pair.update(0, stored)
+          pair.update(1, partial)
+          combined(pair)
+        }
+        if (emit) latest.put(if (seen != null) key else key.copy(), value.copy())
+        else state.put(key, value)
+      }
+      // Each touched key is written once, with its newest value (a drain's 1M rows of 632,000 keys: 632,000 puts).
+      val emitted = new ArrayBuffer[InternalRow](latest.size)
+      latest.forEach { (key, value) =>
+        state.put(key, value)
+        emitted += out(joined(key, value)).copy()
+      }
+      emitted ++= close(state)
+      profile.commit(state, started)
+      emitted.iterator
     }
-    spark.internalCreateDataFrame(rdd, rowSchema)
+    cached(rdd, version + 1, profile)
+  }
+}
+
+/** Key -> values combined by SQL; an update returns the changed keys' new rows (keyed aggregations). */
+class KeyedStateStore(
+    session: ClassicSession,
+    path: String,
+    keyColumns: Array[String],
+    valueColumns: Array[String],
+    schema: StructType,
+    storePartitions: Int,
+    runId: String)
+  extends CombiningStore(session, path, keyColumns, valueColumns, schema, storePartitions, runId) {
+
+  override protected val encoding: KeyStateEncoderSpec = NoPrefixKeyStateEncoderSpec(keySchema)
+
+  /** Combines `partials` into the store at `version`, commits version + 1 and returns the changed keys' new rows. */
+  def update(partials: DataFrame, combineSql: java.util.List[String], version: Long): StoreUpdate =
+    combine(partials, combineSql, version, emit = true)(_ => Nil)
+}
+
+/**
+ * As KeyedStateStore, the keys stored in the order of the long key column `orderColumn` (Spark's range-scan key
+ * encoding), so that an update closes the rows whose order value is at or below a bound by reading from the start of
+ * each partition until the first greater one (windows by their end), not by a scan of the whole store.
+ */
+class OrderedStateStore(
+    session: ClassicSession,
+    path: String,
+    keyColumns: Array[String],
+    valueColumns: Array[String],
+    schema: StructType,
+    storePartitions: Int,
+    runId: String,
+    val orderColumn: String)
+  extends CombiningStore(session, path, keyColumns, valueColumns, schema, storePartitions, runId) {
+
+  /** The ordinal of the order column among the key columns. */
+  val orderOrdinal: Int = keyColumns.indexOf(orderColumn)
+  require(orderOrdinal >= 0, s"the order column $orderColumn is not a key column (${keyColumns.mkString(", ")})")
+  require(schema(orderColumn).dataType == LongType,
+    s"the order column $orderColumn must be a long, not ${schema(orderColumn).dataType.simpleString}")
+
+  override protected val encoding: KeyStateEncoderSpec = RangeKeyScanStateEncoderSpec(keySchema, Seq(orderOrdinal))
+
+  /**
+   * Combines `partials` into the store at `version` without returning them; then every row whose order column is at
+   * or below `closeAtOrBelow` (null: none) is removed and returned (its value with this update's combined in); commits
+   * version + 1.
+   */
+  def updateAndClose(
+      partials: DataFrame,
+      combineSql: java.util.List[String],
+      version: Long,
+      closeAtOrBelow: java.lang.Long): StoreUpdate = {
+    val closing = closeAtOrBelow != null
+    val bound: Long = if (closing) closeAtOrBelow.longValue() else Long.MinValue
+    val orderAt = orderOrdinal
+    val types = rowSchema.fields.map(_.dataType).toIndexedSeq
+    combine(partials, combineSql, version, emit = false) { state =>
+      if (!closing) Nil
+      else {
+        val out = StoreSupport.columns(types, 0)
+        val joined = new JoinedRow()
+        val closed = StoreBase.readUpTo(state.iterator(), orderAt, bound)
+        closed.foreach { case (key, _) => state.remove(key) }
+        closed.map { case (key, value) => out(joined(key, value)).copy(): InternalRow }.toSeq
+      }
+    }
   }
 }
 
 object KeyedStateStore {
-
-  /** From Python: `spark._jsparkSession`, the DataFrame's schema as JSON. */
+  /** From Python: `spark._jsparkSession` (phases.spark_internals.java_session), the rows' schema as JSON. */
   def open(
       spark: org.apache.spark.sql.SparkSession,
       checkpoint: String,
@@ -206,9 +188,13 @@ object KeyedStateStore {
       valueColumns: java.util.List[String],
       schemaJson: String,
       partitions: Int,
-      runId: String): KeyedStateStore = open(spark, checkpoint, keyColumns, valueColumns, schemaJson, partitions, runId, null)
+      runId: String): KeyedStateStore =
+    new KeyedStateStore(spark.asInstanceOf[ClassicSession], checkpoint, keyColumns.asScala.toArray,
+      valueColumns.asScala.toArray, StoreSupport.schemaOf(schemaJson), partitions, runId)
+}
 
-  /** As above, the keys in the order of the long key column `orderColumn` (null: no order). */
+object OrderedStateStore {
+  /** As KeyedStateStore.open, the keys in the order of the long key column `orderColumn`. */
   def open(
       spark: org.apache.spark.sql.SparkSession,
       checkpoint: String,
@@ -217,9 +203,7 @@ object KeyedStateStore {
       schemaJson: String,
       partitions: Int,
       runId: String,
-      orderColumn: String): KeyedStateStore = {
-    val schema = org.apache.spark.sql.types.DataType.fromJson(schemaJson).asInstanceOf[StructType]
-    new KeyedStateStore(spark.asInstanceOf[ClassicSession], checkpoint, keyColumns.asScala.toArray,
-      valueColumns.asScala.toArray, schema, partitions, runId, orderColumn)
-  }
+      orderColumn: String): OrderedStateStore =
+    new OrderedStateStore(spark.asInstanceOf[ClassicSession], checkpoint, keyColumns.asScala.toArray,
+      valueColumns.asScala.toArray, StoreSupport.schemaOf(schemaJson), partitions, runId, orderColumn)
 }

@@ -24,7 +24,6 @@ import org.apache.spark.sql.catalyst.expressions.{GenericInternalRow, JoinedRow,
 import org.apache.spark.sql.classic.{SparkSession => ClassicSession}
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.{BooleanType, LongType, StructField, StructType}
-import org.apache.spark.storage.StorageLevel
 
 /** A session of a key while its sessions merge: `stored` = loaded from the store (else a batch's record). */
 private final case class OpenSession(start: Long, end: Long, values: UnsafeRow, stored: Boolean)
@@ -40,7 +39,7 @@ private final class MergedSession(first: OpenSession) {
 
 /**
  * The store at `checkpoint` (Spark's layout), `partitions` partitions by the hash of the group columns. Rows that
- * update() takes and returns: group columns, `startColumn`, `endColumn`, value columns (`schema` has them all).
+ * an update takes and returns: group columns, `startColumn`, `endColumn`, value columns (`schema` has them all).
  */
 class SessionStateStore(
     session: ClassicSession,
@@ -60,95 +59,98 @@ class SessionStateStore(
   }
 
   val groupSchema: StructType = StructType(groupColumns.map(schema(_)))
-  val valueSchema: StructType = StructType(valueColumns.map(schema(_)))
-  /** The rows update() takes and returns. */
-  val rowSchema: StructType =
-    StructType(groupSchema.fields ++ Seq(schema(startColumn), schema(endColumn)) ++ valueSchema.fields)
-  private val sessionKeySchema = StructType(groupSchema.fields :+ schema(startColumn))
-  private val sessionValueSchema = StructType(schema(endColumn) +: valueSchema.fields)
-  private val byEndKeySchema = StructType(schema(endColumn) +: sessionKeySchema.fields)
+  private val sessionValues: StructType = StructType(valueColumns.map(schema(_)))
+  /** The rows an update takes and returns. */
+  override val rowSchema: StructType =
+    StructType(groupSchema.fields ++ Seq(schema(startColumn), schema(endColumn)) ++ sessionValues.fields)
+  /** The default family: (group keys, start) -> (end, values), read by a prefix scan on the group keys. */
+  override protected val keySchema: StructType = StructType(groupSchema.fields :+ schema(startColumn))
+  override protected val valueSchema: StructType = StructType(schema(endColumn) +: sessionValues.fields)
+  override protected val encoding: KeyStateEncoderSpec = PrefixKeyScanStateEncoderSpec(keySchema, groupColumns.length)
+  private val byEndKeySchema = StructType(schema(endColumn) +: keySchema.fields)
   private val markerSchema = StructType(Seq(StructField("open", BooleanType)))
+  override protected val families: Seq[Family] = Seq(
+    Family(SessionStateStore.ByEnd, byEndKeySchema, markerSchema, RangeKeyScanStateEncoderSpec(byEndKeySchema, Seq(0))))
+  override protected def routeColumns: Seq[String] = groupColumns.toIndexedSeq
+  override protected def startMayGroup: Boolean = false
 
-  /** Runs `f` in each store partition over `rows` (routed by the group columns) at `version`. */
-  private def inStore(rows: DataFrame, version: Long)(
-      f: (StateStore, Iterator[InternalRow]) => Iterator[InternalRow]) = {
-    val session = sessionFor(version)
-    val routed = StoreSupport.routed(rows, rowSchema.fieldNames.toIndexedSeq, groupColumns.toIndexedSeq, partitions,
-      checkpoint)
-    val byEnd = SessionStateStore.ByEnd
-    val byEndSpec = RangeKeyScanStateEncoderSpec(byEndKeySchema, Seq(0))
-    val (keySchema, markers) = (byEndKeySchema, markerSchema)
-    routed.mapPartitionsWithStateStore(
-      stateInfo(version), sessionKeySchema, sessionValueSchema,
-      PrefixKeyScanStateEncoderSpec(sessionKeySchema, groupColumns.length), session.sessionState,
-      Some(session.streams.stateStoreCoordinator), useColumnFamilies = true) { (state: StateStore, it: Iterator[InternalRow]) =>
-      state.createColFamilyIfAbsent(byEnd, keySchema, markers, byEndSpec)
-      f(state, it)
+  override protected def rowMaker(): (UnsafeRow, UnsafeRow) => InternalRow = {
+    val nG = groupColumns.length
+    val groupOf = StoreSupport.columns(groupSchema.fields.map(_.dataType).toIndexedSeq, 0)
+    val storedValues = StoreSupport.columns(sessionValues.fields.map(_.dataType).toIndexedSeq, 1)
+    val toRow = UnsafeProjection.create(rowSchema)
+    val two = new GenericInternalRow(2)
+    val (j1, j2) = (new JoinedRow(), new JoinedRow())
+    (key, value) => {
+      two.setLong(0, key.getLong(nG))
+      two.setLong(1, value.getLong(0))
+      toRow(j2(j1(groupOf(key), two), storedValues(value)))
     }
   }
 
+  /** Puts and removes sessions in both families (made in each task). */
+  private final class Sessions(state: StateStore) {
+    private val toSessionKey = UnsafeProjection.create(keySchema)
+    private val toSessionValue = UnsafeProjection.create(valueSchema)
+    private val toByEndKey = UnsafeProjection.create(byEndKeySchema)
+    private val marker = UnsafeProjection.create(markerSchema)(new GenericInternalRow(Array[Any](true))).copy()
+    private val one = new GenericInternalRow(1)
+    private val j1 = new JoinedRow()
+    private def long(v: Long): InternalRow = { one.setLong(0, v); one }
+    def key(group: InternalRow, start: Long): UnsafeRow = toSessionKey(j1(group, long(start))).copy()
+    def byEndKey(end: Long, key: UnsafeRow): UnsafeRow = toByEndKey(j1(long(end), key))
+    def put(group: InternalRow, start: Long, end: Long, values: InternalRow): Unit = {
+      val k = key(group, start)
+      state.put(k, toSessionValue(j1(long(end), values)))
+      state.put(byEndKey(end, k), marker, SessionStateStore.ByEnd)
+    }
+    def remove(group: InternalRow, start: Long, end: Long): Unit = {
+      val k = key(group, start)
+      state.remove(k)
+      state.remove(byEndKey(end, k), SessionStateStore.ByEnd)
+    }
+  }
+
+  /** Version 1: the handoff's sessions, merged already, each put as it comes. */
+  override protected def putStart(state: StateStore, rows: Iterator[InternalRow]): Unit = {
+    val nG = groupColumns.length
+    val groupOf = StoreSupport.columns(groupSchema.fields.map(_.dataType).toIndexedSeq, 0)
+    val valuesOf = StoreSupport.columns(sessionValues.fields.map(_.dataType).toIndexedSeq, nG + 2)
+    val sessions = new Sessions(state)
+    rows.foreach(row => sessions.put(groupOf(row), row.getLong(nG), row.getLong(nG + 1), valuesOf(row)))
+  }
+
   /**
-   * Merges `records` (rows of rowSchema: each record's own session [start, end), or handed-over sessions) into the
-   * store at `version` and commits version + 1; `closeAtOrBelow` (null: none): the sessions ending at or before it are
-   * then removed and returned. Version 0 (`emit` = false): the rows are the handoff's sessions, put as they are.
+   * Merges `records` (rows of rowSchema: each record's own session [start, end)) into the store at `version`, then
+   * removes and returns the sessions ending at or before `closeAtOrBelow` (null: none); commits version + 1.
    */
-  def update(
+  def updateAndClose(
       records: DataFrame,
       combineSql: java.util.List[String],
       version: Long,
-      emit: Boolean,
       closeAtOrBelow: java.lang.Long): StoreUpdate = {
-    require(!emit, "a session store returns the sessions it closes, not the changed ones")
-    val (combine, pairAttrs) = StoreSupport.combineExpressions(spark, valueSchema, combineSql.asScala.toSeq)
+    val (combine, pairAttrs) = StoreSupport.combineExpressions(spark, sessionValues, combineSql.asScala.toSeq)
     val nG = groupColumns.length
     val groupTypes = groupSchema.fields.map(_.dataType).toIndexedSeq
-    val valueTypes = valueSchema.fields.map(_.dataType).toIndexedSeq
+    val valueTypes = sessionValues.fields.map(_.dataType).toIndexedSeq
     val closing = closeAtOrBelow != null
     val bound: Long = if (closing) closeAtOrBelow.longValue() else Long.MinValue
     val byEnd = SessionStateStore.ByEnd
-    val (sessionKeys, sessionValues, byEndKeys, rows, markers) =
-      (sessionKeySchema, sessionValueSchema, byEndKeySchema, rowSchema, markerSchema)
     val profile = new StoreProfile(spark.sparkContext)
-    val rdd = inStore(records, version) { (state, input) =>
+    val rdd = inStore(routed(records), version) { (state, input) =>
       val started = System.nanoTime()
       val groupOf = StoreSupport.columns(groupTypes, 0)
       val valuesOf = StoreSupport.columns(valueTypes, nG + 2)
       val storedValues = StoreSupport.columns(valueTypes, 1)
       val groupOfKey = StoreSupport.columns(groupTypes, 1) // of a by_end key
-      val toSessionKey = UnsafeProjection.create(sessionKeys)
-      val toSessionValue = UnsafeProjection.create(sessionValues)
-      val toByEndKey = UnsafeProjection.create(byEndKeys)
-      val toRow = UnsafeProjection.create(rows)
       val combined = UnsafeProjection.create(combine, pairAttrs)
-      val marker = UnsafeProjection.create(markers)(new GenericInternalRow(Array[Any](true))).copy()
-      val one = new GenericInternalRow(1)
-      val two = new GenericInternalRow(2)
-      val (j1, j2) = (new JoinedRow(), new JoinedRow())
+      val rowOf = rowMaker()
       val pair = new GenericInternalRow(2)
-      def long(v: Long): InternalRow = { one.setLong(0, v); one }
-      def sessionKey(group: InternalRow, start: Long): UnsafeRow = toSessionKey(j1(group, long(start))).copy()
-      def byEndKey(end: Long, key: UnsafeRow): UnsafeRow = toByEndKey(j1(long(end), key))
-      def put(group: InternalRow, start: Long, end: Long, values: InternalRow): Unit = {
-        val key = sessionKey(group, start)
-        state.put(key, toSessionValue(j1(long(end), values)))
-        state.put(byEndKey(end, key), marker, byEnd)
-      }
-      def remove(group: InternalRow, s: OpenSession): Unit = {
-        val key = sessionKey(group, s.start)
-        state.remove(key)
-        state.remove(byEndKey(s.end, key), byEnd)
-      }
-      def out(group: InternalRow, start: Long, end: Long, values: InternalRow): InternalRow = {
-        two.setLong(0, start)
-        two.setLong(1, end)
-        toRow(j2(j1(group, two), values)).copy()
-      }
+      val sessions = new Sessions(state)
 
-      // The batch's rows per group key, in arrival order of the keys. Version 0's rows are the handoff's sessions,
-      // merged already: each is put as it comes, with nothing to gather.
+      // The batch's rows per group key, in arrival order of the keys.
       val incoming = new java.util.LinkedHashMap[UnsafeRow, ArrayBuffer[OpenSession]]()
-      if (version == 0L) input.foreach(row => put(groupOf(row), row.getLong(nG), row.getLong(nG + 1), valuesOf(row)))
-      else input.foreach { row =>
+      input.foreach { row =>
         val group = groupOf(row).copy()
         val s = new OpenSession(row.getLong(nG), row.getLong(nG + 1), valuesOf(row).copy(), stored = false)
         incoming.computeIfAbsent(group, _ => ArrayBuffer[OpenSession]()) += s
@@ -174,74 +176,36 @@ class SessionStateStore(
         }
         // A merged session of one stored session alone is as it was: nothing to write.
         merged.filter(_.touched).foreach { m =>
-          m.members.filter(_.stored).foreach(s => remove(group, s))
-          put(group, m.start, m.end, m.values)
+          m.members.filter(_.stored).foreach(s => sessions.remove(group, s.start, s.end))
+          sessions.put(group, m.start, m.end, m.values)
         }
       }
       val emitted = ArrayBuffer[InternalRow]()
       if (closing) {
-        val closed = ArrayBuffer[UnsafeRow]()
-        val it = state.iterator(byEnd)
-        try {
-          var more = true
-          while (more && it.hasNext) {
-            val p = it.next()
-            if (p.key.getLong(0) <= bound) closed += p.key.copy() else more = false
-          }
-        } finally it.close()
-        closed.foreach { endKey =>
+        StoreBase.readUpTo(state.iterator(byEnd), 0, bound).foreach { case (endKey, _) =>
           val end = endKey.getLong(0)
           val start = endKey.getLong(nG + 1)
           val group = groupOfKey(endKey).copy()
-          val key = sessionKey(group, start)
+          val key = sessions.key(group, start)
           val value = state.get(key)
           if (value == null) {
             throw new IllegalStateException(s"state store $checkpoint: the session ending at $end has no row")
           }
-          emitted += out(group, start, end, storedValues(value))
-          state.remove(key)
-          state.remove(endKey, byEnd)
+          emitted += rowOf(key, value).copy()
+          sessions.remove(group, start, end)
         }
       }
       profile.commit(state, started)
       emitted.iterator
     }
-    val cached = rdd.persist(StorageLevel.MEMORY_AND_DISK)
-    val closedCount = cached.count()
-    new StoreUpdate(cached, StoreSupport.frameOf(spark, cached, rowSchema, closedCount), closedCount, version + 1,
-      profile = profile)
-  }
-
-  /** Every open session of the store at `version` (nothing is committed). */
-  def read(version: Long): DataFrame = {
-    val nG = groupColumns.length
-    val groupTypes = groupSchema.fields.map(_.dataType).toIndexedSeq
-    val valueTypes = valueSchema.fields.map(_.dataType).toIndexedSeq
-    val rows = rowSchema
-    val nothing = spark.createDataFrame(spark.sparkContext.emptyRDD[org.apache.spark.sql.Row], rowSchema)
-    val rdd = inStore(nothing, version) { (state, _) =>
-      val groupOf = StoreSupport.columns(groupTypes, 0)
-      val storedValues = StoreSupport.columns(valueTypes, 1)
-      val toRow = UnsafeProjection.create(rows)
-      val two = new GenericInternalRow(2)
-      val (j1, j2) = (new JoinedRow(), new JoinedRow())
-      val it = state.iterator()
-      val out = try it.map { p =>
-        two.setLong(0, p.key.getLong(nG))
-        two.setLong(1, p.value.getLong(0))
-        toRow(j2(j1(groupOf(p.key), two), storedValues(p.value))).copy(): InternalRow
-      }.toArray finally it.close()
-      state.abort()
-      out.iterator
-    }
-    spark.internalCreateDataFrame(rdd, rowSchema)
+    cached(rdd, version + 1, profile)
   }
 }
 
 object SessionStateStore {
   val ByEnd = "by_end"
 
-  /** From Python: `spark._jsparkSession`, the rows' schema as JSON. */
+  /** From Python: `spark._jsparkSession` (phases.spark_internals.java_session), the rows' schema as JSON. */
   def open(
       spark: org.apache.spark.sql.SparkSession,
       checkpoint: String,
@@ -251,9 +215,7 @@ object SessionStateStore {
       valueColumns: java.util.List[String],
       schemaJson: String,
       partitions: Int,
-      runId: String): SessionStateStore = {
-    val schema = org.apache.spark.sql.types.DataType.fromJson(schemaJson).asInstanceOf[StructType]
+      runId: String): SessionStateStore =
     new SessionStateStore(spark.asInstanceOf[ClassicSession], checkpoint, groupColumns.asScala.toArray, startColumn,
-      endColumn, valueColumns.asScala.toArray, schema, partitions, runId)
-  }
+      endColumn, valueColumns.asScala.toArray, StoreSupport.schemaOf(schemaJson), partitions, runId)
 }

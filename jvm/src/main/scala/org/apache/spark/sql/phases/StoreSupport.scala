@@ -1,10 +1,9 @@
 /*
- * What the engine's state stores share: the session their SQL conf comes from, rows routed to store partitions the
- * way repartition(n, keys) routes them, and the combine expressions analysed once on the driver.
+ * What the engine's state stores share besides their base (StoreBase.scala): the session their SQL conf comes from,
+ * rows routed to store partitions the way repartition(n, keys) routes them, the combine expressions analysed once on
+ * the driver, and each update's profile.
  */
 package org.apache.spark.sql.phases
-
-import java.util.UUID
 
 import org.apache.spark.{SparkContext, SparkException}
 import org.apache.spark.rdd.{PartitionCoalescer, PartitionGroup, RDD}
@@ -21,8 +20,7 @@ import org.apache.spark.sql.execution.{CollectMetricsExec, FilterExec, InputAdap
 import org.apache.spark.sql.execution.adaptive.{AdaptiveSparkPlanExec, QueryStageExec}
 import org.apache.spark.sql.execution.columnar.InMemoryTableScanExec
 import org.apache.spark.sql.execution.exchange.Exchange
-import org.apache.spark.sql.execution.streaming.operators.stateful.StatefulOperatorStateInfo
-import org.apache.spark.sql.execution.streaming.state.{StateStore, StateStoreId, StateStoreProviderId}
+import org.apache.spark.sql.execution.streaming.state.StateStore
 import org.apache.spark.sql.functions.col
 import org.apache.spark.sql.types.{DataType, StructField, StructType}
 
@@ -216,6 +214,9 @@ object StoreSupport {
     }
   }
 
+  /** A schema passed from Python as JSON (`StructType.json()`). */
+  def schemaOf(json: String): StructType = DataType.fromJson(json).asInstanceOf[StructType]
+
   /** A projection of the columns of `types`, read from ordinal `from` on. */
   def columns(types: Seq[DataType], from: Int): UnsafeProjection =
     UnsafeProjection.create(types.zipWithIndex.map { case (t, i) =>
@@ -261,54 +262,5 @@ class ModuloCoalescer(n: Int) extends PartitionCoalescer with Serializable {
     val groups = Array.fill(n)(new PartitionGroup())
     parent.partitions.foreach(p => groups(p.index % n).partitions += p)
     groups
-  }
-}
-
-/**
- * What every store of the engine is: Spark's layout under `checkpoint` (operator 0), `partitions` partitions, the
- * run id its providers are kept loaded under, and the sessions whose SQL conf its tasks read.
- */
-abstract class StoreBase(
-    @transient protected val spark: ClassicSession,
-    val checkpoint: String,
-    val partitions: Int,
-    runId: String) extends Serializable {
-
-  require(partitions > 0, s"partitions must be positive, got $partitions")
-  private val queryRunId = UUID.fromString(runId)
-  @transient private lazy val storeSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = false)
-  @transient private lazy val writeOnceSession: ClassicSession = StoreSupport.storeSession(spark, writeOnce = true)
-
-  /** The session of an update from `version`: version 0 (the handoff's version 1) is written under a provider of its
-   * own, unloaded after its commit, instead of holding the whole store in the executor's memory. */
-  protected def sessionFor(version: Long): ClassicSession = if (version == 0L) writeOnceSession else storeSession
-
-  /**
-   * Unloads this opening's providers (its run id) from the executors, as a stopped live phase's last step: each first
-   * does its maintenance, which uploads the newest snapshot its commits queued (Spark's maintenance thread would, at
-   * its next interval, 60 s by default), then closes and frees its memory. The next opening (a restart) then loads a
-   * recent snapshot instead of replaying every changelog since the last upload. One task per partition, placed where
-   * the coordinator last saw it loaded; a partition loaded nowhere (nothing run, or an executor lost) is skipped.
-   * Returns the providers unloaded.
-   */
-  def unload(): Int = {
-    val coordinator = storeSession.streams.stateStoreCoordinator
-    val placed = (0 until partitions).map { p =>
-      val id = StateStoreProviderId(StateStoreId(checkpoint, 0L, p), queryRunId)
-      (id, coordinator.getLocation(id).toSeq)
-    }
-    spark.sparkContext.makeRDD(placed).map { id =>
-      if (StateStore.isLoaded(id)) {
-        StateStore.doMaintenanceAndUnload(id)
-        1
-      } else 0
-    }.collect().sum
-  }
-
-  protected def stateInfo(version: Long): StatefulOperatorStateInfo = {
-    // Executors keep a provider per (store, run id) with the settings it was created with: version 1's write
-    // (unloaded on commit) must not share one with the live updates.
-    val runId = if (version == 0L) UUID.randomUUID() else queryRunId
-    StatefulOperatorStateInfo(checkpoint, runId, 0L, version, partitions, None, None)
   }
 }
