@@ -320,3 +320,15 @@ def test_no_private_spark_handle_outside_the_internals_home():
             if where != INTERNALS_HOME:
                 found += [f"{where} line {line}: .{attr}" for line, attr in private_handle_uses(path)]
     assert not found, f"private Spark handles outside {INTERNALS_HOME}:\n" + "\n".join(found)
+
+
+def test_the_wheel_carries_every_source_of_the_jvm_helper():
+    """An installed package builds the helper from the sources pyproject's data-files put under its prefix: a source
+    file they do not name would be missing there."""
+    import glob
+    import tomllib
+
+    data_files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    shipped = {Path(f) for patterns in data_files.values() for p in patterns for f in glob.glob(str(ROOT / p))}
+    sources = {p for p in (ROOT / "jvm").rglob("*") if p.is_file() and "target" not in p.relative_to(ROOT).parts}
+    assert sources and sources <= shipped, sorted(str(p.relative_to(ROOT)) for p in sources - shipped)

@@ -23,10 +23,10 @@ from phases.definition import SOURCE_LABEL
 from phases.errors import PhaseStateError
 from phases.sources.reader import SourceReader
 from phases.steps.end_of_stream import prepared_schema
+from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 if TYPE_CHECKING:
     from phases.definition import OperatorModel, Pipeline
-    from phases.storage.keyed_store import LiveStateStore, StatePosition
     from phases.storage.live_writes import BatchWrites
     from phases.storage.manifest import HandoffManifest
     from phases.tagging import TaggedRange
@@ -223,8 +223,11 @@ class OperatorKind(ABC, Generic[Logic]):
 class StoreStep:
     """A live step whose state is in the run's state store: how the store is laid out (:meth:`open_store`) and how the
     handoff's state table becomes its version 1 (:meth:`start_rows`), for the backlog's write ahead of the switch
-    and for a live start that finds no version 1 (a streaming-only run). Each kind's step implements
-    :meth:`LiveStep.apply_inputs`."""
+    and for a live start that finds no version 1 (a streaming-only run).
+
+    :meth:`apply_inputs` is the one micro-batch every kind runs: when the batch changes nothing (:meth:`has_work`),
+    the position stays; else the store is opened, the version the position names is loaded (version 1 written first
+    when missing), and the kind's :meth:`advance` moves the store on from it and writes the sink."""
 
     def __init__(self, logic, state_path: str, sink_path: str, store_root: str):
         self.logic, self.state_path, self.sink_path, self.store_root = logic, state_path, sink_path, store_root
@@ -255,3 +258,64 @@ class StoreStep:
         return self.store(spark).version_for(
             state, lambda: self.start_rows(spark.read.format("delta").load(self.state_path))
         )
+
+    def apply_inputs(
+        self,
+        spark: SparkSession,
+        records: dict[str, DataFrame | None],
+        watermarks: Watermarks,
+        closing_us: int | None,
+        writes: BatchWrites,
+        state: StatePosition | None = None,
+    ) -> StatePosition | None:
+        if not self.has_work(records, closing_us):
+            return state
+        store = self.store(spark)
+        version = self.start_version(spark, state)
+        return StatePosition(store.layout, self.advance(spark, store, version, records, watermarks, closing_us, writes))
+
+    def has_work(self, records: dict[str, DataFrame | None], closing_us: int | None) -> bool:
+        """Whether the micro-batch can change the state or the sink: records of an input, or a watermark that closes
+        windows, sessions or timers."""
+        return any(df is not None for df in records.values()) or closing_us is not None
+
+    def advance(
+        self,
+        spark: SparkSession,
+        store: LiveStateStore,
+        version: int,
+        records: dict[str, DataFrame | None],
+        watermarks: Watermarks,
+        closing_us: int | None,
+        writes: BatchWrites,
+    ) -> int:
+        """The kind's part of a micro-batch: the store moved on from ``version`` (one update, or a lookup and a
+        replace) and the sink written through ``writes``; returns the version the store holds after it."""
+        raise NotImplementedError
+
+
+class ClosingStoreStep(StoreStep):
+    """The kinds whose state closes at the watermark (windows, sessions, co-groups): the batch's rows combined into
+    the store and the rows the closing watermark passed removed in one update (an ordered or a session store), and
+    those rows written to the sink. A subclass gives the batch's rows, ``combine_sql()`` (per value column, the stored
+    value ``t`` combined with the batch's ``s``) and how the closed rows are written."""
+
+    def batch_rows(self, spark: SparkSession, records: dict[str, DataFrame | None]) -> DataFrame | None:
+        """The batch's records as the store's rows (None: the batch has none)."""
+        raise NotImplementedError
+
+    def write_closed(self, closed: DataFrame, count: int, writes: BatchWrites) -> None:
+        """Writes the ``count`` rows the update closed (the store's columns) to the sink."""
+        raise NotImplementedError
+
+    def advance(self, spark, store, version, records, watermarks, closing_us, writes) -> int:
+        rows = self.batch_rows(spark, records)
+        if rows is None:
+            rows = spark.createDataFrame([], store.schema)
+        update = store.store.update_and_close(rows.select(*store.schema.names), self.combine_sql(), version, closing_us)
+        try:
+            if update.changed_keys:
+                self.write_closed(update.rows, update.changed_keys, writes)
+        finally:
+            update.release()
+        return update.version

@@ -13,15 +13,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, WINDOW_END, CoGroup
-from phases.operators.base import StoreStep
+from phases.operators.base import ClosingStoreStep
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
 from phases.operators.two_input import TwoInputKind
-from phases.storage.keyed_store import LiveStateStore, OrderedLayout, StatePosition
+from phases.storage.keyed_store import LiveStateStore, OrderedLayout
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 
 
-class CoGroupStoreStep(StoreStep):
+class CoGroupStoreStep(ClosingStoreStep):
     """Co-group: the batch's rows of both inputs collected per (key, window) and appended to the window's rows in the
     store (point lookups); the windows both watermarks closed removed in the same commit, passed to the user's
     function, and its rows appended to the sink once (marked with the batch id).
@@ -42,30 +42,24 @@ class CoGroupStoreStep(StoreStep):
     def start_rows(state: DataFrame) -> DataFrame:
         return state.withColumn(END_US, F.unix_micros(F.col(WINDOW_END)))
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
+    def batch_rows(self, spark, records) -> DataFrame | None:
         logic = self.logic
         lifted = [
             logic.lift(df, side)
             for df, side in ((records[SOURCE_LABEL], LEFT), (records[RIGHT_LABEL], RIGHT))
             if df is not None
         ]
-        if not lifted and closing_us is None:
-            return state
-        store = self.store(spark)
-        version = self.start_version(spark, state)
-        if lifted:
-            rows = lifted[0] if len(lifted) == 1 else lifted[0].unionByName(lifted[1])
-            windows = self.start_rows(rows.groupBy(*logic.group).agg(*logic.merge_columns()))
-        else:
-            windows = spark.createDataFrame([], store.schema)
-        combine = [f"concat(t.`{c}`, s.`{c}`)" for c in (LEFT_ROWS, RIGHT_ROWS)]
-        update = store.store.update_and_close(windows.select(*store.schema.names), combine, version, closing_us)
-        try:
-            if update.changed_keys:
-                writes.sink_append(logic.apply(update.rows.drop(END_US)), self.sink_path, "sink")
-        finally:
-            update.release()
-        return StatePosition(store.layout, update.version)
+        if not lifted:
+            return None
+        rows = lifted[0] if len(lifted) == 1 else lifted[0].unionByName(lifted[1])
+        return self.start_rows(rows.groupBy(*logic.group).agg(*logic.merge_columns()))
+
+    def combine_sql(self) -> list[str]:
+        """A window's rows of each input: the stored ones, then the batch's."""
+        return [f"concat(t.`{c}`, s.`{c}`)" for c in (LEFT_ROWS, RIGHT_ROWS)]
+
+    def write_closed(self, closed: DataFrame, count: int, writes) -> None:
+        writes.sink_append(self.logic.apply(closed.drop(END_US)), self.sink_path, "sink")
 
 
 class CoGroupKind(TwoInputKind):

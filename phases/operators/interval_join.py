@@ -15,7 +15,7 @@ from phases.operators.aggregation import MAX_TS
 from phases.operators.base import StoreStep
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
 from phases.operators.two_input import TwoInputKind
-from phases.storage.keyed_store import LiveStateStore, RowLayout, StatePosition
+from phases.storage.keyed_store import LiveStateStore, RowLayout
 
 
 class IntervalJoinStoreStep(StoreStep):
@@ -44,13 +44,12 @@ class IntervalJoinStoreStep(StoreStep):
     def _pairs(self, left: DataFrame, right: DataFrame) -> DataFrame:
         return self.logic.pairs(left, right)
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
+    def has_work(self, records, closing_us) -> bool:
+        return any(df is not None for df in records.values())  # held rows go only when their key gets new ones
+
+    def advance(self, spark, store, version, records, watermarks, closing_us, writes) -> int:
         logic, keys, et = self.logic, self.logic.keys, self.logic.event_time
         new_left, new_right = records[SOURCE_LABEL], records[RIGHT_LABEL]
-        if new_left is None and new_right is None:
-            return state
-        store = self.store(spark)
-        version = self.start_version(spark, state)
         left_cols = [f.name for f in logic.fields(LEFT)]
         right_cols = [f.name for f in logic.fields(RIGHT)]
         new_left = None if new_left is None else new_left.select(*left_cols).persist()
@@ -114,7 +113,7 @@ class IntervalJoinStoreStep(StoreStep):
             for df in (new_left, new_right):
                 if df is not None:
                     df.unpersist()
-        return StatePosition(store.layout, version + 1)
+        return version + 1
 
     def _keep(self, watermarks: dict[str, int | None]) -> tuple[str, str]:
         """SQL lambdas: a left row is kept while a future right row (ts > the right watermark) can match it

@@ -26,7 +26,7 @@ from phases.operators.base import (
 )
 from phases.schema_changes import changes, way_out
 from phases.storage import changelog, tables
-from phases.storage.keyed_store import CombinedLayout, LiveStateStore, StatePosition
+from phases.storage.keyed_store import CombinedLayout, LiveStateStore
 from phases.storage.manifest import HandoffManifest
 
 
@@ -162,12 +162,11 @@ class KeyedStoreStep(AggregationStoreStep):
         newest = f"greatest(t.`{changelog.SOURCE_VERSION}`, s.`{changelog.SOURCE_VERSION}`)"
         return [*super().combine_sql(), newest]
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
-        on_time = records[SOURCE_LABEL]
-        if on_time is None:
-            return state
-        logic, store = self.logic, self.store(spark)
-        version = self.start_version(spark, state)
+    def has_work(self, records, closing_us) -> bool:
+        return records[SOURCE_LABEL] is not None  # nothing closes
+
+    def advance(self, spark, store, version, records, watermarks, closing_us, writes) -> int:
+        logic, on_time = self.logic, records[SOURCE_LABEL]
         # Each record lifted into buffers goes to its key's store partition as it is: the store combines a key's
         # rows in turn (no aggregation, and no shuffle, before the one that routes keys to their partitions).
         lifted = logic.lift(on_time, carry=(VERSION,))
@@ -183,7 +182,7 @@ class KeyedStoreStep(AggregationStoreStep):
                 writes.sink_upsert(logic.finalize(changed), self.sink_path, logic.keys, "upsert")
         finally:
             update.release()
-        return StatePosition(store.layout, update.version)
+        return update.version
 
 
 class AggregationPieces:

@@ -27,7 +27,7 @@ from phases.operators.base import (
     table_counts,
 )
 from phases.operators.process_pass import ROWS, STATE, TIMERS, ProcessLogic
-from phases.storage.keyed_store import LiveStateStore, RowLayout, StatePosition
+from phases.storage.keyed_store import LiveStateStore, RowLayout
 
 
 class ProcessHandoff:
@@ -89,12 +89,8 @@ class ProcessStoreStep(StoreStep):
     def start_rows(state: DataFrame) -> DataFrame:
         return state
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
-        on_time = records[SOURCE_LABEL]
-        if on_time is None and closing_us is None:
-            return state
-        logic, store = self.logic, self.store(spark)
-        version = self.start_version(spark, state)
+    def advance(self, spark, store, version, records, watermarks, closing_us, writes) -> int:
+        logic, on_time = self.logic, records[SOURCE_LABEL]
         if on_time is None:
             keys = spark.createDataFrame([], T.StructType([logic.state_schema[k] for k in logic.keys]))
         else:
@@ -102,7 +98,7 @@ class ProcessStoreStep(StoreStep):
         found = store.store.lookup(keys, version, closing_us)
         try:
             if on_time is None and not found.changed_keys:
-                return StatePosition(store.layout, version)  # no records, no timer due: nothing to write
+                return version  # no records, no timer due: nothing to write
             previous = found.rows if found.changed_keys else None
             passed = logic.increment_pass(on_time, previous, closing_us).persist()
             try:
@@ -114,7 +110,7 @@ class ProcessStoreStep(StoreStep):
                 passed.unpersist()
         finally:
             found.release()
-        return StatePosition(store.layout, version + 1)
+        return version + 1
 
 
 class ProcessKind(OperatorKind[ProcessLogic]):

@@ -13,14 +13,15 @@ from pyspark.sql import types as T
 
 from phases.definition import SOURCE_LABEL, WINDOW_END, WINDOW_START, SessionAggregate
 from phases.operators.aggregation import TS, SessionAggregationLogic
+from phases.operators.base import ClosingStoreStep
 from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep
 from phases.operators.window_aggregate import WindowAggregateKind
-from phases.storage.keyed_store import LiveStateStore, SessionLayout, StatePosition
+from phases.storage.keyed_store import LiveStateStore, SessionLayout
 
 START_US, END_US = "_session_start_us", "_session_end_us"  # the store's session bounds, in microseconds
 
 
-class SessionStoreStep(AggregationStoreStep):
+class SessionStoreStep(ClosingStoreStep, AggregationStoreStep):
     """Sessions: each on-time record opens its own session [ts, ts + gap) and goes to its key's store partition; the
     store merges it with the key's open sessions (Spark's rule: a session takes the next one in when that one starts
     at or before its end; buffers combine with the backlog's SQL), then removes and returns the sessions ending at or
@@ -44,34 +45,22 @@ class SessionStoreStep(AggregationStoreStep):
             END_US, F.unix_micros(F.col(WINDOW_END))
         )
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
+    def batch_rows(self, spark, records) -> DataFrame | None:
         on_time = records[SOURCE_LABEL]
-        if on_time is None and closing_us is None:
-            return state
-        logic, store = self.logic, self.store(spark)
-        version = self.start_version(spark, state)
         if on_time is None:
-            sessions = spark.createDataFrame([], store.schema)
-        else:
-            lifted = logic.lift(on_time)
-            start = F.unix_micros(F.col(TS))
-            sessions = lifted.select(
-                *logic.group_keys,
-                start.alias(START_US),
-                (start + F.lit(logic.gap_us)).alias(END_US),
-                *logic.buffer_names,
-            )
-        update = store.store.update_and_close(sessions, self.combine_sql(), version, closing_us)
-        try:
-            if update.changed_keys:
-                closed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))
-                bounded = closed.withColumn(WINDOW_START, F.timestamp_micros(F.col(START_US))).withColumn(
-                    WINDOW_END, F.timestamp_micros(F.col(END_US))
-                )
-                writes.sink_append(logic.finalize(bounded), self.sink_path, "sink")
-        finally:
-            update.release()
-        return StatePosition(store.layout, update.version)
+            return None
+        logic = self.logic
+        start = F.unix_micros(F.col(TS))  # each record's own session: [ts, ts + gap)
+        return logic.lift(on_time).select(
+            *logic.group_keys, start.alias(START_US), (start + F.lit(logic.gap_us)).alias(END_US), *logic.buffer_names
+        )
+
+    def write_closed(self, closed: DataFrame, count: int, writes) -> None:
+        closed = closed.coalesce(max(1, -(-count // ROWS_PER_FILE)))
+        bounded = closed.withColumn(WINDOW_START, F.timestamp_micros(F.col(START_US))).withColumn(
+            WINDOW_END, F.timestamp_micros(F.col(END_US))
+        )
+        writes.sink_append(self.logic.finalize(bounded), self.sink_path, "sink")
 
 
 class SessionAggregateKind(WindowAggregateKind):

@@ -16,13 +16,14 @@ from pyspark.sql import types as T
 
 from phases.definition import SOURCE_LABEL, WINDOW_END, WindowedAggregate
 from phases.operators.aggregation import WindowedAggregationLogic
+from phases.operators.base import ClosingStoreStep
 from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep, KeyedAggregateKind
-from phases.storage.keyed_store import LiveStateStore, OrderedLayout, StatePosition
+from phases.storage.keyed_store import LiveStateStore, OrderedLayout
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 
 
-class WindowStoreStep(AggregationStoreStep):
+class WindowStoreStep(ClosingStoreStep, AggregationStoreStep):
     """Windows: each on-time record lifted into its windows' buffers and combined with their stored buffers (the
     backlog's SQL, in the JVM); then the windows the watermark closed, finalized, appended to the sink once (the
     batch's Delta transaction id), and removed from the store in the same commit.
@@ -43,25 +44,14 @@ class WindowStoreStep(AggregationStoreStep):
     def start_rows(state: DataFrame) -> DataFrame:
         return state.withColumn(END_US, F.unix_micros(F.col(WINDOW_END)))
 
-    def apply_inputs(self, spark, records, watermarks, closing_us, writes, state=None) -> StatePosition | None:
+    def batch_rows(self, spark, records) -> DataFrame | None:
         on_time = records[SOURCE_LABEL]
-        if on_time is None and closing_us is None:
-            return state
-        logic, store = self.logic, self.store(spark)
-        version = self.start_version(spark, state)
-        columns = [END_US, *logic.keys, *logic.buffer_names]
-        if on_time is None:
-            lifted = spark.createDataFrame([], store.schema)
-        else:  # each record in each of its windows, as it is: the store combines a window's rows in turn
-            lifted = self.start_rows(logic.lift(on_time)).select(*columns)
-        update = store.store.update_and_close(lifted, self.combine_sql(), version, closing_us)
-        try:
-            if update.changed_keys:
-                closed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))
-                writes.sink_append(logic.finalize(closed), self.sink_path, "sink")
-        finally:
-            update.release()
-        return StatePosition(store.layout, update.version)
+        # Each record in each of its windows, as it is: the store combines a window's rows in turn.
+        return None if on_time is None else self.start_rows(self.logic.lift(on_time))
+
+    def write_closed(self, closed: DataFrame, count: int, writes) -> None:
+        closed = closed.coalesce(max(1, -(-count // ROWS_PER_FILE)))
+        writes.sink_append(self.logic.finalize(closed), self.sink_path, "sink")
 
 
 class WindowAggregateKind(KeyedAggregateKind):

@@ -51,8 +51,17 @@ _SPARK_ARTIFACTS = (
     "commons-pool2",
 )
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_JAR_DIR = Path(os.environ.get("PHASES_JAR_DIR", PROJECT_ROOT / ".jars"))
+def _checkout() -> Path | None:
+    """The repository checkout the engine runs from (the helper's sources, ``jvm/``, beside ``phases/``); None for an
+    installed package."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "jvm" / "pom.xml").is_file() else None
+
+
+CHECKOUT = _checkout()
+# The jar cache: PHASES_JAR_DIR; in a checkout its .jars/; installed, the user's cache folder.
+_USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "two-phase-pipelines"
+DEFAULT_JAR_DIR = Path(os.environ.get("PHASES_JAR_DIR") or (CHECKOUT / ".jars" if CHECKOUT else _USER_CACHE / "jars"))
 _STAMP = ".coordinates.json"
 
 
@@ -170,7 +179,9 @@ def fetch(jar_dir: Path = DEFAULT_JAR_DIR, bundle: Bundle = SPARK) -> list[str]:
     return jar_paths(jar_dir, bundle)
 
 
-HELPER_SOURCES = PROJECT_ROOT / "jvm"
+# The helper's sources: the checkout's jvm/, or the copy an installed package puts under its prefix (pyproject's
+# data-files).
+HELPER_SOURCES = CHECKOUT / "jvm" if CHECKOUT else Path(sys.prefix) / "share" / "two-phase-pipelines" / "jvm"
 HELPER_JAR = "phases-state-helper.jar"
 
 

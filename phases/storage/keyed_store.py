@@ -285,7 +285,19 @@ class CombiningStore(KeyedStore):
         return self._call("update", version, spark_internals.java_frame(partials), combine, version)
 
 
-class OrderedStore(KeyedStore):
+class ClosingStore(KeyedStore):
+    """A store whose update also closes: the batch's rows combined in, then the rows at or below a bound removed and
+    returned, in one commit (:class:`OrderedStore`, :class:`SessionStore`)."""
+
+    def update_and_close(self, rows: DataFrame, combine: list[str], version: int, close_at: int | None) -> StoreUpdate:
+        """Combines ``rows`` into version ``version`` (an ordered store: by key, as :meth:`CombiningStore.update`
+        does; a session store: each record's own session merged with its key's open sessions by Spark's session
+        rule), then removes the rows (sessions) whose order column (end) is at or below ``close_at`` (None: none);
+        commits ``version + 1`` and returns the rows it removed, with this update's values combined in."""
+        return self._call("updateAndClose", version, spark_internals.java_frame(rows), combine, version, close_at)
+
+
+class OrderedStore(ClosingStore):
     """:class:`OrderedLayout`'s store (the helper's ``OrderedStateStore``)."""
 
     _helper_class = "OrderedStateStore"
@@ -294,17 +306,8 @@ class OrderedStore(KeyedStore):
     def _open_arguments(self, schema: T.StructType) -> list:
         return [*super()._open_arguments(schema), self.layout.order]
 
-    def update_and_close(
-        self, partials: DataFrame, combine: list[str], version: int, close_at: int | None
-    ) -> StoreUpdate:
-        """Combines ``partials`` into version ``version`` like :meth:`CombiningStore.update`, then removes the rows
-        whose order column is at or below ``close_at`` (None: none); commits ``version + 1`` and returns the rows it
-        removed (their values with this update's combined in)."""
-        partials_java = spark_internals.java_frame(partials)
-        return self._call("updateAndClose", version, partials_java, combine, version, close_at)
 
-
-class SessionStore(KeyedStore):
+class SessionStore(ClosingStore):
     """:class:`SessionLayout`'s store (the helper's ``SessionStateStore``)."""
 
     _helper_class = "SessionStateStore"
@@ -312,15 +315,6 @@ class SessionStore(KeyedStore):
 
     def _open_arguments(self, schema: T.StructType) -> list:
         return [self.keys, self.layout.start, self.layout.end, self.values, schema.json(), self.partitions, self.run_id]
-
-    def update_and_close(
-        self, records: DataFrame, combine: list[str], version: int, close_at: int | None
-    ) -> StoreUpdate:
-        """Merges ``records`` (each record's own session) with their keys' open sessions by Spark's session rule at
-        ``version``, then removes and returns the sessions ending at or before ``close_at`` (None: none); commits
-        ``version + 1``."""
-        records_java = spark_internals.java_frame(records)
-        return self._call("updateAndClose", version, records_java, combine, version, close_at)
 
 
 class RowStore(KeyedStore):

@@ -1,0 +1,215 @@
+"""Two-phase (backlog -> live) pipelines on Spark: the engine. No Dagster imports here.
+
+The public API: declare a :class:`Pipeline`, run its backlog with :class:`BacklogRunner` and its live phase with
+:class:`LiveRunner` on a session from :func:`build_session`; every error the engine raises on purpose is a
+:class:`PhasesError`. Everything is importable from ``phases``::
+
+    from phases import Aggregation, BacklogRunner, DeltaSink, DeltaSource, KeyedAggregate, LiveRunner, Pipeline
+
+The names load on first use (PEP 562), so that a light entry point (a sensor, a watchdog, a Spark worker) that
+imports one module of the engine does not load all of it.
+
+The wings, one folder each:
+
+* ``definition/``: the pipeline model (operators, steps, sources, the pipeline), validated at construction;
+* ``sources/``: the Delta, Kafka, hybrid and file readers behind one reader protocol, heads, lag, log bounds;
+* ``operators/``: one module per operator kind, each owning its logic, backlog pass, handoff and live step;
+* ``steps/``: record steps and end-of-stream steps that run before the operator;
+* ``lateness.py`` (the W(v) rule) and ``tagging.py`` (records tagged by it, in both phases);
+* ``backlog/`` and ``live/``: the two phases' drivers;
+* ``storage/``: the engine's own tables and files: manifest, quarantine, leases, progress log, maintenance, URIs;
+* ``runtime/``: the SparkSession, the JVM jars, shipping code to a cluster, the local broker and cluster.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "phases.definition": (
+        "Pipeline",
+        "Aggregation",
+        "KeyedAggregate",
+        "Window",
+        "WindowedAggregate",
+        "SessionAggregate",
+        "ProcessOperator",
+        "IntervalJoin",
+        "CoGroup",
+        "Filter",
+        "Derive",
+        "MapPartition",
+        "SortPartition",
+        "AggregatePartition",
+        "ReducePartition",
+        "EndOfStreamStep",
+        "Enrichment",
+        "DeltaSource",
+        "KafkaSource",
+        "KafkaHandoff",
+        "FileArchive",
+        "HybridSource",
+        "DeltaSink",
+        "Locations",
+        "Maintenance",
+    ),
+    "phases.backlog.runner": ("BacklogRunner",),
+    "phases.backlog.slices": ("SliceRunner",),
+    "phases.live.runner": ("LiveRunner", "LiveStart"),
+    "phases.storage.manifest": ("HandoffManifest",),
+    "phases.storage.maintenance": ("maintain",),
+    "phases.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
+    "phases.runtime.session": ("SparkSettings", "build_session"),
+    "phases.runtime.shipping": ("package_archive",),
+    "phases.sources.lag": ("InputLag",),
+    "phases.operators.process_function": ("KeyedProcessFunction", "ProcessContext"),
+    "phases.testing": ("assert_equivalent", "event_versions", "run_streaming", "run_two_phase"),
+    "phases.errors": (
+        "PhasesError",
+        "SetupError",
+        "SparkInternalsChanged",
+        "DefinitionError",
+        "SourceError",
+        "ManifestError",
+        "PhaseStateError",
+        "LeaseHeld",
+        "SchemaChangeError",
+        "ProcessFunctionError",
+        "LiveQueryStopped",
+        "LiveResumeError",
+        "StateStoreError",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = [
+    "AggregatePartition",
+    "Aggregation",
+    "BacklogRunner",
+    "CoGroup",
+    "Compaction",
+    "DefinitionError",
+    "DeltaSink",
+    "DeltaSource",
+    "Derive",
+    "EndOfStreamStep",
+    "Enrichment",
+    "FileArchive",
+    "Filter",
+    "HandoffManifest",
+    "HybridSource",
+    "InputLag",
+    "IntervalJoin",
+    "KafkaHandoff",
+    "KafkaSource",
+    "KeyedAggregate",
+    "KeyedProcessFunction",
+    "LeaseHeld",
+    "LiveQueryStopped",
+    "LiveResumeError",
+    "LiveRunner",
+    "LiveStart",
+    "Locations",
+    "Maintenance",
+    "ManifestError",
+    "MapPartition",
+    "PhaseStateError",
+    "PhasesError",
+    "Pipeline",
+    "ProcessContext",
+    "ProcessFunctionError",
+    "ProcessOperator",
+    "ReducePartition",
+    "SchemaChangeError",
+    "SessionAggregate",
+    "SetupError",
+    "SliceRunner",
+    "SortPartition",
+    "SourceError",
+    "SparkInternalsChanged",
+    "SparkSettings",
+    "StateStoreError",
+    "Window",
+    "WindowedAggregate",
+    "assert_equivalent",
+    "build_session",
+    "compact_changelog",
+    "event_versions",
+    "maintain",
+    "package_archive",
+    "read_current",
+    "run_streaming",
+    "run_two_phase",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'phases' has no attribute {name!r}; its public names: {', '.join(__all__)}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:
+    from phases.backlog.runner import BacklogRunner
+    from phases.backlog.slices import SliceRunner
+    from phases.definition import (
+        AggregatePartition,
+        Aggregation,
+        CoGroup,
+        DeltaSink,
+        DeltaSource,
+        Derive,
+        EndOfStreamStep,
+        Enrichment,
+        FileArchive,
+        Filter,
+        HybridSource,
+        IntervalJoin,
+        KafkaHandoff,
+        KafkaSource,
+        KeyedAggregate,
+        Locations,
+        Maintenance,
+        MapPartition,
+        Pipeline,
+        ProcessOperator,
+        ReducePartition,
+        SessionAggregate,
+        SortPartition,
+        Window,
+        WindowedAggregate,
+    )
+    from phases.errors import (
+        DefinitionError,
+        LeaseHeld,
+        LiveQueryStopped,
+        LiveResumeError,
+        ManifestError,
+        PhasesError,
+        PhaseStateError,
+        ProcessFunctionError,
+        SchemaChangeError,
+        SetupError,
+        SourceError,
+        SparkInternalsChanged,
+        StateStoreError,
+    )
+    from phases.live.runner import LiveRunner, LiveStart
+    from phases.operators.process_function import KeyedProcessFunction, ProcessContext
+    from phases.runtime.session import SparkSettings, build_session
+    from phases.runtime.shipping import package_archive
+    from phases.sources.lag import InputLag
+    from phases.storage.changelog import Compaction, compact_changelog, read_current
+    from phases.storage.maintenance import maintain
+    from phases.storage.manifest import HandoffManifest
+    from phases.testing import assert_equivalent, event_versions, run_streaming, run_two_phase

@@ -1,0 +1,339 @@
+"""The live phase: Structured Streaming over the source's versions after the handoff's V.
+
+Every operator kind runs as a continuous increment (:mod:`phases.live.micro_batch`): one streaming query over
+the live inputs (a two-input operator reads both sources in that one query), no staging table, the keyed state
+in the run's state store (:mod:`phases.storage.keyed_store`), exact under any split of versions into
+micro-batches. The switch replays nothing: the backlog wrote the store's version 1 from the handoff's state, and
+the live phase's immediate checkpoint is its first progress record.
+
+``LiveRunner.streaming_only`` runs the same query from the sources' first versions with an empty state: one
+streaming job over all the data, the reference the two-phase result must equal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from phases.definition import Pipeline
+from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError, StateStoreError
+from phases.lateness import watermark_after
+from phases.live.compactor import Compactor
+from phases.live.micro_batch import IncrementalLive
+from phases.live.plan import LivePlan, Progress
+from phases.schema_changes import is_schema_change_stop, take_up
+from phases.sources.reader import open_source
+from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
+from phases.storage import changelog, leases, manifest, tables
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LiveStart:
+    """What starting the live phase took."""
+
+    run_name: str
+    start_seconds: float  # query started -> its first micro-batch's progress committed
+    first_checkpoint_at_us: int  # wall clock of that commit
+
+
+class LiveRunner:
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        handoff: manifest.HandoffManifest | None,
+        *,
+        max_files_per_trigger: int | None = None,
+        take_over: bool = False,
+    ):
+        """Use :meth:`from_manifest` or :meth:`streaming_only`. ``max_files_per_trigger`` splits the source
+        reads into micro-batches (a version may then span several: it is applied once complete). ``take_over``
+        takes the pipeline's live lease over from a holder whose process is gone."""
+        self.spark = spark
+        self.take_over = take_over
+        self.lease: leases.Lease | None = None
+        self.pipeline = pipeline
+        self.handoff = handoff
+        self.plan = LivePlan.of(spark, pipeline, handoff, max_files_per_trigger=max_files_per_trigger)
+        self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
+        self.incremental = IncrementalLive(spark, self.plan)
+        self.compactor: Compactor | None = None
+
+    # What the plan holds, by the names the runner's callers use.
+    @property
+    def run_name(self) -> str:
+        return self.plan.paths.run_name
+
+    @property
+    def state_path(self) -> str:
+        return self.plan.paths.state
+
+    @property
+    def checkpoints(self) -> str:
+        return self.plan.paths.checkpoints
+
+    @property
+    def kind(self):
+        return self.plan.kind
+
+    @property
+    def logic(self):
+        return self.plan.logic
+
+    @property
+    def source(self):
+        """The reader of the pipeline's own source."""
+        return self.plan.source
+
+    @classmethod
+    def from_manifest(
+        cls, spark: SparkSession, pipeline: Pipeline, manifest_id: str | None = None, **kwargs
+    ) -> LiveRunner:
+        """The live phase of the newest handoff (which must be ``manifest_id`` when given); refuses a
+        missing, partial, superseded or mismatched manifest."""
+        handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
+        manifest.check_matches(spark, handoff, pipeline)
+        EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version)
+        return cls(spark, pipeline, handoff, **kwargs)
+
+    @classmethod
+    def streaming_only(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
+        """One streaming job over all versions from the first, with empty initial state."""
+        for spec in (i.spec for i in pipeline.inputs):
+            if spec.kind == "kafka":  # a topic is read from its earliest offsets
+                continue
+            if spec.starting_version > 0:
+                raise PhaseStateError(
+                    f"pipeline {pipeline.name!r}: source {spec.path} reads versions 0..{spec.starting_version - 1} "
+                    "as one snapshot (starting_version), which a streaming job over its change feed cannot; "
+                    "start the live phase from a handoff"
+                )
+            source = open_source(spark, spec)
+            source.require_change_feed(source.head_version())
+        return cls(spark, pipeline, None, **kwargs)
+
+    # --- running ---------------------------------------------------------------------------------
+    def _trigger(self, available_now: bool) -> dict:
+        if available_now:
+            return {"availableNow": True}
+        return {"processingTime": f"{self.pipeline.checkpoint_interval.total_seconds()} seconds"}
+
+    def start(self, *, available_now: bool = False) -> LiveStart:
+        """Starts the live query and returns once everything available now is applied.
+
+        ``available_now`` runs the query over what is available and stops it (catch-up / tests). Holds the
+        pipeline's live lease while running: a second live phase of the pipeline is refused
+        (:class:`phases.errors.LeaseHeld`) and never stops this one.
+        """
+        q = self.incremental.query
+        if q is not None and q.isActive:
+            raise PhaseStateError(f"live phase {self.run_name} of {self.pipeline.name!r} is already running")
+        self.lease = leases.acquire(self.spark, self.pipeline, "live", self.holder, take_over=self.take_over)
+        try:
+            started = self._start(available_now)
+        except BaseException:
+            self.stop()
+            raise
+        if available_now:
+            self._release()
+        elif self.pipeline.sink.mode == "changelog" and self.pipeline.sink.compact_every.total_seconds() > 0:
+            self.compactor = Compactor(self.spark, self.pipeline).start()
+        return started
+
+    def _release(self) -> None:
+        if self.lease is not None:
+            leases.release(self.spark, self.lease)
+            self.lease = None
+
+    def _take_up_schema(self) -> None:
+        """Rebuilds the operator for the sources' current schemas and widens the state and the sink to it
+        (:mod:`phases.schema_changes`); raises SchemaChangeError when the operator cannot take it."""
+        p, spark = self.pipeline, self.spark
+        try:
+            logic = self.plan.build_logic(spark)
+        except DefinitionError as exc:
+            raise SchemaChangeError(
+                f"pipeline {p.name!r}: the source's schema changed and its operator cannot take it: {exc}. "
+                "To proceed: change the source back, or adapt the pipeline and run the backlog again with "
+                "BacklogRunner(...).run(reset=True)"
+            ) from exc
+        # Aggregations check their buffers against the change; process functions get the new columns (their
+        # state is JSON); two-input operators keep rows as they are, their state and sink columns widen like
+        # the source's.
+        records = prepared_schema(spark, p, self.source.schema())
+        sources = self.kind.schema_change_sources(spark, p, logic, records, self.state_path)
+        for path, wanted, what in (
+            (self.state_path, self.kind.state_schema(logic), "state table"),
+            (p.sink.path, changelog.sink_schema(p, logic.output_schema), "sink"),
+        ):
+            if tables.exists(spark, path):
+                take_up(spark, path, wanted, what, p.name, sources)
+        self.incremental.use(logic)
+
+    def _query_name(self) -> str:
+        return f"{self.pipeline.name}_{self.run_name[:8]}".replace("-", "_")
+
+    def _resume_after_schema_change(self) -> bool:
+        """Restarts the live query (from its checkpoint) when Delta's source stopped it on a schema change;
+        True when it did."""
+        q = self.incremental.query
+        if q is None or q.isActive or not is_schema_change_stop(q.exception()):
+            return False
+        self._take_up_schema()
+        self.incremental.start(self._trigger(False), self._query_name())
+        return True
+
+    def _start(self, available_now: bool) -> LiveStart:
+        started = time.perf_counter()
+        self._take_up_schema()
+        name = self._query_name()
+        if available_now:
+            # Delta's source stops a query at a schema change; a new query takes the new schema up.
+            for _ in range(3):
+                q = self.incremental.start(self._trigger(True), name)
+                try:
+                    q.awaitTermination()  # raises the query's error when it failed
+                except StreamingQueryException as exc:
+                    if not is_schema_change_stop(q.exception()):
+                        self._raise_engine_error(exc)
+                        raise
+                    self._take_up_schema()
+                    continue
+                break
+            self._raise_if_failed(q)
+            return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
+        self.incremental.start(self._trigger(False), name)
+        self.process_available()
+        return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
+
+    def process_available(self) -> None:
+        """Blocks until every source version available now is applied and in the sink."""
+        if self.incremental.query is None:
+            raise PhaseStateError("the live phase is not running; call start() first")
+        for _ in range(3):
+            try:
+                self.incremental.query.processAllAvailable()
+                return
+            except StreamingQueryException as exc:
+                if not self._resume_after_schema_change():
+                    self._raise_engine_error(exc)
+                    raise
+        self.incremental.query.processAllAvailable()
+
+    @property
+    def query(self) -> StreamingQuery | None:
+        """The live query (None before :meth:`start`)."""
+        return self.incremental.query
+
+    def stop(self) -> None:
+        """Stops the query (and a changelog sink's background compaction), unloads the run's state store from the
+        executors (its newest snapshot uploaded first, so that a restart does not replay the changelogs since the
+        last upload) and releases the live lease."""
+        try:
+            if self.compactor is not None:
+                self.compactor.stop()
+                self.compactor = None
+            q = self.incremental.query
+            if q is not None and q.isActive:
+                q.stop()
+            self._unload_state()
+        finally:
+            self._release()
+
+    def _unload_state(self) -> None:
+        # Only an optimisation of the next start: a failure is logged, and the next opening loads what is there.
+        try:
+            unloaded = self.incremental.step.release()
+        except StateStoreError as exc:
+            log.warning("live phase %s: the state store stays loaded until Spark's maintenance: %s", self.run_name, exc)
+            return
+        if unloaded:
+            log.info("live phase %s: state store unloaded (%d partitions)", self.run_name, unloaded)
+
+    def raise_if_failed(self) -> None:
+        """Raises PhaseStateError when the started query has stopped (with the query's own error). A query
+        that Delta's source stopped on a schema change is resumed instead, taking the change up."""
+        self._resume_after_schema_change()
+        q = self.incremental.query
+        if q is not None and not q.isActive:
+            exc = q.exception()
+            if exc is not None:
+                self._raise_engine_error(exc)
+            raise LiveQueryStopped(
+                f"the live query of {self.pipeline.name!r} stopped"
+                + (f": {exc}" if exc is not None else " without an error (stopped from outside)")
+            )
+
+    def _raise_engine_error(self, exc: BaseException) -> None:
+        """Re-raises the engine error a micro-batch raised (Spark's exception only wraps its text)."""
+        failure = self.incremental.failure
+        if failure is not None:
+            raise failure from exc
+
+    def _raise_if_failed(self, q: StreamingQuery) -> None:
+        exc = q.exception()
+        if exc is not None:
+            self._raise_engine_error(exc)
+            raise exc
+
+    def lag(self):
+        """How far the live phase is behind its source now (:class:`phases.sources.lag.InputLag`; no Spark job):
+        versions after the last applied one (Delta), or records after the last micro-batch's end offsets
+        (Kafka)."""
+        from phases.sources import lag as source_lag
+        from phases.sources.kafka import ChunkPlan
+
+        latest = self.incremental.latest_progress()
+        watermark = watermark_after(latest.running_max_us, self.pipeline.delay_us)
+        spec = self.pipeline.source
+        if spec.kind == "delta":
+            return source_lag.delta_lag("source", spec, latest.complete_below - 1, watermark)
+        spec = spec.live if spec.kind == "hybrid" else spec
+        position = self.handoff.source_position if self.handoff else None
+        if latest.source_offsets is not None:
+            end = {int(p): o for p, o in latest.source_offsets.items()}
+            position = ChunkPlan(spec.topic, end, end, 1).to_json()
+        return source_lag.kafka_lag("source", spec, position, watermark)
+
+    def arrival_chunks(self) -> dict[int, dict[int, tuple[int, int]]]:
+        """A Kafka source's arrival-chunk log: chunk -> {partition: (from offset, until offset)}, for the
+        backlog's chunks (the manifest's plan) and the live micro-batches still in the progress log (the newest
+        :data:`phases.storage.progress_log.RETAIN`). What W(chunk) was computed over: a reference replays exactly
+        these."""
+        from phases.sources.kafka import ChunkPlan
+
+        if self.pipeline.source.kind == "delta":
+            raise PhaseStateError(f"pipeline {self.pipeline.name!r} reads a Delta table: its arrival order is versions")
+        chunks: dict[int, dict[int, tuple[int, int]]] = {}
+        previous: dict[int, int] = {}
+        if self.handoff is not None:
+            plan = ChunkPlan.from_json(self.handoff.source_position)
+            # A hybrid source's backlog chunks are its archive's versions, not offset ranges.
+            backlog = range(plan.first, plan.last + 1) if self.pipeline.source.kind == "kafka" else ()
+            for chunk in backlog:
+                lo, hi = plan.offsets(chunk, chunk)
+                chunks[chunk] = {p: (lo[p], hi[p]) for p in plan.end}
+            previous = dict(plan.end)
+        log = self.incremental.progress_log
+        records = [Progress.from_record(log.read(b)) for b in log.batch_ids() if b >= 0]
+        for before, after in zip([None, *records], records, strict=False):
+            if after.source_offsets is None:
+                continue
+            if before is not None and before.source_offsets is not None:
+                previous = {int(p): o for p, o in before.source_offsets.items()}
+            end = {int(p): o for p, o in after.source_offsets.items()}
+            chunks[after.complete_below - 1] = {p: (previous.get(p, 0), o) for p, o in end.items()}
+        return chunks
+
+    def status(self) -> dict:
+        """Batch id, input rates, the pipeline's watermark and last applied source version, for progress
+        reports."""
+        return {"run": self.run_name, "live": self.incremental.status()}

@@ -1,0 +1,35 @@
+"""Opens a pipeline's source declaration as the reader both phases use: a Delta table's change feed
+(:mod:`phases.sources.delta`), a Kafka topic cut into arrival chunks (:mod:`phases.sources.kafka`), or a Delta
+archive handing over to a topic (:mod:`phases.sources.hybrid`). A reader's ``arrival`` says how the live phase
+numbers arrivals: ``"versions"`` (Delta commit versions) or ``"chunks"`` (one per micro-batch)."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from phases.definition import SOURCE_LABEL, DeltaSource, HybridSource, KafkaSource, Pipeline
+from phases.sources.delta import DeltaTableSource
+from phases.sources.hybrid import HybridArchiveSource
+from phases.sources.kafka import KafkaTopicSource
+
+SourceReader = DeltaTableSource | KafkaTopicSource | HybridArchiveSource
+
+
+def open_source(
+    spark: SparkSession, spec: DeltaSource | KafkaSource | HybridSource, *, position: str | None = None
+) -> SourceReader:
+    """The reader for ``spec``; ``position``: the handoff's recorded source position (Kafka: its chunk plan)."""
+    if isinstance(spec, KafkaSource):
+        return KafkaTopicSource(spark, spec, position=position)
+    if isinstance(spec, HybridSource):
+        return HybridArchiveSource(spark, spec, position=position)
+    return DeltaTableSource(spark, spec)
+
+
+def open_inputs(spark: SparkSession, pipeline: Pipeline, *, position: str | None = None) -> dict[str, SourceReader]:
+    """A reader for each of the pipeline's inputs, by label (the source first); ``position``: the handoff's recorded
+    position of the pipeline's own source."""
+    return {
+        i.label: open_source(spark, i.spec, position=position if i.label == SOURCE_LABEL else None)
+        for i in pipeline.inputs
+    }

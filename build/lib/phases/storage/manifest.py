@@ -1,0 +1,178 @@
+"""The handoff manifest: the single source of truth for the backlog -> live switch.
+
+One row per backlog run in a Delta table (``locations.manifests``), appended last, after the state and
+the sink are committed; a Delta commit is atomic, so a crash leaves either no row or a whole one. The
+live phase takes the newest row of its pipeline and refuses to start unless it is complete and matches
+the pipeline definition, the state schema and the operator version.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
+from phases.errors import ManifestError
+from phases.storage import progress_log, tables
+
+
+class HandoffManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    manifest_id: str
+    pipeline: str
+    kind: str = "full"  # full | increment (catch-up from base_manifest_id) | slices (combined daily slices)
+    base_manifest_id: str | None = None
+    fingerprint: str
+    state_spec: str  # JSON of Pipeline.state_spec(), kept to say *what* differs on a mismatch
+    state_schema_version: int
+    operator_version: int
+    source_path: str
+    source_version: int  # V: the backlog read versions 0..V; live starts at V+1
+    # Where the source stands at V beyond the version number: a Kafka source's chunk plan (JSON: start and end
+    # offsets per partition, chunk size); None for Delta.
+    source_position: str | None = None
+    backlog_max_event_time_us: int | None  # None when the backlog held no valid record
+    final_watermark_us: int | None  # = backlog_max_event_time_us - delay = W(V+1)
+    state_path: str
+    state_table_version: int
+    state_rows: int  # keys in the state
+    input_rows: int  # change-feed rows read
+    aggregated_rows: int
+    late_rows: int
+    invalid_rows: int
+    future_rows: int | None = None  # of the invalid rows, those quarantined as far-future (max_future)
+    sink_version: int
+    sink_rows: int | None = None  # rows in the sink after the handoff (keys, or emitted windows)
+    right_source_version: int | None = None  # two-input operators: the right source's V (live: V+1..)
+    right_max_event_time_us: int | None = None  # ... and its max event time (W_right = this - delay)
+    backlog_seconds: float
+    created_at_us: int
+
+    @property
+    def quarantined_rows(self) -> int:
+        return self.late_rows + self.invalid_rows
+
+    @property
+    def final_watermark(self) -> datetime | None:
+        return _dt(self.final_watermark_us)
+
+    @property
+    def backlog_max_event_time(self) -> datetime | None:
+        return _dt(self.backlog_max_event_time_us)
+
+
+def _dt(us: int | None) -> datetime | None:
+    return None if us is None else datetime.fromtimestamp(us / 1e6, tz=UTC)
+
+
+_TYPES = {int: T.LongType(), float: T.DoubleType(), str: T.StringType()}
+
+
+def _schema() -> T.StructType:
+    fields = []
+    for name, info in HandoffManifest.model_fields.items():
+        base = info.annotation
+        base = next(t for t in _TYPES if t is base or (hasattr(base, "__args__") and t in base.__args__))
+        fields.append(T.StructField(name, _TYPES[base], True))
+    return T.StructType(fields)
+
+
+SCHEMA = _schema()
+
+
+def write(spark: SparkSession, path: str, manifest: HandoffManifest) -> None:
+    tables.append_row(spark, path, SCHEMA, manifest.model_dump())
+
+
+def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | None = None) -> HandoffManifest:
+    """The newest manifest of ``pipeline`` (or the one with ``manifest_id``); ManifestError when there is
+    none, it is partial, or a newer manifest superseded the requested one."""
+    if not tables.exists(spark, path):
+        raise ManifestError(
+            f"no handoff manifest for pipeline {pipeline!r}: {path} does not exist; run the backlog phase first"
+        )
+    rows = (
+        spark.read.format("delta")
+        .load(path)
+        .filter(F.col("pipeline") == pipeline)
+        .orderBy(F.col("created_at_us").desc())
+        .limit(1)
+        .collect()
+    )
+    if not rows:
+        raise ManifestError(f"no handoff manifest for pipeline {pipeline!r} in {path}; run the backlog first")
+    if manifest_id is not None and rows[0]["manifest_id"] != manifest_id:
+        raise ManifestError(
+            f"handoff manifest {manifest_id!r} of pipeline {pipeline!r} is not the newest one in {path} "
+            f"(newest: {rows[0]['manifest_id']!r}); the live phase starts only from the newest handoff"
+        )
+    data = rows[0].asDict()
+    optional = {
+        "backlog_max_event_time_us",
+        "final_watermark_us",
+        "base_manifest_id",
+        "sink_rows",
+        "right_source_version",
+        "right_max_event_time_us",
+        "future_rows",
+        "source_position",
+    }
+    missing = sorted(k for k, v in data.items() if v is None and k not in optional)
+    if missing:
+        raise ManifestError(f"partial handoff manifest {data.get('manifest_id')!r} in {path}: missing {missing}")
+    return HandoffManifest(**data)
+
+
+def _flatten(value: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list):
+        out = {f"{prefix}.length": len(value)}
+        for i, v in enumerate(value):
+            out.update(_flatten(v, f"{prefix}.{i}"))
+        return out
+    return {prefix: value}
+
+
+def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> None:
+    """Raises ManifestError saying what differs between the manifest and the pipeline (or its state)."""
+    problems: list[str] = []
+    if manifest.state_schema_version != STATE_SCHEMA_VERSION:
+        problems.append(
+            f"state schema version: manifest {manifest.state_schema_version}, engine {STATE_SCHEMA_VERSION}"
+        )
+    if manifest.operator_version != OPERATOR_VERSION:
+        problems.append(f"operator version: manifest {manifest.operator_version}, engine {OPERATOR_VERSION}")
+    if manifest.fingerprint != pipeline.fingerprint():
+        old, new = _flatten(json.loads(manifest.state_spec)), _flatten(pipeline.state_spec())
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                problems.append(f"{key}: manifest {old.get(key)!r}, pipeline {new.get(key)!r}")
+        if not problems:
+            problems.append(f"fingerprint: manifest {manifest.fingerprint}, pipeline {pipeline.fingerprint()}")
+    if not problems:
+        if not tables.exists(spark, manifest.state_path):
+            problems.append(f"state table {manifest.state_path} is missing")
+        elif progress_log.live_started(spark, pipeline.locations.live_run(manifest.manifest_id)):
+            pass  # the live phase started: its state is the run's store; the table stays the handoff's record
+        else:
+            v = tables.version(spark, manifest.state_path)
+            n = spark.read.format("delta").load(manifest.state_path).count()
+            if v != manifest.state_table_version or n != manifest.state_rows:
+                problems.append(
+                    f"state table {manifest.state_path}: manifest says version {manifest.state_table_version} "
+                    f"with {manifest.state_rows} rows, the table has version {v} with {n} rows"
+                )
+    if problems:
+        raise ManifestError(
+            f"handoff manifest {manifest.manifest_id} does not match pipeline {pipeline.name!r}: " + "; ".join(problems)
+        )

@@ -1,0 +1,114 @@
+"""Small Delta helpers shared by the runners: create-if-missing, idempotent appends and DML, versions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from phases.storage import fs, table_stats
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    """True when ``path`` holds a Delta table with at least one commit.
+
+    Looks for commit files in the log folder through Hadoop's FileSystem (any store Spark writes to: local,
+    ``s3a://``, ``abfss://``, ``gs://``); it reads no log content. ``DeltaTable.isDeltaTable`` answers from the
+    session's cached ``DeltaLog`` snapshot, which stays "no table" after a first miss even once another process
+    (a Dagster run, a backfill) has created the table; dropping that cache on every call would make the live
+    micro-batches, which ask this of their own tables, rebuild snapshots.
+    """
+    return fs.has_files(spark, f"{path.rstrip('/')}/_delta_log/*.json")
+
+
+def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: str) -> None:
+    """Creates an empty Delta table with ``schema`` at ``path`` unless one is there."""
+    if exists(spark, path):
+        return
+    writer = spark.createDataFrame([], schema).write.format("delta").mode("ignore")
+    for key, value in properties.items():
+        writer = writer.option(key, value)
+    writer.save(path)
+
+
+def version(spark: SparkSession, path: str) -> int:
+    """The table's latest committed version."""
+    return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+
+
+def append_once(df: DataFrame, path: str, app_id: str, txn_version: int, *, merge_schema: bool = False) -> None:
+    """Appends ``df`` unless a commit with (app_id, txn_version) or a later one is already in the table.
+
+    Delta records the pair in the commit, so re-running a micro-batch after a crash never duplicates.
+    ``merge_schema`` lets the table take up columns ``df`` adds.
+    """
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", txn_version)
+        .option("mergeSchema", str(merge_schema).lower())
+        .save(path)
+    )
+
+
+def append_marked(df: DataFrame, path: str, app_id: str, batch: int) -> None:
+    """Appends ``df`` with (``app_id``, ``batch``) in the commit's ``userMetadata``, without Delta's idempotence
+    check (:func:`phases.storage.table_stats.write_marker`): for a table with one writer that checks first
+    whenever the write may already be there."""
+    marker = table_stats.write_marker(app_id, batch)
+    df.write.format("delta").mode("append").option("userMetadata", marker).save(path)
+
+
+def upsert_marked(spark: SparkSession, path: str, rows: DataFrame, keys: list[str], app_id: str, batch: int) -> None:
+    """:func:`replace_rows` with (``app_id``, ``batch``) in the commit's ``userMetadata`` (as :func:`append_marked`)."""
+    key = "spark.databricks.delta.commitInfo.userMetadata"
+    spark.conf.set(key, table_stats.write_marker(app_id, batch))
+    try:
+        replace_rows(spark, path, rows, keys)
+    finally:
+        spark.conf.unset(key)
+
+
+def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dict) -> None:
+    """Appends one row (``values`` by column name) to the table at ``path``, creating it with ``schema``.
+
+    The log tables (manifests, slice log, end-of-stream step log) are written this way: one atomic commit
+    per record, so a crash leaves the whole row or none.
+    """
+    ensure(spark, path, schema)
+    row = spark.createDataFrame([tuple(values[f.name] for f in schema.fields)], schema)
+    row.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
+
+
+@contextmanager
+def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[None]:
+    """Delta skips a DML statement (MERGE, DELETE) whose (app id, version) it has already committed on that
+    table (the pair is recorded per table: statements on different tables may share it)."""
+    spark.conf.set("spark.databricks.delta.write.txnAppId", app_id)
+    spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
+    try:
+        yield
+    finally:
+        spark.conf.unset("spark.databricks.delta.write.txnAppId")
+        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+
+
+def replace_rows(spark: SparkSession, path: str, rows: DataFrame, keys: list[str]) -> None:
+    """One MERGE: the table's rows of ``rows``' keys replaced by them, new keys inserted."""
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(rows.alias("s"), key_match("t", "s", keys))
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+def key_match(t: str, s: str, columns: list[str]) -> str:
+    """A MERGE condition: equal ``columns`` in the target alias ``t`` and the source alias ``s``."""
+    return " AND ".join(f"{t}.`{c}` = {s}.`{c}`" for c in columns)

@@ -1,0 +1,261 @@
+"""Testing your own pipelines: two-phase against one streaming job, for any cut-off.
+
+The helpers need no test framework; the fixtures that go with them (``phases_spark``, ``delta_source``,
+``phases_kafka``) are the pytest plugin :mod:`phases.pytest_plugin`, which pytest loads by itself once the package
+is installed with its ``testing`` extra (``pip install "two-phase-pipelines[testing]"``: pytest and hypothesis).
+
+- :func:`run_two_phase`: your pipeline moved under a scratch folder, the first ``cutoff`` versions through the
+  backlog, the rest through the live phase; returns the sink and the quarantine;
+- :func:`run_streaming`: the same pipeline as one streaming job over all versions (the reference the
+  two-phase run must equal);
+- :func:`assert_equivalent`: both, for every cut-off (or the ones you name), with a readable diff of the rows
+  that differ;
+- :func:`event_versions`: a hypothesis strategy of versions of ``(key, ts, value)`` rows (the shape of
+  :data:`phases.sources.feed.EVENT_SCHEMA`), for property tests (needs ``hypothesis``).
+
+A Dagster-level helper (materialize a pipeline's assets and run their checks in pytest) is in
+:mod:`phases_dagster.testing` (this module never imports Dagster).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from phases.definition import Pipeline
+from phases.errors import DefinitionError, SetupError
+from phases.sources import feed as sources
+from phases.storage import tables
+
+Version = Sequence[tuple] | Sequence[dict] | pd.DataFrame
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run left: the sink's rows and the quarantine's (source version, record JSON, reason) rows, both
+    as pandas frames sorted by every column so that two runs compare row by row."""
+
+    sink: pd.DataFrame
+    quarantine: pd.DataFrame
+
+
+# --- sources -------------------------------------------------------------------------------------------
+
+
+def _frame(spark: SparkSession, version: Version, schema: T.StructType) -> DataFrame:
+    if isinstance(version, pd.DataFrame):
+        return spark.createDataFrame(version, schema)
+    rows = list(version)
+    if rows and isinstance(rows[0], dict):
+        rows = [tuple(r.get(f.name) for f in schema.fields) for r in rows]
+    return spark.createDataFrame(rows, schema)
+
+
+def write_versions(
+    spark: SparkSession, path: str, versions: Sequence[Version], schema: T.StructType | str = sources.EVENT_SCHEMA
+) -> None:
+    """A fresh source table at ``path`` (version 0 empty) whose versions 1..n hold ``versions``."""
+    sources.create_source(spark, path, schema)
+    append_versions(spark, path, versions)
+
+
+def append_versions(spark: SparkSession, path: str, versions: Sequence[Version]) -> None:
+    """Appends ``versions`` to the source table at ``path``, one commit each."""
+    struct = spark.read.format("delta").load(path).schema
+    for version in versions:
+        sources.append(spark, path, _frame(spark, version, struct))
+
+
+# --- runs ----------------------------------------------------------------------------------------------
+
+
+def relocate(pipeline: Pipeline, root: str | Path, source: str) -> Pipeline:
+    """``pipeline`` reading ``source`` and writing its sink and every engine table under ``root``."""
+    if pipeline.inputs.two:
+        raise DefinitionError(
+            f"pipeline {pipeline.name!r} has two inputs; phases.testing runs one-input pipelines (give the right "
+            "source's versions to your own test, as tests/phases/test_two_input.py does)"
+        )
+    root = str(root).rstrip("/")
+    return pipeline.model_copy(
+        update={
+            "source": pipeline.source.model_copy(update={"path": source}),
+            "sink": pipeline.sink.model_copy(update={"path": f"{root}/sink"}),
+            "locations": pipeline.locations.model_copy(update={"root": root}),
+        }
+    )
+
+
+def _result(spark: SparkSession, p: Pipeline) -> RunResult:
+    sink = spark.read.format("delta").load(p.sink.path).toPandas() if tables.exists(spark, p.sink.path) else None
+    q_path = p.locations.quarantine
+    columns = ["source_version", "record", "reason"]
+    if tables.exists(spark, q_path):
+        quarantine = spark.read.format("delta").load(q_path).select(*columns).toPandas()
+    else:
+        quarantine = pd.DataFrame(columns=columns)
+    return RunResult(_sorted(sink if sink is not None else pd.DataFrame()), _sorted(quarantine))
+
+
+def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
+    if frame.empty:
+        return frame.reset_index(drop=True)
+    keys = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, (list, dict))).sum() == 0]
+    return frame.sort_values(keys, kind="stable", na_position="first").reset_index(drop=True)
+
+
+def run_two_phase(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    versions: Sequence[Version],
+    cutoff: int,
+    *,
+    work: str | Path,
+    schema: T.StructType | str = sources.EVENT_SCHEMA,
+) -> RunResult:
+    """Versions ``1..cutoff`` through the backlog, the switch, then the rest through the live phase (one
+    ``availableNow`` run), all under ``work``; returns the sink and the quarantine."""
+    from phases.backlog.runner import BacklogRunner
+    from phases.live.runner import LiveRunner
+
+    if not 0 <= cutoff <= len(versions):
+        raise ValueError(f"cutoff {cutoff} is not in 0..{len(versions)} (the number of versions)")
+    work = str(work).rstrip("/")
+    source = f"{work}/source"
+    write_versions(spark, source, versions[:cutoff], schema)
+    p = relocate(pipeline, f"{work}/run", source)
+    BacklogRunner(spark, p).run()
+    append_versions(spark, source, versions[cutoff:])
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    return _result(spark, p)
+
+
+def run_streaming(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    versions: Sequence[Version],
+    *,
+    work: str | Path,
+    schema: T.StructType | str = sources.EVENT_SCHEMA,
+) -> RunResult:
+    """One streaming job over every version from the first (no backlog), under ``work``."""
+    from phases.live.runner import LiveRunner
+
+    work = str(work).rstrip("/")
+    source = f"{work}/source"
+    write_versions(spark, source, versions, schema)
+    p = relocate(pipeline, f"{work}/run", source)
+    LiveRunner.streaming_only(spark, p).start(available_now=True)
+    return _result(spark, p)
+
+
+def frame_diff(expected: pd.DataFrame, actual: pd.DataFrame, what: str) -> str:
+    """'' when the frames hold the same rows (as multisets; floats to 9 decimals); otherwise the rows that only
+    one side has, readably (at most 50)."""
+    columns = list(expected.columns if len(expected.columns) else actual.columns)
+
+    def bag(frame: pd.DataFrame) -> Counter:
+        if frame.empty:
+            return Counter()
+        frame = frame.reindex(columns=columns)
+        return Counter(tuple(_comparable(v) for v in row) for row in frame.itertuples(index=False, name=None))
+
+    want, have = bag(expected), bag(actual)
+    missing, extra = want - have, have - want
+    if not missing and not extra:
+        return ""
+    lines = [f"{what}: {sum(missing.values())} row(s) only in the reference, {sum(extra.values())} only in two-phase"]
+    for side, rows in (("reference (one streaming job)", missing), ("two-phase", extra)):
+        for row, n in sorted(rows.items(), key=repr):
+            shown = ", ".join(f"{c}={v!r}" for c, v in zip(columns, row, strict=True))
+            lines.append(f"  only in {side}{f' ({n}x)' if n > 1 else ''}: {shown}")
+    return "\n".join(lines[:51]) + ("\n  ..." if len(lines) > 51 else "")
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, (list, dict)):
+        return repr(value)
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return None
+    if isinstance(value, float):
+        return round(value, 9)
+    return value
+
+
+def assert_equivalent(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    versions: Sequence[Version],
+    *,
+    work: str | Path,
+    cutoffs: Sequence[int] | None = None,
+    schema: T.StructType | str = sources.EVENT_SCHEMA,
+) -> None:
+    """Raises AssertionError unless, for every cut-off (default: each of 0..len(versions)), the two-phase run
+    leaves the same sink and quarantine as one streaming job over all the versions; the message lists the
+    rows that differ."""
+    work = Path(work)
+    reference = run_streaming(spark, pipeline, versions, work=work / f"streaming-{uuid.uuid4().hex[:6]}", schema=schema)
+    problems = []
+    for cutoff in range(len(versions) + 1) if cutoffs is None else cutoffs:
+        got = run_two_phase(
+            spark, pipeline, versions, cutoff, work=work / f"cutoff-{cutoff}-{uuid.uuid4().hex[:6]}", schema=schema
+        )
+        for what, want, have in (
+            ("sink", reference.sink, got.sink),
+            ("quarantine", reference.quarantine, got.quarantine),
+        ):
+            diff = frame_diff(want, have, f"cut-off after version {cutoff}, {what}")
+            if diff:
+                problems.append(diff)
+    if problems:
+        raise AssertionError(f"pipeline {pipeline.name!r}: two-phase != one streaming job\n" + "\n".join(problems))
+
+
+# --- hypothesis ----------------------------------------------------------------------------------------
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def event_versions(
+    *,
+    keys: Sequence[str] = ("a", "b", "c", "d"),
+    max_versions: int = 4,
+    max_rows: int = 6,
+    max_seconds: int = 120,
+    values: tuple[int, int] = (-5, 50),
+    nulls: bool = True,
+):
+    """A hypothesis strategy of versions: lists of ``(key, ts, value)`` rows, ``ts`` within ``max_seconds`` of
+    2026-01-01 (so records arrive out of order and some late), ``value`` possibly null when ``nulls``."""
+    st = _extra_module("hypothesis.strategies", "event_versions")
+
+    value = st.integers(*values)
+    row = st.tuples(
+        st.sampled_from(list(keys)),
+        st.integers(0, max_seconds * 1000).map(lambda ms: EPOCH + timedelta(milliseconds=ms)),
+        st.one_of(st.none(), value) if nulls else value,
+    )
+    return st.lists(st.lists(row, max_size=max_rows), min_size=1, max_size=max_versions)
+
+
+def _extra_module(name: str, needed_by: str):
+    """``name`` imported, or SetupError saying which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise SetupError(
+            f"{needed_by} needs {name.split('.')[0]}, which the package's testing extra installs: "
+            'pip install "two-phase-pipelines[testing]"'
+        ) from exc

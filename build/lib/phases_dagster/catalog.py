@@ -1,0 +1,101 @@
+"""Catalog metadata of a pipeline's tables in Dagster's standard keys: what the asset pages show.
+
+``dagster/table_name`` and ``dagster/uri`` name the table, ``dagster/column_schema`` fills the Columns tab (from
+the Delta schema), ``dagster/row_count`` is plotted; owners, tags, kinds and the code version (the pipeline
+fingerprint: a new one means the state must be rebuilt) come from the pipeline definition. Everything here reads
+Delta logs with delta-rs: no Spark.
+"""
+
+from datetime import datetime
+from pathlib import Path
+
+import dagster as dg
+
+from phases.definition import Pipeline
+from phases.sources.head import SourceHead
+from phases.storage import table_stats
+
+
+def spec_kwargs(pipeline: Pipeline, description: str, *, kinds: set[str] | None = None) -> dict:
+    """The AssetSpec fields every asset of ``pipeline`` shares."""
+    about = f"{description}\n\n{pipeline.description}" if pipeline.description else description
+    return {
+        "group_name": pipeline.name,
+        "description": about,
+        "owners": list(pipeline.owners),
+        "tags": dict(pipeline.tags),
+        "kinds": kinds or {"delta"},
+    }
+
+
+def uri(path: str) -> dg.MetadataValue:
+    """A local folder as a path entry; anything with a scheme as a URL."""
+    return dg.MetadataValue.url(path) if "://" in path else dg.MetadataValue.path(str(Path(path)))
+
+
+def definition_metadata(pipeline: Pipeline, path: str, table: str) -> dict:
+    """Metadata known from the definition alone (shown before the first materialization)."""
+    return {"dagster/table_name": f"{pipeline.name}.{table}", "dagster/uri": uri(path)}
+
+
+def column_schema(columns: tuple[table_stats.Column, ...]) -> dg.TableSchema:
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                name=c.name,
+                type=c.type,
+                constraints=dg.TableColumnConstraints(nullable=c.nullable),
+            )
+            for c in columns
+        ]
+    )
+
+
+def table_metadata(pipeline: Pipeline, path: str, table: str) -> dict:
+    """Standard metadata of a Delta table as its log says now: name, URI, schema, row count, version."""
+    meta = definition_metadata(pipeline, path, table)
+    stats = table_stats.stats(path)
+    if stats is None:
+        return {**meta, "delta_version": "none (no table yet)"}
+    meta["dagster/column_schema"] = column_schema(stats.columns)
+    if stats.rows is not None:
+        meta["dagster/row_count"] = stats.rows
+    meta["delta_version"] = str(stats.version)  # an id, not a measurement: text, so it is not plotted
+    meta["files"] = stats.files
+    if stats.commit_time is not None:
+        meta["committed_at"] = dg.MetadataValue.timestamp(stats.commit_time)
+    return meta
+
+
+def quarantine_metadata(pipeline: Pipeline) -> dict:
+    """The quarantine by reason and by phase (the pipeline's rows; read from those columns alone, no Spark)."""
+    where = ("pipeline", pipeline.name)
+    reasons = table_stats.value_counts(pipeline.locations.quarantine, "reason", where=where)
+    if reasons is None:
+        return {}
+    phases = table_stats.value_counts(pipeline.locations.quarantine, "phase", where=where) or {}
+    ordered = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+    return {
+        "rows_by_reason": dg.MetadataValue.json(ordered),
+        "late_rows": sum(n for reason, n in reasons.items() if reason.startswith("late")),
+        "backlog_rows": phases.get("backlog", 0),
+        "live_rows": phases.get("live", 0),
+    }
+
+
+def timestamp(at: datetime | None) -> dg.MetadataValue:
+    return dg.MetadataValue.timestamp(at) if at is not None else dg.MetadataValue.text("none")
+
+
+def head_metadata(head: SourceHead) -> dict:
+    """A source observation: where its head is (the data version) and its newest event time."""
+    if head.error is not None:
+        return {"input": head.label, "dagster/uri": uri(head.location), "error": head.error}
+    meta: dict = {"input": head.label, "dagster/uri": uri(head.location), "position": head.position}
+    if head.rows is not None:
+        meta["dagster/row_count"] = head.rows
+    meta["max_event_time"] = timestamp(head.max_event_time)
+    meta["max_event_time_basis"] = head.basis
+    if head.end_offsets is not None:
+        meta["end_offsets"] = dg.MetadataValue.json({str(p): o for p, o in sorted(head.end_offsets.items())})
+    return meta

@@ -1,0 +1,36 @@
+"""Where a pipeline's Delta tables live, as a swappable Dagster resource.
+
+Pipeline definitions may use relative paths (source, sink, engine locations); the storage resource
+resolves them under its ``root``, which defaults to ``.data/dagster`` in the Dagster project's folder (the working
+directory of Dagster's processes), or the ``PHASES_DATA_ROOT`` environment variable. Absolute paths and URIs are
+kept as they are.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from phases.definition import Pipeline
+from phases.storage.resolve import resolve_paths
+
+
+def default_root() -> str:
+    return os.environ.get("PHASES_DATA_ROOT") or str(Path.cwd() / ".data" / "dagster")
+
+
+class StorageResource(dg.ConfigurableResource):
+    """Root of the Delta tables (sink, state, manifests, quarantine, checkpoints) of every pipeline."""
+
+    root: str = Field(default_factory=default_root, description="Folder or URI relative paths resolve under.")
+    kafka_bootstrap_servers: str | None = Field(
+        default_factory=lambda: os.environ.get("PHASES_KAFKA_BOOTSTRAP_SERVERS") or None,
+        description="The deployment's Kafka brokers (host:port,...): Kafka sources are pointed at them instead of the "
+        "address in their definition. Default: PHASES_KAFKA_BOOTSTRAP_SERVERS, else the definition's own.",
+    )
+
+    def resolve(self, pipeline: Pipeline) -> Pipeline:
+        return resolve_paths(pipeline, self.root, self.kafka_bootstrap_servers)

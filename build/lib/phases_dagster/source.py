@@ -1,0 +1,58 @@
+"""The pipeline's inputs as observable source assets: each observation records where the input's head is (a
+Delta version, or Kafka end offsets) and its newest event time. The health sensor observes them on every tick
+where the head moved; the UI's "Observe" button runs the same function.
+
+The head is metadata (``position``), not a Dagster data version: with one, every new source version would mark the
+backlog "Unsynced (upstream data)" and invite a second backlog, though the switch sensor catches the backlog up
+before the switch and the live phase applies new data after it. A changed definition shows instead, as a changed
+code version of the pipeline's assets."""
+
+import dagster as dg
+
+from phases.definition import HybridSource, KafkaSource, Pipeline
+from phases.sources.head import SourceHead, source_heads
+from phases_dagster import catalog
+from phases_dagster.settings import Names
+
+
+def _kind(pipeline: Pipeline) -> str:
+    return "kafka" if isinstance(pipeline.source, KafkaSource | HybridSource) else "delta"
+
+
+def source_keys(pipeline: Pipeline) -> list[str]:
+    names = Names(pipeline)
+    return [names.source] + ([names.right_source] if pipeline.inputs.two else [])
+
+
+def observation(key: str, head: SourceHead) -> dg.AssetObservation:
+    return dg.AssetObservation(asset_key=key, metadata=catalog.head_metadata(head))
+
+
+def observations(resolved: Pipeline) -> list[dg.AssetObservation]:
+    """One observation per input of a pipeline whose paths are resolved (no Spark)."""
+    return [observation(key, head) for key, head in zip(source_keys(resolved), source_heads(resolved), strict=True)]
+
+
+def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition:
+    names = Names(pipeline)
+    specs = [
+        dg.AssetSpec(
+            key,
+            metadata={"dagster/table_name": f"{pipeline.name}.{label}"},
+            **catalog.spec_kwargs(
+                pipeline,
+                f"The {label.replace('_', ' ')} of {pipeline.name!r}, written by others. Observations record its head "
+                "(Delta version or Kafka end offsets) and newest event time.",
+                kinds={_kind(pipeline) if label == "source" else "delta"},
+            ),
+        )
+        for key, label in zip(source_keys(pipeline), ("source", "right_source"), strict=False)
+    ]
+
+    @dg.multi_observable_source_asset(specs=specs, name=names.source_op, required_resource_keys={"storage"})
+    def heads(context):
+        resolved = context.resources.storage.resolve(pipeline)
+        for key, head in zip(source_keys(resolved), source_heads(resolved), strict=True):
+            yield dg.ObserveResult(asset_key=key, metadata=catalog.head_metadata(head))
+
+    return heads

@@ -1,0 +1,233 @@
+"""The switch sensor: hands the backlog over to the live phase exactly once per valid, caught-up handoff.
+
+Reads only Dagster's event log and each input's position (no Spark, answers in milliseconds):
+
+* the latest materialization of ``<name>_backlog`` and its manifest metadata;
+* the blocking checks of that materialization (all must have passed in the same run);
+* how far every input is after the handoff (:mod:`phases.sources.lag`): a Delta table's head version from its
+  log folder, a Kafka topic's end offsets from the broker.
+
+FLIP-309: the pipeline is in backlog while **any** input is. An input is caught up when it has nothing after
+the handoff, when ``now - its final watermark <= lag_threshold``, or (Kafka) when at most
+``max_records_behind`` records are after the handoff's end offsets. All caught up: the sensor requests the live
+job with ``run_key = live:<manifest id>`` (the daemon launches a run key once) and remembers the manifest in its
+cursor. Not caught up: it requests a catch-up increment (backlog job, mode ``increment``) and switches after it;
+a pipeline that cannot be built from increments (end-of-stream steps, a Kafka source) switches anyway and its
+live phase reads the rest.
+"""
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+
+from phases.definition import Pipeline
+from phases.sources.lag import InputLag, input_lags
+from phases_dagster.backlog import NOT_RUN_TAG
+from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
+from phases_dagster.handoff_events import Handoff, read_handoff
+from phases_dagster.health import live_runs, live_status
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names, Orchestration
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # skip | live | catch_up
+    reason: str
+    manifest_id: str | None = None
+
+
+def decide(
+    *,
+    handoff: Handoff | None,
+    fingerprint: str,
+    failed_checks: list[str],
+    lags: list[InputLag],
+    now: datetime,
+    lag_threshold: timedelta,
+    launched_manifest: str | None,
+    can_catch_up: bool = True,
+    max_records_behind: int = 0,
+    running_live_run: str | None = None,
+) -> Decision:
+    """The switch rule, as a pure function of what the sensor read (``running_live_run``: a run of the live phase
+    that runs now, whatever launched it)."""
+    if handoff is None:
+        return Decision("skip", "no backlog materialization with a handoff manifest yet")
+    mid = handoff.manifest_id
+    if handoff.fingerprint != fingerprint:
+        return Decision(
+            "skip",
+            f"manifest {mid} is invalid: made by pipeline fingerprint {handoff.fingerprint}, the definition now has "
+            f"{fingerprint}; materialize the backlog again",
+            mid,
+        )
+    if failed_checks:
+        return Decision("skip", f"manifest {mid} is invalid: checks not passed: {', '.join(failed_checks)}", mid)
+    if launched_manifest == mid:
+        return Decision("skip", f"live phase already launched for manifest {mid}", mid)
+    if running_live_run is not None:
+        return Decision("skip", f"the live phase of manifest {mid} already runs (run {running_live_run})", mid)
+    unknown = [lag for lag in lags if lag.behind is None]
+    if unknown:
+        return Decision("skip", "; ".join(lag.describe() for lag in unknown), mid)
+    caught_up, behind = [], []
+    for lag in lags:
+        state = _caught_up(lag, now, lag_threshold, max_records_behind)
+        (caught_up if state[0] else behind).append(f"{lag.label}: {state[1]}")
+    if not behind:
+        return Decision("live", f"caught up ({'; '.join(caught_up)})", mid)
+    what = "; ".join(behind)
+    if not can_catch_up:
+        return Decision(
+            "live",
+            f"switching although not caught up ({what}): this pipeline cannot be built from catch-up increments "
+            "(end-of-stream steps or a Kafka source); the live phase reads the rest",
+            mid,
+        )
+    head = handoff.source_version + lags[0].behind
+    return Decision(
+        "catch_up",
+        f"not caught up ({what}): catch-up increment of versions {handoff.source_version + 1}..{head}",
+        mid,
+    )
+
+
+def _caught_up(lag: InputLag, now: datetime, threshold: timedelta, max_records: int) -> tuple[bool, str]:
+    """Whether one input is out of its backlog, and why (FLIP-309 / FLIP-328: nothing after the handoff, the
+    watermark lag, or few enough records behind)."""
+    if lag.behind == 0:
+        return True, f"nothing after the handoff in {lag.location}"
+    if lag.unit == "records" and lag.behind <= max_records:
+        return True, f"{lag.behind} records behind <= {max_records}"
+    if lag.watermark_us is None:
+        return False, f"{lag.behind} {lag.unit} behind, no watermark yet"
+    wm_lag = now - datetime.fromtimestamp(lag.watermark_us / 1e6, tz=UTC)
+    if wm_lag <= threshold:
+        return True, f"watermark lag {wm_lag} <= {threshold}"
+    return False, f"{lag.behind} {lag.unit} behind, watermark lag {wm_lag} > {threshold}"
+
+
+def _lags(p: Pipeline, handoff: Handoff) -> list[InputLag]:
+    return input_lags(
+        p,
+        source_version=handoff.source_version,
+        source_position=handoff.source_position,
+        watermark_us=handoff.final_watermark_us,
+        right_source_version=handoff.right_source_version,
+        right_watermark_us=handoff.right_watermark_us,
+    )
+
+
+def failed_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str, history: int = 50) -> list[str]:
+    """Blocking checks that did not pass in the materialization's own run (not run, planned or failed). A later run
+    that planned the checks without evaluating them (a backlog refused in "Materialize all") does not change the
+    verdict on this materialization."""
+    out = []
+    for name in CHECK_NAMES:
+        check_key = dg.AssetCheckKey(key, name)
+        records = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=history)
+        rec = next((r for r in records if r.run_id == run_id), None)
+        if rec is None:
+            out.append(f"{name} (not evaluated for this materialization)")
+        elif rec.status.value != "SUCCEEDED":
+            out.append(f"{name} ({rec.status.value.lower()})")
+    return out
+
+
+def restated_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> list[dg.AssetCheckEvaluation]:
+    """The backlog checks whose latest execution is a plan that a finished run never carried out because its backlog
+    step did nothing (tagged :data:`phases_dagster.backlog.NOT_RUN_TAG`: a backlog asked for after the switch, e.g. by
+    "Materialize all"), restated as the handoff's own run evaluated them, for the same materialization. Without this
+    the UI shows the handoff's checks as skipped (0 of 6 passed) though they passed for the manifest in use."""
+    out = []
+    for name in (*CHECK_NAMES, NO_FAR_FUTURE):
+        check_key = dg.AssetCheckKey(key, name)
+        latest = instance.event_log_storage.get_latest_asset_check_execution_by_key([check_key]).get(check_key)
+        if latest is None or latest.run_id == run_id or latest.status.value != "PLANNED":
+            continue
+        planner = instance.get_run_by_id(latest.run_id)
+        if planner is None or not planner.is_finished or NOT_RUN_TAG not in planner.tags:
+            continue
+        history = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=50)
+        own = next((r for r in history if r.run_id == run_id and r.event is not None), None)
+        evaluation = (
+            own.event.dagster_event.event_specific_data if own is not None and own.event.dagster_event else None
+        )
+        if not isinstance(evaluation, dg.AssetCheckEvaluation):
+            continue
+        out.append(
+            dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=name,
+                passed=evaluation.passed,
+                metadata={**evaluation.metadata, "evaluated_by_run": run_id},
+                target_materialization_data=evaluation.target_materialization_data,
+                severity=evaluation.severity,
+                description=f"as evaluated for this manifest by run {run_id} (run {latest.run_id} planned this check "
+                "but its backlog did not run: the pipeline is live)",
+            )
+        )
+    return out
+
+
+def build_switch_sensor(
+    pipeline: Pipeline,
+    settings: Orchestration,
+    live_job: dg.JobDefinition,
+    backlog_job,
+) -> dg.SensorDefinition:
+    names = Names(pipeline)
+    key = dg.AssetKey(names.backlog)
+    policy = settings.switch
+
+    @dg.sensor(
+        name=names.switch,
+        jobs=[live_job, backlog_job],
+        minimum_interval_seconds=policy.minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING if policy.running_by_default else dg.DefaultSensorStatus.STOPPED,
+        description=f"Backlog -> live switch of {pipeline.name!r}: launches the live job once per valid, caught-up "
+        "handoff manifest; requests a catch-up increment while the backlog lags.",
+    )
+    def switch(context: dg.SensorEvaluationContext, storage: StorageResource):
+        p = storage.resolve(pipeline)
+        handoff = read_handoff(context.instance, key)
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        status = live_status(live_runs(context.instance, pipeline.name, handoff.manifest_id)) if handoff else None
+        decision = decide(
+            handoff=handoff,
+            fingerprint=p.fingerprint(),
+            failed_checks=failed_checks(context.instance, key, handoff.run_id) if handoff else [],
+            lags=_lags(p, handoff) if handoff else [],
+            now=datetime.now(UTC),
+            lag_threshold=policy.lag_threshold,
+            launched_manifest=cursor.get("launched"),
+            can_catch_up=pipeline.supports_increments,
+            max_records_behind=policy.max_records_behind,
+            running_live_run=status.run_id if status is not None and status.state == "running" else None,
+        )
+        restated = restated_checks(context.instance, key, handoff.run_id) if handoff else []
+        if decision.action == "skip":
+            return dg.SensorResult(skip_reason=decision.reason, asset_events=restated)
+        if decision.action == "live":
+            context.log.info(decision.reason)
+            context.update_cursor(json.dumps({**cursor, "launched": decision.manifest_id}))
+            request = dg.RunRequest(
+                run_key=f"live:{decision.manifest_id}",
+                job_name=names.live_job,
+                run_config={"ops": {names.live_asset: {"config": {"manifest_id": decision.manifest_id}}}},
+                tags={"phases/manifest_id": decision.manifest_id, "phases/switch_reason": decision.reason[:200]},
+            )
+            return dg.SensorResult(run_requests=[request], asset_events=restated)
+        context.log.info(decision.reason)
+        request = dg.RunRequest(
+            run_key=f"catch-up:{decision.manifest_id}",
+            job_name=names.backlog_job,
+            run_config={"ops": {names.backlog_op: {"config": {"mode": "increment"}}}},
+            tags={"phases/base_manifest_id": decision.manifest_id, "phases/switch_reason": decision.reason[:200]},
+        )
+        return dg.SensorResult(run_requests=[request], asset_events=restated)
+
+    return switch
