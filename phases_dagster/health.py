@@ -211,9 +211,6 @@ class Verdict:
     severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR
 
 
-Freshness = Verdict  # the sink's freshness verdict
-
-
 def live_running_verdict(status: LiveStatus, live_job: str, decision: str | None = None) -> Verdict:
     """``live_phase_running`` on the live asset: passes while a live run runs; WARN while the live phase is
     stopped; ERROR once it failed or was lost (``decision``: what the health sensor does about it)."""
