@@ -9,7 +9,7 @@ Spark or Delta release changes one of them, that test names it. (The JVM helper'
 pinned by ``tests/phases/test_keyed_store.py``.) A file format that is not what this module knows raises
 :class:`~phases.errors.SparkInternalsChanged`.
 
-A leaf of the package: it imports nothing of the engine but its errors.
+A leaf of the package: it imports nothing of the engine but its errors and its URI helpers.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 
+from phases import uris
 from phases.errors import SparkInternalsChanged
 
 # --- handles ---------------------------------------------------------------------------------------------
@@ -53,6 +54,15 @@ def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """(Hadoop ``FileSystem``, ``Path``) of ``path``, for any URI Spark can write to."""
     p = jvm(spark).org.apache.hadoop.fs.Path(path)
     return p.getFileSystem(hadoop_configuration(spark)), p
+
+
+def read_text(spark: SparkSession, path: str) -> str:
+    """The whole text file at ``path``: a plain local path read by the OS (no JVM round trip: the micro-batch reads
+    its offset log this way), any other URI through Hadoop's ``FileSystem``."""
+    if uris.scheme(path) is None:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    return read_hadoop_text(spark, path)
 
 
 def read_hadoop_text(spark: SparkSession, path: str) -> str:
@@ -270,12 +280,12 @@ def checkpoint_batch_ids(spark: SparkSession, checkpoint: str, log: str) -> list
 
 def read_offset_log(spark: SparkSession, checkpoint: str, batch_id: int) -> OffsetLogEntry:
     path = checkpoint_file(checkpoint, OFFSETS, batch_id)
-    return parse_offset_log(read_hadoop_text(spark, path), path)
+    return parse_offset_log(read_text(spark, path), path)
 
 
 def read_commit_log(spark: SparkSession, checkpoint: str, batch_id: int) -> dict:
     path = checkpoint_file(checkpoint, COMMITS, batch_id)
-    return parse_commit_log(read_hadoop_text(spark, path), path)
+    return parse_commit_log(read_text(spark, path), path)
 
 
 def remove_commit(spark: SparkSession, checkpoint: str, batch_id: int) -> str:

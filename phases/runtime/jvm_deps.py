@@ -51,6 +51,7 @@ _SPARK_ARTIFACTS = (
     "commons-pool2",
 )
 
+
 def _checkout() -> Path | None:
     """The repository checkout the engine runs from (the helper's sources, ``jvm/``, beside ``phases/``); None for an
     installed package."""

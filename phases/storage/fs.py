@@ -34,10 +34,7 @@ def has_files(spark: SparkSession, pattern: str) -> bool:
 
 def read_text(spark: SparkSession, path: str) -> str:
     """The whole text file at ``path`` (local paths directly, other URIs through Hadoop's FileSystem)."""
-    if _is_local(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    return spark_internals.read_hadoop_text(spark, path)
+    return spark_internals.read_text(spark, path)
 
 
 def list_names(spark: SparkSession, path: str) -> list[str]:

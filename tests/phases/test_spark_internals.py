@@ -103,6 +103,7 @@ def test_the_session_handles_and_the_sql_internals(spark, tmp_path):
     fs, path = si.hadoop_path(spark, str(tmp_path / "f.txt"))
     (tmp_path / "f.txt").write_text("one\ntwo\n")
     assert fs.exists(path) and si.read_hadoop_text(spark, str(tmp_path / "f.txt")) == "one\ntwo"
+    assert si.read_text(spark, f"file:{tmp_path / 'f.txt'}") == "one\ntwo"  # a URI: through Hadoop
     si.set_logger_level(spark, "phases.pinned.logger", "FATAL")
     si.parse_sql_expression(spark, "(acc + x)")
     from pyspark.errors import ParseException
