@@ -32,6 +32,7 @@ from phases_dagster.settings import Names
 from scripts.browser import asset_node_text, browser_page, catalog_row_text, wait_for_asset_state, wait_for_texts
 from scripts.dagster_stack import LOCATION, PROJECT, DagsterStack
 from scripts.local_postgres import LocalPostgres
+from tests.helpers import SHORT_LIVED_JVM_OPTIONS
 
 NAMES = Names(DEMO)
 
@@ -120,7 +121,11 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=5000, keys=2000, batch_index=i))
 
     # A short freshness bound and a relaunch backoff long enough to see the check fail while the live run is dead.
-    env = {"PHASES_SINK_MAX_LAG_S": "5", "PHASES_RELAUNCH_BACKOFF_S": "25"}
+    env = {
+        "PHASES_SINK_MAX_LAG_S": "5",
+        "PHASES_RELAUNCH_BACKOFF_S": "25",
+        "JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM_OPTIONS,
+    }
     t0 = time.monotonic()
     postgres = LocalPostgres(tmp_path / "postgres").start()  # a production-like instance: storage in PostgreSQL
     timings["postgres up"] = time.monotonic() - t0

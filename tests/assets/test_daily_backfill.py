@@ -20,7 +20,7 @@ from phases_dagster.resources.spark import SparkResource
 from phases_dagster.settings import Names
 from tests import reference
 from tests.assets import backfill_child as child
-from tests.helpers import assert_results_equal, backdate_commits, sink_rows, write_source
+from tests.helpers import SHORT_LIVED_JVM_OPTIONS, assert_results_equal, backdate_commits, sink_rows, write_source
 
 S = 1_000_000
 DAYS = 6
@@ -54,7 +54,12 @@ def test_killed_backfill_resumes_only_unfinished_days_and_combines_to_the_whole_
     )
     first, last = days[0].isoformat(), days[-1].isoformat()
     log_path = f"{root}/engine/slices/log"
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"), "PYTHONPATH": str(PROJECT)}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / "dagster_home"),
+        "PYTHONPATH": str(PROJECT),
+        "JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM_OPTIONS,  # killed after its first day
+    }
     (tmp_path / "dagster_home").mkdir()
 
     proc = subprocess.Popen(

@@ -19,6 +19,7 @@ import pytest
 
 from phases.runtime import shipping
 from phases.runtime.local_cluster import LocalSparkCluster
+from tests.helpers import SHORT_LIVED_JVM_OPTIONS
 
 
 def _worker_python(folder: Path) -> str:
@@ -40,7 +41,9 @@ def _worker_python(folder: Path) -> str:
 
 
 @pytest.mark.slow
-def test_keyed_and_process_pipelines_run_end_to_end_on_a_standalone_cluster(tmp_path):
+def test_keyed_and_process_pipelines_run_end_to_end_on_a_standalone_cluster(tmp_path, monkeypatch):
+    # Every JVM of the tier (master, workers, their executors, the driver) inherits it: each lives for one short flow.
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", SHORT_LIVED_JVM_OPTIONS)
     started = time.perf_counter()
     python = _worker_python(tmp_path / "worker-venv")
     archive = shipping.package_archive(tmp_path / "ship", ["phases", "tests"])

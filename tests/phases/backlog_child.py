@@ -12,11 +12,14 @@ from phases.backlog.runner import BacklogRunner
 from phases.definition import Pipeline
 from phases.runtime.session import SparkSettings, build_session
 from phases.storage import keyed_store
+from tests.helpers import SHORT_LIVED_JVM_CONF
 
 
 def main() -> None:
     pipeline = Pipeline.model_validate_json(sys.argv[1])
-    spark = build_session(SparkSettings(shuffle_partitions=2, app_name="backlog-child"))
+    spark = build_session(
+        SparkSettings(shuffle_partitions=2, app_name="backlog-child", extra_conf=SHORT_LIVED_JVM_CONF)
+    )
     real = keyed_store.KeyedStore.write
 
     def write_then_die(self, state):

@@ -15,6 +15,7 @@ import phases.live.micro_batch as engine
 from phases.definition import Pipeline
 from phases.live.runner import LiveRunner
 from phases.runtime.session import SparkSettings, build_session
+from tests.helpers import SHORT_LIVED_JVM_CONF
 
 KILL_POINTS = ("sink", "progress")
 
@@ -24,7 +25,7 @@ def main() -> None:
     kill_at = sys.argv[2]
     if kill_at not in KILL_POINTS:
         raise SystemExit(f"unknown kill point {kill_at!r}; valid: {list(KILL_POINTS)}")
-    spark = build_session(SparkSettings(shuffle_partitions=2, app_name="live-child"))
+    spark = build_session(SparkSettings(shuffle_partitions=2, app_name="live-child", extra_conf=SHORT_LIVED_JVM_CONF))
     runner = LiveRunner.from_manifest(spark, pipeline)
     real_upsert, real_append = engine.tables.upsert_marked, engine.tables.append_marked
 
