@@ -1,4 +1,5 @@
-"""The live phase on a keyed-reduce pipeline with a given number of keys of state (issue 11's live rows):
+"""The live phase on a keyed-reduce pipeline with a given number of keys of state (the benchmark's
+live rows):
 
 - **switch**: the live start after the handoff, up to its first checkpoint (its first progress row);
 - **per-micro-batch cost**: the trigger time of micro-batches of ``batch_rows`` new rows, from Spark's own

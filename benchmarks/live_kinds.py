@@ -1,4 +1,4 @@
-"""The live phase's cost per micro-batch for every operator kind, with a large state (issue 29: every kind's live
+"""The live phase's cost per micro-batch for every operator kind, with a large state (every kind keeps its live
 state in Spark's state store).
 
 Per kind, a backlog leaves ``state_keys`` keys of state open (one record per key, all within the first hour of event

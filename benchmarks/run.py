@@ -260,7 +260,7 @@ def run_spill(spark, source: str, work: Path, driver_memory: str) -> dict:
 
 
 def run_live(spark, work: Path, live_keys: str | None, quick: bool) -> list[dict]:
-    """Issue 11's and 29's live rows: for each state size, the switch, the per-micro-batch cost and latency at
+    """The live rows: for each state size, the switch, the per-micro-batch cost and latency at
     2,000 rows/s with the changelog sink; at the first (smallest) size also latency at 20,000 rows/s and the
     drain rate, and the same with the upsert sink."""
     sizes = [int(k) for k in (live_keys or ("20000" if quick else "1000000,10000000")).split(",")]

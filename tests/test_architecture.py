@@ -5,6 +5,7 @@ every public name of the package importable (no JVM)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -320,6 +321,29 @@ def test_no_private_spark_handle_outside_the_internals_home():
             if where != INTERNALS_HOME:
                 found += [f"{where} line {line}: .{attr}" for line, attr in private_handle_uses(path)]
     assert not found, f"private Spark handles outside {INTERNALS_HOME}:\n" + "\n".join(found)
+
+
+TRACKER_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+")
+CODE_FOLDERS = ("phases", "phases_dagster", "assets", "resources", "scripts", "benchmarks", "jvm/src")
+
+
+def test_no_tracker_number_in_the_code():
+    """The code says what a thing is, not which tracker entry asked for it: a reader has no tracker to open."""
+    found = [
+        f"{path.relative_to(ROOT).as_posix()} line {i}: {line.strip()}"
+        for folder in CODE_FOLDERS
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.suffix in {".py", ".scala", ".java", ".xml"}
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if TRACKER_NUMBER.search(line)
+    ]
+    found += [
+        f"{name} line {i}: {line.strip()}"
+        for name in ("Makefile", "pyproject.toml", "jvm/pom.xml")
+        for i, line in enumerate((ROOT / name).read_text().splitlines(), 1)
+        if TRACKER_NUMBER.search(line)
+    ]
+    assert not found, "tracker numbers in the code:\n" + "\n".join(found)
 
 
 def test_the_wheel_carries_every_source_of_the_jvm_helper():
