@@ -12,7 +12,7 @@ from tests.reference import Row
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
-# A child process a test starts and kills within seconds (a crash test's backlog or live phase, a Dagster run) pays
+# A child process a test starts for one short job (a crash test's backlog or live phase, a Dagster run) pays
 # the JVM's warm-up: most of its CPU goes to the C2 compiler for code that then runs a handful of times. The C1
 # compiler alone halves that child's CPU (40 -> 22 CPU seconds for a live phase killed in its first micro-batch,
 # benchmarks/profiles/short-lived-jvms-2026-11-27.txt); a test's own long-lived JVM keeps both (C1 alone doubles a

@@ -324,23 +324,23 @@ def test_no_private_spark_handle_outside_the_internals_home():
 
 
 TRACKER_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+")
-CODE_FOLDERS = ("phases", "phases_dagster", "assets", "resources", "scripts", "benchmarks", "jvm/src")
+CODE_SUFFIXES = {".py", ".scala", ".java", ".xml"}
+
+
+def _code_files() -> list[Path]:
+    """The engine's, the code location's, the scripts' and the benchmarks' sources, the JVM helper's, and the build
+    files."""
+    folders = ("phases", "phases_dagster", "assets", "resources", "scripts", "benchmarks", "jvm/src")
+    files = [p for folder in folders for p in sorted((ROOT / folder).rglob("*")) if p.suffix in CODE_SUFFIXES]
+    return files + [ROOT / name for name in ("Makefile", "pyproject.toml", "jvm/pom.xml")]
 
 
 def test_no_tracker_number_in_the_code():
     """The code says what a thing is, not which tracker entry asked for it: a reader has no tracker to open."""
     found = [
         f"{path.relative_to(ROOT).as_posix()} line {i}: {line.strip()}"
-        for folder in CODE_FOLDERS
-        for path in sorted((ROOT / folder).rglob("*"))
-        if path.suffix in {".py", ".scala", ".java", ".xml"}
+        for path in _code_files()
         for i, line in enumerate(path.read_text().splitlines(), 1)
-        if TRACKER_NUMBER.search(line)
-    ]
-    found += [
-        f"{name} line {i}: {line.strip()}"
-        for name in ("Makefile", "pyproject.toml", "jvm/pom.xml")
-        for i, line in enumerate((ROOT / name).read_text().splitlines(), 1)
         if TRACKER_NUMBER.search(line)
     ]
     assert not found, "tracker numbers in the code:\n" + "\n".join(found)
