@@ -62,12 +62,25 @@ def reduce_problem(reduce_sql: str, dtype: T.DataType) -> str | None:
     the way the engine runs it: analysed over a frame of just ``acc`` and ``x`` (a column other than those two, an
     aggregate function, a type error), then evaluated once on two sample values (an implicit cast that fails at run
     time, such as ``acc + 'a'``). Needs an active SparkSession; both phases build their logic through it."""
-    from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()
     if spark is None:
         return None
+    # The answer depends on the text, the type and how the session casts; a live start and its backlog ask it of the
+    # same definition again (two Spark jobs each time), so the process keeps it.
+    key = (reduce_sql, dtype.json(), spark.conf.get("spark.sql.ansi.enabled", "true"))
+    if key not in _REDUCE_PROBLEMS:
+        _REDUCE_PROBLEMS[key] = _find_reduce_problem(spark, reduce_sql, dtype)
+    return _REDUCE_PROBLEMS[key]
+
+
+_REDUCE_PROBLEMS: dict[tuple[str, str, str], str | None] = {}
+
+
+def _find_reduce_problem(spark, reduce_sql: str, dtype: T.DataType) -> str | None:
+    from pyspark.errors import PySparkException
+
     sql_type = dtype.simpleString()
     schema = T.StructType([T.StructField("acc", dtype, True), T.StructField("x", dtype, True)])
     folded = f"CAST(({reduce_sql}) AS {sql_type}) AS folded"

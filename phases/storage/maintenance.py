@@ -24,7 +24,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from phases.definition import Pipeline
-from phases.storage import fs, tables
+from phases.errors import SourceError
+from phases.storage import fs, table_stats, tables
 
 _MANIFEST_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -57,10 +58,21 @@ def remove_orphan_state(spark: SparkSession, pipeline: Pipeline) -> list[str]:
 
 
 def enable_auto_compaction(spark: SparkSession, *paths: str) -> None:
-    """Turns on Delta's auto compaction for tables rewritten by every live micro-batch."""
+    """Turns on Delta's auto compaction for tables rewritten by every live micro-batch. A table that has it already
+    gets no commit (a property change is one, and every live start asks)."""
     for path in paths:
-        if tables.exists(spark, path):
-            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.autoOptimize.autoCompact' = 'true')")
+        if not tables.exists(spark, path):
+            continue
+        try:
+            current = table_stats.properties(path)
+        except SourceError:  # a log delta-rs cannot read: set it again, as Spark reads it
+            current = None
+        if (current or {}).get(_AUTO_COMPACT) == "true":
+            continue
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{_AUTO_COMPACT}' = 'true')")
+
+
+_AUTO_COMPACT = "delta.autoOptimize.autoCompact"
 
 
 def _live_tables(spark: SparkSession, pipeline: Pipeline) -> list[str]:

@@ -17,8 +17,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
-from phases.errors import ManifestError
-from phases.storage import progress_log, tables
+from phases.errors import ManifestError, SourceError
+from phases.storage import progress_log, table_stats, tables
 
 
 class HandoffManifest(BaseModel):
@@ -97,22 +97,14 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
         raise ManifestError(
             f"no handoff manifest for pipeline {pipeline!r}: {path} does not exist; run the backlog phase first"
         )
-    rows = (
-        spark.read.format("delta")
-        .load(path)
-        .filter(F.col("pipeline") == pipeline)
-        .orderBy(F.col("created_at_us").desc())
-        .limit(1)
-        .collect()
-    )
-    if not rows:
+    data = _newest_row(spark, path, pipeline)
+    if data is None:
         raise ManifestError(f"no handoff manifest for pipeline {pipeline!r} in {path}; run the backlog first")
-    if manifest_id is not None and rows[0]["manifest_id"] != manifest_id:
+    if manifest_id is not None and data["manifest_id"] != manifest_id:
         raise ManifestError(
             f"handoff manifest {manifest_id!r} of pipeline {pipeline!r} is not the newest one in {path} "
-            f"(newest: {rows[0]['manifest_id']!r}); the live phase starts only from the newest handoff"
+            f"(newest: {data['manifest_id']!r}); the live phase starts only from the newest handoff"
         )
-    data = rows[0].asDict()
     optional = {
         "backlog_max_event_time_us",
         "final_watermark_us",
@@ -127,6 +119,27 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
     if missing:
         raise ManifestError(f"partial handoff manifest {data.get('manifest_id')!r} in {path}: missing {missing}")
     return HandoffManifest(**data)
+
+
+def _newest_row(spark: SparkSession, path: str, pipeline: str) -> dict | None:
+    """The newest manifest row of ``pipeline`` as a dict (None: none). Read with delta-rs (a few rows, no Spark
+    job: a live start reads it every time); a log delta-rs cannot read (store settings given to Spark only) is
+    read through Spark."""
+    try:
+        found = table_stats.rows(path, where=("pipeline", pipeline))
+    except SourceError:
+        found = None
+    if found is not None:
+        return max(found, key=lambda row: row["created_at_us"], default=None)
+    rows = (
+        spark.read.format("delta")
+        .load(path)
+        .filter(F.col("pipeline") == pipeline)
+        .orderBy(F.col("created_at_us").desc())
+        .limit(1)
+        .collect()
+    )
+    return rows[0].asDict() if rows else None
 
 
 def _flatten(value: object, prefix: str = "") -> dict[str, object]:
@@ -165,8 +178,7 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
         elif progress_log.live_started(spark, pipeline.locations.live_run(manifest.manifest_id)):
             pass  # the live phase started: its state is the run's store; the table stays the handoff's record
         else:
-            v = tables.version(spark, manifest.state_path)
-            n = spark.read.format("delta").load(manifest.state_path).count()
+            v, n = _version_and_rows(spark, manifest.state_path)
             if v != manifest.state_table_version or n != manifest.state_rows:
                 problems.append(
                     f"state table {manifest.state_path}: manifest says version {manifest.state_table_version} "
@@ -176,3 +188,15 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
         raise ManifestError(
             f"handoff manifest {manifest.manifest_id} does not match pipeline {pipeline.name!r}: " + "; ".join(problems)
         )
+
+
+def _version_and_rows(spark: SparkSession, path: str) -> tuple[int, int]:
+    """The state table's head version and row count, from its log (delta-rs) when it can tell; else by Spark."""
+    try:
+        counted = table_stats.counted_rows(path)
+    except SourceError:
+        counted = None
+    version, rows = counted if counted is not None else (tables.version(spark, path), None)
+    if rows is None:
+        rows = spark.read.format("delta").load(path).count()
+    return version, rows

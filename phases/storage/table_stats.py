@@ -121,6 +121,49 @@ def stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:
     )
 
 
+def table_id(path: str) -> str | None:
+    """The table's id (``metaData.id``), or None when ``path`` holds no Delta table."""
+    table = _table(path)
+    return None if table is None else str(table.metadata().id)
+
+
+def properties(path: str) -> dict[str, str] | None:
+    """The table's properties (``metaData.configuration``), or None when ``path`` holds no Delta table."""
+    table = _table(path)
+    return None if table is None else dict(table.metadata().configuration)
+
+
+def rows(path: str, *, where: tuple[str, str] | None = None) -> list[dict] | None:
+    """Every row of a small table as dicts (``where``: only those whose string column ``where[0]`` equals
+    ``where[1]``), read from its files; None when ``path`` holds no Delta table. For the engine's own log tables
+    (one row a run), which a live start reads before any Spark query of them would have warmed up."""
+    import pyarrow.dataset as ds
+
+    table = _table(path)
+    if table is None:
+        return None
+    data = table.to_pyarrow_dataset().to_table(filter=None if where is None else ds.field(where[0]) == where[1])
+    return data.to_pylist()
+
+
+def counted_rows(path: str) -> tuple[int, int | None] | None:
+    """The table's head version and its row count from the log's file statistics at that version (no scan); None
+    when there is no table. The count is None when a file has no ``numRecords`` statistic or the table may have
+    deletion vectors (a file's statistic still counts its deleted rows)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = _table(path)
+    if table is None:
+        return None
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        return table.version(), None
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "num_records" not in actions.column_names or actions.column("num_records").null_count:
+        return table.version(), None
+    return table.version(), int(pc.sum(actions.column("num_records")).as_py() or 0)
+
+
 def column_types(path: str, version: int | None = None) -> dict[str, str]:
     """The table's columns and their Delta type names at ``version`` (None: now); empty when there is no table."""
     table = _table(path, version)
