@@ -9,6 +9,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from phases.errors import SourceError
 from phases.storage import fs, table_stats
 
 
@@ -35,7 +36,14 @@ def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: s
 
 
 def version(spark: SparkSession, path: str) -> int:
-    """The table's latest committed version."""
+    """The table's latest committed version: from its log with delta-rs (no Spark job), through Spark's history
+    when delta-rs cannot read the log (store settings given to Spark only)."""
+    try:
+        found = table_stats.head_version(path)
+    except SourceError:
+        found = None
+    if found is not None:
+        return found
     return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
 
 
@@ -79,8 +87,8 @@ def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dic
     The log tables (manifests, slice log, end-of-stream step log) are written this way: one atomic commit
     per record, so a crash leaves the whole row or none.
     """
-    ensure(spark, path, schema)
     row = spark.createDataFrame([tuple(values[f.name] for f in schema.fields)], schema)
+    # The first append creates the table with ``schema`` (one commit, not an empty one before it).
     row.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 
 
