@@ -158,6 +158,12 @@ def stage_attempt(spark: SparkSession, stage_id: int) -> StageView | None:
         return None
 
 
+def jobs_submitted(spark: SparkSession) -> int:
+    """How many jobs the session's scheduler has submitted so far (its next job id): the difference over a step is
+    the Spark jobs that step ran, in any job group, however many the status store still keeps."""
+    return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
+
+
 # --- Delta's JVM log ----------------------------------------------------------------------------------------
 
 

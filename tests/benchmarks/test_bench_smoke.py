@@ -114,3 +114,12 @@ def test_growth_curve_runs_each_size_and_extrapolates_a_stream_too_long_to_run_w
     assert "| 4,000 |" in md and "(extrapolated)" in md
     growth.chart(rows, tmp_path / "growth.png")
     assert (tmp_path / "growth.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_start_costs_count_the_jobs_of_each_step(spark, tmp_path):
+    from benchmarks import start_costs
+
+    results = start_costs.measure(spark, tmp_path, kinds=("keyed",), repeats=1)
+    assert [r["step"] for r in results] == ["backlog", "live start", "live start + 1 micro-batch"]
+    assert all(r["seconds"] > 0 and r["jobs"] > 0 for r in results), results
+    assert "| keyed | backlog |" in "\n".join(start_costs.lines(results))

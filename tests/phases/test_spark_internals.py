@@ -146,6 +146,16 @@ def test_the_status_store_shows_stages_with_their_fields(spark):
     assert si.stage_attempt(spark, 10**9) is None
 
 
+def test_the_scheduler_counts_every_job_it_submits(spark):
+    before = si.jobs_submitted(spark)
+    spark.range(10).collect()  # one job
+    spark.range(1000).repartition(2).count()  # adaptive execution: a job per stage
+    between = si.jobs_submitted(spark)
+    assert between - before >= 2, (before, between)
+    spark.range(10).collect()
+    assert si.jobs_submitted(spark) == between + 1
+
+
 def test_delta_transactions_and_log_checkpoint(spark, tmp_path):
     path = str(tmp_path / "t")
     for version in (0, 3):
