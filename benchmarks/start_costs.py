@@ -54,9 +54,7 @@ def _pipeline(kind: str, base: Path) -> Pipeline:
         event_time="ts",
         watermark_delay=timedelta(seconds=30),
         operator=operator,
-        sink=DeltaSink(path=str(base / "sink"), mode="changelog")
-        if kind == "keyed_changelog"
-        else DeltaSink(path=str(base / "sink")),
+        sink=DeltaSink(path=str(base / "sink"), mode="changelog" if kind == "keyed_changelog" else "upsert"),
         locations=Locations(root=str(base / "run")),
     )
 

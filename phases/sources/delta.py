@@ -60,10 +60,7 @@ class DeltaTableSource:
     def table_id(self) -> str:
         """The Delta table's id (``metaData.id``): what Spark's offset log names the source by. Read from the log
         with delta-rs (no Spark job: every live start asks); through Spark when delta-rs cannot read the log."""
-        try:
-            found = table_stats.table_id(self.path)
-        except SourceError:
-            found = None
+        found = table_stats.from_log(table_stats.table_id, self.path)
         if found is not None:
             return found
         return str(DeltaTable.forPath(self.spark, self.path).detail().select("id").collect()[0][0])

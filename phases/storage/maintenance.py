@@ -24,7 +24,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from phases.definition import Pipeline
-from phases.errors import SourceError
 from phases.storage import fs, table_stats, tables
 
 _MANIFEST_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -63,11 +62,8 @@ def enable_auto_compaction(spark: SparkSession, *paths: str) -> None:
     for path in paths:
         if not tables.exists(spark, path):
             continue
-        try:
-            current = table_stats.properties(path)
-        except SourceError:  # a log delta-rs cannot read: set it again, as Spark reads it
-            current = None
-        if (current or {}).get(_AUTO_COMPACT) == "true":
+        current = table_stats.from_log(table_stats.properties, path) or {}  # unreadable by delta-rs: set it again
+        if current.get(_AUTO_COMPACT) == "true":
             continue
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{_AUTO_COMPACT}' = 'true')")
 

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
-from phases.errors import ManifestError, SourceError
+from phases.errors import ManifestError
 from phases.storage import progress_log, table_stats, tables
 
 
@@ -125,10 +125,7 @@ def _newest_row(spark: SparkSession, path: str, pipeline: str) -> dict | None:
     """The newest manifest row of ``pipeline`` as a dict (None: none). Read with delta-rs (a few rows, no Spark
     job: a live start reads it every time); a log delta-rs cannot read (store settings given to Spark only) is
     read through Spark."""
-    try:
-        found = table_stats.rows(path, where=("pipeline", pipeline))
-    except SourceError:
-        found = None
+    found = table_stats.from_log(lambda p: table_stats.rows(p, where=("pipeline", pipeline)), path)
     if found is not None:
         return max(found, key=lambda row: row["created_at_us"], default=None)
     rows = (
@@ -192,10 +189,7 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
 
 def _version_and_rows(spark: SparkSession, path: str) -> tuple[int, int]:
     """The state table's head version and row count, from its log (delta-rs) when it can tell; else by Spark."""
-    try:
-        counted = table_stats.counted_rows(path)
-    except SourceError:
-        counted = None
+    counted = table_stats.from_log(table_stats.counted_rows, path)
     version, rows = counted if counted is not None else (tables.version(spark, path), None)
     if rows is None:
         rows = spark.read.format("delta").load(path).count()

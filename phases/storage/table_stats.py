@@ -9,10 +9,10 @@ scanned; a file written without statistics makes the figure unknown (None), neve
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from phases import spark_internals, uris
 from phases.errors import SourceError
@@ -119,6 +119,18 @@ def stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:
         commit_time=_commit_time(history[0]) if history else None,
         max_values=maxima,
     )
+
+
+_Read = TypeVar("_Read")
+
+
+def from_log(read: Callable[[str], _Read | None], path: str) -> _Read | None:
+    """``read(path)``, or None when delta-rs cannot read the table's log (store settings given to Spark only): the
+    caller then asks Spark. For the engine's own small reads on a hot path (a live start, a handoff)."""
+    try:
+        return read(path)
+    except SourceError:
+        return None
 
 
 def table_id(path: str) -> str | None:

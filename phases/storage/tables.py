@@ -9,7 +9,6 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from phases.errors import SourceError
 from phases.storage import fs, table_stats
 
 
@@ -38,10 +37,7 @@ def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: s
 def version(spark: SparkSession, path: str) -> int:
     """The table's latest committed version: from its log with delta-rs (no Spark job), through Spark's history
     when delta-rs cannot read the log (store settings given to Spark only)."""
-    try:
-        found = table_stats.head_version(path)
-    except SourceError:
-        found = None
+    found = table_stats.from_log(table_stats.head_version, path)
     if found is not None:
         return found
     return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
