@@ -68,8 +68,19 @@ def _recorder(spark, name: str, timings: dict, same):
 
 
 def run_workload(
-    spark, name: str, make_batch, rows: int, keys: int, versions: int, work: Path, seed: bool, stream_batches: int = 20
+    spark,
+    name: str,
+    make_batch,
+    rows: int,
+    keys: int,
+    versions: int,
+    work: Path,
+    seed: bool,
+    stream_batches: int = 20,
+    one_batch_stream: bool = True,
 ) -> dict:
+    """``one_batch_stream=False`` leaves out the stream in one micro-batch (the same query as the stream, without
+    a per-trigger limit)."""
     base = work / name
     source, files = _generate(spark, base, make_batch, rows, keys, versions, name)
     timings: dict = {}
@@ -78,8 +89,9 @@ def run_workload(
     per_trigger = max(1, math.ceil(files / stream_batches))
     out = str(base / "stream")
     record(lambda: variants.stream(spark, source, out, str(base / "stream_ckpt"), per_trigger), out)
-    out_one = str(base / "stream_one")
-    record(lambda: variants.stream(spark, source, out_one, str(base / "stream_one_ckpt"), None), out_one)
+    if one_batch_stream:
+        out_one = str(base / "stream_one")
+        record(lambda: variants.stream(spark, source, out_one, str(base / "stream_one_ckpt"), None), out_one)
     p = variants.pipeline(source, str(base / "two_phase"))
     record(lambda: variants.two_phase(spark, source, str(base / "two_phase"))[0], p.sink.path)
     result = {"rows": rows, "keys": keys, "versions": versions, "files": files, "timings": timings}
@@ -134,9 +146,12 @@ def run_process_workload(spark, rows: int, keys: int, versions: int, work: Path)
     }  # fmt: skip
 
 
-def run_join_workload(spark, rows: int, keys: int, versions: int, work: Path, stream_batches: int = 20) -> dict:
+def run_join_workload(
+    spark, rows: int, keys: int, versions: int, work: Path, stream_batches: int = 20, one_batch_stream: bool = True
+) -> dict:
     """The interval join of two sources (``rows`` each, keys uniform, 60 s of event time a version, ±30 s):
-    a plain batch range join, Spark's stream-stream join in ~20 micro-batches and in one, and the framework."""
+    a plain batch range join, Spark's stream-stream join in ~20 micro-batches and in one (unless
+    ``one_batch_stream`` is false), and the framework."""
     name = "interval_join"
     base = work / name
     bounds = join_variants.Bounds()
@@ -150,8 +165,9 @@ def run_join_workload(spark, rows: int, keys: int, versions: int, work: Path, st
     per_trigger = max(1, math.ceil(files / stream_batches))
     stream = str(base / "stream")
     record(lambda: join_variants.stream(spark, left, right, stream, bounds, per_trigger), f"{stream}/sink")
-    one = str(base / "stream_one")
-    record(lambda: join_variants.stream(spark, left, right, one, bounds, None), f"{one}/sink")
+    if one_batch_stream:
+        one = str(base / "stream_one")
+        record(lambda: join_variants.stream(spark, left, right, one, bounds, None), f"{one}/sink")
     record(
         lambda: join_variants.two_phase(spark, left, right, str(base / "two_phase"), bounds), f"{base}/two_phase/sink"
     )
