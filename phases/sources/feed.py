@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from phases.storage import tables
+
 EVENT_SCHEMA = T.StructType(
     [
         T.StructField("key", T.StringType(), True),
@@ -20,8 +22,8 @@ EVENT_SCHEMA = T.StructType(
 def create_source(spark: SparkSession, path: str, schema: T.StructType | str = EVENT_SCHEMA) -> None:
     """Creates an empty append-only source table at ``path`` with the change data feed on from version 0
     (``schema``: a StructType or a DDL string such as ``"key string, ts timestamp, value long"``)."""
-    writer = spark.createDataFrame([], schema).write.format("delta")
-    writer.option("delta.enableChangeDataFeed", "true").save(path)
+    columns = spark.createDataFrame([], schema).schema  # a DDL string parsed (no job runs)
+    tables.create(spark, path, columns, **{"delta.enableChangeDataFeed": "true"})
 
 
 def append(

@@ -25,13 +25,33 @@ def exists(spark: SparkSession, path: str) -> bool:
 
 
 def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: str) -> None:
-    """Creates an empty Delta table with ``schema`` at ``path`` unless one is there."""
+    """Creates an empty Delta table with ``schema`` at ``path`` unless one is there (:func:`create`)."""
     if exists(spark, path):
         return
-    writer = spark.createDataFrame([], schema).write.format("delta").mode("ignore")
+    create(spark, path, schema, if_missing=True, **properties)
+
+
+def create(
+    spark: SparkSession, path: str, schema: T.StructType, *, if_missing: bool = False, **properties: str
+) -> None:
+    """Creates an empty Delta table at ``path``: one ``CREATE TABLE`` commit (protocol, metadata and the table
+    ``properties``), no data file and no Spark job to write one. Its columns are nullable at every depth, as a
+    DataFrame write makes them. Raises when a table is there, unless ``if_missing``."""
+    builder = DeltaTable.createIfNotExists(spark) if if_missing else DeltaTable.create(spark)
+    builder = builder.location(path).addColumns(_nullable(schema))
     for key, value in properties.items():
-        writer = writer.option(key, value)
-    writer.save(path)
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def _nullable(t: T.DataType) -> T.DataType:
+    if isinstance(t, T.StructType):
+        return T.StructType([T.StructField(f.name, _nullable(f.dataType), True, f.metadata) for f in t.fields])
+    if isinstance(t, T.ArrayType):
+        return T.ArrayType(_nullable(t.elementType), True)
+    if isinstance(t, T.MapType):
+        return T.MapType(_nullable(t.keyType), _nullable(t.valueType), True)
+    return t
 
 
 def version(spark: SparkSession, path: str) -> int:

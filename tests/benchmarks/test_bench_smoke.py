@@ -28,8 +28,9 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     results["workloads"]["keyed reduce"] = run_workload(
         spark, "keyed_reduce", data.keyed_reduce_batch, 20_000, 2_000, 4, tmp_path, True, stream_batches=2
     )
-    # ~2 rows a key over 4 versions: some keys go idle and their timers fire; the stream in one batch a version
-    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 4, tmp_path)
+    # ~2 rows a key over 6 versions (a minute each): some keys go idle for 3 minutes and their timers fire (over 4
+    # versions none does); the stream in one batch a version
+    results["workloads"]["keyed process"] = run_process_workload(spark, 4_000, 2_000, 6, tmp_path)
     results["workloads"]["interval join"] = run_join_workload(
         spark, 2_000, 200, 4, tmp_path, stream_batches=2, one_batch_stream=False
     )
@@ -62,7 +63,7 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert loaded["workloads"]["keyed reduce"]["seeding"]["keys"] > 1_900  # ~2,000 keys drawn by 20,000 rows
     process = loaded["workloads"]["keyed process"]
     assert set(process["timings"]) == {"plain batch", "stream", "two-phase"} and process["outputs"] > 0
-    assert process["timings"]["stream"]["detail"]["micro_batches"] == 4  # one a version
+    assert process["timings"]["stream"]["detail"]["micro_batches"] == 6  # one a version
     low = loaded["workloads"]["low-cardinality join"]
     assert set(low["timings"]) == {"plain batch", "two-phase", "stream"} and low["outputs"] > 0
     assert (

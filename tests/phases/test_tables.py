@@ -1,0 +1,64 @@
+"""The engine's empty tables (sink, quarantine, state, changelog, a demo source) are created by one ``CREATE TABLE``
+commit, not by writing an empty DataFrame (a Spark job and a data file). The table must be the one the write made:
+the same schema (every column nullable, at every depth) and the same properties."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.errors import AnalysisException
+from pyspark.sql import types as T
+
+from phases.sources import feed
+from phases.storage import tables
+
+LEAF = T.StructType([T.StructField("y", T.IntegerType(), False)])
+INNER = T.StructType(
+    [T.StructField("x", T.LongType(), False), T.StructField("m", T.MapType(T.StringType(), LEAF, False))]
+)
+SCHEMA = T.StructType(
+    [
+        T.StructField("key", T.StringType(), False),
+        T.StructField("s", INNER, False),
+        T.StructField("a", T.ArrayType(INNER, False), False),
+        T.StructField("ts", T.TimestampType(), True, {"comment": "event time"}),
+    ]
+)
+
+
+def _metadata(path) -> dict:
+    """The metaData action of the table's first commit."""
+    first = sorted((path / "_delta_log").glob("*.json"))[0]
+    return next(json.loads(line)["metaData"] for line in first.read_text().splitlines() if '"metaData"' in line)
+
+
+def test_an_empty_table_is_created_as_an_empty_write_would_create_it(spark, tmp_path):
+    written, created = tmp_path / "written", tmp_path / "created"
+    properties = {"delta.checkpointInterval": "100", "delta.enableChangeDataFeed": "true"}
+    writer = spark.createDataFrame([], SCHEMA).write.format("delta").mode("ignore")
+    for key, value in properties.items():
+        writer = writer.option(key, value)
+    writer.save(str(written))
+    tables.ensure(spark, str(created), SCHEMA, **properties)
+
+    want, got = _metadata(written), _metadata(created)
+    assert got["schemaString"] == want["schemaString"]
+    assert got["configuration"] == want["configuration"] == properties
+    assert not list(created.glob("*.parquet")), "no data file"
+    assert tables.version(spark, str(created)) == 0 and spark.read.format("delta").load(str(created)).count() == 0
+
+    tables.ensure(spark, str(created), SCHEMA)  # there: nothing happens
+    assert tables.version(spark, str(created)) == 0
+
+
+def test_a_source_created_empty_records_its_change_feed_from_its_first_version_and_is_not_created_twice(
+    spark, tmp_path
+):
+    path = str(tmp_path / "source")
+    feed.create_source(spark, path, "key string, ts timestamp, value long")
+    feed.append(spark, path, [("a", None, 1)])
+    changes = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(path)
+    assert [(r["key"], r["_change_type"], r["_commit_version"]) for r in changes.collect()] == [("a", "insert", 1)]
+    with pytest.raises(AnalysisException, match="already exists"):
+        feed.create_source(spark, path)
