@@ -52,12 +52,14 @@ stamp=.venv/.stamp-install
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # uv resolves and installs the same pinned set as pip in under half the time (56 s against 134 s on a fresh
   # virtualenv with empty caches); it checks the registry's certificate against the system's trust store, as pip does.
+  # --compile-bytecode writes the .pyc files at install time, as pip does: uv does not by default, and where
+  # PYTHONDONTWRITEBYTECODE is set every new process (a Dagster run, a test's child) would compile its imports again.
   echo "setup: installing Python packages (uv)"
   if ! .venv/bin/python -m pip install -q "uv==$UV_VERSION"; then
     echo "setup: could not install uv $UV_VERSION from the package index (PyPI): check the network or the proxy" >&2
     exit 1
   fi
-  if ! UV_NATIVE_TLS=1 .venv/bin/python -m uv pip install -q --python .venv/bin/python -e ".[dev]"; then
+  if ! UV_NATIVE_TLS=1 .venv/bin/python -m uv pip install -q --compile-bytecode --python .venv/bin/python -e ".[dev]"; then
     echo "setup: installing the project's Python packages failed (see uv's message above)" >&2
     exit 1
   fi
