@@ -22,6 +22,9 @@ STATE_STORE_PROVIDERS = {
 
 LOOPBACK = "127.0.0.1"
 LIVE_STATE_PARTITIONS = "spark.phases.liveStatePartitions"  # read by phases.storage.keyed_store
+# The helper's local file systems (FileSystem and FileContext APIs) for `file:` paths of a local session.
+LOCAL_FILE_SYSTEM = "org.apache.spark.sql.phases.LocalFileSystemWithoutShell"
+LOCAL_FILE_CONTEXT_FS = "org.apache.spark.sql.phases.LocalFsWithoutShell"
 
 
 def task_slots(master: str) -> int | None:
@@ -54,6 +57,13 @@ class SparkSettings(SettingsModel):
         description="Partitions of a new live run's state store (each is one task of every micro-batch, which loads "
         "and commits its part of the store). None: the session's task slots (local[N]: N; a cluster: "
         "spark.default.parallelism). A run keeps the partitions its store was first written with.",
+    )
+    codegen_cache_entries: int = Field(
+        1000,
+        gt=0,
+        description="Compiled generated classes Spark keeps (spark.sql.codegen.cache.maxEntries). Spark's 100 is "
+        "four LRU segments of 25: the ~100 classes of a live micro-batch (the store update, the MERGE, Delta's log "
+        "replay) evict each other, and every micro-batch compiled ~40 of them again, in Janino and then in the JIT.",
     )
     ui_enabled: bool = False
     listing_parallelism: int | None = Field(
@@ -93,15 +103,25 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         os.environ["PYSPARK_PYTHON"] = s.python
     else:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    # Delta, Kafka, and the engine's helper (the live phase's state store): spark.jars ships them to every executor.
-    jars = [*jvm_deps.jar_paths(), jvm_deps.helper_jar()]
+    # Delta and Kafka: spark.jars ships them to every executor; the engine's helper (the live phase's state store)
+    # too on a cluster, while a local session has it on its classpath.
+    jars, helper = jvm_deps.jar_paths(), jvm_deps.helper_jar()
     conf = dict(s.extra_conf)
     if s.master.startswith("local"):
+        # One JVM: the helper on its classpath, where Hadoop finds the local file systems below when spark-submit
+        # first opens a path (before spark.jars are loaded).
+        key = "spark.driver.extraClassPath"
+        conf[key] = os.pathsep.join([*filter(None, [conf.get(key)]), helper])
         # A local session listens on loopback only (its driver RPC and block manager ports otherwise bind to the
         # machine's network address), like the broker, Dagster and py4j; a cluster session uses the address the
         # user configures. extra_conf can still set either.
         conf.setdefault("spark.driver.bindAddress", LOOPBACK)
         conf.setdefault("spark.driver.host", LOOPBACK)
+        # Hadoop's local file system, less a `chmod` or `readlink` process for every file Spark's checkpoints, its
+        # state store and Delta's commits write (pip's PySpark has no Hadoop native library); the same results
+        # (the helper's LocalFileSystems.scala). extra_conf can set Hadoop's own classes back.
+        conf.setdefault("spark.hadoop.fs.file.impl", LOCAL_FILE_SYSTEM)
+        conf.setdefault("spark.hadoop.fs.AbstractFileSystem.file.impl", LOCAL_FILE_CONTEXT_FS)
     if s.s3a and s.master.startswith("local"):
         # One JVM: put the connector on its classpath. Through spark.jars the local executor would copy the
         # ~690 MB AWS SDK bundle into its temporary folder at every start.
@@ -109,6 +129,8 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         conf[key] = os.pathsep.join([*filter(None, [conf.get(key)]), *jvm_deps.jar_paths(bundle=jvm_deps.S3A)])
     elif s.s3a:
         jars += jvm_deps.jar_paths(bundle=jvm_deps.S3A)  # shipped to every executor, as Delta's jars are
+    if not s.master.startswith("local"):
+        jars.append(helper)
     builder = (
         SparkSession.builder.master(s.master)
         .appName(s.app_name)
@@ -127,6 +149,7 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         # Delta reconstructs table snapshots with 50 partitions by default: far too many locally.
         .config("spark.databricks.delta.snapshotPartitions", str(max(2, s.shuffle_partitions)))
         .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.codegen.cache.maxEntries", str(s.codegen_cache_entries))
         .config(
             "spark.sql.sources.parallelPartitionDiscovery.parallelism",
             str(s.listing_parallelism or s.shuffle_partitions),
