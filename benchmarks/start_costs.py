@@ -1,6 +1,8 @@
 """The engine's fixed cost per step on a tiny pipeline: what a backlog run, a live start and one micro-batch cost
 when there is almost no data, in wall seconds and Spark jobs. This is what a short test, a daily increment or a
-restart pays whatever the data size, and most of what the project's test suite spends.
+restart pays whatever the data size, and most of what the project's test suite spends. Each step also counts the
+generated classes Spark compiled and the file-system processes the JVM started (``chmod``, ``readlink``, ...: see
+``--hadoop-file-systems``).
 
 Per operator kind (keyed aggregation with the upsert sink and with the changelog sink, tumbling window), in one
 warm session: a source of 20 rows in one version, the backlog, the first live start (nothing new: the switch's
@@ -40,6 +42,8 @@ from phases.live.runner import LiveRunner
 from phases.sources import synthetic
 
 KINDS = ("keyed", "keyed_changelog", "tumbling")
+# What Hadoop's local file system runs without its native library (permissions, link status, file status).
+FILE_SYSTEM_COMMANDS = {"chmod", "readlink", "stat", "ls"}
 AGGS = [Aggregation(name="n", kind="count"), Aggregation(name="total", kind="sum", column="value")]
 
 
@@ -59,10 +63,18 @@ def _pipeline(kind: str, base: Path) -> Pipeline:
     )
 
 
-def _timed(spark: SparkSession, step) -> tuple[float, int]:
-    jobs, started = spark_internals.jobs_submitted(spark), time.perf_counter()
-    step()
-    return time.perf_counter() - started, spark_internals.jobs_submitted(spark) - jobs
+def _timed(spark: SparkSession, step, folder: Path) -> tuple[float, int, int, int]:
+    """(seconds, Spark jobs, generated classes compiled, file-system processes the JVM started) of ``step()``."""
+    jobs, compiled = spark_internals.jobs_submitted(spark), spark_internals.codegen_compilations(spark)
+    with spark_internals.processes_started(spark, folder) as processes:
+        started = time.perf_counter()
+        step()
+        seconds = time.perf_counter() - started
+    jobs, compiled = (
+        spark_internals.jobs_submitted(spark) - jobs,
+        spark_internals.codegen_compilations(spark) - compiled,
+    )
+    return seconds, jobs, compiled, sum(1 for p in processes if p.split(" ", 1)[0] in FILE_SYSTEM_COMMANDS)
 
 
 def measure_kind(spark: SparkSession, base: Path, kind: str) -> dict:
@@ -70,10 +82,10 @@ def measure_kind(spark: SparkSession, base: Path, kind: str) -> dict:
     pipeline = _pipeline(kind, base)
     synthetic.create_source(spark, pipeline.source.path)
     synthetic.append(spark, pipeline.source.path, data.keyed_reduce_batch(spark, 20, 5, 0))
-    backlog = _timed(spark, lambda: BacklogRunner(spark, pipeline).run())
-    switch = _timed(spark, lambda: LiveRunner.from_manifest(spark, pipeline).start(available_now=True))
+    backlog = _timed(spark, lambda: BacklogRunner(spark, pipeline).run(), base)
+    switch = _timed(spark, lambda: LiveRunner.from_manifest(spark, pipeline).start(available_now=True), base)
     synthetic.append(spark, pipeline.source.path, data.keyed_reduce_batch(spark, 20, 5, 2))
-    one_batch = _timed(spark, lambda: LiveRunner.from_manifest(spark, pipeline).start(available_now=True))
+    one_batch = _timed(spark, lambda: LiveRunner.from_manifest(spark, pipeline).start(available_now=True), base)
     return {"backlog": backlog, "live start": switch, "live start + 1 micro-batch": one_batch}
 
 
@@ -89,6 +101,8 @@ def measure(spark: SparkSession, work: Path, kinds=KINDS, repeats: int = 4) -> l
                     "step": step,
                     "seconds": round(statistics.median(r[step][0] for r in warm), 2),
                     "jobs": int(statistics.median(r[step][1] for r in warm)),
+                    "compiled_classes": int(statistics.median(r[step][2] for r in warm)),
+                    "processes": int(statistics.median(r[step][3] for r in warm)),
                     "cold_seconds": round(runs[0][step][0], 2),
                 }
             )
@@ -96,8 +110,15 @@ def measure(spark: SparkSession, work: Path, kinds=KINDS, repeats: int = 4) -> l
 
 
 def lines(results: list[dict]) -> list[str]:
-    out = ["| kind | step | s (warm median) | Spark jobs | s (first, cold JVM) |", "|---|---|---|---|---|"]
-    out += [f"| {r['kind']} | {r['step']} | {r['seconds']} | {r['jobs']} | {r['cold_seconds']} |" for r in results]
+    out = [
+        "| kind | step | s (warm median) | Spark jobs | classes compiled | fs processes | s (first, cold JVM) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    out += [
+        f"| {r['kind']} | {r['step']} | {r['seconds']} | {r['jobs']} | {r['compiled_classes']} | {r['processes']} "
+        f"| {r['cold_seconds']} |"
+        for r in results
+    ]
     return out
 
 
@@ -107,8 +128,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--codegen-cache", type=int, default=None, help="SparkSettings.codegen_cache_entries")
+    parser.add_argument(
+        "--hadoop-file-systems",
+        action="store_true",
+        help="Hadoop's own local file systems instead of the engine's (a process per chmod and readlink)",
+    )
     args = parser.parse_args()
-    spark = build_session(SparkSettings(shuffle_partitions=2, app_name="start-costs"))
+    settings = SparkSettings(shuffle_partitions=2, app_name="start-costs")
+    if args.codegen_cache:
+        settings = settings.model_copy(update={"codegen_cache_entries": args.codegen_cache})
+    if args.hadoop_file_systems:
+        hadoop = {
+            "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem",
+            "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.LocalFs",
+        }
+        settings = settings.model_copy(update={"extra_conf": {**settings.extra_conf, **hadoop}})
+    spark = build_session(settings)
     with tempfile.TemporaryDirectory(prefix="start-costs-") as work:
         results = measure(spark, Path(work), repeats=args.repeats)
     print("\n".join(lines(results)))

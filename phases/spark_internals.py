@@ -16,7 +16,11 @@ A leaf of the package: it imports nothing of the engine but its errors and its U
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -163,6 +167,33 @@ def jobs_submitted(spark: SparkSession) -> int:
     """How many jobs the session's scheduler has submitted so far (its next job id): the difference over a step is
     the Spark jobs that step ran, in any job group, however many the status store still keeps."""
     return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
+
+
+def codegen_compilations(spark: SparkSession) -> int:
+    """How many generated classes the driver's JVM has compiled so far (Spark's ``CodegenMetrics``: one per
+    Janino compilation, a hit of the codegen cache counts none)."""
+    return int(jvm(spark).org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount())
+
+
+@contextmanager
+def processes_started(spark: SparkSession, folder: str | Path) -> Iterator[list[str]]:
+    """Inside the block, the driver's JVM records the processes it starts (a Flight Recorder recording of
+    ``jdk.ProcessStart``, Java 11+); the yielded list holds their command lines once the block ends. The recording
+    is dumped into ``folder``."""
+    j = jvm(spark)
+    commands: list[str] = []
+    recording = j.jdk.jfr.Recording()
+    recording.enable("jdk.ProcessStart")
+    recording.start()
+    try:
+        yield commands
+    finally:
+        recording.stop()
+        dump = j.java.io.File(str(Path(folder) / f"processes-{uuid.uuid4().hex[:8]}.jfr")).toPath()
+        recording.dump(dump)
+        recording.close()
+        events = j.jdk.jfr.consumer.RecordingFile.readAllEvents(dump)
+        commands += [str(events.get(i).getString("command")) for i in range(events.size())]
 
 
 # --- Delta's JVM log ----------------------------------------------------------------------------------------

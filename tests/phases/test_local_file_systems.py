@@ -32,20 +32,9 @@ def _file_systems(spark, file_system: str, file_context_fs: str):
 
 
 def _processes_started(spark, tmp_path, work) -> list[str]:
-    """The commands of the processes the JVM started while ``work()`` ran (a Flight Recorder recording)."""
-    jvm = si.jvm(spark)
-    recording = jvm.jdk.jfr.Recording()
-    recording.enable("jdk.ProcessStart")
-    recording.start()
-    try:
+    with si.processes_started(spark, tmp_path) as commands:
         work()
-    finally:
-        recording.stop()
-    dump = jvm.java.io.File(str(tmp_path / f"processes-{os.urandom(4).hex()}.jfr")).toPath()
-    recording.dump(dump)
-    recording.close()
-    events = jvm.jdk.jfr.consumer.RecordingFile.readAllEvents(dump)
-    return [str(events.get(i).getString("command")) for i in range(events.size())]
+    return commands
 
 
 def _shell(commands: list[str]) -> list[str]:

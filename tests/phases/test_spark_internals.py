@@ -156,6 +156,25 @@ def test_the_scheduler_counts_every_job_it_submits(spark):
     assert si.jobs_submitted(spark) == between + 1
 
 
+def test_the_codegen_count_grows_by_a_compiled_class_and_not_by_a_cached_one(spark):
+    query = f"id * {uuid.uuid4().int % 100_000 + 11} + 7 AS x"  # a constant of its own: a class not compiled yet
+    before = si.codegen_compilations(spark)
+    spark.range(3).selectExpr(query).collect()
+    compiled = si.codegen_compilations(spark)
+    assert compiled > before
+    spark.range(3).selectExpr(query).collect()
+    assert si.codegen_compilations(spark) == compiled, "the same query compiled again: the codegen cache missed"
+
+
+def test_the_processes_the_jvm_starts_are_recorded(spark, tmp_path):
+    jvm = si.jvm(spark)
+    command = spark.sparkContext._gateway.new_array(jvm.java.lang.String, 1)
+    command[0] = "true"
+    with si.processes_started(spark, tmp_path) as commands:
+        jvm.java.lang.ProcessBuilder(command).start().waitFor()
+    assert commands == ["true"]
+
+
 def test_delta_transactions_and_log_checkpoint(spark, tmp_path):
     path = str(tmp_path / "t")
     for version in (0, 3):
