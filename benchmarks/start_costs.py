@@ -123,7 +123,7 @@ def lines(results: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    from phases.runtime.session import SparkSettings, build_session
+    from phases.runtime.session import HADOOP_FILE_SYSTEMS, SparkSettings, build_session
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=4)
@@ -139,11 +139,7 @@ def main() -> None:
     if args.codegen_cache:
         settings = settings.model_copy(update={"codegen_cache_entries": args.codegen_cache})
     if args.hadoop_file_systems:
-        hadoop = {
-            "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem",
-            "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.LocalFs",
-        }
-        settings = settings.model_copy(update={"extra_conf": {**settings.extra_conf, **hadoop}})
+        settings = settings.model_copy(update={"extra_conf": {**settings.extra_conf, **HADOOP_FILE_SYSTEMS}})
     spark = build_session(settings)
     with tempfile.TemporaryDirectory(prefix="start-costs-") as work:
         results = measure(spark, Path(work), repeats=args.repeats)

@@ -22,9 +22,20 @@ STATE_STORE_PROVIDERS = {
 
 LOOPBACK = "127.0.0.1"
 LIVE_STATE_PARTITIONS = "spark.phases.liveStatePartitions"  # read by phases.storage.keyed_store
-# The helper's local file systems (FileSystem and FileContext APIs) for `file:` paths of a local session.
+# The file systems (FileSystem and FileContext APIs) of `file:` paths: the helper's, which a local session uses, and
+# Hadoop's own.
 LOCAL_FILE_SYSTEM = "org.apache.spark.sql.phases.LocalFileSystemWithoutShell"
 LOCAL_FILE_CONTEXT_FS = "org.apache.spark.sql.phases.LocalFsWithoutShell"
+LOCAL_FILE_SYSTEMS = {
+    "spark.hadoop.fs.file.impl": LOCAL_FILE_SYSTEM,
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": LOCAL_FILE_CONTEXT_FS,
+}
+HADOOP_FILE_SYSTEM = "org.apache.hadoop.fs.LocalFileSystem"
+HADOOP_FILE_CONTEXT_FS = "org.apache.hadoop.fs.local.LocalFs"
+HADOOP_FILE_SYSTEMS = {
+    "spark.hadoop.fs.file.impl": HADOOP_FILE_SYSTEM,
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": HADOOP_FILE_CONTEXT_FS,
+}
 
 
 def task_slots(master: str) -> int | None:
@@ -106,12 +117,14 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
     # Delta and Kafka: spark.jars ships them to every executor; the engine's helper (the live phase's state store)
     # too on a cluster, while a local session has it on its classpath.
     jars, helper = jvm_deps.jar_paths(), jvm_deps.helper_jar()
+    s3a = jvm_deps.jar_paths(bundle=jvm_deps.S3A) if s.s3a else []
     conf = dict(s.extra_conf)
     if s.master.startswith("local"):
-        # One JVM: the helper on its classpath, where Hadoop finds the local file systems below when spark-submit
-        # first opens a path (before spark.jars are loaded).
+        # One JVM: the helper and the S3A connector on its classpath. Hadoop finds the local file systems below
+        # there when spark-submit first opens a path (before spark.jars are loaded); through spark.jars the local
+        # executor would copy the ~690 MB AWS SDK bundle into its temporary folder at every start.
         key = "spark.driver.extraClassPath"
-        conf[key] = os.pathsep.join([*filter(None, [conf.get(key)]), helper])
+        conf[key] = os.pathsep.join([*filter(None, [conf.get(key)]), helper, *s3a])
         # A local session listens on loopback only (its driver RPC and block manager ports otherwise bind to the
         # machine's network address), like the broker, Dagster and py4j; a cluster session uses the address the
         # user configures. extra_conf can still set either.
@@ -119,18 +132,11 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         conf.setdefault("spark.driver.host", LOOPBACK)
         # Hadoop's local file system, less a `chmod` or `readlink` process for every file Spark's checkpoints, its
         # state store and Delta's commits write (pip's PySpark has no Hadoop native library); the same results
-        # (the helper's LocalFileSystems.scala). extra_conf can set Hadoop's own classes back.
-        conf.setdefault("spark.hadoop.fs.file.impl", LOCAL_FILE_SYSTEM)
-        conf.setdefault("spark.hadoop.fs.AbstractFileSystem.file.impl", LOCAL_FILE_CONTEXT_FS)
-    if s.s3a and s.master.startswith("local"):
-        # One JVM: put the connector on its classpath. Through spark.jars the local executor would copy the
-        # ~690 MB AWS SDK bundle into its temporary folder at every start.
-        key = "spark.driver.extraClassPath"
-        conf[key] = os.pathsep.join([*filter(None, [conf.get(key)]), *jvm_deps.jar_paths(bundle=jvm_deps.S3A)])
-    elif s.s3a:
-        jars += jvm_deps.jar_paths(bundle=jvm_deps.S3A)  # shipped to every executor, as Delta's jars are
-    if not s.master.startswith("local"):
-        jars.append(helper)
+        # (the helper's LocalFileSystems.scala). extra_conf can set Hadoop's own classes back (HADOOP_FILE_SYSTEMS).
+        for key, value in LOCAL_FILE_SYSTEMS.items():
+            conf.setdefault(key, value)
+    else:
+        jars += [*s3a, helper]  # shipped to every executor, as Delta's jars are
     builder = (
         SparkSession.builder.master(s.master)
         .appName(s.app_name)

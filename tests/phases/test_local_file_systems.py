@@ -11,11 +11,9 @@ import stat
 import pytest
 
 from phases import spark_internals as si
-from phases.runtime.session import LOCAL_FILE_CONTEXT_FS, LOCAL_FILE_SYSTEM
+from phases.runtime.session import HADOOP_FILE_CONTEXT_FS, HADOOP_FILE_SYSTEM, LOCAL_FILE_CONTEXT_FS, LOCAL_FILE_SYSTEM
 from tests.helpers import append_version, create_source
 
-HADOOP_FILE_SYSTEM = "org.apache.hadoop.fs.LocalFileSystem"
-HADOOP_FILE_CONTEXT_FS = "org.apache.hadoop.fs.local.LocalFs"
 SHELL_COMMANDS = {"chmod", "readlink", "stat", "ls"}
 
 
