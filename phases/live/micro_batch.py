@@ -23,10 +23,11 @@ after the handoff version (a two-input operator's both sources, in one query); e
 5. last, one progress record (running maximum event time, closed watermark, held version): a file in the
    run's progress log (:mod:`phases.storage.progress_log`), not a Delta commit.
 
-Every write is idempotent per micro-batch (the sink's commit carries the run and batch id, the quarantine's
-Delta ``txnAppId``/``txnVersion``; a state store version is loaded by the number the previous progress record
-names), and everything the sink gets is computed from the state the batch started from, so a micro-batch replayed after
-a crash at any point writes exactly what the first attempt would have. Spark's own watermark is not used: there
+Every write is idempotent per micro-batch (the sink's and the pending tables' commits carry the run and batch
+id, the quarantine's Delta ``txnAppId``/``txnVersion``; a state store version is loaded by the number the previous
+progress record names), and everything the sink gets is computed from the state the batch started from, so a
+micro-batch replayed after a crash at any point writes exactly what the first attempt would have. Spark's own
+watermark is not used: there
 is no stateful Spark operator in the query.
 
 At the switch the live phase writes its first progress record (batch -1: the handoff's version, maximum
@@ -275,7 +276,7 @@ class IncrementalLive:
         if partial_tail:  # the tail of version end_version waits for the batch that completes it
             held_version = end_version
             held = rows.filter(F.col(VERSION) >= end_version).withColumn(HELD_BY, F.lit(batch_id).cast("long"))
-            writes.append_once(held, self._pending_path(inp), inp.suffix("pending"), merge_schema=True)
+            writes.append_owned(held, self._pending_path(inp), inp.suffix("pending"), merge_schema=True)
         complete = rows.filter(F.col(VERSION) < end_version)
         tagged = tag_changes(spark, p, complete, before.running_max_us, phase="live", batch_id=batch_id)
         if tagged.has_quarantine:

@@ -59,7 +59,7 @@ class CoGroupStoreStep(ClosingStoreStep):
         return [f"concat(t.`{c}`, s.`{c}`)" for c in (LEFT_ROWS, RIGHT_ROWS)]
 
     def write_closed(self, closed: DataFrame, count: int, writes) -> None:
-        writes.sink_append(self.logic.apply(closed.drop(END_US)), self.sink_path, "sink")
+        writes.append_owned(self.logic.apply(closed.drop(END_US)), self.sink_path, "sink")
 
 
 class CoGroupKind(TwoInputKind):

@@ -75,7 +75,7 @@ class IntervalJoinStoreStep(StoreStep):
             out = out.persist()
             try:
                 if not out.isEmpty():
-                    writes.sink_append(out, self.sink_path, "sink")
+                    writes.append_owned(out, self.sink_path, "sink")
             finally:
                 out.unpersist()
             lifted = []

@@ -177,7 +177,7 @@ class KeyedStoreStep(AggregationStoreStep):
             changed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))
             if logic.pipeline.sink.mode == "changelog":
                 out = changelog.rows(changed.select(*logic.finalize_columns(), changelog.SOURCE_VERSION), writes.batch)
-                writes.sink_append(out, self.sink_path, "sink")
+                writes.append_owned(out, self.sink_path, "sink")
             else:
                 writes.sink_upsert(logic.finalize(changed), self.sink_path, logic.keys, "upsert")
         finally:

@@ -104,7 +104,7 @@ class ProcessStoreStep(StoreStep):
             try:
                 out = logic.outputs(passed)
                 if not out.isEmpty():
-                    writes.sink_append(out, self.sink_path, "sink")
+                    writes.append_owned(out, self.sink_path, "sink")
                 store.store.replace(logic.states(passed), version).release()
             finally:
                 passed.unpersist()

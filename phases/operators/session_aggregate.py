@@ -60,7 +60,7 @@ class SessionStoreStep(ClosingStoreStep, AggregationStoreStep):
         bounded = closed.withColumn(WINDOW_START, F.timestamp_micros(F.col(START_US))).withColumn(
             WINDOW_END, F.timestamp_micros(F.col(END_US))
         )
-        writes.sink_append(self.logic.finalize(bounded), self.sink_path, "sink")
+        writes.append_owned(self.logic.finalize(bounded), self.sink_path, "sink")
 
 
 class SessionAggregateKind(WindowAggregateKind):

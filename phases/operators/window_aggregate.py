@@ -51,7 +51,7 @@ class WindowStoreStep(ClosingStoreStep, AggregationStoreStep):
 
     def write_closed(self, closed: DataFrame, count: int, writes) -> None:
         closed = closed.coalesce(max(1, -(-count // ROWS_PER_FILE)))
-        writes.sink_append(self.logic.finalize(closed), self.sink_path, "sink")
+        writes.append_owned(self.logic.finalize(closed), self.sink_path, "sink")
 
 
 class WindowAggregateKind(KeyedAggregateKind):

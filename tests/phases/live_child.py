@@ -39,8 +39,8 @@ def main() -> None:
     def upsert(spark_, path, rows, keys, app_id, batch):
         around_sink_write(path, lambda: real_upsert(spark_, path, rows, keys, app_id, batch))
 
-    def append(rows, path, app_id, batch):
-        around_sink_write(path, lambda: real_append(rows, path, app_id, batch))
+    def append(rows, path, app_id, batch, **options):
+        around_sink_write(path, lambda: real_append(rows, path, app_id, batch, **options))
 
     engine.tables.upsert_marked = upsert
     engine.tables.append_marked = append

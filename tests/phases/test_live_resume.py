@@ -17,7 +17,7 @@ PHASES = Path(__file__).resolve().parents[2] / "phases"
 def test_every_live_write_name_is_one_a_resume_reads_back():
     """A write under a name missing from LIVE_WRITES would be invisible to the resume's check: a lost checkpoint
     could then be resumed over writes no record describes."""
-    writes = {"append_once", "sink_append", "sink_upsert", "app"}  # BatchWrites' methods; the name comes last
+    writes = {"append_once", "append_owned", "sink_upsert", "app"}  # BatchWrites' methods; the name comes last
     used = set()
     for path in [*PHASES.glob("operators/*.py"), *PHASES.glob("live/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -85,9 +85,9 @@ def test_only_a_query_s_first_micro_batch_reads_the_sink_before_writing(spark, t
     path = str(tmp_path / "sink")
     spark.range(3).write.format("delta").save(path)
     first = live_writes.BatchWrites(spark, "events", "run1", 7, first=True)
-    first.sink_append(spark.range(2), path, "sink")
-    first.sink_append(spark.range(2), path, "sink")  # the replay: skipped
+    first.append_owned(spark.range(2), path, "sink")
+    first.append_owned(spark.range(2), path, "sink")  # the replay: skipped
     assert spark.read.format("delta").load(path).count() == 5
     monkeypatch.setattr(live_writes, "live_writes", lambda *a: pytest.fail("a later micro-batch read the log"))
-    live_writes.BatchWrites(spark, "events", "run1", 8, first=False).sink_append(spark.range(2), path, "sink")
+    live_writes.BatchWrites(spark, "events", "run1", 8, first=False).append_owned(spark.range(2), path, "sink")
     assert spark.read.format("delta").load(path).count() == 7
