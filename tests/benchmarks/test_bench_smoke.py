@@ -16,13 +16,14 @@ from benchmarks.run import (
     run_spill,
     run_workload,
 )
+from tests.helpers import SHORT_LIVED_JVM_OPTIONS
 
 # One kind of two inputs (a kind of one input runs the same harness code less its second source); the kinds' live
 # paths are tested in their own modules.
 KINDS = ("interval_join",)
 
 
-def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_path):
+def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_path, monkeypatch):
     results = {"started": "test", "machine": report.machine(), "workloads": {}}
     # Stream modes in 2 micro-batches (20 in `make bench`): enough to run the multi-batch path.
     results["workloads"]["keyed reduce"] = run_workload(
@@ -53,6 +54,8 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     results["kafka_backlog"] = kafka_backlog.measure(
         spark, tmp_path, 3_000, 300, versions=3, runs=1, version_chunks=False
     )
+    # The spill run's own JVM lives for one small backlog here: C1 only, as the suite's other short-lived JVMs.
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", SHORT_LIVED_JVM_OPTIONS)
     results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
     js, md, png = report.write(results, tmp_path / "out")
     loaded = json.loads(js.read_text())
