@@ -27,8 +27,7 @@ Every write is idempotent per micro-batch (the sink's and the pending tables' co
 id, the quarantine's Delta ``txnAppId``/``txnVersion``; a state store version is loaded by the number the previous
 progress record names), and everything the sink gets is computed from the state the batch started from, so a
 micro-batch replayed after a crash at any point writes exactly what the first attempt would have. Spark's own
-watermark is not used: there
-is no stateful Spark operator in the query.
+watermark is not used: there is no stateful Spark operator in the query.
 
 At the switch the live phase writes its first progress record (batch -1: the handoff's version, maximum
 event time and final watermark) before the query starts: its immediate checkpoint. Nothing is replayed.

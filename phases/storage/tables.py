@@ -84,8 +84,13 @@ def append_marked(df: DataFrame, path: str, app_id: str, batch: int, *, merge_sc
     check (:func:`phases.storage.table_stats.write_marker`): for a table with one writer that checks first
     whenever the write may already be there. ``merge_schema`` as in :func:`append_once`."""
     marker = table_stats.write_marker(app_id, batch)
-    writer = df.write.format("delta").mode("append").option("userMetadata", marker)
-    writer.option("mergeSchema", str(merge_schema).lower()).save(path)
+    (
+        df.write.format("delta")
+        .mode("append")
+        .option("userMetadata", marker)
+        .option("mergeSchema", str(merge_schema).lower())
+        .save(path)
+    )
 
 
 def upsert_marked(spark: SparkSession, path: str, rows: DataFrame, keys: list[str], app_id: str, batch: int) -> None:
