@@ -96,6 +96,8 @@ PROFILE_FIGURES = {
     "puts": "rocksdbPutCount",
     "put_ms": "rocksdbPutLatency",
     "cache_misses": "rocksdbReadBlockCacheMissCount",
+    "bulk_rows": "bulkRows",
+    "bulk_ms": "bulkWriteMs",
 }
 
 

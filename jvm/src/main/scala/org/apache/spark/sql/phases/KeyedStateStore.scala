@@ -47,10 +47,10 @@ abstract class CombiningStore(
     (key, value) => out(joined(key, value))
   }
 
-  override protected def putStart(state: StateStore, rows: Iterator[InternalRow]): Unit = {
+  override protected def putStart(state: StateStore, puts: Puts, rows: Iterator[InternalRow]): Unit = {
     val keyOf = StoreSupport.columns(keySchema.fields.map(_.dataType).toIndexedSeq, 0)
     val valueOf = StoreSupport.columns(valueSchema.fields.map(_.dataType).toIndexedSeq, keyColumns.length)
-    rows.foreach(row => state.put(keyOf(row), valueOf(row)))
+    rows.foreach(row => puts.put(keyOf(row), valueOf(row), StartLoad.Default))
   }
 
   /**

@@ -67,8 +67,9 @@ class RowStateStore(
     (key, value) => out(joined(key, value))
   }
 
-  /** Writes rows and their timers' index entries (made in each task). */
-  private final class Rows(state: StateStore) {
+  /** Writes rows and their timers' index entries through `puts` (made in each task). */
+  private final class Rows(state: StateStore, puts: Puts) {
+    def this(state: StateStore) = this(state, Puts.direct(state))
     private val keyOf = StoreSupport.columns(keySchema.fields.map(_.dataType).toIndexedSeq, 0)
     private val valueOf = StoreSupport.columns(valueSchema.fields.map(_.dataType).toIndexedSeq, keyColumns.length)
     private val toTimerKey = UnsafeProjection.create(timerKeySchema)
@@ -87,13 +88,13 @@ class RowStateStore(
         val before = state.get(key)
         if (before != null) timersOf(before).foreach(ms => state.remove(timerKey(ms, key), RowStateStore.Timers))
       }
-      state.put(key, value)
-      timersOf(value).foreach(ms => state.put(timerKey(ms, key), marker, RowStateStore.Timers))
+      puts.put(key, value, StartLoad.Default)
+      timersOf(value).foreach(ms => puts.put(timerKey(ms, key), marker, RowStateStore.Timers))
     }
   }
 
-  override protected def putStart(state: StateStore, rows: Iterator[InternalRow]): Unit = {
-    val writer = new Rows(state)
+  override protected def putStart(state: StateStore, puts: Puts, rows: Iterator[InternalRow]): Unit = {
+    val writer = new Rows(state, puts)
     rows.foreach(row => writer.put(row, replacing = false))
   }
 

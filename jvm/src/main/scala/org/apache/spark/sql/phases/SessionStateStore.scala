@@ -89,7 +89,8 @@ class SessionStateStore(
   }
 
   /** Puts and removes sessions in both families (made in each task). */
-  private final class Sessions(state: StateStore) {
+  private final class Sessions(state: StateStore, puts: Puts) {
+    def this(state: StateStore) = this(state, Puts.direct(state))
     private val toSessionKey = UnsafeProjection.create(keySchema)
     private val toSessionValue = UnsafeProjection.create(valueSchema)
     private val toByEndKey = UnsafeProjection.create(byEndKeySchema)
@@ -101,8 +102,8 @@ class SessionStateStore(
     def byEndKey(end: Long, key: UnsafeRow): UnsafeRow = toByEndKey(j1(long(end), key))
     def put(group: InternalRow, start: Long, end: Long, values: InternalRow): Unit = {
       val k = key(group, start)
-      state.put(k, toSessionValue(j1(long(end), values)))
-      state.put(byEndKey(end, k), marker, SessionStateStore.ByEnd)
+      puts.put(k, toSessionValue(j1(long(end), values)), StartLoad.Default)
+      puts.put(byEndKey(end, k), marker, SessionStateStore.ByEnd)
     }
     def remove(group: InternalRow, start: Long, end: Long): Unit = {
       val k = key(group, start)
@@ -112,11 +113,11 @@ class SessionStateStore(
   }
 
   /** Version 1: the handoff's sessions, merged already, each put as it comes. */
-  override protected def putStart(state: StateStore, rows: Iterator[InternalRow]): Unit = {
+  override protected def putStart(state: StateStore, puts: Puts, rows: Iterator[InternalRow]): Unit = {
     val nG = groupColumns.length
     val groupOf = StoreSupport.columns(groupSchema.fields.map(_.dataType).toIndexedSeq, 0)
     val valuesOf = StoreSupport.columns(sessionValues.fields.map(_.dataType).toIndexedSeq, nG + 2)
-    val sessions = new Sessions(state)
+    val sessions = new Sessions(state, puts)
     rows.foreach(row => sessions.put(groupOf(row), row.getLong(nG), row.getLong(nG + 1), valuesOf(row)))
   }
 

@@ -83,8 +83,8 @@ abstract class StoreBase(
   /** Made in each task: a stored (key, value) of the default family as a row of [[rowSchema]]. */
   protected def rowMaker(): (UnsafeRow, UnsafeRow) => InternalRow
 
-  /** Puts version 1's rows (of [[rowSchema]], one per key) into one partition of the empty store. */
-  protected def putStart(state: StateStore, rows: Iterator[InternalRow]): Unit
+  /** Puts version 1's rows (of [[rowSchema]], one per key) into one partition of the empty `state` through `puts`. */
+  protected def putStart(state: StateStore, puts: Puts, rows: Iterator[InternalRow]): Unit
 
   /** Runs `f` in each store partition over `routed` (in `partitions` partitions by [[routeColumns]]), with the
    * version the store holds after `version` updates loaded; `start`: the empty store, to write version 1. */
@@ -124,16 +124,21 @@ abstract class StoreBase(
   /**
    * Writes version 1 from `rows` (of [[rowSchema]], one per key: the handoff's state, or an older layout's) into the
    * empty store, whatever it held. The handoff's rows reach the store's partitions without a shuffle when they are
-   * hash-partitioned by the route columns already (StoreSupport.withRoutedRows).
+   * hash-partitioned by the route columns already (StoreSupport.withRoutedRows). Each task loads its rows in bulk,
+   * as sorted SST files RocksDB ingests (StartLoad; `spark.phases.storeBulkStart=false`: a put per row).
    */
   def writeStart(rows: DataFrame): StoreUpdate = {
     val profile = new StoreProfile(spark.sparkContext)
+    val bulk = spark.conf.get(StartLoad.BulkConf, "true").toBoolean
+    val chunk = spark.conf.getOption(StartLoad.ChunkConf).map(_.toLong).getOrElse(StartLoad.ChunkBytes)
     StoreSupport.withRoutedRows(rows, rowSchema.fieldNames.toIndexedSeq, routeColumns, partitions, checkpoint,
       mayGroup = startMayGroup) { (routed, route) =>
       val written = inStore(routed, 0L, start = true) { (state, input) =>
         val started = System.nanoTime()
-        putStart(state, input)
-        profile.commit(state, started)
+        val puts = StartLoad.of(state, bulk, chunk)
+        putStart(state, puts, input)
+        puts.finish()
+        profile.commit(state, started, puts.figures)
         Iterator.empty
       }
       cached(written, 1L, profile, route)

@@ -235,10 +235,11 @@ final class StoreProfile(sc: SparkContext) extends Serializable {
   private val figures = sc.collectionAccumulator[(String, Long)]
 
   /** Commits `state` for a task whose rows' work began at `started` (System.nanoTime), and records its figures. */
-  def commit(state: StateStore, started: Long): Unit = {
+  def commit(state: StateStore, started: Long, more: Seq[(String, Long)] = Nil): Unit = {
     val committing = System.nanoTime()
     state.commit()
     record(state, committing - started, System.nanoTime() - committing)
+    more.foreach(figures.add)
   }
 
   private def record(state: StateStore, rowsNanos: Long, commitNanos: Long): Unit = {
