@@ -37,6 +37,15 @@ class IdleTotals(KeyedProcessFunction):
         yield {"first_ts": first, "last_ts": last, "events": events, "total": total}
 
 
+class DoNothing(KeyedProcessFunction):
+    """Keeps no state, sets no timer, yields nothing: what a pass costs besides the user's code."""
+
+    output_schema = "events long"
+
+    def process(self, key, rows, ctx):
+        return None
+
+
 class DayIdleTotals(IdleTotals):
     """:class:`IdleTotals` with a day of idleness: in the live benchmark every key's state and timer stay pending."""
 

@@ -95,6 +95,10 @@ def markdown(results: dict) -> str:
         from benchmarks import kafka_backlog
 
         lines += kafka_backlog.lines(results["kafka_backlog"])
+    if results.get("process_pass"):
+        from benchmarks import process_pass
+
+        lines += process_pass.lines(results["process_pass"])
     if "spill" in results:
         sp = results["spill"]
         if sp.get("failed"):

@@ -26,6 +26,7 @@ from benchmarks import (
     live_kinds,
     live_peers,
     memory,
+    process_pass,
     process_variants,
     report,
     seeding,
@@ -337,7 +338,7 @@ def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> lis
 
 PARTS = (
     "keyed reduce", "wordcount", "keyed process", "interval join", "low-cardinality join", "growth", "live",
-    "live-kinds", "live-kafka", "kafka-backlog", "spill",
+    "live-kinds", "live-kafka", "kafka-backlog", "process-pass", "spill",
 )  # fmt: skip
 
 
@@ -455,6 +456,11 @@ def main() -> None:
             kafka_rows = args.kafka_rows or (100_000 if args.quick else 1_000_000)
             results["kafka_backlog"] = kafka_backlog.measure(
                 spark, work, kafka_rows, max(1, kafka_rows // 10), runs=2 if args.quick else 3
+            )
+        if "process-pass" in only:
+            pass_rows = args.process_rows or (20_000 if args.quick else 1_000_000)
+            results["process_pass"] = process_pass.measure(
+                spark, pass_rows, max(1, pass_rows // 10), args.versions, runs=1 if args.quick else 3
             )
         if "spill" in only and args.spill_memory:
             results["spill"] = run_spill(spark, str(work / "keyed_reduce" / "source"), work, args.spill_memory)

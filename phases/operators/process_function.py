@@ -33,6 +33,7 @@ str, lists, dicts with str keys) or datetimes; map-state keys must be str, int, 
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
@@ -66,11 +67,15 @@ def to_us(value: datetime) -> int:
     """Microseconds since the epoch; a naive datetime is taken as UTC."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return (value - EPOCH) // timedelta(microseconds=1)
+    return (value - EPOCH) // _ONE_US
 
 
 def from_us(us: int) -> datetime:
     return EPOCH + timedelta(microseconds=us)
+
+
+_ONE_US = timedelta(microseconds=1)
+_SCALARS = (bool, int, float, str, datetime)
 
 
 def _encode(value: Any, where: str) -> Any:
@@ -81,11 +86,38 @@ def _encode(value: Any, where: str) -> Any:
     if isinstance(value, (list, tuple)):
         return [_encode(v, where) for v in value]
     if isinstance(value, Mapping):
-        bad = [k for k in value if not isinstance(k, str)]
-        if bad:
-            raise ProcessFunctionError(f"{where}: dict keys in state must be strings; got {bad[:3]!r}")
+        _check_keys(value, where)
         return {k: _encode(v, where) for k, v in value.items()}
-    raise ProcessFunctionError(
+    raise _not_a_state_value(value, where)
+
+
+def _check(value: Any, where: str) -> None:
+    """What :func:`_encode` refuses, refused the same way, without building the encoded copy (a state write checks
+    its value at once, so that the error names the write; the value is encoded once, when the key's state is
+    dumped)."""
+    if value is None or isinstance(value, _SCALARS):
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            if not (v is None or isinstance(v, _SCALARS)):
+                _check(v, where)
+        return
+    if isinstance(value, Mapping):
+        _check_keys(value, where)
+        for v in value.values():
+            _check(v, where)
+        return
+    raise _not_a_state_value(value, where)
+
+
+def _check_keys(value: Mapping, where: str) -> None:
+    bad = [k for k in value if not isinstance(k, str)]
+    if bad:
+        raise ProcessFunctionError(f"{where}: dict keys in state must be strings; got {bad[:3]!r}")
+
+
+def _not_a_state_value(value: Any, where: str) -> ProcessFunctionError:
+    return ProcessFunctionError(
         f"{where}: {type(value).__name__} is not a valid state value (None, bool, int, float, str, list, "
         "dict with str keys, datetime)"
     )
@@ -112,7 +144,7 @@ class ValueState:
         return self._store.get(self._name, default)
 
     def set(self, value: Any) -> None:
-        _encode(value, f"value state {self._name!r}")
+        _check(value, f"value state {self._name!r}")
         self._store[self._name] = value
 
     def clear(self) -> None:
@@ -127,12 +159,12 @@ class ListState:
         return list(self._store.get(self._name, []))
 
     def append(self, value: Any) -> None:
-        _encode(value, f"list state {self._name!r}")
+        _check(value, f"list state {self._name!r}")
         self._store.setdefault(self._name, []).append(value)
 
     def set(self, values: Iterable[Any]) -> None:
         values = list(values)
-        _encode(values, f"list state {self._name!r}")
+        _check(values, f"list state {self._name!r}")
         if values:
             self._store[self._name] = values
         else:
@@ -160,7 +192,7 @@ class MapState:
             raise ProcessFunctionError(
                 f"map state {self._name!r}: key {key!r} is {type(key).__name__}; valid key types: str, int, float, bool"
             )
-        _encode(value, f"map state {self._name!r}")
+        _check(value, f"map state {self._name!r}")
         self._store.setdefault(self._name, {})[key] = value
 
     def remove(self, key: Any) -> None:
@@ -273,14 +305,22 @@ class KeyDriver:
             out.extend(self._collect(self.function.on_timer(self.key, from_us(ms * 1000), self.ctx), "on_timer"))
         return out
 
-    def process(self, rows: list[dict]) -> list[dict]:
-        """Calls ``process`` with one version's rows of the key (raw: timestamps in µs), ordered."""
-        rows = sorted(rows, key=self._order)
-        for row in rows:
-            for col in self.ts_columns:
-                if row.get(col) is not None:
-                    row[col] = from_us(row[col])
+    def process(self, rows: list[dict], *, by_event_time: bool = False) -> list[dict]:
+        """Calls ``process`` with one version's rows of the key (raw: timestamps in µs), ordered by event time, ties
+        by the rows' values. ``by_event_time``: the rows come ordered by event time already, so only rows that share
+        one are ordered by value (a row's values as sorted JSON cost more than the rest of its handling)."""
+        if len(rows) > 1 and (not by_event_time or self._has_ties(rows)):
+            rows = sorted(rows, key=self._order)
+        for col in self.ts_columns:
+            for row in rows:
+                value = row.get(col)
+                if value is not None:
+                    row[col] = from_us(value)
         return self._collect(self.function.process(self.key, rows, self.ctx), "process")
+
+    def _has_ties(self, rows: list[dict]) -> bool:
+        et = self.event_time
+        return any(a[et] >= b[et] for a, b in itertools.pairwise(rows))
 
     def _order(self, row: dict) -> tuple:
         return (row[self.event_time], json.dumps(row, sort_keys=True, default=str))
@@ -296,11 +336,11 @@ class KeyDriver:
                     f"{type(self.function).__name__}.{where} for key {self.key!r} yielded {type(row).__name__}; "
                     "yield dicts of the output columns"
                 )
-            unknown = sorted(set(row) - self._output_set)
+            unknown = row.keys() - self._output_set
             if unknown:
                 raise ProcessFunctionError(
-                    f"{type(self.function).__name__}.{where} for key {self.key!r} yielded columns {unknown} that "
-                    f"are not in its output_schema; output columns: {self.output_columns}"
+                    f"{type(self.function).__name__}.{where} for key {self.key!r} yielded columns "
+                    f"{sorted(unknown)} that are not in its output_schema; output columns: {self.output_columns}"
                 )
             out.append({**keys, **{c: row.get(c) for c in self.output_columns}})
         return out

@@ -15,8 +15,10 @@ writes them apart."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from datetime import datetime
+from operator import itemgetter
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -28,7 +30,7 @@ from phases.definition import Pipeline, ProcessOperator
 from phases.errors import DefinitionError
 from phases.lateness import VERSION, WATERMARK_US
 from phases.operators.aggregation import MAX_TS
-from phases.operators.process_function import KeyDriver, group_runs, load_process_function, to_us
+from phases.operators.process_function import KeyDriver, load_process_function, to_us
 
 KIND = "_kind"  # backlog pass output: 'out' (an output row) or 'state' (a key's state)
 STATE = "_state"  # the key's state as JSON (null: nothing held)
@@ -175,43 +177,9 @@ class ProcessLogic:
         both = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         ordered = both.repartition(partitions, *self.keys).sortWithinPartitions(*self.keys, _ORDER, VERSION, et)
         logic = self
-        arrow_schema = to_arrow_schema(self.pass_schema, timezone="UTC")
-        empty = {c: None for c in self.pass_schema.names}
-        engine = {_ORDER, VERSION, WATERMARK_US, STATE, TIMERS, ROWS, _MAX_US}
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            driver = logic.driver()
-            keys = logic.keys
-            pending: list[dict] = []
-
-            def records() -> Iterator[dict]:
-                for batch in batches:
-                    yield from batch.to_pylist()
-
-            for key, rows in group_runs(records(), lambda r: tuple(r[k] for k in keys)):
-                seen, max_us = 0, None
-                if rows[0][_ORDER] == 0:  # the key's previous state comes first
-                    before = rows.pop(0)
-                    driver.start(key, before[STATE], before[TIMERS] or ())
-                    seen, max_us = before[ROWS] or 0, before[_MAX_US]
-                else:
-                    driver.start(key, None, ())
-                for _, version_rows in group_runs(rows, lambda r: r[VERSION]):
-                    watermark = version_rows[0][WATERMARK_US]
-                    user_rows = [{c: v for c, v in r.items() if c not in engine} for r in version_rows]
-                    produced = driver.fire_due(watermark) + driver.process(user_rows)
-                    pending.extend({**empty, **logic.encode_row(o), KIND: OUT} for o in produced)
-                    top = max(r[et] for r in version_rows)
-                    max_us = top if max_us is None else max(max_us, top)
-                pending.extend({**empty, **logic.encode_row(o), KIND: OUT} for o in driver.fire_due(watermark_us))
-                state, timers = driver.state()
-                row = {**empty, **dict(zip(keys, key, strict=True)), KIND: STATE_ROW, STATE: state, TIMERS: timers}
-                pending.append({**row, ROWS: seen + len(rows), MAX_TS: max_us})
-                if len(pending) >= _ARROW_CHUNK:
-                    yield pa.RecordBatch.from_pylist(pending, schema=arrow_schema)
-                    pending = []
-            if pending:
-                yield pa.RecordBatch.from_pylist(pending, schema=arrow_schema)
+            return pass_partition(logic, batches, watermark_us)
 
         return ordered.mapInArrow(run, self.pass_schema)
 
@@ -220,3 +188,80 @@ class ProcessLogic:
 
     def states(self, passed: DataFrame) -> DataFrame:
         return passed.filter(F.col(KIND) == STATE_ROW).select(*self.state_schema.names)
+
+
+def pass_partition(
+    logic: ProcessLogic, batches: Iterator[pa.RecordBatch], watermark_us: int | None
+) -> Iterator[pa.RecordBatch]:
+    """One partition of the pass: ``batches`` of :meth:`ProcessLogic.increment_pass`'s sorted input (a key's previous
+    state row first, then its records by version and event time) in, output and state rows (:attr:`ProcessLogic.
+    pass_schema`) out, ``_ARROW_CHUNK`` rows a batch.
+
+    The framework's own cost per record is what this adds to the user's function: the batches are read column by
+    column into tuples (not a dict per row with every engine column), keys and versions are grouped by C-level
+    ``itemgetter`` runs, a record becomes the user's dict of its own columns only, and rows already ordered by event
+    time are ordered by value only where two share an event time (:meth:`KeyDriver.process`)."""
+    driver = logic.driver()
+    keys, et = logic.keys, logic.pipeline.event_time
+    names: list[str] | None = None
+    pending: list[dict] = []
+    empty = {c: None for c in logic.pass_schema.names}
+    arrow_schema = to_arrow_schema(logic.pass_schema, timezone="UTC")
+
+    def records() -> Iterator[tuple]:
+        nonlocal names
+        for batch in batches:
+            if names is None:
+                names = batch.schema.names
+            yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
+
+    stream = records()
+    first = next(stream, None)
+    if first is None:
+        return
+    at = {n: i for i, n in enumerate(names)}
+    key_of = itemgetter(*(at[k] for k in keys)) if len(keys) > 1 else (lambda r, i=at[keys[0]]: (r[i],))
+    version_of = itemgetter(at[VERSION])
+    i_order, i_watermark, i_et = at[_ORDER], at[WATERMARK_US], at[et]
+    i_state, i_timers, i_rows, i_max = at[STATE], at[TIMERS], at[ROWS], at[_MAX_US]
+    # What the user's function sees of a record: the key and record columns, in the input's order.
+    engine = {_ORDER, VERSION, WATERMARK_US, STATE, TIMERS, ROWS, _MAX_US}
+    user = [n for n in names if n not in engine]
+    user_values = itemgetter(*(at[n] for n in user)) if len(user) > 1 else (lambda r, i=at[user[0]]: (r[i],))
+
+    def out_rows(produced: list[dict]) -> None:
+        for o in produced:
+            row = dict(empty)
+            row.update(logic.encode_row(o))
+            row[KIND] = OUT
+            pending.append(row)
+
+    rows_of_keys = itertools.groupby(itertools.chain((first,), stream), key=key_of)
+    for key, key_rows in rows_of_keys:
+        rows = list(key_rows)
+        seen, max_us = 0, None
+        if rows[0][i_order] == 0:  # the key's previous state comes first
+            before = rows.pop(0)
+            driver.start(key, before[i_state], before[i_timers] or ())
+            seen, max_us = before[i_rows] or 0, before[i_max]
+        else:
+            driver.start(key, None, ())
+        for _, version_rows in itertools.groupby(rows, key=version_of):
+            version_rows = list(version_rows)
+            watermark = version_rows[0][i_watermark]
+            user_rows = [dict(zip(user, user_values(r), strict=True)) for r in version_rows]
+            out_rows(driver.fire_due(watermark))
+            out_rows(driver.process(user_rows, by_event_time=True))
+            top = version_rows[-1][i_et]  # sorted by event time within the version
+            max_us = top if max_us is None else max(max_us, top)
+        out_rows(driver.fire_due(watermark_us))
+        state, timers = driver.state()
+        row = dict(empty)
+        row.update(zip(keys, key, strict=True))
+        row[KIND], row[STATE], row[TIMERS], row[ROWS], row[MAX_TS] = STATE_ROW, state, timers, seen + len(rows), max_us
+        pending.append(row)
+        if len(pending) >= _ARROW_CHUNK:
+            yield pa.RecordBatch.from_pylist(pending, schema=arrow_schema)
+            pending = []
+    if pending:
+        yield pa.RecordBatch.from_pylist(pending, schema=arrow_schema)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import data, kafka_backlog, live, live_kinds, live_peers, report
+from benchmarks import data, kafka_backlog, live, live_kinds, live_peers, process_pass, report
 from benchmarks.run import (
     run_join_workload,
     run_low_cardinality_join,
@@ -54,6 +54,7 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     results["kafka_backlog"] = kafka_backlog.measure(
         spark, tmp_path, 3_000, 300, versions=3, runs=1, version_chunks=False
     )
+    results["process_pass"] = process_pass.measure(spark, 2_000, 200, 4, runs=1)
     # The spill run's own JVM lives for one small backlog here: C1 only, as the suite's other short-lived JVMs.
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", SHORT_LIVED_JVM_OPTIONS)
     results["spill"] = run_spill(spark, str(tmp_path / "keyed_process" / "source"), tmp_path, "1g")
@@ -104,6 +105,10 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert kb["delta"][0]["input_rows"] == kb["kafka"][0]["input_rows"] == 3_000
     assert kb["ratio"] > 0
     assert "backlog from Kafka beside Delta" in md.read_text()
+    passes = loaded["process_pass"]
+    assert set(passes["seconds"]) == {"Spark alone", "do-nothing function", "IdleTotals"}
+    assert set(passes["us_per_record"]) == {"do-nothing function", "IdleTotals"}
+    assert "the process pass's own cost" in md.read_text()
     assert "| two-phase |" in md.read_text() and "p99" in md.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

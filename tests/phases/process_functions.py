@@ -52,6 +52,16 @@ class Sessions(KeyedProcessFunction):
             state.clear()
 
 
+class Arrivals(KeyedProcessFunction):
+    """Yields each row it is given, with its place in the call: the order a version's rows reach ``process``."""
+
+    output_schema = "ts timestamp, value long, place long"
+
+    def process(self, key, rows, ctx):
+        for place, row in enumerate(rows):
+            yield {"ts": row["ts"], "value": row["value"], "place": place}
+
+
 class BadOutput(KeyedProcessFunction):
     output_schema = "n long"
 

@@ -5,17 +5,23 @@ all versions emits, and what a plain-Python run of the documented rules emits.""
 
 from __future__ import annotations
 
+import itertools
+import json
 import uuid
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyspark.sql import types as T
 
 from phases.backlog.runner import BacklogRunner
 from phases.definition import ProcessOperator
 from phases.errors import DefinitionError, PhaseStateError, ProcessFunctionError
+from phases.lateness import VERSION, WATERMARK_US
 from phases.live.runner import LiveRunner
-from phases.operators.process_pass import KIND, OUT, ProcessLogic
+from phases.operators.process_function import to_us
+from phases.operators.process_pass import KIND, OUT, ProcessLogic, pass_partition
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, crash_on_state_write, quarantine_rows, ts, us_of, write_source
@@ -23,6 +29,7 @@ from tests.phases.process_functions import Sessions
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
 
 SESSIONS = ProcessOperator(function="tests.phases.process_functions:Sessions")
+ARRIVALS = "tests.phases.process_functions:Arrivals"
 
 
 def _pipeline(source: str, root: str, operator: ProcessOperator = SESSIONS):
@@ -82,6 +89,68 @@ def test_process_function_two_phase_equals_a_single_streaming_job_for_any_cutoff
     assert _sink(spark, two_phase.sink.path) == expected
     assert _sink(spark, single.sink.path) == expected
     assert quarantine_rows(spark, str(root / "two_phase")) == quarantine_rows(spark, str(root / "single"))
+
+
+def _pass_input(logic: ProcessLogic, rows: list[tuple]) -> pa.RecordBatch:
+    """The pass's input as Spark hands it to a worker: (key, version, ts µs, value) records in the sort's order, by
+    key, version and event time; rows that share all three come in the order given."""
+    keys, versions, tss, values = (list(c) for c in zip(*rows, strict=True)) if rows else ([], [], [], [])
+    n = len(rows)
+    return pa.RecordBatch.from_pydict(
+        {
+            "key": keys,
+            "_order": [1] * n,
+            VERSION: versions,
+            WATERMARK_US: [v * 1_000_000 for v in versions],
+            "ts": tss,
+            "value": values,
+            "_state": [None] * n,
+            "_timers": pa.array([None] * n, pa.list_(pa.int64())),
+            "_rows": pa.array([None] * n, pa.int64()),
+            "_max_us": pa.array([None] * n, pa.int64()),
+        }
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    records=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b"]),
+            st.integers(0, 2),
+            st.integers(0, 3).map(lambda s: s * 1_000_000),
+            st.one_of(st.none(), st.integers(0, 2)),
+        ),
+        max_size=30,
+    ),
+    shuffle=st.randoms(use_true_random=False),
+)
+def test_a_versions_rows_reach_process_by_event_time_then_value_in_whatever_order_ties_arrive(spark, records, shuffle):
+    """The pass's input is sorted by key, version and event time only; rows that share an event time arrive in any
+    order. The function sees each version's rows ordered by event time, then by the rows' values (the rule, as the
+    reference applies it), whatever that order was. (The pass runs here in-process; the session only parses the
+    function's output schema.)"""
+    spark_order = sorted(records, key=lambda r: r[:3])
+    tied = list(spark_order)
+    shuffle.shuffle(tied)
+    tied.sort(key=lambda r: r[:3])  # stable: equal (key, version, ts) rows keep the shuffled order
+    pipeline = make_pipeline("unused", "unused", operator=ProcessOperator(function=ARRIVALS))
+    schema = T.StructType([T.StructField(n, t) for n, t in [("key", T.StringType()), ("ts", T.TimestampType()),
+                                                               ("value", T.LongType())]])  # fmt: skip
+    logic = ProcessLogic(spark, pipeline, schema)
+
+    def seen(rows):
+        out = []
+        for batch in pass_partition(logic, iter([_pass_input(logic, rows)]), None):
+            out += [(r["key"], to_us(r["ts"]), r["value"], r["place"]) for r in batch.to_pylist() if r[KIND] == OUT]
+        return out
+
+    expected = []
+    for (key, _), group in itertools.groupby(spark_order, key=lambda r: r[:2]):
+        dicts = [{"key": k, "ts": t, "value": v} for k, _, t, v in group]
+        ordered = sorted(dicts, key=lambda d: (d["ts"], json.dumps(d, sort_keys=True, default=str)))
+        expected += [(key, d["ts"], d["value"], place) for place, d in enumerate(ordered)]
+    assert seen(tied) == seen(spark_order) == expected
 
 
 def test_backlog_output_is_grouped_by_key_and_state_holds_open_sessions(spark, tmp_path):
