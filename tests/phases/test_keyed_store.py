@@ -522,7 +522,7 @@ def test_the_internals_version_1s_bulk_load_reaches_by_reflection_are_there(spar
 # Keys over a three-byte alphabet share long stretches and differ late, or only in length (b"" against b"\x00"): what
 # the packed prefix cannot tell apart and the whole comparison must.
 _KEY_BYTES = st.tuples(
-    st.sampled_from([b"", b"\x00" * 8, b"\xff" * 7, b"\x01" * 9]),
+    st.sampled_from([b"", b"\x00" * 8, b"\xff" * 7, b"\x01" * 9, b"\x05" * 23]),
     st.lists(st.sampled_from([0x00, 0x01, 0xFF]), max_size=6).map(bytes),
 ).map(b"".join)
 

@@ -100,9 +100,7 @@ object StartLoad {
         (found.productElement(0).asInstanceOf[RocksDBKeyStateEncoder],
           found.productElement(1).asInstanceOf[RocksDBValueStateEncoder])
       }
-      val prefixed =
-        if (families) Some((key: Array[Byte], family: String) => Prefix.invoke(rocks, key, family).asInstanceOf[Array[Byte]])
-        else None
+      val prefixed = if (families) Some(new FamilyPrefixes(rocks, Prefix)) else None
       LoadInternals(rocks, Db.invoke(rocks).asInstanceOf[org.rocksdb.RocksDB],
         Options.invoke(rocks).asInstanceOf[org.rocksdb.Options], encoders, prefixed)
     }
@@ -136,6 +134,36 @@ object StartLoad {
   def sortedOrder(keys: java.util.List[Array[Byte]]): Array[Int] = {
     val array = keys.toArray(new Array[Array[Byte]](0))
     BulkPuts.sortedOrder(array, array.length)
+  }
+}
+
+/**
+ * The bytes Spark's RocksDB puts before a key of a column family (`encodeStateRowWithPrefix`, private: called by
+ * reflection). A family's prefix is learned once, from an empty key, and used as is when the same call on a probe
+ * key gives that prefix and the probe; otherwise every key goes through the call.
+ */
+final class FamilyPrefixes(rocks: RocksDB, call: Method) extends ((Array[Byte], String) => Array[Byte]) {
+  private val learned = new java.util.HashMap[String, Option[Array[Byte]]]()
+
+  private def prefixed(key: Array[Byte], family: String): Array[Byte] =
+    call.invoke(rocks, key, family).asInstanceOf[Array[Byte]]
+
+  def apply(key: Array[Byte], family: String): Array[Byte] = {
+    var known = learned.get(family)
+    if (known == null) {
+      val prefix = prefixed(Array.emptyByteArray, family)
+      val probe = Array[Byte](7, 0, -1)
+      known = if (JArrays.equals(prefixed(probe, family), prefix ++ probe)) Some(prefix) else None
+      learned.put(family, known)
+    }
+    known match {
+      case Some(prefix) =>
+        val out = new Array[Byte](prefix.length + key.length)
+        System.arraycopy(prefix, 0, out, 0, prefix.length)
+        System.arraycopy(key, 0, out, prefix.length, key.length)
+        out
+      case None => prefixed(key, family)
+    }
   }
 }
 
@@ -235,25 +263,41 @@ object BulkPuts {
    * The indexes of `keys(0 until n)` in RocksDB's order (bytewise, unsigned), stable: equal keys keep the order they
    * were put in. A comparison sort of byte arrays put in hash order costs a cache miss or two a comparison (0.6 s for
    * 500,000 keys); here the keys' common prefix is skipped, the next eight bytes, less the bits the index needs, are
-   * packed with the index into a long and the longs sorted as primitives; only keys equal in those bytes are compared
-   * whole, within their run.
+   * packed with the index into a long and the longs sorted as primitives. Keys equal in those bytes (a run) are
+   * sorted the same way from where they start to differ, until a run is small (insertion sort) or makes no progress
+   * (equal keys, or keys of one length that differ late: a stable comparison sort).
    */
   def sortedOrder(keys: Array[Array[Byte]], n: Int): Array[Int] = {
-    if (n == 0) return new Array[Int](0)
-    var common = keys(0).length
-    var i = 1
-    while (i < n && common > 0) {
-      val len = math.min(common, keys(i).length)
-      val m = JArrays.mismatch(keys(0), 0, len, keys(i), 0, len)
-      common = if (m < 0) len else m
+    val order = Array.tabulate(n)(identity)
+    sortRange(keys, order, 0, n, 0)
+    order
+  }
+
+  private val Small = 16
+
+  /** Sorts `order(from until to)` stably by the keys they index, all of which share their first `shared` bytes. */
+  private def sortRange(keys: Array[Array[Byte]], order: Array[Int], from: Int, to: Int, shared: Int): Unit = {
+    val n = to - from
+    if (n <= Small) return insertionSort(keys, order, from, to)
+    val first = keys(order(from))
+    var common = first.length
+    var i = from + 1
+    while (i < to && common > shared) {
+      // Bytes before `shared` are equal (a key shorter than that: equal up to its end, zeros after it).
+      val k = keys(order(i))
+      val len = math.min(common, k.length)
+      val start = math.min(shared, len)
+      val m = JArrays.mismatch(first, start, len, k, start, len)
+      common = if (m < 0) len else start + m
       i += 1
     }
+    common = math.max(common, shared)
     val indexBits = math.max(1, 32 - Integer.numberOfLeadingZeros(n - 1))
     val indexMask = (1L << indexBits) - 1
     val packed = new Array[Long](n)
     i = 0
     while (i < n) {
-      val k = keys(i)
+      val k = keys(order(from + i))
       var prefix = 0L
       var b = 0
       while (b < 8) {
@@ -266,39 +310,59 @@ object BulkPuts {
       i += 1
     }
     JArrays.sort(packed)
-    val order = new Array[Int](n)
+    val sorted = new Array[Int](n)
     i = 0
     while (i < n) {
-      order(i) = (packed(i) & indexMask).toInt
+      sorted(i) = order(from + (packed(i) & indexMask).toInt)
       i += 1
     }
-    // Runs of equal packed prefixes: indexes ascending (put order) within each; sorted whole, stably.
+    System.arraycopy(sorted, 0, order, from, n)
+    // The whole bytes the packed prefix compared: a run's keys agree on them too.
+    val next = common + (64 - indexBits) / 8
     var start = 0
     while (start < n) {
       val run = packed(start) & ~indexMask
       var end = start + 1
       while (end < n && (packed(end) & ~indexMask) == run) end += 1
-      if (end - start <= 16) {
-        // Insertion sort, stable: a key moves left past greater keys only.
-        var j = start + 1
-        while (j < end) {
-          val at = order(j)
-          var k = j - 1
-          while (k >= start && JArrays.compareUnsigned(keys(order(k)), keys(at)) > 0) {
-            order(k + 1) = order(k)
-            k -= 1
-          }
-          order(k + 1) = at
-          j += 1
-        }
-      } else {
-        val part = JArrays.copyOfRange(order, start, end).map(Int.box)
-        JArrays.sort(part, (a: Integer, b: Integer) => JArrays.compareUnsigned(keys(a), keys(b)))
-        var j = 0
-        while (j < part.length) { order(start + j) = part(j); j += 1 }
+      if (end - start > 1) {
+        if (end - start < n) sortRange(keys, order, from + start, from + end, common)
+        // No split: on to the bytes after the compared ones, unless no key reaches past them (equal keys, or keys
+        // that differ only in trailing zeros): then only a whole comparison orders them.
+        else if (reachesPast(keys, order, from, to, next)) sortRange(keys, order, from, to, next)
+        else stableSort(keys, order, from, to)
       }
       start = end
     }
-    order
+  }
+
+  /** Whether a key of `order(from until to)` is longer than `length` bytes. */
+  private def reachesPast(keys: Array[Array[Byte]], order: Array[Int], from: Int, to: Int, length: Int): Boolean = {
+    var i = from
+    while (i < to) {
+      if (keys(order(i)).length > length) return true
+      i += 1
+    }
+    false
+  }
+
+  private def insertionSort(keys: Array[Array[Byte]], order: Array[Int], from: Int, to: Int): Unit = {
+    var j = from + 1
+    while (j < to) {
+      val at = order(j)
+      var k = j - 1
+      while (k >= from && JArrays.compareUnsigned(keys(order(k)), keys(at)) > 0) {
+        order(k + 1) = order(k)
+        k -= 1
+      }
+      order(k + 1) = at
+      j += 1
+    }
+  }
+
+  private def stableSort(keys: Array[Array[Byte]], order: Array[Int], from: Int, to: Int): Unit = {
+    val part = JArrays.copyOfRange(order, from, to).map(Int.box)
+    JArrays.sort(part, (a: Integer, b: Integer) => JArrays.compareUnsigned(keys(a), keys(b)))
+    var j = 0
+    while (j < part.length) { order(from + j) = part(j); j += 1 }
   }
 }
