@@ -30,9 +30,6 @@ trait Puts {
   /** Writes what is still held: once, after the last put and before the commit. */
   def finish(): Unit
 
-  /** How the rows went in: `bulk` (SST files ingested) or `puts`. */
-  def route: String
-
   /** Figures for the store's profile (name -> value). */
   def figures: Seq[(String, Long)] = Nil
 }
@@ -42,7 +39,6 @@ object Puts {
   def direct(state: StateStore): Puts = new Puts {
     def put(key: UnsafeRow, value: UnsafeRow, family: String): Unit = state.put(key, value, family)
     def finish(): Unit = ()
-    def route: String = "puts"
   }
 }
 
@@ -181,12 +177,8 @@ final class BulkPuts(found: LoadInternals, chunkBytes: Long) extends Puts {
   private var rows = 0L
   private var writeNanos = 0L
   private var sortNanos = 0L
-  private var encodeNanos = 0L
-
-  def route: String = "bulk"
 
   def put(key: UnsafeRow, value: UnsafeRow, family: String): Unit = {
-    val t0 = System.nanoTime()
     val (keyEncoder, valueEncoder) = found.encoders(family)
     val k0 = keyEncoder.encodeKey(key)
     val k = found.prefixed match {
@@ -202,7 +194,6 @@ final class BulkPuts(found: LoadInternals, chunkBytes: Long) extends Puts {
     values(held) = v
     held += 1
     heldBytes += k.length + v.length
-    encodeNanos += System.nanoTime() - t0
     if (heldBytes >= chunkBytes) write()
   }
 
@@ -210,7 +201,7 @@ final class BulkPuts(found: LoadInternals, chunkBytes: Long) extends Puts {
 
   override def figures: Seq[(String, Long)] =
     Seq("bulkRows" -> rows, "bulkFiles" -> files, "bulkWriteMs" -> writeNanos / 1000000L,
-      "bulkSortMs" -> sortNanos / 1000000L, "bulkEncodeMs" -> encodeNanos / 1000000L)
+      "bulkSortMs" -> sortNanos / 1000000L)
 
   private def write(): Unit = {
     val started = System.nanoTime()
