@@ -271,14 +271,20 @@ class HybridSource(_Model):
 
 
 SINK_MODES = ("upsert", "changelog")
+UPSERT_WRITES = ("auto", "merge", "rewrite")
 
 
 class DeltaSink(_Model):
     """The pipeline's result table. Windows, sessions, process functions, interval joins and co-groups append
     each result once. A keyed aggregation keeps one row per key, in one of two modes:
 
-    - ``upsert`` (default): ``path`` holds one row per key; every live micro-batch MERGEs the changed keys'
-      rows into it (a pass over the table: its cost grows with the number of keys);
+    - ``upsert`` (default): ``path`` holds one row per key; every live micro-batch writes the changed keys' rows
+      into it in one commit (a pass over the table: its cost grows with the number of keys). ``upsert_write``
+      says how: ``merge`` (a MERGE on the keys), ``rewrite`` (the table's other rows and the changed ones, in one
+      overwrite: no search for the files the keys are in, and no shuffle of the table), or ``auto`` (default):
+      ``rewrite`` when the updated keys are enough to reach nearly every file of the table (at least
+      five a file: the engine writes the sink with its keys spread over its files, so a MERGE would rewrite them
+      all as well), else ``merge``;
     - ``changelog``: ``path`` is an append-only log of the changed keys' rows, each with the micro-batch
       (``_batch_id``; -1: the handoff), the newest source version that changed the key (``_source_version``)
       and ``_op``; every micro-batch appends once. ``current_path`` is compacted from it outside the
@@ -290,6 +296,12 @@ class DeltaSink(_Model):
     path: str = Field(min_length=1)
     mode: Literal["upsert", "changelog"] = Field(
         "upsert", description=f"How a keyed aggregation's live results reach the sink: one of {list(SINK_MODES)}."
+    )
+    upsert_write: Literal["auto", "merge", "rewrite"] = Field(
+        "auto",
+        description=f"upsert mode: how a live micro-batch writes the changed keys, one of {list(UPSERT_WRITES)} "
+        "(auto: rewrite when the updated keys reach nearly every file of the sink, else merge). Choose merge for a "
+        "sink clustered by its key (OPTIMIZE ZORDER BY the key), where a MERGE touches few files.",
     )
     current_path: str | None = Field(
         None, description="changelog mode: the compacted table of the latest row per key (default: <path>_current)."
@@ -310,6 +322,10 @@ class DeltaSink(_Model):
         if self.mode != "changelog" and self.current_path is not None:
             raise ValueError(
                 f"sink.current_path is the compacted table of a changelog sink; sink.mode is {self.mode!r}"
+            )
+        if self.mode != "upsert" and self.upsert_write != "auto":
+            raise ValueError(
+                f"sink.upsert_write says how an upsert sink is written; sink.mode is {self.mode!r} (leave it 'auto')"
             )
         if self.compact_every < timedelta(0):
             raise ValueError("sink.compact_every must be 0 (no background compaction) or positive")

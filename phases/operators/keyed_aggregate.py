@@ -7,6 +7,8 @@ only their open windows and emit the closed ones)."""
 
 from __future__ import annotations
 
+import logging
+
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -28,6 +30,8 @@ from phases.schema_changes import changes, way_out
 from phases.storage import changelog, tables
 from phases.storage.keyed_store import CombinedLayout, LiveStateStore
 from phases.storage.manifest import HandoffManifest
+
+log = logging.getLogger(__name__)
 
 
 class AggregationHandoff:
@@ -179,7 +183,23 @@ class KeyedStoreStep(AggregationStoreStep):
                 out = changelog.rows(changed.select(*logic.finalize_columns(), changelog.SOURCE_VERSION), writes.batch)
                 writes.append_owned(out, self.sink_path, "sink")
             else:
-                writes.sink_upsert(logic.finalize(changed), self.sink_path, logic.keys, "upsert")
+                sink = logic.pipeline.sink
+                write = tables.upsert_write(self.sink_path, sink.upsert_write, update.changed_keys, update.new_keys)
+                log.debug(
+                    "sink %s: %d changed keys (%s new), written by %s",
+                    self.sink_path,
+                    update.changed_keys,
+                    update.new_keys,
+                    write,
+                )
+                writes.sink_upsert(
+                    logic.finalize(changed),
+                    self.sink_path,
+                    logic.keys,
+                    "upsert",
+                    write=write,
+                    changed=update.changed_keys,
+                )
         finally:
             update.release()
         return update.version

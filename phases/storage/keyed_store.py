@@ -77,11 +77,19 @@ class StoreUpdate:
         ``rocksdbReadBlockCacheMissCount``, the commit's steps, ...). Empty for a lookup, which commits nothing."""
         return {str(k): int(v) for k, v in dict(self._handle.profiled()).items()}
 
+    @property
+    def new_keys(self) -> int | None:
+        """How many of the changed keys the store did not hold before (a combining update's; None for the other
+        layouts). Counted in the update's tasks: a guide for choosing how to write the rows, not a result."""
+        return self.profile.get(NEW_KEYS)
+
     def profile_summary(self) -> dict[str, int]:
         """The :attr:`profile`'s main figures under short names (:data:`PROFILE_FIGURES`)."""
         profile = self.profile
         return {short: profile[name] for short, name in PROFILE_FIGURES.items() if name in profile}
 
+
+NEW_KEYS = "newKeys"  # a combining update's profile figure: the keys it added (the helper's StoreProfile.NewKeys)
 
 # The main figures of a store update's profile: short name -> the helper's or RocksDB's name (milliseconds are task
 # time summed over the store's tasks, which run in parallel).
@@ -96,6 +104,7 @@ PROFILE_FIGURES = {
     "puts": "rocksdbPutCount",
     "put_ms": "rocksdbPutLatency",
     "cache_misses": "rocksdbReadBlockCacheMissCount",
+    "new_keys": NEW_KEYS,
     "bulk_rows": "bulkRows",
     "bulk_ms": "bulkWriteMs",
 }

@@ -68,12 +68,22 @@ class BatchWrites:
         tables.append_marked(df, path, self.app(what), self.batch, merge_schema=merge_schema)
         self._note_commit(path, what)
 
-    def sink_upsert(self, rows: DataFrame, path: str, keys: list[str], what: str) -> None:
-        """Upserts ``rows`` into the run's sink (one MERGE) as a marked write, unless already there."""
+    def sink_upsert(
+        self,
+        rows: DataFrame,
+        path: str,
+        keys: list[str],
+        what: str,
+        *,
+        write: str = "merge",
+        changed: int | None = None,
+    ) -> None:
+        """Upserts ``rows`` into the run's sink (one commit: ``write`` as :func:`phases.storage.tables.upsert_marked`)
+        as a marked write, unless already there."""
         if self.already_written(path):
             self.committed[what] = path
             return
-        tables.upsert_marked(self.spark, path, rows, keys, self.app(what), self.batch)
+        tables.upsert_marked(self.spark, path, rows, keys, self.app(what), self.batch, write=write, changed=changed)
         self._note_commit(path, what)
 
     def _note_commit(self, path: str, what: str) -> None:

@@ -145,6 +145,13 @@ def properties(path: str) -> dict[str, str] | None:
     return None if table is None else dict(table.metadata().configuration)
 
 
+def data_files(path: str) -> tuple[int, dict[str, str]] | None:
+    """The number of data files of the table's current version and its properties, or None when ``path`` holds no
+    Delta table."""
+    table = _table(path)
+    return None if table is None else (len(table.file_uris()), dict(table.metadata().configuration))
+
+
 def rows(path: str, *, where: tuple[str, str] | None = None) -> list[dict] | None:
     """Every row of a small table as dicts (``where``: only those whose string column ``where[0]`` equals
     ``where[1]``), read from its files; None when ``path`` holds no Delta table. For the engine's own log tables

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.storage import fs, table_stats
@@ -93,14 +94,78 @@ def append_marked(df: DataFrame, path: str, app_id: str, batch: int, *, merge_sc
     )
 
 
-def upsert_marked(spark: SparkSession, path: str, rows: DataFrame, keys: list[str], app_id: str, batch: int) -> None:
-    """:func:`replace_rows` with (``app_id``, ``batch``) in the commit's ``userMetadata`` (as :func:`append_marked`)."""
+def upsert_marked(
+    spark: SparkSession,
+    path: str,
+    rows: DataFrame,
+    keys: list[str],
+    app_id: str,
+    batch: int,
+    *,
+    write: str = "merge",
+    changed: int | None = None,
+) -> None:
+    """``rows`` upserted with (``app_id``, ``batch``) in the commit's ``userMetadata`` (as :func:`append_marked`):
+    by :func:`replace_rows` (``write="merge"``) or :func:`rewrite_rows` (``"rewrite"``, ``changed`` the row count
+    of ``rows`` when known)."""
+    if write not in ("merge", "rewrite"):
+        raise ValueError(f"write {write!r}: valid values are ['merge', 'rewrite']")
     key = "spark.databricks.delta.commitInfo.userMetadata"
     spark.conf.set(key, table_stats.write_marker(app_id, batch))
     try:
-        replace_rows(spark, path, rows, keys)
+        if write == "rewrite":
+            rewrite_rows(spark, path, rows, keys, rows_count=changed)
+        else:
+            replace_rows(spark, path, rows, keys)
     finally:
         spark.conf.unset(key)
+
+
+REWRITE_UPDATES_PER_FILE = 5  # updated keys a data file from which an upsert rewrites the whole table
+BROADCAST_KEYS = 1_000_000  # changed keys up to which a rewrite broadcasts them (beyond: Spark plans the join)
+
+
+def upsert_write(path: str, setting: str, changed: int, new: int | None) -> str:
+    """How an upsert of ``changed`` keys (``new`` of them not in the table; None: not known) is written to the table at
+    ``path``: ``setting`` unless it is ``"auto"``, which picks ``"rewrite"`` when the updated keys (``changed - new``)
+    number at least :data:`REWRITE_UPDATES_PER_FILE` per data file of the table, else ``"merge"``.
+
+    A MERGE first searches the files holding the keys (a join of the keys with the whole table's key column), then
+    rewrites those files (a join that shuffles their rows). Keys spread over the files, as the engine writes the sink,
+    reach a file each with probability 1/files: at five updated keys a file, a MERGE leaves fewer than 1 % of the files
+    alone (e^-5), so it rewrites the table either way, and the rewrite does it without the search and the shuffle. New
+    keys touch no file (a MERGE appends them). ``"merge"`` too when the keys or the table are not known well enough:
+    the table's log unreadable here (delta-rs), or its change data feed on (a rewrite would record every row as
+    deleted and inserted again)."""
+    if setting != "auto":
+        return setting
+    if new is None:
+        return "merge"
+    updated = changed - new
+    if updated < REWRITE_UPDATES_PER_FILE:
+        return "merge"
+    shape = table_stats.from_log(table_stats.data_files, path)
+    if shape is None:
+        return "merge"
+    files, properties = shape
+    if properties.get("delta.enableChangeDataFeed", "false").lower() == "true":
+        return "merge"
+    return "rewrite" if updated >= REWRITE_UPDATES_PER_FILE * max(files, 1) else "merge"
+
+
+def rewrite_rows(
+    spark: SparkSession, path: str, rows: DataFrame, keys: list[str], *, rows_count: int | None = None
+) -> None:
+    """The table's rows of other keys than ``rows``' plus ``rows`` (one per key), in one overwrite commit: what
+    :func:`replace_rows` leaves in the table, without a MERGE's search for the touched files and its shuffle of their
+    rows (the table's rows are read once, filtered by the keys broadcast when they are few enough, and written again).
+    The overwrite keeps the table's schema and properties; a reader sees the old rows or the new ones."""
+    current = spark.read.format("delta").load(path)
+    changed_keys = rows.select(*keys)
+    if rows_count is not None and rows_count <= BROADCAST_KEYS:
+        changed_keys = F.broadcast(changed_keys)
+    kept = current.join(changed_keys, on=keys, how="left_anti")
+    kept.unionByName(rows, allowMissingColumns=True).write.format("delta").mode("overwrite").save(path)
 
 
 def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dict) -> None:

@@ -36,8 +36,8 @@ def main() -> None:
         if path == pipeline.sink.path and kill_at == "progress":
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def upsert(spark_, path, rows, keys, app_id, batch):
-        around_sink_write(path, lambda: real_upsert(spark_, path, rows, keys, app_id, batch))
+    def upsert(spark_, path, rows, keys, app_id, batch, **options):
+        around_sink_write(path, lambda: real_upsert(spark_, path, rows, keys, app_id, batch, **options))
 
     def append(rows, path, app_id, batch, **options):
         around_sink_write(path, lambda: real_append(rows, path, app_id, batch, **options))

@@ -212,6 +212,15 @@ def test_changelog_mode_is_for_operators_that_replace_a_keys_row(tmp_path):
         DeltaSink(path="s", current_path="c")
     with pytest.raises(INVALID, match="'upsert' or 'changelog'|upsert.*changelog"):
         DeltaSink(path="s", mode="merge")
+    with pytest.raises(INVALID, match="upsert_write says how an upsert sink is written; sink.mode is 'changelog'"):
+        DeltaSink(path="s", mode="changelog", upsert_write="rewrite")
+    with pytest.raises(INVALID, match="'auto', 'merge' or 'rewrite'|auto.*merge.*rewrite"):
+        DeltaSink(path="s", upsert_write="overwrite")
+    # How the upsert is written shapes no state: the fingerprint stays.
+    assert (
+        make_pipeline(str(tmp_path), str(tmp_path)).fingerprint()
+        == make_pipeline(str(tmp_path), str(tmp_path), sink=DeltaSink(path="s", upsert_write="merge")).fingerprint()
+    )
     # The sink's mode shapes its table: switching it needs a new backlog (the fingerprint differs).
     upsert = make_pipeline(str(tmp_path), str(tmp_path))
     assert (

@@ -238,6 +238,7 @@ def test_updates_combine_per_key_and_a_replay_writes_the_same_version(spark, tmp
     first = store.update(batch, COMBINE, 1)
     expected = [("a", 3, 15, t2), ("b", 2, 3, t1), ("c", 1, 7, t2)]
     assert (first.version, first.changed_keys, _rows(first.rows)) == (2, 3, expected)
+    assert first.new_keys == 1  # "c": the only key version 1 did not hold
     first.release()
     # A replayed micro-batch loads version 1 again and writes the same version 2.
     again = store.update(batch, COMBINE, 1)
@@ -248,8 +249,9 @@ def test_updates_combine_per_key_and_a_replay_writes_the_same_version(spark, tmp
     # A new opening (a restart: another run id, nothing loaded) reads the same versions from the files.
     reopened = _open(spark, tmp_path / "store")
     assert _rows(reopened.read(2)) == expected
-    nxt = reopened.update(_partials(spark, [("a", 1, 1, t1)]), COMBINE, 2)
-    assert _rows(nxt.rows) == [("a", 4, 16, t2)]
+    nxt = reopened.update(_partials(spark, [("a", 1, 1, t1), ("d", 1, 1, t1), ("d", 1, 2, t1)]), COMBINE, 2)
+    assert _rows(nxt.rows) == [("a", 4, 16, t2), ("d", 2, 3, t1)]
+    assert nxt.new_keys == 1  # a new key's second row finds the first one: counted once
     nxt.release()
 
 

@@ -83,11 +83,13 @@ abstract class CombiningStore(
       // nothing back. Without emitting (closing updates), each row is put as it comes, and nothing is held.
       val latest = new java.util.LinkedHashMap[UnsafeRow, UnsafeRow]()
       val started = System.nanoTime()
+      var newKeys = 0L // keys the store did not hold before this update
       rows.foreach { row =>
         val key = keyOf(row)
         val partial = valueOf(row)
         val seen = if (emit) latest.get(key) else null
         val stored = if (seen != null) seen else state.get(key)
+        if (stored == null) newKeys += 1
         val value = if (stored == null) partial else {
           pair.update(0, stored)
           pair.update(1, partial)
@@ -103,7 +105,7 @@ abstract class CombiningStore(
         emitted += out(joined(key, value)).copy()
       }
       emitted ++= close(state)
-      profile.commit(state, started)
+      profile.commit(state, started, Seq(StoreProfile.NewKeys -> newKeys))
       emitted.iterator
     }
     cached(rdd, version + 1, profile)

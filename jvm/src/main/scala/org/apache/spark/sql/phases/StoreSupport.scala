@@ -257,6 +257,11 @@ final class StoreProfile(sc: SparkContext) extends Serializable {
   }
 }
 
+object StoreProfile {
+  /** A combining update's figure: the keys it added to the store (not there at the version it loaded). */
+  val NewKeys = "newKeys"
+}
+
 /** Groups partition `i` of the parent into partition `i % n` (the grouped route of [[StoreSupport.withRoutedRows]]). */
 class ModuloCoalescer(n: Int) extends PartitionCoalescer with Serializable {
   override def coalesce(maxPartitions: Int, parent: RDD[_]): Array[PartitionGroup] = {
