@@ -400,6 +400,11 @@ def main() -> None:
         results = json.loads((out / "results.json").read_text())
         results.setdefault("reruns", {}).update({part: now for part in sorted(only)})
         results.pop("latency", None)  # the earlier layout's single latency row, replaced by "live"
+    elif (out / "results.json").exists():
+        # A whole run starts its results afresh, but keeps the Flink rows `make bench-peers` wrote before it (dated).
+        peers = json.loads((out / "results.json").read_text()).get("peers")
+        if peers is not None:
+            results["peers"] = peers
     try:
         if "keyed reduce" in only:
             results["workloads"]["keyed reduce"] = run_workload(
