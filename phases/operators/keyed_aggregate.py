@@ -183,14 +183,10 @@ class KeyedStoreStep(AggregationStoreStep):
                 out = changelog.rows(changed.select(*logic.finalize_columns(), changelog.SOURCE_VERSION), writes.batch)
                 writes.append_owned(out, self.sink_path, "sink")
             else:
-                sink = logic.pipeline.sink
-                write = tables.upsert_write(self.sink_path, sink.upsert_write, update.changed_keys, update.new_keys)
+                new = update.new_keys  # collected from the update's tasks: read once
+                write = tables.upsert_write(self.sink_path, logic.pipeline.sink.upsert_write, update.changed_keys, new)
                 log.debug(
-                    "sink %s: %d changed keys (%s new), written by %s",
-                    self.sink_path,
-                    update.changed_keys,
-                    update.new_keys,
-                    write,
+                    "sink %s: %d changed keys (%s new), written by %s", self.sink_path, update.changed_keys, new, write
                 )
                 writes.sink_upsert(
                     logic.finalize(changed),
