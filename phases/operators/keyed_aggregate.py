@@ -26,6 +26,7 @@ from phases.operators.base import (
     observed,
     table_counts,
 )
+from phases.runtime.session import adaptive_execution_off
 from phases.schema_changes import changes, way_out
 from phases.storage import changelog, tables
 from phases.storage.keyed_store import CombinedLayout, LiveStateStore
@@ -54,12 +55,19 @@ class AggregationHandoff:
         self.spark, self.logic, self.watermark, self.base, self.live = spark, logic, watermark_us, base, live
         self.windowed = isinstance(logic, WindowedAggregationLogic)
         # Cached: the state table, the store's version 1 and the sink are written from it. The store takes it as the
-        # aggregation left it, hashed by key, without a second shuffle (KeyedStateStore's grouped route).
-        self.state = state.persist()
+        # aggregation left it, hashed by key, without a second shuffle (KeyedStateStore's grouped route). Planned
+        # without adaptive execution, as the state table's write is (:meth:`write_state`): the aggregation's reduce
+        # stage caches the rows and writes the table in one pass.
+        with adaptive_execution_off(spark):
+            self.state = state.persist()
         self.rows_merged = 0
         self.keys = 0  # rows of the handed-over state
 
     def write_state(self, path: str) -> None:
+        with adaptive_execution_off(self.spark):
+            self._write_state(path)
+
+    def _write_state(self, path: str) -> None:
         merged = self.state
         observation = None
         if self.windowed:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 from pydantic import Field
@@ -154,7 +156,7 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         )
         # Delta reconstructs table snapshots with 50 partitions by default: far too many locally.
         .config("spark.databricks.delta.snapshotPartitions", str(max(2, s.shuffle_partitions)))
-        .config("spark.sql.adaptive.enabled", "true")
+        .config(ADAPTIVE_EXECUTION, "true")
         .config("spark.sql.codegen.cache.maxEntries", str(s.codegen_cache_entries))
         .config(
             "spark.sql.sources.parallelPartitionDiscovery.parallelism",
@@ -181,6 +183,27 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
     spark.sparkContext.setLogLevel("ERROR")
     quiet_stopped_queries(spark)
     return spark
+
+
+ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
+
+
+@contextmanager
+def adaptive_execution_off(spark: SparkSession) -> Iterator[None]:
+    """Spark's adaptive execution off in ``spark``'s session while the block runs (the session's setting after).
+
+    For a DataFrame persisted and then written: under adaptive execution the write's first action materializes the
+    cache as a query stage of its own and reads it back in a second stage; without it, the rows are cached as the
+    write's stage writes them (one stage). The plan of a persisted DataFrame is fixed when ``persist()`` is called,
+    so both the call and the first action go inside the block. The setting is the session's: a query another thread
+    plans on the same session meanwhile runs without adaptive execution too (a streaming query plans on a session
+    of its own)."""
+    before = spark.conf.get(ADAPTIVE_EXECUTION, "true")
+    spark.conf.set(ADAPTIVE_EXECUTION, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(ADAPTIVE_EXECUTION, before)
 
 
 # Spark's streaming drivers log an ERROR line and the whole JVM stack when a query stops with an exception. The engine

@@ -174,7 +174,11 @@ def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dic
     The log tables (manifests, slice log, end-of-stream step log) are written this way: one atomic commit
     per record, so a crash leaves the whole row or none.
     """
-    row = spark.createDataFrame([tuple(values[f.name] for f in schema.fields)], schema)
+    # One partition of one row made of literals: a plan with no Python rows to ship (``createDataFrame`` of a list
+    # parallelizes it into the default parallelism's tasks, each deserialized by a Python worker: ~0.5 s against
+    # ~0.16 s here, warm).
+    columns = [F.lit(values[f.name]).cast(f.dataType).alias(f.name) for f in schema.fields]
+    row = spark.range(0, 1, 1, numPartitions=1).select(*columns)
     # The first append creates the table with ``schema`` (one commit, not an empty one before it).
     row.write.format("delta").mode("append").option("mergeSchema", "true").save(path)
 

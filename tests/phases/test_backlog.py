@@ -11,6 +11,7 @@ from phases.backlog.runner import BacklogRunner
 from phases.definition import Aggregation, KeyedAggregate
 from phases.errors import DefinitionError, ManifestError, PhaseStateError, SourceError
 from phases.live.runner import LiveRunner
+from phases.runtime.session import ADAPTIVE_EXECUTION, adaptive_execution_off
 from phases.sources import synthetic
 from phases.storage import manifest
 from tests import reference
@@ -59,6 +60,25 @@ def test_backlog_state_holds_one_row_per_key(spark, tmp_path):
     BacklogRunner(spark, p).run()
     state = spark.read.format("delta").load(manifest.latest(spark, p.locations.manifests, p.name).state_path)
     assert state.count() == state.select("key").distinct().count() == 97
+
+
+def test_the_backlog_leaves_the_sessions_adaptive_execution_as_it_found_it(spark, tmp_path, source):
+    """The keyed handoff plans and writes its cached state without adaptive execution: the session's own setting
+    is back after the backlog, and after a write that failed."""
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    BacklogRunner(spark, p).run()
+    assert spark.conf.get(ADAPTIVE_EXECUTION) == "true"
+    spark.conf.set(ADAPTIVE_EXECUTION, "false")
+    try:
+        with pytest.raises(RuntimeError), adaptive_execution_off(spark):
+            assert spark.conf.get(ADAPTIVE_EXECUTION) == "false"
+            raise RuntimeError("a write failed")
+        assert spark.conf.get(ADAPTIVE_EXECUTION) == "false"
+    finally:
+        spark.conf.set(ADAPTIVE_EXECUTION, "true")
+    with pytest.raises(RuntimeError), adaptive_execution_off(spark):
+        raise RuntimeError("a write failed")
+    assert spark.conf.get(ADAPTIVE_EXECUTION) == "true"
 
 
 def test_crash_before_the_manifest_leaves_none_and_a_rerun_does_not_duplicate(spark, tmp_path, source, monkeypatch):

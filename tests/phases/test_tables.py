@@ -62,3 +62,35 @@ def test_a_source_created_empty_records_its_change_feed_from_its_first_version_a
     assert [(r["key"], r["_change_type"], r["_commit_version"]) for r in changes.collect()] == [("a", "insert", 1)]
     with pytest.raises(AnalysisException, match="already exists"):
         feed.create_source(spark, path)
+
+
+LOG_ROW = T.StructType(
+    [
+        T.StructField("pipeline", T.StringType(), False),
+        T.StructField("base", T.StringType(), True),
+        T.StructField("version", T.LongType(), False),
+        T.StructField("seconds", T.DoubleType(), False),
+        T.StructField("missing", T.LongType(), True),
+    ]
+)
+
+
+def test_a_log_row_is_appended_as_a_row_of_its_schema_would_be_written(spark, tmp_path):
+    """The log tables' one-row appends (manifests, slice and step logs) are made of literals, not of a shipped Python
+    row: the table, its schema and its rows must be what writing the row itself makes."""
+    values = [
+        {"pipeline": "p", "base": None, "version": 2**40, "seconds": 1.5, "missing": None},
+        {"pipeline": "q", "base": "b", "version": 3, "seconds": 0.0, "missing": 7},
+    ]
+    appended, written = tmp_path / "appended", tmp_path / "written"
+    for row in values:
+        tables.append_row(spark, str(appended), LOG_ROW, row)
+        spark.createDataFrame([tuple(row[f.name] for f in LOG_ROW.fields)], LOG_ROW).write.format("delta").mode(
+            "append"
+        ).save(str(written))
+
+    assert _metadata(appended)["schemaString"] == _metadata(written)["schemaString"]
+    got = spark.read.format("delta").load(str(appended))
+    assert sorted(map(tuple, got.collect())) == sorted(tuple(r[f.name] for f in LOG_ROW.fields) for r in values)
+    assert tables.version(spark, str(appended)) == 1  # one commit a row, the first creates the table
+    assert len(list(appended.glob("*.parquet"))) == 2  # one file a row
