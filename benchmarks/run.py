@@ -48,11 +48,15 @@ def _generate(spark, base: Path, make_batch, rows: int, keys: int, versions: int
 
 
 def _recorder(spark, name: str, timings: dict, same):
-    """Times a variant with its peak memory; checks its results equal the plain batch job's."""
+    """Times a variant with its peak memory; checks its results equal the plain batch job's. ``runs`` > 1: the
+    variant runs that many times in a row and the fastest counts (each run's seconds in its detail)."""
 
-    def record(run, out: str | None) -> None:
+    def record(run, out: str | None, runs: int = 1) -> None:
         memory.reset(spark)
-        timing = run()
+        timings_of_runs = [run() for _ in range(runs)]
+        timing = min(timings_of_runs, key=lambda t: t.seconds)
+        if runs > 1:
+            timing.detail = {**timing.detail, "runs_s": [round(t.seconds, 2) for t in timings_of_runs]}
         peaks = memory.peaks(spark)
         equal = same(out) if out is not None else True
         timings[timing.variant] = {
@@ -86,15 +90,18 @@ def run_workload(
     source, files = _generate(spark, base, make_batch, rows, keys, versions, name)
     timings: dict = {}
     record = _recorder(spark, name, timings, lambda out: variants.same_results(spark, str(base / "plain"), out))
-    record(lambda: variants.plain_batch(spark, source, str(base / "plain")), None)
+    # The plain batch job and the framework run twice each, the faster run counting: the first run of a code path in
+    # the JVM pays its class loading and JIT (the framework's first backlog 14 s, its second 9-10 s), and the data's
+    # generation has already warmed the plain job's writes. The streams run once: their 20 micro-batches warm up.
+    record(lambda: variants.plain_batch(spark, source, str(base / "plain")), None, runs=2)
+    p = variants.pipeline(source, str(base / "two_phase"))
+    record(lambda: variants.two_phase(spark, source, str(base / "two_phase"))[0], p.sink.path, runs=2)
     per_trigger = max(1, math.ceil(files / stream_batches))
     out = str(base / "stream")
     record(lambda: variants.stream(spark, source, out, str(base / "stream_ckpt"), per_trigger), out)
     if one_batch_stream:
         out_one = str(base / "stream_one")
         record(lambda: variants.stream(spark, source, out_one, str(base / "stream_one_ckpt"), None), out_one)
-    p = variants.pipeline(source, str(base / "two_phase"))
-    record(lambda: variants.two_phase(spark, source, str(base / "two_phase"))[0], p.sink.path)
     result = {"rows": rows, "keys": keys, "versions": versions, "files": files, "timings": timings}
     if seed:
         from phases.storage import manifest

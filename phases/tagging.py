@@ -131,7 +131,7 @@ def _tag_proved_on_time(
     if pipeline.min_event_time_us is not None and any(b.min_floor_us < pipeline.min_event_time_us for b in filled):
         return None
     if pipeline.max_future_us is not None and filled:
-        commits = {v: int(t.timestamp() * 1_000_000) for v, t in source.commit_times()}
+        commits = {v: int(t.timestamp() * 1_000_000) for v, t in source.log_commit_times(lo).items()}
         slack = 60_000_000  # the log's commit time and the change feed's may differ by the commit's duration
         if any(
             b.version not in commits or b.max_ceil_us > commits[b.version] + pipeline.max_future_us - slack
@@ -140,7 +140,14 @@ def _tag_proved_on_time(
             return None
     if any(b.rows and b.min_floor_us is None for b in bounds):
         return None
-    changes = source.read_backlog(hi, lo)
+    # The log shows versions lo..hi appended only: from version 0, the table's snapshot at hi holds the same records
+    # (columnar, faster than the change feed). Without record steps or enrichment only: the operator then reads just
+    # its own columns, none of the change feed's.
+    read_appended = getattr(source, "read_appended", None)
+    if lo == 0 and read_appended is not None and not pipeline.steps and pipeline.enrich is None:
+        changes = read_appended(hi)
+    else:
+        changes = source.read_backlog(hi, lo)
     if not filled:
         range_max = None
     else:

@@ -98,6 +98,16 @@ class DeltaTableSource:
             return snapshot
         return snapshot.unionByName(self._changes(s, end_version))
 
+    def read_appended(self, end_version: int) -> DataFrame:
+        """The records versions 0..end_version added, as the table's snapshot at ``end_version``: without the change
+        feed's columns (no commit version per record), and the same records as :meth:`read_backlog` only when no
+        version of the range removed a file, which the caller proves from the log (:mod:`version_bounds`). A batch
+        read of the change feed goes through a row-based relation; the snapshot's scan is columnar (0.3 s of a
+        backlog of 1e7 records)."""
+        if self.starting_version > 0:
+            raise SourceError(f"source {self.path}: versions 0..{self.starting_version - 1} are read as one snapshot")
+        return self.spark.read.format("delta").option("versionAsOf", end_version).load(self.path)
+
     def _changes(self, start_version: int, end_version: int) -> DataFrame:
         try:
             return (
@@ -146,6 +156,17 @@ class DeltaTableSource:
         if self.starting_version > 0 and first < self.starting_version:
             return None
         return version_bounds.read(self.path, first, last, event_time, keys)
+
+    def log_commit_times(self, first: int) -> dict[int, datetime]:
+        """Commit times of versions ``first``.. to the head as the log's commits record them, read with delta-rs (no
+        Spark job; :meth:`commit_times`' history job costs 0.3 s warm). They are the writer's clock at the commit,
+        which may differ from :meth:`commit_times` (the commit files' times, as the change feed's
+        ``_commit_timestamp``) by the commit's duration: for checks with a slack, not for version boundaries.
+        :meth:`commit_times` when delta-rs cannot read the log."""
+        times = table_stats.from_log(lambda p: table_stats.commit_times(p, first), self.path)
+        if times is None:
+            return {v: t for v, t in self.commit_times() if v >= first}
+        return times
 
     def _commit_time(self, version: int) -> datetime:
         times = dict(self.commit_times())

@@ -149,17 +149,23 @@ ORDERED = {
 def test_backlog_of_versions_the_log_proves_on_time_skips_the_scan_and_hands_off_the_exact_maximum(
     spark, tmp_path, monkeypatch
 ):
+    from phases.sources.delta import DeltaTableSource
+
     path = str(tmp_path / "source")
     write_source(spark, path, ORDERED)
     proved = BacklogRunner(spark, make_pipeline(path, str(tmp_path / "log"), delay_s=DELAY_S))
+    snapshots = []
+    read_appended = DeltaTableSource.read_appended
+    monkeypatch.setattr(
+        DeltaTableSource, "read_appended", lambda self, end: snapshots.append(end) or read_appended(self, end)
+    )
     handoff = proved.run()
     assert proved.timings.get("statistics_from_log") == 1.0
+    assert snapshots == [3]  # versions 0..3 appended only: read as the snapshot at 3, not through the change feed
     expected, expected_q = reference.run(ORDERED, DELAY_S * S)
     assert expected_q == []
     assert_results_equal(sink_rows(spark, proved.pipeline.sink.path), expected)
     assert handoff.backlog_max_event_time_us % 1000 == 777  # exact, below the millisecond the log keeps
-
-    from phases.sources.delta import DeltaTableSource
 
     monkeypatch.setattr(DeltaTableSource, "log_bounds", lambda self, *args: None)  # the scan, as before
     scanned = BacklogRunner(spark, make_pipeline(path, str(tmp_path / "scan"), delay_s=DELAY_S))

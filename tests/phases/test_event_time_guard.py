@@ -94,3 +94,21 @@ def test_the_far_future_reason_says_its_bound_as_a_person_writes_it():
     assert duration_text(timedelta(hours=2, minutes=30)) == "2 hours 30 minutes"
     assert duration_text(timedelta(seconds=90)) == "1 minute 30 seconds"
     assert duration_text(timedelta(milliseconds=500)) == "0.5 seconds"
+
+
+def test_the_log_does_not_prove_a_far_future_last_version_on_time(spark, tmp_path):
+    """Versions in event-time order, the last one's only record dated 2099: the log's bounds show nothing late, but
+    its commit time (read from the log) shows the record beyond ``max_future``: the backlog scans, and quarantines
+    it."""
+    source = str(tmp_path / "source")
+    write_source(spark, source, {1: [("a", 100 * S, 1)], 2: [("b", 110 * S, 2)], 3: [("c", FAR, 3)]})
+    runner = BacklogRunner(spark, make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S))
+    handoff = runner.run()
+    assert "statistics_from_log" not in runner.timings
+    assert handoff.future_rows == 1 and handoff.backlog_max_event_time_us < FAR
+    from phases.sources.delta import DeltaTableSource
+
+    reader = DeltaTableSource(spark, runner.pipeline.source)
+    spark_times, log_times = dict(reader.commit_times()), reader.log_commit_times(1)
+    assert sorted(log_times) == [1, 2, 3] == sorted(v for v in spark_times if v >= 1)
+    assert all(abs((log_times[v] - spark_times[v]).total_seconds()) < 5 for v in log_times)
