@@ -4,9 +4,9 @@ The rows are written once to a Delta table (``versions`` versions, the change da
 from that table, to a 3-partition topic on a local KRaft broker (:mod:`phases.runtime.local_kafka`) as JSON values: the
 two sources hold the same records. Each backlog (the keyed reduce of :func:`benchmarks.variants.pipeline`) runs
 ``runs`` times in one JVM, alternating; the rows per second of each run and the Kafka ÷ Delta ratio of the
-fastest runs are reported, with the backlog's own step timings (where the time goes). The issue's target: the
-Kafka backlog at least half the Delta backlog's rows per second. The topic is read with the default arrival chunks
-and with chunks of about one version's records per partition.
+fastest runs are reported, with the backlog's own step timings (where the time goes). The target (:data:`TARGET`):
+the Kafka backlog at 0.6 of the Delta backlog's rows per second or more. The topic is read with the default arrival
+chunks and with chunks of about one version's records per partition.
 
 Arrival order differs by nature: a Delta table's versions, a topic's arrival chunks (``backlog_chunk_records``
 offsets per partition), so the late records, hence the quarantine's rows, may differ between the two.
@@ -28,6 +28,7 @@ from phases.runtime.local_kafka import LocalKafka
 from phases.sources import synthetic
 
 TOPIC = "events"
+TARGET = 0.6  # Kafka ÷ Delta rows per second
 PARTITIONS = 3
 
 
@@ -117,7 +118,7 @@ def measure(
         if version_chunks:
             smaller = best["kafka, version-sized chunks"]["rows_per_s"]
             out["ratio_version_chunks"] = round(smaller / best["delta"]["rows_per_s"], 2)
-        out["target_met"] = out["ratio"] >= 0.5
+        out["target_met"] = out["ratio"] >= TARGET
         return out
     finally:
         broker.stop()
@@ -149,7 +150,7 @@ def lines(result: dict) -> list[str]:
     out += [
         "",
         f"Kafka ÷ Delta rows per second: **{result['ratio']}** with the default "
-        f"{result['default_chunk_records']:,}-record arrival chunks (target ≥ 0.5: {verdict})"
+        f"{result['default_chunk_records']:,}-record arrival chunks (target ≥ {TARGET}: {verdict})"
         + (
             f"; {result['ratio_version_chunks']} with chunks of about one version's records "
             f"({result['chunk_records']:,} a partition: smaller arrivals, more records late, more to quarantine)."
