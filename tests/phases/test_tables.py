@@ -11,7 +11,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
 from phases.sources import feed
-from phases.storage import tables
+from phases.storage import manifest, tables
 
 LEAF = T.StructType([T.StructField("y", T.IntegerType(), False)])
 INNER = T.StructType(
@@ -64,33 +64,34 @@ def test_a_source_created_empty_records_its_change_feed_from_its_first_version_a
         feed.create_source(spark, path)
 
 
-LOG_ROW = T.StructType(
-    [
-        T.StructField("pipeline", T.StringType(), False),
-        T.StructField("base", T.StringType(), True),
-        T.StructField("version", T.LongType(), False),
-        T.StructField("seconds", T.DoubleType(), False),
-        T.StructField("missing", T.LongType(), True),
-    ]
-)
+def _handoff(manifest_id: str, **fields) -> manifest.HandoffManifest:
+    base = dict(
+        pipeline="p", fingerprint="f" * 32, state_spec="{}", state_schema_version=1, operator_version=1,
+        source_path="/s", source_version=2**40, backlog_max_event_time_us=None, final_watermark_us=None,
+        state_path="/state", state_table_version=0, state_rows=3, input_rows=5, aggregated_rows=4, late_rows=1,
+        invalid_rows=0, sink_version=1, backlog_seconds=1.5, created_at_us=7,
+    )  # fmt: skip
+    return manifest.HandoffManifest(manifest_id=manifest_id, **{**base, **fields})
 
 
 def test_a_log_row_is_appended_as_a_row_of_its_schema_would_be_written(spark, tmp_path):
     """The log tables' one-row appends (manifests, slice and step logs) are made of literals, not of a shipped Python
     row: the table, its schema and its rows must be what writing the row itself makes."""
-    values = [
-        {"pipeline": "p", "base": None, "version": 2**40, "seconds": 1.5, "missing": None},
-        {"pipeline": "q", "base": "b", "version": 3, "seconds": 0.0, "missing": 7},
+    rows = [
+        _handoff("m1"),  # the optional fields null
+        _handoff("m2", base_manifest_id="m1", backlog_max_event_time_us=9, source_position="{}", sink_rows=3),
     ]
     appended, written = tmp_path / "appended", tmp_path / "written"
-    for row in values:
-        tables.append_row(spark, str(appended), LOG_ROW, row)
-        spark.createDataFrame([tuple(row[f.name] for f in LOG_ROW.fields)], LOG_ROW).write.format("delta").mode(
-            "append"
-        ).save(str(written))
+    for row in rows:
+        manifest.write(spark, str(appended), row)
+        values = row.model_dump()
+        spark.createDataFrame([tuple(values[f.name] for f in manifest.SCHEMA.fields)], manifest.SCHEMA).write.format(
+            "delta"
+        ).mode("append").save(str(written))
 
     assert _metadata(appended)["schemaString"] == _metadata(written)["schemaString"]
-    got = spark.read.format("delta").load(str(appended))
-    assert sorted(map(tuple, got.collect())) == sorted(tuple(r[f.name] for f in LOG_ROW.fields) for r in values)
+    got = spark.read.format("delta").load(str(appended)).collect()
+    assert sorted((manifest.HandoffManifest(**r.asDict()) for r in got), key=lambda m: m.manifest_id) == rows
+    assert manifest.latest(spark, str(appended), "p") == rows[1]
     assert tables.version(spark, str(appended)) == 1  # one commit a row, the first creates the table
     assert len(list(appended.glob("*.parquet"))) == 2  # one file a row
