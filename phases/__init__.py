@@ -16,7 +16,8 @@ The wings, one folder each:
 * ``operators/``: one module per operator kind, each owning its logic, backlog pass, handoff and live step;
 * ``steps/``: record steps and end-of-stream steps that run before the operator;
 * ``lateness.py`` (the W(v) rule) and ``tagging.py`` (records tagged by it, in both phases);
-* ``backlog/`` and ``live/``: the two phases' drivers;
+* ``backlog/`` and ``live/``: the two phases' drivers; ``redeploy/``: a changed definition built beside the serving
+  one and swapped in;
 * ``storage/``: the engine's own tables and files: manifest, quarantine, leases, progress log, maintenance, URIs;
 * ``runtime/``: the SparkSession, the JVM jars, shipping code to a cluster, the local broker and cluster.
 """
@@ -59,6 +60,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases.backlog.runner": ("BacklogRunner",),
     "phases.backlog.slices": ("SliceRunner",),
     "phases.live.runner": ("LiveRunner", "LiveStart"),
+    "phases.redeploy.runner": ("Redeploy", "RedeployPlan", "RedeployResult"),
+    "phases.definition.changes": ("DefinitionChanges",),
     "phases.storage.manifest": ("HandoffManifest",),
     "phases.storage.maintenance": ("maintain",),
     "phases.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
@@ -91,6 +94,7 @@ __all__ = [
     "BacklogRunner",
     "CoGroup",
     "Compaction",
+    "DefinitionChanges",
     "DefinitionError",
     "DeltaSink",
     "DeltaSource",
@@ -122,6 +126,9 @@ __all__ = [
     "ProcessContext",
     "ProcessFunctionError",
     "ProcessOperator",
+    "Redeploy",
+    "RedeployPlan",
+    "RedeployResult",
     "ReducePartition",
     "SchemaChangeError",
     "SessionAggregate",
@@ -189,6 +196,7 @@ if TYPE_CHECKING:
         Window,
         WindowedAggregate,
     )
+    from phases.definition.changes import DefinitionChanges
     from phases.errors import (
         DefinitionError,
         LeaseHeld,
@@ -206,6 +214,7 @@ if TYPE_CHECKING:
     )
     from phases.live.runner import LiveRunner, LiveStart
     from phases.operators.process_function import KeyedProcessFunction, ProcessContext
+    from phases.redeploy.runner import Redeploy, RedeployPlan, RedeployResult
     from phases.runtime.session import SparkSettings, build_session
     from phases.runtime.shipping import package_archive
     from phases.sources.lag import InputLag

@@ -213,6 +213,10 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
             while True:
                 time.sleep(interval)
                 runner.raise_if_failed()
+                if runner.stopped_for is not None:  # a redeploy asked it to stop before its swap
+                    tables.update(runner)
+                    reason = runner.stopped_for
+                    break
                 report = meter.report()
                 context.log.info(f"live progress: {report.describe()}")
                 context.log_event(dg.AssetObservation(asset_key=live_key, metadata=report_metadata(report, mid)))

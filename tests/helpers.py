@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from phases.sources import synthetic
-from tests.reference import Row
+from tests.reference import FAR_FUTURE_US, Row
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -158,3 +159,34 @@ def produce(bootstrap_servers: str, topic: str, records: list[tuple[int, Row | b
         producer.produce(topic, value=record, partition=partition, on_delivery=delivered(i))
         producer.flush()  # one at a time: offsets follow the given order within each partition
     return positions
+
+
+# --- random event versions for property tests -------------------------------------------------------------------
+# A record: key (sometimes null), event time = arrival clock of its version + jitter (sometimes far behind, so some
+# records are late; jitter FAR: decades ahead of its commit, quarantined by max_future and never moving the
+# watermark), value (sometimes null).
+FAR = 11
+_RECORD = st.tuples(
+    st.one_of(st.sampled_from(["a", "b", "c", "d"]), st.none()),
+    st.integers(min_value=-40, max_value=FAR),
+    st.one_of(st.integers(min_value=-50, max_value=50), st.none()),
+)
+EVENT_VERSIONS = st.lists(st.lists(_RECORD, min_size=1, max_size=10), min_size=1, max_size=5)
+_SECOND = 1_000_000
+
+
+def materialize(raw: list[list[tuple]]) -> dict[int, list[Row]]:
+    """Version i+1 (version 0 is the empty table) holds raw[i] of :data:`EVENT_VERSIONS`, event times around
+    i*20 s."""
+    versions = {}
+    for i, rows in enumerate(raw):
+        clock = (i + 1) * 20 * _SECOND
+        versions[i + 1] = [
+            (
+                None if key is None and j % 2 else key or "a",
+                (FAR_FUTURE_US if jitter == FAR else 0) + clock + min(jitter, FAR - 1) * _SECOND,
+                value,
+            )
+            for j, (key, jitter, value) in enumerate(rows)
+        ]
+    return versions

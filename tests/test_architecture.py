@@ -233,6 +233,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phases.tagging", "phases.schema_changes"),
     ("phases.operators",),
     ("phases.backlog", "phases.live"),
+    ("phases.redeploy",),
     ("phases.testing", "phases.pytest_plugin", "phases"),
 )
 

@@ -41,7 +41,7 @@ from phases.operators.base import HandoffWrite, Pieces
 from phases.operators.registry import kind_of
 from phases.sources.reader import SourceReader, open_inputs
 from phases.steps.end_of_stream import EndOfStreamRunner
-from phases.storage import fs, leases, maintenance, manifest, quarantine, tables
+from phases.storage import fs, generations, leases, maintenance, manifest, quarantine, tables
 from phases.storage.live_layout import live_checkpoint_root, live_started, state_store_root
 from phases.tagging import tag_version_range
 
@@ -87,9 +87,10 @@ class BacklogRunner:
     of the last handoff (:meth:`run_increment`), or from daily slices (:mod:`phases.backlog.slices`)."""
 
     def __init__(self, spark: SparkSession, pipeline: Pipeline, *, take_over: bool = False):
-        """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone."""
+        """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone. A pipeline as
+        declared runs as the generation that serves it (:func:`phases.storage.generations.resolve`)."""
         self.spark = spark
-        self.pipeline = pipeline
+        self.pipeline = pipeline = generations.resolve(spark, pipeline)
         self.readers = open_inputs(spark, pipeline)  # one per input, by label
         self.source = self.readers[SOURCE_LABEL]
         self.kind = kind_of(pipeline)

@@ -87,9 +87,9 @@ class SliceRunner:
         """``take_over``: take the backlog lease over from a run whose process is gone (see
         :mod:`phases.storage.leases`)."""
         self.spark = spark
-        self.pipeline = pipeline
-        self.start_date = start_date
         self.backlog = BacklogRunner(spark, pipeline, take_over=take_over)
+        self.pipeline = pipeline = self.backlog.pipeline  # the generation that serves
+        self.start_date = start_date
         root = pipeline.locations.root
         self.partials_path = uris.join(root, "slices", "partials")
         self.log_path = uris.join(root, "slices", "log")

@@ -13,6 +13,7 @@ streaming job over all the data, the reference the two-phase result must equal.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,9 +31,11 @@ from phases.live.plan import LivePlan, Progress
 from phases.schema_changes import is_schema_change_stop, take_up
 from phases.sources.reader import open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
-from phases.storage import changelog, leases, manifest, tables
+from phases.storage import changelog, generations, leases, manifest, tables
 
 log = logging.getLogger(__name__)
+
+STOP_POLL_S = 1.0  # how often a running live phase looks for a request to stop (a redeploy's)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,10 @@ class LiveRunner:
         self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
         self.incremental = IncrementalLive(spark, self.plan)
         self.compactor: Compactor | None = None
+        # Why the running query was stopped on request (a redeploy's swap, :func:`phases.storage.leases.request_stop`);
+        # None while it runs or when it stopped otherwise.
+        self.stopped_for: str | None = None
+        self._watcher: threading.Event | None = None
 
     # What the plan holds, by the names the runner's callers use.
     @property
@@ -98,10 +105,12 @@ class LiveRunner:
         cls, spark: SparkSession, pipeline: Pipeline, manifest_id: str | None = None, **kwargs
     ) -> LiveRunner:
         """The live phase of the newest handoff (which must be ``manifest_id`` when given); refuses a
-        missing, partial, superseded or mismatched manifest."""
+        missing, partial, superseded or mismatched manifest. A pipeline as declared runs as the generation that
+        serves it (:func:`phases.storage.generations.resolve`)."""
+        pipeline = generations.resolve(spark, pipeline)
         handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
         manifest.check_matches(spark, handoff, pipeline)
-        EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version)
+        EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version, handoff.fingerprint)
         return cls(spark, pipeline, handoff, **kwargs)
 
     @classmethod
@@ -144,9 +153,47 @@ class LiveRunner:
             raise
         if available_now:
             self._release()
-        elif self.pipeline.sink.mode == "changelog" and self.pipeline.sink.compact_every.total_seconds() > 0:
+            return started
+        if self.pipeline.sink.mode == "changelog" and self.pipeline.sink.compact_every.total_seconds() > 0:
             self.compactor = Compactor(self.spark, self.pipeline).start()
+        self._watch_for_stop_requests()
         return started
+
+    def _watch_for_stop_requests(self) -> None:
+        """Polls for a request to stop this live phase (:func:`phases.storage.leases.request_stop`, made after the
+        query started) and stops it at a micro-batch boundary: the query is stopped while no trigger is active, then
+        the run's lease is released, as :meth:`stop` does."""
+        done = threading.Event()
+        self._watcher = done
+        since_us = time.time_ns() // 1000
+
+        def watch() -> None:
+            while not done.wait(STOP_POLL_S):
+                try:
+                    request = leases.stop_request(self.spark, self.pipeline, "live")
+                except Exception:  # noqa: BLE001 - the session is stopping; the next poll or the caller decides
+                    continue
+                if request is None or request.at_us < since_us:
+                    continue
+                log.info(
+                    "live phase %s: stopping, as %s asked: %s", self.run_name, request.requested_by, request.reason
+                )
+                self._stop_between_batches()
+                self.stopped_for = f"stopped on request of {request.requested_by}: {request.reason}"
+                self.stop()
+                return
+
+        threading.Thread(target=watch, name=f"phases-stop-watch-{self.run_name[:8]}", daemon=True).start()
+
+    def _stop_between_batches(self, wait_s: float = 60.0) -> None:
+        """Stops the query when no micro-batch runs (waits at most ``wait_s`` for the running one to end; a batch
+        stopped half-way is replayed by the next start, as after a crash)."""
+        q = self.incremental.query
+        deadline = time.monotonic() + wait_s
+        while q is not None and q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if q is not None and q.isActive:
+            q.stop()
 
     def _release(self) -> None:
         if self.lease is not None:
@@ -237,6 +284,8 @@ class LiveRunner:
         """Stops the query (and a changelog sink's background compaction), unloads the run's state store from the
         executors (its newest snapshot uploaded first, so that a restart does not replay the changelogs since the
         last upload) and releases the live lease."""
+        if self._watcher is not None:
+            self._watcher.set()
         try:
             if self.compactor is not None:
                 self.compactor.stop()
@@ -261,6 +310,8 @@ class LiveRunner:
     def raise_if_failed(self) -> None:
         """Raises PhaseStateError when the started query has stopped (with the query's own error). A query
         that Delta's source stopped on a schema change is resumed instead, taking the change up."""
+        if self.stopped_for is not None:
+            return  # stopped on request, cleanly: the caller reads stopped_for
         self._resume_after_schema_change()
         q = self.incremental.query
         if q is not None and not q.isActive:

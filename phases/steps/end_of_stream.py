@@ -93,7 +93,8 @@ class EndOfStreamRunner:
         tables.append_row(self.spark, log_path(self.pipeline), LOG_SCHEMA, record.model_dump())
         return record
 
-    def latest(self, step: str) -> StepRecord | None:
+    def latest(self, step: str, fingerprint: str | None = None) -> StepRecord | None:
+        """The newest record of ``step`` made under ``fingerprint`` (default: the pipeline's)."""
         path = log_path(self.pipeline)
         if not tables.exists(self.spark, path):
             return None
@@ -102,7 +103,7 @@ class EndOfStreamRunner:
             .load(path)
             .filter(
                 (F.col("pipeline") == self.pipeline.name)
-                & (F.col("fingerprint") == self.pipeline.fingerprint())
+                & (F.col("fingerprint") == (fingerprint or self.pipeline.fingerprint()))
                 & (F.col("step") == step)
             )
             .orderBy(F.col("created_at_us").desc())
@@ -111,14 +112,15 @@ class EndOfStreamRunner:
         )
         return StepRecord(**rows[0].asDict()) if rows else None
 
-    def require_finished(self, version: int) -> None:
+    def require_finished(self, version: int, fingerprint: str | None = None) -> None:
         """Raises PhaseStateError unless the enrichment's step finished at ``version`` (and its output is
-        still the table version it wrote)."""
+        still the table version it wrote). ``fingerprint``: the handoff's, when the pipeline's definition is an
+        amendment of it."""
         enrich = self.pipeline.enrich
         if enrich is None:
             return
         step = next(s for s in self.pipeline.end_of_stream if s.name == enrich.step)
-        record = self.latest(step.name)
+        record = self.latest(step.name, fingerprint)
         if record is None or record.source_version != version:
             at = "never ran" if record is None else f"last finished at source version {record.source_version}"
             raise PhaseStateError(

@@ -33,7 +33,7 @@ from phases import spark_internals, uris
 from phases.definition import Pipeline
 from phases.errors import LeaseHeld
 
-ROLES = ("backlog", "live")
+ROLES = ("backlog", "live", "redeploy")
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 60.0
 
@@ -202,7 +202,7 @@ def acquire(
     store = _store(spark, path)
     if isinstance(store, _LocalStore):
         path = uris.local_path(path)
-    what = "backlog" if role == "backlog" else "live phase"
+    what = {"backlog": "backlog", "live": "live phase", "redeploy": "redeploy"}[role]
     with _lock:
         if path in _held and _held[path][0].holder == holder:
             lease, count, stop = _held[path]
@@ -286,6 +286,62 @@ def release(spark: SparkSession, lease: Lease) -> None:
         found = _read(store, lease.path)
         if found is not None and found[0].holder == held.holder and found[0].since_us == held.since_us:
             store.delete(lease.path)
+
+
+def holder(spark: SparkSession, pipeline: Pipeline, role: str) -> tuple[Lease, bool] | None:
+    """The holder of the pipeline's ``role`` lease and whether it is alive (None: the lease is free)."""
+    path = lease_path(pipeline, role)
+    store = _store(spark, path)
+    if isinstance(store, _LocalStore):
+        path = uris.local_path(path)
+    found = _read(store, path)
+    if found is None:
+        return None
+    return found[0], _alive(found[0], found[1], STALE_AFTER_S)
+
+
+# --- stop requests ----------------------------------------------------------------------------------------------
+# A run asks the holder of a pipeline's live lease to stop (a redeploy, before it swaps the sink): a small JSON file
+# beside the lease file, which the running live phase polls (:mod:`phases.live.runner`). It names who asks and why.
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    requested_by: str
+    reason: str
+    at_us: int
+
+
+def _stop_path(spark: SparkSession, pipeline: Pipeline, role: str):
+    path = lease_path(pipeline, role).removesuffix(".json") + ".stop.json"
+    store = _store(spark, path)
+    return store, uris.local_path(path) if isinstance(store, _LocalStore) else path
+
+
+def request_stop(spark: SparkSession, pipeline: Pipeline, role: str, requested_by: str, reason: str) -> StopRequest:
+    """Asks the run holding the pipeline's ``role`` lease to stop at its next micro-batch boundary."""
+    store, path = _stop_path(spark, pipeline, role)
+    request = StopRequest(requested_by, reason, time.time_ns() // 1000)
+    store.delete(path)
+    store.create(path, json.dumps(request.__dict__))
+    return request
+
+
+def stop_request(spark: SparkSession, pipeline: Pipeline, role: str) -> StopRequest | None:
+    """The pending request to stop the pipeline's ``role`` run, if any."""
+    store, path = _stop_path(spark, pipeline, role)
+    found = store.read(path)
+    if found is None or not found[0]:
+        return None
+    try:
+        return StopRequest(**json.loads(found[0]))
+    except (ValueError, TypeError):
+        return None
+
+
+def clear_stop_request(spark: SparkSession, pipeline: Pipeline, role: str) -> None:
+    store, path = _stop_path(spark, pipeline, role)
+    store.delete(path)
 
 
 class hold:  # noqa: N801 - used as a context manager, like open()

@@ -8,7 +8,6 @@ the pipeline definition, the state schema and the operator version.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
@@ -17,8 +16,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
+from phases.definition.changes import DefinitionChanges
 from phases.errors import ManifestError
-from phases.storage import progress_log, table_stats, tables
+from phases.storage import generations, progress_log, table_stats, tables
 
 
 class HandoffManifest(BaseModel):
@@ -139,20 +139,6 @@ def _newest_row(spark: SparkSession, path: str, pipeline: str) -> dict | None:
     return rows[0].asDict() if rows else None
 
 
-def _flatten(value: object, prefix: str = "") -> dict[str, object]:
-    if isinstance(value, dict):
-        out: dict[str, object] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    if isinstance(value, list):
-        out = {f"{prefix}.length": len(value)}
-        for i, v in enumerate(value):
-            out.update(_flatten(v, f"{prefix}.{i}"))
-        return out
-    return {prefix: value}
-
-
 def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> None:
     """Raises ManifestError saying what differs between the manifest and the pipeline (or its state)."""
     problems: list[str] = []
@@ -163,12 +149,19 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
     if manifest.operator_version != OPERATOR_VERSION:
         problems.append(f"operator version: manifest {manifest.operator_version}, engine {OPERATOR_VERSION}")
     if manifest.fingerprint != pipeline.fingerprint():
-        old, new = _flatten(json.loads(manifest.state_spec)), _flatten(pipeline.state_spec())
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
-                problems.append(f"{key}: manifest {old.get(key)!r}, pipeline {new.get(key)!r}")
-        if not problems:
-            problems.append(f"fingerprint: manifest {manifest.fingerprint}, pipeline {pipeline.fingerprint()}")
+        changes = DefinitionChanges.between(manifest.state_spec, pipeline.state_spec())
+        if changes.way == "forward" and _amended(spark, manifest, pipeline):
+            pass  # a redeploy recorded the change: the live phase goes on from the handoff's state
+        elif changes.way == "forward":
+            problems += [d.describe("manifest", "pipeline") for d in changes.differences]
+            problems.append(
+                "these changes apply to records from now on and need no new backlog: record them with "
+                "phases.Redeploy(spark, pipeline).run(), then start the live phase"
+            )
+        else:
+            problems += [d.describe("manifest", "pipeline") for d in changes.differences] or [
+                f"fingerprint: manifest {manifest.fingerprint}, pipeline {pipeline.fingerprint()}"
+            ]
     if not problems:
         if not tables.exists(spark, manifest.state_path):
             problems.append(f"state table {manifest.state_path} is missing")
@@ -185,6 +178,12 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
         raise ManifestError(
             f"handoff manifest {manifest.manifest_id} does not match pipeline {pipeline.name!r}: " + "; ".join(problems)
         )
+
+
+def _amended(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> bool:
+    """Whether a redeploy recorded the pipeline's definition as an amendment of the manifest's (changes that apply
+    to records from now on, :mod:`phases.definition.changes`)."""
+    return (manifest.manifest_id, pipeline.fingerprint()) in generations.read(spark, pipeline).amended
 
 
 def _version_and_rows(spark: SparkSession, path: str) -> tuple[int, int]:

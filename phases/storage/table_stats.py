@@ -347,6 +347,34 @@ def newest_marked_write(commits: Iterator[list[dict]], app_ids: list[str]) -> tu
     return None
 
 
+def newest_row_commit(spark: SparkSession, path: str) -> dict | None:
+    """The commit info (``version``, ``operation``, ``userMetadata``) of the table's newest commit that changed
+    rows; None when there is no table or no such commit. Read with delta-rs, else through Spark."""
+    try:
+        table = _table(path)
+    except SourceError:
+        commits = _history_pages_through_spark(spark, path)
+    else:
+        if table is None:
+            return None
+        commits = _pages(lambda n: table.history(n))
+    for page in commits:
+        for commit in page:
+            if commit.get("operation") not in _NO_ROWS:
+                return commit
+    return None
+
+
+def commit_metadata(commit: dict | None) -> dict:
+    """A commit's ``userMetadata`` as a dict ({} when it has none or it is not a JSON object)."""
+    text = (commit or {}).get("userMetadata")
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def has_marked_write(path: str, app_id: str, batch: int, *, newest: int = 8) -> bool:
     """Whether one of the table's ``newest`` commits is the marked write (``app_id``, ``batch``): asked right after
     that write, to tell a commit from a write Delta skipped because it had no row to add."""

@@ -14,46 +14,27 @@ from phases.definition import DeltaSink
 from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source
+from tests.helpers import (
+    EVENT_VERSIONS,
+    append_version,
+    assert_results_equal,
+    materialize,
+    quarantine_rows,
+    sink_rows,
+    write_source,
+)
 
 DELAY_S = 15
 SECOND = 1_000_000
 
-# A record: key (sometimes null), event time = arrival clock of its version + jitter (sometimes far
-# behind, so some records are late; jitter FAR: decades ahead of its commit, quarantined by max_future and
-# never moving the watermark), value (sometimes null).
-FAR = 11
-_record = st.tuples(
-    st.one_of(st.sampled_from(["a", "b", "c", "d"]), st.none()),
-    st.integers(min_value=-40, max_value=FAR),
-    st.one_of(st.integers(min_value=-50, max_value=50), st.none()),
-)
-_versions = st.lists(st.lists(_record, min_size=1, max_size=10), min_size=1, max_size=5)
-
-
-def _materialize(raw: list[list[tuple]]) -> dict[int, list[reference.Row]]:
-    """Version i+1 (version 0 is the empty table) holds raw[i], event times around i*20 s."""
-    versions = {}
-    for i, rows in enumerate(raw):
-        clock = (i + 1) * 20 * SECOND
-        versions[i + 1] = [
-            (
-                None if key is None and j % 2 else key or "a",
-                (reference.FAR_FUTURE_US if jitter == FAR else 0) + clock + min(jitter, FAR - 1) * SECOND,
-                value,
-            )
-            for j, (key, jitter, value) in enumerate(rows)
-        ]
-    return versions
-
 
 @pytest.mark.slow
 @settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=_versions, cut=st.integers(min_value=0, max_value=5))
+@given(raw=EVENT_VERSIONS, cut=st.integers(min_value=0, max_value=5))
 def test_two_phase_equals_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut):
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
-    versions = _materialize(raw)
+    versions = materialize(raw)
     cutoff = min(cut, len(versions))
     write_source(spark, source, {v: rows for v, rows in versions.items() if v <= cutoff})
 

@@ -1,0 +1,434 @@
+"""Redeploying a changed definition under a running pipeline's name, without taking its results down.
+
+:class:`Redeploy` compares the definition with the one the serving generation runs (:mod:`phases.definition.changes`)
+and takes the way the differences need:
+
+* **none**: nothing to rebuild;
+* **forward** (``max_future``, ``min_event_time``): an amendment of the serving handoff is recorded in the redeploy
+  log; the live phase, restarted with the new definition, goes on from its state;
+* **backfill** (anything that shapes the state): a new generation (:mod:`phases.storage.generations`) beside the one
+  that serves, which keeps serving and keeps its live lease meanwhile:
+
+  1. the new generation's backlog into its own state, sink and quarantine, up to the head now, then catch-up
+     increments where its kind takes them;
+  2. its live phase from its handoff, on its own sink, in rounds that process what is available, until what waits
+     is at most ``max_lag`` or the rounds are used up;
+  3. its checks: the handoff matches the definition, and the ``checks`` the caller gives (a Dagster job passes its
+     blocking asset checks); a generation whose checks fail is never swapped in;
+  4. the swap: the serving generation's live phase is asked to stop at a micro-batch boundary
+     (:func:`phases.storage.leases.request_stop`), and the redeploy holds both generations' live leases from then
+     on. A ``swapping`` row goes into the redeploy log; a last round of the new live phase applies what arrived; the
+     consumer-facing table's rows are kept as the old generation's own sink, then the table is overwritten with the
+     new generation's (one commit, :mod:`phases.redeploy.swap`); a ``swapped`` row says the new generation serves.
+
+  The caller then starts the live phase of the definition (``LiveRunner.from_manifest(spark, pipeline)`` binds it to
+  the serving generation): it resumes from the generation's progress log on the consumer-facing table.
+
+**Rollback** is a redeploy of the previous definition: it finds that definition's generation still kept, skips its
+backlog, and brings its live phase up from where it stopped serving, then swaps back.
+
+**Crashes.** Until the ``swapping`` row the old generation serves and a rerun continues the new generation where its
+backlog, increments and live progress stand. After it, every live start of the pipeline is refused until a rerun
+finishes the swap: it makes the swap's commit unless the consumer-facing table already holds it, then writes the
+``swapped`` row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+from phases.backlog.runner import BacklogRunner
+from phases.definition import Pipeline
+from phases.definition.changes import DefinitionChanges, Way
+from phases.errors import LeaseHeld, ManifestError, PhaseStateError
+from phases.live.runner import LiveRunner
+from phases.redeploy import swap
+from phases.sources.reader import open_inputs
+from phases.storage import generations, leases, manifest
+from phases.storage.live_layout import live_started
+
+log = logging.getLogger(__name__)
+
+# The steps a redeploy reports as it goes (``on_step``), in order; a redeploy that needs no swap reports only the
+# first.
+STEPS = ("planned", "backlog", "live caught up", "checked", "serving live stopped", "swapped")
+
+# A check of a generation before it is swapped in: given the session, the generation's pipeline and its handoff, the
+# problems it found (empty: passed).
+Check = Callable[[SparkSession, Pipeline, manifest.HandoffManifest], list[str]]
+
+
+@dataclass(frozen=True)
+class RedeployPlan:
+    """What a redeploy will do, shown before anything runs."""
+
+    pipeline: str
+    serving: int  # the generation that serves now
+    serving_manifest: str  # its newest handoff
+    changes: DefinitionChanges  # the serving definition -> the new one
+    target: int  # the generation that will serve after the swap (the serving one for the ways none and forward)
+    reuse: bool  # the target generation exists already (a rerun, or a rollback to a kept generation)
+
+    @property
+    def way(self) -> Way:
+        if self.reuse and self.target != self.serving:
+            return "backfill"  # a kept generation: no backlog to run, but a swap
+        return self.changes.way
+
+    def describe(self) -> str:
+        head = f"pipeline {self.pipeline!r}: generation {self.serving} serves (handoff {self.serving_manifest})."
+        if self.way == "backfill":
+            how = (
+                f"generation {self.target} is kept from before: its live phase catches up, then it is swapped in"
+                if self.reuse
+                else f"generation {self.target} is built beside it (backlog, catch-up, live), then swapped in"
+            )
+        elif self.way == "forward":
+            how = "the change is recorded as an amendment of the serving handoff; restart the live phase to apply it"
+        else:
+            how = "nothing to redeploy"
+        return "\n".join([head, self.changes.describe("serving", "new"), how])
+
+
+@dataclass
+class RedeployResult:
+    """What a redeploy did. Times are wall-clock microseconds; ``timings`` seconds per step."""
+
+    redeploy_id: str
+    way: Way
+    from_generation: int
+    generation: int  # the generation that serves now
+    swapped: bool
+    manifest_id: str | None = None  # the serving generation's handoff
+    consumer_version: int | None = None  # the consumer-facing table's version made by the swap
+    old_stopped_at_us: int | None = None  # the old live phase had stopped (its lease was the redeploy's)
+    swapped_at_us: int | None = None  # the swap's commit was made
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def swap_gap_s(self) -> float | None:
+        """From the old live phase's stop to the swap's commit: the part of the time with no fresh results that the
+        redeploy itself takes (the new live phase's start on the consumer-facing table comes after)."""
+        if self.old_stopped_at_us is None or self.swapped_at_us is None:
+            return None
+        return (self.swapped_at_us - self.old_stopped_at_us) / 1e6
+
+
+class Redeploy:
+    """Redeploys ``pipeline`` (the changed definition, under the running pipeline's name and locations)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: Pipeline,
+        *,
+        checks: list[Check] | None = None,
+        max_lag: int = 1,
+        live_rounds: int = 5,
+        stop_timeout_s: float = 600.0,
+        take_over: bool = False,
+        on_step: Callable[[str, dict], None] | None = None,
+    ):
+        """``checks``: more checks the new generation must pass before the swap. ``max_lag``: the new generation's
+        live phase is caught up when at most this many source versions (records, for Kafka) wait after a round.
+        ``stop_timeout_s``: how long to wait for the serving live phase to stop. ``take_over``: take leases over
+        from holders whose process is gone (a redeploy or live phase that was killed). ``on_step(step, detail)``
+        is called after each step (:data:`STEPS`), for progress reports."""
+        if pipeline.locations.generation is not None:
+            raise PhaseStateError(f"redeploy the pipeline {pipeline.name!r} as declared, not bound to a generation")
+        self.spark = spark
+        self.pipeline = pipeline
+        self.checks = list(checks or [])
+        self.max_lag = max_lag
+        self.live_rounds = live_rounds
+        self.stop_timeout_s = stop_timeout_s
+        self.take_over = take_over
+        self.holder = f"redeploy {uuid.uuid4().hex[:12]}"
+        self._serving_lease: leases.Lease | None = None
+        self.on_step = on_step
+
+    def _done(self, step: str, **detail) -> None:
+        log.info("redeploy of %r: %s %s", self.pipeline.name, step, detail or "")
+        if self.on_step is not None:
+            self.on_step(step, detail)
+
+    # --- the plan ----------------------------------------------------------------------------------
+    def _newest_manifest(self, n: int) -> manifest.HandoffManifest | None:
+        return _newest_manifest(self.spark, generations.bind(self.pipeline, n, serving=True))
+
+    def plan(self, gens: generations.Generations | None = None) -> RedeployPlan:
+        """The differences between the serving definition and this one, and the way they need. Raises
+        ManifestError when the serving generation has no handoff (run its backlog first)."""
+        gens = gens if gens is not None else generations.read(self.spark, self.pipeline)
+        serving = gens.serving
+        handoff = self._newest_manifest(serving)
+        if handoff is None:
+            raise ManifestError(
+                f"pipeline {self.pipeline.name!r}: its serving generation {serving} has no handoff manifest, so there "
+                "is nothing running to redeploy beside; run its backlog (BacklogRunner(spark, pipeline).run())"
+            )
+        spec = handoff.state_spec
+        for step in gens.steps:  # the newest amendment of the serving handoff is what serves
+            if step.step == "amended" and step.manifest_id == handoff.manifest_id and step.state_spec:
+                spec = step.state_spec
+        changes = DefinitionChanges.between(spec, self.pipeline.state_spec())
+        target, reuse = serving, False
+        if changes.way == "backfill":
+            fingerprint = self.pipeline.fingerprint()
+            kept = [
+                n
+                for n in gens.retained()
+                if n != serving and self._fingerprint_of(gens, n) == fingerprint and self._newest_manifest(n)
+            ]
+            if kept:
+                target, reuse = max(kept), True
+            else:
+                target = max(gens.numbers) + 1
+        return RedeployPlan(self.pipeline.name, serving, handoff.manifest_id, changes, target, reuse)
+
+    def _fingerprint_of(self, gens: generations.Generations, n: int) -> str | None:
+        if n in gens.fingerprints:
+            return gens.fingerprints[n]
+        handoff = self._newest_manifest(n)
+        return handoff.fingerprint if handoff is not None else None
+
+    # --- the run -----------------------------------------------------------------------------------
+    def run(self, reason: str = "") -> RedeployResult:
+        """Runs the redeploy (module docstring) under the pipeline's redeploy lease; ``reason`` goes into the log."""
+        with leases.hold(self.spark, self.pipeline, "redeploy", self.holder, take_over=self.take_over):
+            gens = generations.read(self.spark, self.pipeline)
+            if gens.swap_under_way is not None:
+                return self._finish_swap(gens, gens.swap_under_way, reason)
+            plan = self.plan(gens)
+            self._done("planned", way=plan.way, serving=plan.serving, target=plan.target, diff=plan.describe())
+            redeploy_id = uuid.uuid4().hex
+            if plan.way == "none":
+                return RedeployResult(redeploy_id, "none", plan.serving, plan.serving, False, plan.serving_manifest)
+            if plan.way == "forward":
+                return self._amend(plan, redeploy_id, reason)
+            return self._backfill_and_swap(gens, plan, redeploy_id, reason)
+
+    def _amend(self, plan: RedeployPlan, redeploy_id: str, reason: str) -> RedeployResult:
+        generations.write(
+            self.spark,
+            self.pipeline,
+            "amended",
+            plan.serving,
+            redeploy_id,
+            fingerprint=self.pipeline.fingerprint(),
+            state_spec=_spec_json(self.pipeline),
+            manifest_id=plan.serving_manifest,
+            reason=reason or None,
+            detail=plan.changes.describe("serving", "new"),
+        )
+        return RedeployResult(redeploy_id, "forward", plan.serving, plan.serving, False, plan.serving_manifest)
+
+    def _backfill_and_swap(
+        self, gens: generations.Generations, plan: RedeployPlan, redeploy_id: str, reason: str
+    ) -> RedeployResult:
+        n, timings = plan.target, {}
+        new = generations.bind(self.pipeline, n, serving=False)
+        if not plan.reuse:
+            self._refuse_unreadable_sources()
+            if n not in gens.fingerprints or gens.fingerprints[n] != self.pipeline.fingerprint():
+                generations.write(
+                    self.spark,
+                    self.pipeline,
+                    "started",
+                    n,
+                    redeploy_id,
+                    from_generation=plan.serving,
+                    fingerprint=self.pipeline.fingerprint(),
+                    state_spec=_spec_json(self.pipeline),
+                    reason=reason or None,
+                    detail=plan.changes.describe("serving", "new"),
+                )
+        handoff = self._backfill(new, timings)
+        self._done("backlog", generation=n, manifest_id=handoff.manifest_id, source_version=handoff.source_version)
+        self._catch_up_live(new, handoff, timings)
+        self._done("live caught up", generation=n, rounds=int(timings.get("live_rounds", 0)))
+        self._check(new, handoff)
+        self._done("checked", generation=n)
+        return self._swap(plan.serving, n, handoff.manifest_id, redeploy_id, reason, timings)
+
+    def _refuse_unreadable_sources(self) -> None:
+        """Before anything runs: every input of the new definition must still hold what its backlog reads (a Kafka
+        topic whose retention deleted its first offsets is refused, naming the partitions and ranges)."""
+        for reader in open_inputs(self.spark, self.pipeline).values():
+            reader.require_change_feed(reader.head_version())
+
+    def _backfill(self, new: Pipeline, timings: dict[str, float]) -> manifest.HandoffManifest:
+        """The new generation's handoff: its backlog (unless a handoff of this definition is there), then catch-up
+        increments up to the head where its kind takes them (until its live phase has started)."""
+        handoff = _newest_manifest(self.spark, new)
+        if handoff is not None and handoff.fingerprint != new.fingerprint():
+            handoff = None  # an earlier redeploy's definition under this number: start it over
+        started = live_started(self.spark, new, handoff.manifest_id) if handoff is not None else False
+        t = time.perf_counter()
+        runner = BacklogRunner(self.spark, new, take_over=self.take_over)
+        if handoff is None:
+            handoff = runner.run()
+            timings["backlog_s"] = time.perf_counter() - t
+        elif not started and new.supports_increments:
+            handoff = runner.run_increment()
+            timings["increment_s"] = time.perf_counter() - t
+        return handoff
+
+    def _catch_up_live(
+        self, new: Pipeline, handoff: manifest.HandoffManifest, timings: dict[str, float], rounds: int | None = None
+    ) -> None:
+        """Rounds of the new generation's live phase on its own sink, each processing what is available, until what
+        waits after a round is at most ``max_lag`` (or ``live_rounds`` rounds ran)."""
+        t = time.perf_counter()
+        for round_ in range(1, (rounds or self.live_rounds) + 1):
+            runner = LiveRunner.from_manifest(self.spark, new, handoff.manifest_id, take_over=self.take_over)
+            runner.start(available_now=True)
+            behind = runner.lag().behind
+            timings["live_rounds"] = float(round_)
+            if behind is not None and behind <= self.max_lag:
+                break
+        timings["live_catch_up_s"] = time.perf_counter() - t
+
+    def _check(self, new: Pipeline, handoff: manifest.HandoffManifest) -> None:
+        problems: list[str] = []
+        try:
+            manifest.check_matches(self.spark, handoff, new)
+        except ManifestError as exc:
+            problems.append(str(exc))
+        for check in self.checks:
+            problems += check(self.spark, new, handoff)
+        if problems:
+            raise PhaseStateError(
+                f"pipeline {self.pipeline.name!r}: generation {new.locations.generation} failed its checks and is not "
+                "swapped in; the serving generation goes on. " + "; ".join(problems)
+            )
+
+    # --- the swap ----------------------------------------------------------------------------------
+    def _swap(
+        self, old: int, new: int, manifest_id: str, redeploy_id: str, reason: str, timings: dict[str, float]
+    ) -> RedeployResult:
+        stopped_at = self._stop_serving_live(old)
+        self._done("serving live stopped", generation=old)
+        try:
+            step = generations.write(
+                self.spark,
+                self.pipeline,
+                "swapping",
+                new,
+                redeploy_id,
+                from_generation=old,
+                manifest_id=manifest_id,
+                reason=reason or None,
+            )
+            return self._make_swap(step, reason, timings, stopped_at)
+        finally:
+            self._release_serving_lease()
+
+    def _finish_swap(self, gens: generations.Generations, step: generations.Step, reason: str) -> RedeployResult:
+        """A rerun after a crash past the ``swapping`` row: the swap is made (again) unless its commit is there."""
+        log.warning(
+            "redeploy of %r: finishing the swap from generation %s to %s of redeploy %s",
+            self.pipeline.name,
+            step.from_generation,
+            step.generation,
+            step.redeploy_id,
+        )
+        stopped_at = self._stop_serving_live(step.from_generation)
+        try:
+            return self._make_swap(step, reason, {}, stopped_at)
+        finally:
+            self._release_serving_lease()
+
+    def _make_swap(
+        self, step: generations.Step, reason: str, timings: dict[str, float], stopped_at: int
+    ) -> RedeployResult:
+        old, new, spark = step.from_generation, step.generation, self.spark
+        target = generations.bind(self.pipeline, new, serving=False)
+        consumer = self.pipeline.sink.path
+        mark = {"redeploy": step.redeploy_id, "generation": new, "from_generation": old}
+        made = swap.swap_mark_of(spark, consumer)
+        if made is None or made.get("redeploy") != step.redeploy_id:
+            t = time.perf_counter()
+            handoff = manifest.latest(spark, target.locations.manifests, target.name)
+            self._catch_up_live(target, handoff, timings, rounds=1)  # what arrived since the last round
+            timings["last_round_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            kept = generations.own_sink(self.pipeline.locations.root, old)
+            swap.copy_sink(spark, consumer, kept)  # the old generation's results, for a rollback
+            timings["keep_old_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            swap.copy_sink(spark, target.sink.path, consumer, swap=mark)
+            timings["swap_commit_s"] = time.perf_counter() - t
+        swapped_at = time.time_ns() // 1000
+        generations.write(
+            spark,
+            self.pipeline,
+            "swapped",
+            new,
+            step.redeploy_id,
+            from_generation=old,
+            manifest_id=step.manifest_id,
+            consumer_version=swap.swap_version(spark, consumer, step.redeploy_id),
+            reason=reason or step.reason,
+        )
+        leases.clear_stop_request(spark, generations.bind(self.pipeline, old, serving=True), "live")
+        self._done("swapped", generation=new, from_generation=old)
+        return RedeployResult(
+            step.redeploy_id,
+            "backfill",
+            old,
+            new,
+            True,
+            step.manifest_id,
+            consumer_version=swap.swap_version(spark, consumer, step.redeploy_id),
+            old_stopped_at_us=stopped_at,
+            swapped_at_us=swapped_at,
+            timings=timings,
+        )
+
+    # --- the serving live phase ----------------------------------------------------------------------
+    def _stop_serving_live(self, old: int) -> int:
+        """Asks the serving generation's live phase to stop and takes its live lease as soon as it is free, so that
+        nothing writes the consumer-facing table until the swap is made. Returns when it had stopped (µs)."""
+        serving = generations.bind(self.pipeline, old, serving=True)
+        held = leases.holder(self.spark, serving, "live")
+        if held is not None and held[1]:
+            leases.request_stop(
+                self.spark, serving, "live", self.holder, "the sink is swapped to a redeployed definition"
+            )
+        deadline = time.monotonic() + self.stop_timeout_s
+        while True:
+            try:
+                self._serving_lease = leases.acquire(self.spark, serving, "live", self.holder, take_over=self.take_over)
+                return time.time_ns() // 1000
+            except LeaseHeld as exc:
+                if time.monotonic() >= deadline:
+                    raise PhaseStateError(
+                        f"pipeline {self.pipeline.name!r}: its serving live phase (generation {old}) did not stop "
+                        f"within {self.stop_timeout_s:g} s of the redeploy's request ({exc}). Nothing was swapped; "
+                        "the serving generation goes on. Stop it (terminate its run), then run the redeploy again."
+                    ) from exc
+                time.sleep(0.2)
+
+    def _release_serving_lease(self) -> None:
+        lease, self._serving_lease = self._serving_lease, None
+        if lease is not None:
+            leases.release(self.spark, lease)
+
+
+def _newest_manifest(spark: SparkSession, pipeline: Pipeline) -> manifest.HandoffManifest | None:
+    try:
+        return manifest.latest(spark, pipeline.locations.manifests, pipeline.name)
+    except ManifestError:
+        return None
+
+
+def _spec_json(pipeline: Pipeline) -> str:
+    return json.dumps(pipeline.state_spec(), sort_keys=True)

@@ -1,0 +1,61 @@
+"""The swap's commits: a whole sink copied into another table in one Delta commit.
+
+A swap makes the consumer-facing table (``sink.path``) hold another generation's results (decision record
+``docs/decisions/0004``): one overwrite of the table with the rows of that generation's own sink, so that a reader of
+the path or of a catalog name over it sees the old generation's results or the new one's, never a mix, a gap or an
+empty table. The same copy keeps the results the consumer-facing table held, as the old generation's own sink, before
+the swap overwrites them: a rollback swaps them back.
+
+The copy carries the write mark of the source's newest micro-batch write (:mod:`phases.storage.live_writes`) in its
+``userMetadata``: the generation's live phase, started afterwards on the copy, finds the write its progress log names
+there and goes on from it; a replay of that micro-batch is skipped. Beside it, the swap's own mark names the redeploy
+and the generation, so that a rerun after a crash can tell whether the swap's commit was made.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pyspark.sql import SparkSession
+
+from phases.storage import table_stats, tables
+
+SWAP_MARK = "phases_swap"
+
+
+def write_mark_of(spark: SparkSession, path: str) -> dict | None:
+    """The write mark (``{"app": ..., "batch": ...}``) of the table's newest commit that changed rows, if it has one."""
+    mark = table_stats.commit_metadata(table_stats.newest_row_commit(spark, path)).get(table_stats.WRITE_MARK)
+    return mark if isinstance(mark, dict) else None
+
+
+def swap_mark_of(spark: SparkSession, path: str) -> dict | None:
+    """The swap mark of the table's newest commit that changed rows, if that commit is a swap's copy."""
+    mark = table_stats.commit_metadata(table_stats.newest_row_commit(spark, path)).get(SWAP_MARK)
+    return mark if isinstance(mark, dict) else None
+
+
+def copy_sink(spark: SparkSession, source: str, target: str, *, swap: dict | None = None) -> int:
+    """Overwrites ``target`` with the rows of ``source`` (its schema too) in one commit that carries ``source``'s
+    newest write mark and, when given, the ``swap`` mark. Returns ``target``'s new version."""
+    metadata: dict = {}
+    mark = write_mark_of(spark, source)
+    if mark is not None:
+        metadata[table_stats.WRITE_MARK] = mark
+    if swap is not None:
+        metadata[SWAP_MARK] = swap
+    writer = spark.read.format("delta").load(source).write.format("delta").mode("overwrite")
+    writer = writer.option("overwriteSchema", "true")
+    if metadata:
+        writer = writer.option("userMetadata", json.dumps(metadata, separators=(",", ":")))
+    writer.save(target)
+    return tables.version(spark, target)
+
+
+def swap_version(spark: SparkSession, path: str, redeploy_id: str) -> int | None:
+    """The version of the table's newest commit when it is the swap's copy of redeploy ``redeploy_id``."""
+    commit = table_stats.newest_row_commit(spark, path)
+    mark = table_stats.commit_metadata(commit).get(SWAP_MARK)
+    if isinstance(mark, dict) and mark.get("redeploy") == redeploy_id:
+        return int(commit["version"])
+    return None

@@ -1,0 +1,220 @@
+"""A pipeline's generations: where each version of its definition keeps its tables, and which one serves.
+
+A pipeline starts as **generation 0**, whose tables are where they always were: under ``locations.root`` (state,
+manifests, quarantine, checkpoints, live runs, leases) and the sink at ``sink.path``. A redeploy of a definition whose
+state has another shape (:mod:`phases.definition.changes`) builds **generation n** beside it, under
+``<root>/generations/<n>/``: its own state, manifests, quarantine, live runs and leases, and its own sink
+(``<root>/generations/<n>/sink``) while it is not the one consumers read. End-of-stream outputs of a generation n > 0
+move under its folder as well.
+
+``sink.path`` is the **consumer-facing** table: the serving generation's live phase writes it. A swap
+(:mod:`phases.redeploy.swap`) makes another generation the serving one with one commit on that table.
+
+The **redeploy log** (``<root>/redeploys``, a Delta table, one row a step) says which generation serves: the newest
+``swapped`` row's, else 0. A ``swapping`` row with no ``swapped`` row after it is a swap under way (or cut short by
+a crash): no live phase of the pipeline starts until a rerun of the redeploy finishes it. The log also keeps each
+generation's definition (``started``) and the changes applied to a handoff from now on (``amended``).
+
+:func:`resolve` binds a pipeline as declared (``locations.generation`` None) to the generation that serves; the
+engine's entry points call it, so that a definition keeps working after a swap without naming a generation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from phases import uris
+from phases.definition import Pipeline
+from phases.errors import PhaseStateError
+from phases.storage import table_stats, tables
+
+STEPS = ("started", "amended", "swapping", "swapped", "abandoned", "removed")
+
+SCHEMA = T.StructType(
+    [
+        T.StructField("pipeline", T.StringType(), False),
+        T.StructField("redeploy_id", T.StringType(), False),
+        T.StructField("step", T.StringType(), False),  # one of STEPS
+        T.StructField("generation", T.LongType(), False),  # the generation the step is about (a swap's target)
+        T.StructField("from_generation", T.LongType(), True),  # a swap's previous serving generation
+        T.StructField("fingerprint", T.StringType(), True),  # the generation's definition (amended: the new one)
+        T.StructField("state_spec", T.StringType(), True),  # its state spec, JSON (to show a later diff)
+        T.StructField("manifest_id", T.StringType(), True),  # the handoff a step names (amended, swapped)
+        T.StructField("consumer_version", T.LongType(), True),  # swapped: the consumer-facing table's version
+        T.StructField("reason", T.StringType(), True),
+        T.StructField("detail", T.StringType(), True),  # the diff, or what a step measured (JSON)
+        T.StructField("at_us", T.LongType(), False),
+    ]
+)
+
+
+def log_path(pipeline: Pipeline) -> str:
+    """The redeploy log of a pipeline as declared (its ``locations.root``)."""
+    return uris.join(_base_root(pipeline), "redeploys")
+
+
+def _base_root(pipeline: Pipeline) -> str:
+    loc = pipeline.locations
+    if not loc.generation:
+        return loc.root
+    suffix = f"/generations/{loc.generation}"
+    root = loc.root.rstrip("/")
+    if not root.endswith(suffix):
+        raise PhaseStateError(f"locations.root {loc.root!r} is not generation {loc.generation}'s folder")
+    return root[: -len(suffix)]
+
+
+def generation_root(root: str, n: int) -> str:
+    """Where generation ``n`` keeps its tables, for a pipeline whose ``locations.root`` is ``root``."""
+    return root if n == 0 else uris.join(root, "generations", str(n))
+
+
+def own_sink(root: str, n: int) -> str:
+    """Generation ``n``'s own sink: where it writes while it does not serve (and where a swap keeps its results)."""
+    return uris.join(root, "generations", str(n), "sink")
+
+
+def bind(pipeline: Pipeline, n: int, *, serving: bool) -> Pipeline:
+    """``pipeline`` (as declared) as generation ``n``: its locations under the generation's folder, and its sink the
+    consumer-facing table when ``serving``, else the generation's own sink."""
+    if pipeline.locations.generation is not None:
+        raise PhaseStateError(
+            f"pipeline {pipeline.name!r} is already bound to generation {pipeline.locations.generation}; bind the "
+            "definition as declared"
+        )
+    root = pipeline.locations.root
+    update: dict = {
+        "locations": pipeline.locations.model_copy(update={"root": generation_root(root, n), "generation": n})
+    }
+    if not serving:
+        sink = own_sink(root, n)
+        sink_update: dict = {"path": sink}
+        if pipeline.sink.mode == "changelog":
+            sink_update["current_path"] = f"{sink}_current"
+        update["sink"] = pipeline.sink.model_copy(update=sink_update)
+    if n > 0 and pipeline.end_of_stream:
+        folder = uris.join(generation_root(root, n), "end_of_stream")
+        update["end_of_stream"] = [
+            s.model_copy(update={"output": s.output.model_copy(update={"path": uris.join(folder, s.name)})})
+            for s in pipeline.end_of_stream
+        ]
+    return pipeline.model_copy(update=update)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of the redeploy log."""
+
+    pipeline: str
+    redeploy_id: str
+    step: str
+    generation: int
+    from_generation: int | None
+    fingerprint: str | None
+    state_spec: str | None
+    manifest_id: str | None
+    consumer_version: int | None
+    reason: str | None
+    detail: str | None
+    at_us: int
+
+
+@dataclass(frozen=True)
+class Generations:
+    """What the redeploy log says of a pipeline's generations."""
+
+    steps: tuple[Step, ...] = ()
+    serving: int = 0
+    swap_under_way: Step | None = None  # a ``swapping`` row not followed by its ``swapped`` row
+    fingerprints: dict[int, str] = field(default_factory=dict)  # generation -> its definition's fingerprint
+    specs: dict[int, str] = field(default_factory=dict)  # generation -> its state spec (JSON)
+    gone: frozenset[int] = frozenset()  # abandoned or removed generations
+    amended: frozenset[tuple[str, str]] = frozenset()  # (manifest id, fingerprint) accepted for a handoff
+    previous: dict[int, int] = field(default_factory=dict)  # generation -> the one it replaced at its last swap
+
+    @classmethod
+    def of(cls, steps: list[Step]) -> Generations:
+        ordered = tuple(sorted(steps, key=lambda s: s.at_us))
+        serving, under_way, previous = 0, None, {}
+        fingerprints, specs, gone, amended = {}, {}, set(), set()
+        for s in ordered:
+            if s.step == "started":
+                fingerprints[s.generation] = s.fingerprint
+                specs[s.generation] = s.state_spec
+                gone.discard(s.generation)
+            elif s.step == "amended":
+                amended.add((s.manifest_id, s.fingerprint))
+                fingerprints[s.generation] = s.fingerprint
+                specs[s.generation] = s.state_spec
+            elif s.step == "swapping":
+                under_way = s
+            elif s.step == "swapped":
+                serving, under_way = s.generation, None
+                if s.from_generation is not None:
+                    previous[s.generation] = s.from_generation
+            elif s.step in ("abandoned", "removed"):
+                gone.add(s.generation)
+        return cls(ordered, serving, under_way, fingerprints, specs, frozenset(gone), frozenset(amended), previous)
+
+    @property
+    def numbers(self) -> list[int]:
+        """Every generation the log knows (0 included), oldest first."""
+        return sorted({0, *self.fingerprints, *(s.generation for s in self.steps)})
+
+    def retained(self) -> list[int]:
+        """The generations whose tables are kept, serving or not (not abandoned or removed)."""
+        return [n for n in self.numbers if n not in self.gone]
+
+
+def read(spark: SparkSession, pipeline: Pipeline) -> Generations:
+    """The pipeline's generations from its redeploy log (no log: generation 0 serves). Read with delta-rs (a few
+    rows, no Spark job: every live start reads it), through Spark when delta-rs cannot read the log."""
+    path = log_path(pipeline)
+    found = table_stats.from_log(lambda p: table_stats.rows(p, where=("pipeline", pipeline.name)), path)
+    if found is None:
+        if not tables.exists(spark, path):
+            return Generations()
+        found = [
+            r.asDict() for r in spark.read.format("delta").load(path).where(f"pipeline = '{pipeline.name}'").collect()
+        ]
+    return Generations.of([Step(**{f.name: row.get(f.name) for f in SCHEMA.fields}) for row in found])
+
+
+def write(spark: SparkSession, pipeline: Pipeline, step: str, generation: int, redeploy_id: str, **values) -> Step:
+    """Appends one step to the pipeline's redeploy log (one commit)."""
+    if step not in STEPS:
+        raise ValueError(f"redeploy step {step!r} is not one of {STEPS}")
+    row = {f.name: None for f in SCHEMA.fields}
+    row.update(values)
+    row.update(
+        pipeline=pipeline.name,
+        redeploy_id=redeploy_id,
+        step=step,
+        generation=generation,
+        at_us=time.time_ns() // 1000,
+    )
+    tables.append_row(spark, log_path(pipeline), SCHEMA, row)
+    return Step(**row)
+
+
+def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` bound to the generation that serves (itself when already bound, or when the pipeline was never
+    redeployed). Refuses while a swap is under way: the consumer-facing table is between two generations."""
+    if pipeline.locations.generation is not None:
+        return pipeline
+    gens = read(spark, pipeline)
+    if gens.swap_under_way is not None:
+        s = gens.swap_under_way
+        raise PhaseStateError(
+            f"pipeline {pipeline.name!r}: a swap of its sink {pipeline.sink.path} from generation {s.from_generation} "
+            f"to generation {s.generation} is under way (redeploy {s.redeploy_id}), or was cut short: no live phase "
+            "starts until it is finished. Run the redeploy again (Redeploy(spark, pipeline).run()): it finishes the "
+            "swap, or makes it again."
+        )
+    if not gens.steps:
+        return pipeline
+    return bind(pipeline, gens.serving, serving=True)
