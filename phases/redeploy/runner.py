@@ -74,12 +74,10 @@ class RedeployPlan:
     serving_manifest: str  # its newest handoff
     changes: DefinitionChanges  # the serving definition -> the new one
     target: int  # the generation that will serve after the swap (the serving one for the ways none and forward)
-    reuse: bool  # the target generation exists already (a rerun, or a rollback to a kept generation)
+    reuse: bool  # the target generation has a handoff already (a rerun, or a rollback to a kept generation)
 
     @property
     def way(self) -> Way:
-        if self.reuse and self.target != self.serving:
-            return "backfill"  # a kept generation: no backlog to run, but a swap
         return self.changes.way
 
     def describe(self) -> str:
@@ -182,15 +180,10 @@ class Redeploy:
         target, reuse = serving, False
         if changes.way == "backfill":
             fingerprint = self.pipeline.fingerprint()
-            kept = [
-                n
-                for n in gens.retained()
-                if n != serving and self._fingerprint_of(gens, n) == fingerprint and self._newest_manifest(n)
-            ]
-            if kept:
-                target, reuse = max(kept), True
-            else:
-                target = max(gens.numbers) + 1
+            # A kept generation of this definition (a rollback, or a rerun after a crash) is taken up where it is.
+            kept = [n for n in gens.retained() if n != serving and self._fingerprint_of(gens, n) == fingerprint]
+            target = max(kept) if kept else max(gens.numbers) + 1
+            reuse = bool(kept) and self._newest_manifest(target) is not None
         return RedeployPlan(self.pipeline.name, serving, handoff.manifest_id, changes, target, reuse)
 
     def _fingerprint_of(self, gens: generations.Generations, n: int) -> str | None:

@@ -301,3 +301,57 @@ def test_a_swap_cut_short_refuses_live_starts_until_a_rerun_finishes_it(spark, t
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(versions))
     LiveRunner.from_manifest(spark, new).start(available_now=True)
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(versions))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", ["backlog", "backlog done", "live", "serving stopped", "swap", "swapped"])
+def test_a_redeploy_killed_at_any_step_leaves_the_old_definition_serving_and_a_rerun_finishes_it(
+    spark, tmp_path, kill_at
+):
+    """SIGKILL of the redeploy's process at each step (tests.phases.redeploy_child), then a rerun: until the swap's
+    commit the old definition serves, its live phase running in this process; after the rerun the new one serves,
+    with the same result as a redeploy that never crashed. A kill right after the backlog makes the rerun catch the
+    new generation up with an increment instead of a second backlog."""
+    import subprocess
+    import sys
+
+    root, source = str(tmp_path / "run"), str(tmp_path / "source")
+    versions = {i: _version(i) for i in range(1, 6)}
+    write_source(spark, source, _upto(versions, 3))
+    old, new = _old(source, root), _new(source, root)
+    BacklogRunner(spark, old).run()
+    serving = LiveRunner.from_manifest(spark, old)
+    serving.start()
+    append_version(spark, source, versions[4])
+    serving.process_available()
+    try:
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.phases.redeploy_child", new.model_dump_json(), kill_at],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert child.returncode == -9, child.stderr[-3000:]
+        append_version(spark, source, versions[5])
+        gens = generations.read(spark, old)
+        if kill_at == "swapped":  # the swap's commit is made: the new results serve, no live phase starts yet
+            assert gens.swap_under_way is not None
+            assert_results_equal(sink_rows(spark, old.sink.path), _expected_new(_upto(versions, 4)))
+            with pytest.raises(PhaseStateError, match="under way"):
+                LiveRunner.from_manifest(spark, old)
+        elif kill_at in ("serving stopped", "swap"):  # stopped on request: the old results as of its stop
+            assert not serving.query.isActive
+            assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(_upto(versions, 4)))
+        else:  # the old live phase never noticed
+            assert gens.serving == 0 and gens.swap_under_way is None
+            serving.process_available()
+            assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(versions))
+        result = Redeploy(spark, new, take_over=True, stop_timeout_s=120).run()
+        assert (result.from_generation, result.generation, result.swapped) == (0, 1, True)
+        if kill_at == "backlog done":
+            assert "increment_s" in result.timings and "backlog_s" not in result.timings
+        LiveRunner.from_manifest(spark, new, take_over=True).start(available_now=True)
+        assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(versions))
+        assert generations.read(spark, old).serving == 1
+    finally:
+        serving.stop()
