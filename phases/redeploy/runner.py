@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from phases.backlog.runner import BacklogRunner
-from phases.definition import Pipeline
+from phases.definition import SOURCE_LABEL, Pipeline
 from phases.definition.changes import DefinitionChanges, Way
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases.live.runner import LiveRunner
@@ -229,7 +229,7 @@ class Redeploy:
         n, timings = plan.target, {}
         new = generations.bind(self.pipeline, n, serving=False)
         if not plan.reuse:
-            self._refuse_unreadable_sources()
+            self._refuse_unreadable_sources(self._newest_manifest(plan.serving))
             if n not in gens.fingerprints or gens.fingerprints[n] != self.pipeline.fingerprint():
                 generations.write(
                     self.spark,
@@ -251,10 +251,19 @@ class Redeploy:
         self._done("checked", generation=n)
         return self._swap(plan.serving, n, handoff.manifest_id, redeploy_id, reason, timings)
 
-    def _refuse_unreadable_sources(self) -> None:
-        """Before anything runs: every input of the new definition must still hold what its backlog reads (a Kafka
-        topic whose retention deleted its first offsets is refused, naming the partitions and ranges)."""
-        for reader in open_inputs(self.spark, self.pipeline).values():
+    def _refuse_unreadable_sources(self, serving: manifest.HandoffManifest | None) -> None:
+        """Before anything runs: every input of the new definition must still hold what its backlog reads, from
+        where the serving generation's backlog started (a Kafka topic whose retention deleted offsets since then
+        is refused, naming the partitions and ranges: the new results would miss records the old ones hold)."""
+        for label, reader in open_inputs(self.spark, self.pipeline).items():
+            if label == SOURCE_LABEL and self.pipeline.source.kind == "kafka" and serving and serving.source_position:
+                reader.require_kept_from(
+                    serving.source_position,
+                    "a redeploy's backlog, from where the serving generation's backlog started,",
+                    "nothing was run and the serving generation goes on. Restore the missing records, or rebuild "
+                    "from the topic as it is now (stop the live phase, then BacklogRunner(spark, pipeline).run("
+                    "reset=True)), which gives up the records retention deleted",
+                )
             reader.require_change_feed(reader.head_version())
 
     def _backfill(self, new: Pipeline, timings: dict[str, float]) -> manifest.HandoffManifest:

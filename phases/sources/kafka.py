@@ -158,7 +158,12 @@ class KafkaTopicSource:
         plan = self.plan()
         self._require_available(plan.start, "the backlog")
 
-    def _require_available(self, needed: dict[int, int], who: str) -> None:
+    def require_kept_from(self, position: str, who: str, way_out: str) -> None:
+        """Fails with SourceError unless the topic still holds every offset from the start of the chunk plan
+        ``position`` (a handoff's): a new backlog from the topic's start then reads what that handoff's did."""
+        self._require_available(ChunkPlan.from_json(position).start, who, way_out)
+
+    def _require_available(self, needed: dict[int, int], who: str, way_out: str | None = None) -> None:
         marks = self.watermarks()
         for p, offset in sorted(needed.items()):
             if offset < 0 or p not in marks:
@@ -169,8 +174,11 @@ class KafkaTopicSource:
                     f"{self.spec.location}: {who} needs partition {p} from offset {offset}, but the broker keeps "
                     f"it only from offset {earliest}: offsets {offset}..{earliest - 1} were deleted by retention "
                     "(retention.ms / retention.bytes) before they were read. Nothing is skipped silently: to proceed, "
-                    "run the backlog again from the topic's start (BacklogRunner(...).run(reset=True)), or restore the "
-                    "missing records"
+                    + (
+                        way_out
+                        or "run the backlog again from the topic's start (BacklogRunner(...).run(reset=True)), or "
+                        "restore the missing records"
+                    )
                 )
 
     def commit_times(self):

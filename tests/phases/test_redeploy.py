@@ -355,3 +355,58 @@ def test_a_redeploy_killed_at_any_step_leaves_the_old_definition_serving_and_a_r
         assert generations.read(spark, old).serving == 1
     finally:
         serving.stop()
+
+
+def test_a_kafka_source_whose_retention_dropped_its_start_is_refused_before_anything_runs(spark, kafka, tmp_path):
+    from confluent_kafka import TopicPartition
+
+    from phases.errors import SourceError
+    from tests.helpers import produce
+    from tests.phases.test_kafka_source import kafka_pipeline
+
+    topic = f"redeploy-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    root = str(tmp_path / "run")
+    old = kafka_pipeline(kafka, topic, root)
+    records = [(i % 2, (f"k{i % 3}", (100 + i) * SECOND, i)) for i in range(8)]
+    produce(kafka.bootstrap_servers, topic, records)
+    BacklogRunner(spark, old).run()
+    LiveRunner.from_manifest(spark, old).start(available_now=True)
+    admin = kafka.admin()
+    admin.delete_records([TopicPartition(topic, 1, 3)])[TopicPartition(topic, 1, 3)].result(30)  # as retention would
+
+    new = old.model_copy(update={"watermark_delay": timedelta(seconds=NEW_DELAY_S)})
+    before = sink_rows(spark, old.sink.path)
+    with pytest.raises(SourceError, match=r"partition 1 from offset 0.*offsets 0\.\.2 were deleted by retention"):
+        Redeploy(spark, new).run()
+    assert generations.read(spark, old).steps == ()  # nothing was recorded, nothing ran
+    assert not (tmp_path / "run" / "generations").exists()
+    assert sink_rows(spark, old.sink.path) == before
+
+
+def test_a_changelog_sink_is_swapped_whole_and_read_current_gives_old_or_new_rows(spark, tmp_path):
+    from phases.definition import DeltaSink
+    from tests.helpers import current_rows
+
+    root, source = str(tmp_path / "run"), str(tmp_path / "source")
+    versions = {i: _version(i) for i in range(1, 6)}
+    write_source(spark, source, _upto(versions, 3))
+    sink = DeltaSink(path=f"{root}/sink", mode="changelog", compact_every=timedelta(0))
+    old, new = _old(source, root, sink=sink), _new(source, root, sink=sink)
+    BacklogRunner(spark, old).run()
+    append_version(spark, source, versions[4])
+    LiveRunner.from_manifest(spark, old).start(available_now=True)
+    from phases import compact_changelog
+
+    compact_changelog(spark, old)  # the current table holds the old definition's rows
+    reads: list[tuple[str, dict]] = []
+    Redeploy(spark, new, on_step=lambda step, _: reads.append((step, current_rows(spark, old)))).run()
+    for step, rows in reads:
+        want = _expected_new(_upto(versions, 4)) if step == "swapped" else _expected_old(_upto(versions, 4))
+        assert_results_equal(rows, want)
+    append_version(spark, source, versions[5])
+    LiveRunner.from_manifest(spark, new).start(available_now=True)
+    assert_results_equal(current_rows(spark, new), _expected_new(versions))
+    compact_changelog(spark, new)
+    assert_results_equal(current_rows(spark, new), _expected_new(versions))
+    assert_results_equal(sink_rows(spark, new.sink.current), _expected_new(versions))
