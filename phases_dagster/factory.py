@@ -14,6 +14,7 @@ from phases_dagster.backlog import build_backlog_assets
 from phases_dagster.checks import build_backlog_checks
 from phases_dagster.health import build_freshness_check, build_health_sensor, build_live_check
 from phases_dagster.live import build_live_asset, build_live_job
+from phases_dagster.redeploy import build_redeploy_assets, build_redeploy_job
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names, Orchestration
@@ -33,11 +34,14 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
       ``_quarantine``: one multi-asset, the backlog phase (plus ``_backlog_slices`` with a daily backfill);
     * ``<name>_live``: the live phase, a long-running step, with its ``live_phase_running`` check; the sink's
       ``sink_fresh`` check;
-    * jobs (backlog, live, slices), the switch sensor, the health sensor, the daily schedule.
+    * ``<name>_next_generation`` (with its blocking checks) and ``<name>_swap``: a redeploy of a changed
+      definition beside the serving one (:mod:`phases_dagster.redeploy`);
+    * jobs (backlog, live, redeploy, slices), the switch sensor, the health sensor, the daily schedule.
 
     Resources ``spark`` and ``storage`` are bound by the caller's Definitions (see :func:`default_resources`)."""
     settings = settings or Orchestration()
     names = Names(pipeline)
+    redeploy = build_redeploy_assets(pipeline, settings)
     backlog_assets = build_backlog_assets(pipeline, settings)
     backlog_job = dg.define_asset_job(
         names.backlog_job,
@@ -48,7 +52,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
         description="Backlog phase (full / increment / slices) and its blocking checks.",
     )
     live_job = build_live_job(pipeline)
-    jobs: list = [backlog_job, live_job]
+    jobs: list = [backlog_job, live_job, build_redeploy_job(pipeline)]
     schedules = []
     if settings.backfill is not None:
         slices_job = dg.define_asset_job(
@@ -64,8 +68,9 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
             )
         )
     return dg.Definitions(
-        assets=[build_source_asset(pipeline), *backlog_assets, build_live_asset(pipeline, settings)],
+        assets=[build_source_asset(pipeline), *backlog_assets, build_live_asset(pipeline, settings), *redeploy[:2]],
         asset_checks=[
+            redeploy[2],
             build_backlog_checks(pipeline, settings),
             build_freshness_check(pipeline, settings),
             build_live_check(pipeline),

@@ -169,7 +169,7 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
 
     @dg.asset(
         name=names.live_asset,
-        deps=[names.backlog, names.state],
+        deps=[names.backlog, names.state, names.swap],  # a redeploy's run starts it after its swap
         code_version=pipeline.fingerprint(),
         op_tags={"phases/pipeline": pipeline.name},
         **catalog.spec_kwargs(

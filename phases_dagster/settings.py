@@ -123,3 +123,7 @@ class Names:
         self.switch = f"{n}_switch"
         self.schedule = f"{n}_slices_schedule"
         self.checks = f"{n}_backlog_checks"
+        self.next_generation = f"{n}_next_generation"  # a redeploy's new generation
+        self.next_generation_checks = f"{n}_next_generation_checks"
+        self.swap = f"{n}_swap"
+        self.redeploy_job = f"{n}_redeploy_job"

@@ -139,7 +139,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         assert stack.parents(NAMES.backlog) == {NAMES.source}
         for table in (NAMES.state, NAMES.sink, NAMES.quarantine):
             assert stack.parents(table) == {NAMES.backlog}
-        assert stack.parents(NAMES.live_asset) == {NAMES.backlog, NAMES.state}
+        assert stack.parents(NAMES.live_asset) == {NAMES.backlog, NAMES.state, NAMES.swap}
 
         t = time.monotonic()
         with browser_page() as page:  # the group's lineage in a real browser: every table is a node

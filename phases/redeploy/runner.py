@@ -75,6 +75,7 @@ class RedeployPlan:
     changes: DefinitionChanges  # the serving definition -> the new one
     target: int  # the generation that will serve after the swap (the serving one for the ways none and forward)
     reuse: bool  # the target generation has a handoff already (a rerun, or a rollback to a kept generation)
+    rollback: bool = False  # the target generation served before: this redeploy swaps it back
 
     @property
     def way(self) -> Way:
@@ -84,7 +85,10 @@ class RedeployPlan:
         head = f"pipeline {self.pipeline!r}: generation {self.serving} serves (handoff {self.serving_manifest})."
         if self.way == "backfill":
             how = (
-                f"generation {self.target} is kept from before: its live phase catches up, then it is swapped in"
+                f"generation {self.target} served before and is kept: its live phase catches up from where it "
+                "stopped serving, then it is swapped back in (a rollback)"
+                if self.rollback
+                else f"generation {self.target} is kept from before: its live phase catches up, then it is swapped in"
                 if self.reuse
                 else f"generation {self.target} is built beside it (backlog, catch-up, live), then swapped in"
             )
@@ -104,7 +108,8 @@ class RedeployResult:
     from_generation: int
     generation: int  # the generation that serves now
     swapped: bool
-    manifest_id: str | None = None  # the serving generation's handoff
+    manifest_id: str | None = None  # the handoff of the generation that serves (or, prepared, of the prepared one)
+    prepared: int | None = None  # prepare(): the generation built and checked, not swapped in yet
     consumer_version: int | None = None  # the consumer-facing table's version made by the swap
     old_stopped_at_us: int | None = None  # the old live phase had stopped (its lease was the redeploy's)
     swapped_at_us: int | None = None  # the swap's commit was made
@@ -184,7 +189,8 @@ class Redeploy:
             kept = [n for n in gens.retained() if n != serving and self._fingerprint_of(gens, n) == fingerprint]
             target = max(kept) if kept else max(gens.numbers) + 1
             reuse = bool(kept) and self._newest_manifest(target) is not None
-        return RedeployPlan(self.pipeline.name, serving, handoff.manifest_id, changes, target, reuse)
+        rollback = changes.way == "backfill" and gens.served(target)
+        return RedeployPlan(self.pipeline.name, serving, handoff.manifest_id, changes, target, reuse, rollback)
 
     def _fingerprint_of(self, gens: generations.Generations, n: int) -> str | None:
         if n in gens.fingerprints:
@@ -193,11 +199,26 @@ class Redeploy:
         return handoff.fingerprint if handoff is not None else None
 
     # --- the run -----------------------------------------------------------------------------------
+    def prepare(self, reason: str = "") -> RedeployResult:
+        """Everything before the serving generation is touched: the plan, then for a backfill the new generation's
+        backlog, catch-up and checks (``prepared`` in the result). Raises PhaseStateError when its checks fail."""
+        return self._run(reason, swap=False)
+
     def run(self, reason: str = "") -> RedeployResult:
-        """Runs the redeploy (module docstring) under the pipeline's redeploy lease; ``reason`` goes into the log."""
+        """The whole redeploy (module docstring) under the pipeline's redeploy lease; ``reason`` goes into the log. A
+        forward change is recorded and the serving live phase stopped, for its restart to take the change up."""
+        return self._run(reason, swap=True)
+
+    def _run(self, reason: str, *, swap: bool) -> RedeployResult:
         with leases.hold(self.spark, self.pipeline, "redeploy", self.holder, take_over=self.take_over):
             gens = generations.read(self.spark, self.pipeline)
             if gens.swap_under_way is not None:
+                if not swap:
+                    step = gens.swap_under_way
+                    raise PhaseStateError(
+                        f"pipeline {self.pipeline.name!r}: the swap to generation {step.generation} of redeploy "
+                        f"{step.redeploy_id} is under way; run the redeploy to finish it"
+                    )
                 return self._finish_swap(gens, gens.swap_under_way, reason)
             plan = self.plan(gens)
             self._done("planned", way=plan.way, serving=plan.serving, target=plan.target, diff=plan.describe())
@@ -205,8 +226,12 @@ class Redeploy:
             if plan.way == "none":
                 return RedeployResult(redeploy_id, "none", plan.serving, plan.serving, False, plan.serving_manifest)
             if plan.way == "forward":
+                if not swap:
+                    return RedeployResult(
+                        redeploy_id, "forward", plan.serving, plan.serving, False, plan.serving_manifest
+                    )
                 return self._amend(plan, redeploy_id, reason)
-            return self._backfill_and_swap(gens, plan, redeploy_id, reason)
+            return self._backfill_and_swap(gens, plan, redeploy_id, reason, swap=swap)
 
     def _amend(self, plan: RedeployPlan, redeploy_id: str, reason: str) -> RedeployResult:
         generations.write(
@@ -221,10 +246,21 @@ class Redeploy:
             reason=reason or None,
             detail=plan.changes.describe("serving", "new"),
         )
-        return RedeployResult(redeploy_id, "forward", plan.serving, plan.serving, False, plan.serving_manifest)
+        stopped_at = self._stop_serving_live(plan.serving)  # its restart takes the amended definition up
+        self._release_serving_lease()
+        leases.clear_stop_request(self.spark, generations.bind(self.pipeline, plan.serving, serving=True), "live")
+        return RedeployResult(
+            redeploy_id,
+            "forward",
+            plan.serving,
+            plan.serving,
+            False,
+            plan.serving_manifest,
+            old_stopped_at_us=stopped_at,
+        )
 
     def _backfill_and_swap(
-        self, gens: generations.Generations, plan: RedeployPlan, redeploy_id: str, reason: str
+        self, gens: generations.Generations, plan: RedeployPlan, redeploy_id: str, reason: str, *, swap: bool
     ) -> RedeployResult:
         n, timings = plan.target, {}
         new = generations.bind(self.pipeline, n, serving=False)
@@ -249,6 +285,17 @@ class Redeploy:
         self._done("live caught up", generation=n, rounds=int(timings.get("live_rounds", 0)))
         self._check(new, handoff)
         self._done("checked", generation=n)
+        if not swap:
+            return RedeployResult(
+                redeploy_id,
+                "backfill",
+                plan.serving,
+                plan.serving,
+                False,
+                handoff.manifest_id,
+                prepared=n,
+                timings=timings,
+            )
         return self._swap(plan.serving, n, handoff.manifest_id, redeploy_id, reason, timings)
 
     def _refuse_unreadable_sources(self, serving: manifest.HandoffManifest | None) -> None:

@@ -29,7 +29,7 @@ from pyspark.sql import types as T
 
 from phases import uris
 from phases.definition import Pipeline
-from phases.errors import PhaseStateError
+from phases.errors import PhaseStateError, SourceError
 from phases.storage import table_stats, tables
 
 STEPS = ("started", "amended", "swapping", "swapped", "abandoned", "removed")
@@ -165,17 +165,27 @@ class Generations:
         """Every generation the log knows (0 included), oldest first."""
         return sorted({0, *self.fingerprints, *(s.generation for s in self.steps)})
 
+    def served(self, n: int) -> bool:
+        """Whether generation ``n`` has served (generation 0 served first; another after a swap to it)."""
+        return n == 0 or any(s.step == "swapped" and s.generation == n for s in self.steps)
+
     def retained(self) -> list[int]:
         """The generations whose tables are kept, serving or not (not abandoned or removed)."""
         return [n for n in self.numbers if n not in self.gone]
 
 
-def read(spark: SparkSession, pipeline: Pipeline) -> Generations:
+def read(spark: SparkSession | None, pipeline: Pipeline) -> Generations:
     """The pipeline's generations from its redeploy log (no log: generation 0 serves). Read with delta-rs (a few
-    rows, no Spark job: every live start reads it), through Spark when delta-rs cannot read the log."""
+    rows, no Spark job: every live start reads it), through Spark when delta-rs cannot read the log (store settings
+    given to Spark only; without a ``spark`` session that is a SourceError)."""
     path = log_path(pipeline)
-    found = table_stats.from_log(lambda p: table_stats.rows(p, where=("pipeline", pipeline.name)), path)
-    if found is None:
+    try:
+        found = table_stats.rows(path, where=("pipeline", pipeline.name))
+        if found is None:
+            return Generations()
+    except SourceError:
+        if spark is None:
+            raise
         if not tables.exists(spark, path):
             return Generations()
         found = [
@@ -201,20 +211,26 @@ def write(spark: SparkSession, pipeline: Pipeline, step: str, generation: int, r
     return Step(**row)
 
 
-def resolve(spark: SparkSession, pipeline: Pipeline) -> Pipeline:
+def resolve(spark: SparkSession | None, pipeline: Pipeline, *, strict: bool = True) -> Pipeline:
     """``pipeline`` bound to the generation that serves (itself when already bound, or when the pipeline was never
-    redeployed). Refuses while a swap is under way: the consumer-facing table is between two generations."""
-    if pipeline.locations.generation is not None:
-        return pipeline
+    redeployed).
+
+    While a swap is under way the consumer-facing table is between two generations: ``strict`` refuses a pipeline
+    that would write it (as declared, or bound as the serving one); a generation writing its own sink goes on (the
+    redeploy's last round). Not ``strict`` (what a sensor or a catalog shows): the generation the swap started from,
+    which served until then."""
     gens = read(spark, pipeline)
-    if gens.swap_under_way is not None:
-        s = gens.swap_under_way
+    under_way = gens.swap_under_way
+    bound = pipeline.locations.generation
+    writes_consumer_table = bound is None or pipeline.sink.path != own_sink(_base_root(pipeline), bound)
+    if under_way is not None and strict and writes_consumer_table:
         raise PhaseStateError(
-            f"pipeline {pipeline.name!r}: a swap of its sink {pipeline.sink.path} from generation {s.from_generation} "
-            f"to generation {s.generation} is under way (redeploy {s.redeploy_id}), or was cut short: no live phase "
-            "starts until it is finished. Run the redeploy again (Redeploy(spark, pipeline).run()): it finishes the "
-            "swap, or makes it again."
+            f"pipeline {pipeline.name!r}: a swap of its sink from generation {under_way.from_generation} to generation "
+            f"{under_way.generation} is under way (redeploy {under_way.redeploy_id}), or was cut short: no live phase "
+            "that writes the sink starts until it is finished. Run the redeploy again "
+            "(Redeploy(spark, pipeline).run()): it finishes the swap, or makes it again."
         )
-    if not gens.steps:
+    if bound is not None or not gens.steps:
         return pipeline
-    return bind(pipeline, gens.serving, serving=True)
+    serving = under_way.from_generation if under_way is not None else gens.serving
+    return bind(pipeline, serving, serving=True)

@@ -15,6 +15,7 @@ import dagster as dg
 from pydantic import Field
 
 from phases.definition import Pipeline
+from phases.storage import generations
 from phases.storage.resolve import resolve_paths
 
 
@@ -32,5 +33,12 @@ class StorageResource(dg.ConfigurableResource):
         "address in their definition. Default: PHASES_KAFKA_BOOTSTRAP_SERVERS, else the definition's own.",
     )
 
-    def resolve(self, pipeline: Pipeline) -> Pipeline:
+    def declared(self, pipeline: Pipeline) -> Pipeline:
+        """The pipeline with its paths under ``root``, as declared (a redeploy binds its generations itself)."""
         return resolve_paths(pipeline, self.root, self.kafka_bootstrap_servers)
+
+    def resolve(self, pipeline: Pipeline) -> Pipeline:
+        """The pipeline with its paths under ``root``, bound to the generation that serves it (the one a swap under
+        way started from, :func:`phases.storage.generations.resolve`): what the sensors, checks and the catalog
+        show. The engine's runners refuse to write the sink during a swap on their own."""
+        return generations.resolve(None, resolve_paths(pipeline, self.root, self.kafka_bootstrap_servers), strict=False)

@@ -67,7 +67,15 @@ def test_the_asset_graph_is_the_tables_source_to_handoff_to_state_sink_and_quara
     assert graph.get(key(names.backlog)).parent_keys == {key(names.source)}
     for table in (names.state, names.sink, names.quarantine):
         assert graph.get(key(table)).parent_keys == {key(names.backlog)}
-    assert graph.get(key(names.live_asset)).parent_keys == {key(names.backlog), key(names.state)}
+    # The live phase starts from the handoff's state, or from a redeploy's swap (then the next generation's).
+    assert graph.get(key(names.live_asset)).parent_keys == {key(names.backlog), key(names.state), key(names.swap)}
+    assert graph.get(key(names.swap)).parent_keys == {key(names.next_generation)}
+    assert graph.get(key(names.next_generation)).parent_keys == {key(names.source)}
+    assert defs.resolve_job_def(names.redeploy_job).asset_layer.selected_asset_keys == {
+        key(names.next_generation),
+        key(names.swap),
+        key(names.live_asset),
+    }
     # The live job materializes the live asset; the health sensor targets it (the asset's automations).
     assert defs.resolve_job_def(names.live_job).asset_layer.selected_asset_keys == {key(names.live_asset)}
     assert defs.resolve_sensor_def(names.health).job_name == names.live_job

@@ -1,0 +1,203 @@
+"""The redeploy job: a changed definition built beside the serving one, checked, swapped in, and its live phase run.
+
+Deploy the changed code, then launch ``<name>_redeploy_job`` with a reason. Its steps, each an asset of the pipeline's
+group, so that both generations show in the lineage while they coexist:
+
+* ``<name>_next_generation``: the diff against the serving definition (in the run's log and the materialization),
+  then for a change of the state's shape the new generation's backlog, catch-up increments and live rounds on its
+  own sink (:meth:`phases.redeploy.runner.Redeploy.prepare`); each step is an observation of the asset as it
+  happens. Its blocking checks are the backlog's, on the new generation's handoff: a generation that fails them is
+  never swapped in (the swap step does not run);
+* ``<name>_swap``: asks the serving live phase to stop (its run ends cleanly, saying why), makes the swap's commit
+  on the consumer-facing sink and records it (:meth:`~phases.redeploy.runner.Redeploy.run`); a materialization of
+  the sink says which generation it holds now. For a forward change it records the amendment and stops the serving
+  live phase instead;
+* ``<name>_live``: the live phase of the definition, now the serving generation's, in this same run.
+
+A **rollback** is the same job run from the previous definition's code: its generation is kept, so the job skips
+its backlog and swaps it back. The run's tags say which (``phases/redeploy``: ``backfill``, ``rollback``, ``forward``
+or ``none``) and why (``phases/redeploy_reason``).
+"""
+
+import dagster as dg
+from pydantic import Field
+
+from phases.definition import Pipeline
+from phases.errors import ManifestError
+from phases.redeploy.runner import Redeploy, RedeployResult
+from phases.storage import generations, manifest
+from phases_dagster import catalog
+from phases_dagster.checks import CHECK_NAMES, DESCRIPTIONS, NO_FAR_FUTURE, handoff_check_results
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names, Orchestration
+
+REDEPLOY_TAG = "phases/redeploy"
+REASON_TAG = "phases/redeploy_reason"
+
+
+class RedeployConfig(dg.Config):
+    reason: str = Field("", description="Why the pipeline is redeployed: kept in the redeploy log and the run's tags.")
+    take_over_dead_lease: bool = Field(
+        False, description="Take leases over from holders whose process is gone (a redeploy or live run killed)."
+    )
+    stop_timeout_seconds: float = Field(
+        600.0, gt=0, description="How long the swap waits for the serving live phase to stop at its request."
+    )
+
+
+def _text(value: object) -> str | int | float:
+    return value if isinstance(value, int | float | str) else str(value)
+
+
+def _redeploy(
+    context: dg.AssetExecutionContext, pipeline: Pipeline, config: RedeployConfig, spark, storage
+) -> Redeploy:
+    key = context.asset_key
+
+    def report(step: str, detail: dict) -> None:
+        context.log.info(f"redeploy of {pipeline.name!r}: {step}: " + "; ".join(f"{k}={v}" for k, v in detail.items()))
+        context.log_event(
+            dg.AssetObservation(asset_key=key, metadata={"step": step, **{k: _text(v) for k, v in detail.items()}})
+        )
+
+    return Redeploy(
+        spark.session(),
+        storage.declared(pipeline),
+        on_step=report,
+        take_over=config.take_over_dead_lease,
+        stop_timeout_s=config.stop_timeout_seconds,
+    )
+
+
+def _tag_run(context: dg.AssetExecutionContext, result: RedeployResult, rollback: bool, reason: str) -> None:
+    way = "rollback" if rollback else result.way
+    context.instance.add_run_tags(context.run_id, {REDEPLOY_TAG: way, REASON_TAG: reason[:200] or "none given"})
+
+
+def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
+    names = Names(pipeline)
+    next_key, sink_key = dg.AssetKey(names.next_generation), dg.AssetKey(names.sink)
+    bound = settings.checks.max_quarantine_fraction
+
+    @dg.asset(
+        name=names.next_generation,
+        deps=[names.source],
+        code_version=pipeline.fingerprint(),
+        **catalog.spec_kwargs(
+            pipeline,
+            f"The next generation of {pipeline.name!r}: the changed definition built beside the serving one (its own "
+            "state, sink and quarantine), up to the head, with its live phase caught up on its own sink. Its blocking "
+            f"checks must pass before {names.swap} swaps it in. Observations show each step as it happens.",
+            kinds={"spark", "delta"},
+        ),
+    )
+    def next_generation(
+        context: dg.AssetExecutionContext, config: RedeployConfig, spark: SparkResource, storage: StorageResource
+    ):
+        redeploy = _redeploy(context, pipeline, config, spark, storage)
+        plan = redeploy.plan()
+        context.log.info(plan.describe())
+        result = redeploy.prepare(config.reason)
+        rollback = plan.rollback
+        _tag_run(context, result, rollback, config.reason)
+        metadata = {
+            "way": "rollback" if rollback else result.way,
+            "serving_generation": plan.serving,
+            "generation": result.prepared if result.prepared is not None else "none built",
+            "diff": dg.MetadataValue.md("```\n" + plan.describe() + "\n```"),
+            "reason": config.reason or "none given",
+        }
+        if result.prepared is not None:
+            metadata["manifest_id"] = result.manifest_id
+            metadata.update({k: round(v, 3) for k, v in result.timings.items()})
+        return dg.MaterializeResult(metadata=metadata)
+
+    specs = [
+        dg.AssetCheckSpec(n, asset=next_key, blocking=True, description=DESCRIPTIONS[n] + " (the next generation)")
+        for n in CHECK_NAMES
+    ]
+    specs.append(dg.AssetCheckSpec(NO_FAR_FUTURE, asset=next_key, description=DESCRIPTIONS[NO_FAR_FUTURE]))
+
+    @dg.multi_asset_check(specs=specs, name=names.next_generation_checks)
+    def next_generation_checks(spark: SparkResource, storage: StorageResource):
+        session, declared = spark.session(), storage.declared(pipeline)
+        plan = Redeploy(session, declared).plan()
+        if plan.way != "backfill":
+            for n in (*CHECK_NAMES, NO_FAR_FUTURE):
+                yield dg.AssetCheckResult(
+                    asset_key=next_key,
+                    check_name=n,
+                    passed=True,
+                    metadata={"generation": f"none: a {plan.way!r} change builds no generation to check"},
+                )
+            return
+        p = generations.bind(declared, plan.target, serving=False)
+        try:
+            handoff = manifest.latest(session, p.locations.manifests, p.name)
+        except ManifestError as exc:
+            for n in (*CHECK_NAMES, NO_FAR_FUTURE):
+                yield dg.AssetCheckResult(asset_key=next_key, check_name=n, passed=False, metadata={"error": str(exc)})
+            return
+        yield from handoff_check_results(session, p, handoff, next_key, bound)
+
+    @dg.asset(
+        name=names.swap,
+        deps=[names.next_generation],
+        code_version=pipeline.fingerprint(),
+        **catalog.spec_kwargs(
+            pipeline,
+            f"The swap of {pipeline.name!r}: the serving live phase is asked to stop, then one commit makes the sink "
+            "consumers read hold the next generation's results; the previous generation is kept for a rollback (run "
+            "this job from the previous definition's code). A forward change is recorded instead, and the live phase "
+            "restarted.",
+            kinds={"delta"},
+        ),
+    )
+    def swap(context: dg.AssetExecutionContext, config: RedeployConfig, spark: SparkResource, storage: StorageResource):
+        redeploy = _redeploy(context, pipeline, config, spark, storage)
+        plan = redeploy.plan()
+        result = redeploy.run(config.reason)
+        rollback = result.swapped and plan.rollback
+        _tag_run(context, result, rollback, config.reason)
+        metadata = {
+            "way": "rollback" if rollback else result.way,
+            "from_generation": result.from_generation,
+            "generation": result.generation,
+            "swapped": result.swapped,
+            "reason": config.reason or "none given",
+        }
+        if result.swapped:
+            gap = result.swap_gap_s
+            metadata.update(
+                consumer_version=result.consumer_version,
+                seconds_from_stop_to_swap=round(gap, 3) if gap is not None else -1,
+                manifest_id=result.manifest_id,
+            )
+            p = storage.resolve(pipeline)
+            context.log_event(
+                dg.AssetMaterialization(
+                    asset_key=sink_key,
+                    metadata={
+                        "written_by": "swap",
+                        "generation": result.generation,
+                        **catalog.table_metadata(p, p.sink.path, "sink"),
+                    },
+                )
+            )
+        return dg.MaterializeResult(metadata=metadata)
+
+    return [next_generation, swap, next_generation_checks]
+
+
+def build_redeploy_job(pipeline: Pipeline):
+    names = Names(pipeline)
+    return dg.define_asset_job(
+        names.redeploy_job,
+        selection=dg.AssetSelection.assets(names.next_generation, names.swap, names.live_asset)
+        - dg.AssetSelection.checks(dg.AssetCheckKey(dg.AssetKey(names.live_asset), names.live_running)),
+        executor_def=dg.in_process_executor,
+        description=f"Redeploy {pipeline.name!r}: the changed definition beside the serving one, its checks, the swap, "
+        "then its live phase (long-running). Run it from the previous definition's code to roll back.",
+        tags={"phases/pipeline": pipeline.name},
+    )
