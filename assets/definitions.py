@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 
 from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA
+from phases.definition import Pipeline
 from phases_dagster import DailyBackfill, LiveHealth, Orchestration, SwitchPolicy, pipeline_definitions
 from resources import RESOURCES
 
@@ -34,11 +35,17 @@ DEMO_SETTINGS = Orchestration(
 DAILY_START = datetime.now(UTC).date() - timedelta(days=7)
 DAILY_SETTINGS = DEMO_SETTINGS.model_copy(update={"backfill": DailyBackfill(start_date=DAILY_START)})
 
-served = [pipeline_definitions(DEMO, DEMO_SETTINGS), pipeline_definitions(DEMO_DAILY, DAILY_SETTINGS)]
-if os.environ.get("PHASES_KAFKA_BOOTSTRAP_SERVERS"):  # a deployment with a Kafka broker serves the Kafka pipeline too
-    served.append(pipeline_definitions(DEMO_KAFKA, DEMO_SETTINGS))
 
-defs = dg.Definitions.merge(
-    *served,
-    dg.Definitions(resources=RESOURCES, executor=dg.in_process_executor),
-)
+def build_definitions(demo: Pipeline = DEMO) -> dg.Definitions:
+    """The location's definitions, serving ``demo`` as the keyed demo pipeline: :data:`assets.pipelines.DEMO`, or a
+    changed revision of it (:data:`assets.pipelines.DEMO_REVISED`) to redeploy under the same name."""
+    served = [pipeline_definitions(demo, DEMO_SETTINGS), pipeline_definitions(DEMO_DAILY, DAILY_SETTINGS)]
+    if os.environ.get("PHASES_KAFKA_BOOTSTRAP_SERVERS"):  # a deployment with a Kafka broker serves it too
+        served.append(pipeline_definitions(DEMO_KAFKA, DEMO_SETTINGS))
+    return dg.Definitions.merge(
+        *served,
+        dg.Definitions(resources=RESOURCES, executor=dg.in_process_executor),
+    )
+
+
+defs = build_definitions()

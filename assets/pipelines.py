@@ -28,6 +28,20 @@ DEMO = Pipeline(
     tags={"domain": "demo", "tier": "bronze"},
 )
 
+# The demo pipeline changed: a wider watermark (5 minutes: fewer late records) and one more aggregation. It shapes
+# another state, so it is deployed beside the running one and swapped in (`make demo ARGS="--redeploy"`, or a code
+# location serving it and its redeploy job); deploying DEMO again rolls back.
+DEMO_REVISED = DEMO.model_copy(
+    update={
+        "watermark_delay": timedelta(minutes=5),
+        "operator": KeyedAggregate(
+            aggregations=[*DEMO.operator.aggregations, Aggregation(name="valued", kind="count", column="value")]
+        ),
+        "description": "Per-key count, sum, min, max, mean, an XOR checksum and the count of non-null values of the "
+        "demo's events (the demo pipeline's second revision).",
+    }
+)
+
 # The same pipeline over a Kafka topic (JSON values). The broker address is the deployment's: the storage resource
 # points the source at PHASES_KAFKA_BOOTSTRAP_SERVERS (`make demo ARGS="--source kafka"` starts a local broker).
 DEMO_KAFKA = DEMO.model_copy(

@@ -50,16 +50,17 @@ def free_port() -> int:
 LOG_LEVEL = "warning"
 
 
-def dev_command(port: int, workspace_yaml: bool = False, log_level: str = LOG_LEVEL) -> tuple[str, list[str]]:
+def dev_command(port: int, workspace_yaml: bool | str = False, log_level: str = LOG_LEVEL) -> tuple[str, list[str]]:
     """(program, argv) of the UI, run in the project folder: ``dg dev`` (the project's ``[tool.dg]``), or
-    ``dagster dev -w workspace.yaml``; ``log_level``: the services' console level."""
+    ``dagster dev -w workspace.yaml`` (``workspace_yaml``: True, or the path of another workspace file);
+    ``log_level``: the services' console level."""
     if workspace_yaml:
         dagster = str(Path(sys.executable).with_name("dagster"))
         return dagster, [
             dagster,
             "dev",
             "-w",
-            "workspace.yaml",
+            workspace_yaml if isinstance(workspace_yaml, str) else "workspace.yaml",
             "-h",
             "127.0.0.1",
             "-p",
@@ -91,14 +92,18 @@ class DagsterStack:
         env: dict[str, str] | None = None,
         cli: str = "dagster",
         storage_yaml: str = "",
+        workspace: Path | None = None,
     ):
         """``env``: more environment for the stack (e.g. ``PHASES_RELAUNCH_BACKOFF_S``, ``PHASES_SINK_MAX_LAG_S``).
         ``cli``: ``dagster`` (``dagster dev -w workspace.yaml``) or ``dg`` (``dg dev`` with the project's
-        ``[tool.dg]`` settings). ``storage_yaml``: the instance's storage (default: SQLite under ``home``)."""
+        ``[tool.dg]`` settings). ``storage_yaml``: the instance's storage (default: SQLite under ``home``).
+        ``workspace``: another workspace file than the project's (a code location of a test's own, e.g. one whose
+        definitions a test changes and reloads, :meth:`reload`)."""
         if cli not in ("dagster", "dg"):
             raise ValueError(f"cli must be 'dagster' or 'dg'; got {cli!r}")
         self.cli = cli
         self.storage_yaml = storage_yaml
+        self.workspace = workspace
         self.extra_env = dict(env or {})
         self.home = Path(home).resolve()
         self.data_root = Path(data_root).resolve()
@@ -125,7 +130,8 @@ class DagsterStack:
         }
         if self.cli == "dg":
             env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)
-        _, cmd = dev_command(self.port, workspace_yaml=self.cli == "dagster")
+        workspace = str(self.workspace) if self.workspace is not None else self.cli == "dagster"
+        _, cmd = dev_command(self.port, workspace_yaml=workspace)
         started = time.monotonic()
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -200,9 +206,36 @@ class DagsterStack:
                 return entry["loadStatus"]
         return None
 
-    def launch(self, job_name: str, run_config: dict | None = None) -> str:
+    def reload(self, timeout_s: float = 180) -> None:
+        """Reloads the code location (what a deploy of changed code does) and waits until it is loaded again."""
+        data = self.graphql(
+            "mutation($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) { __typename "
+            "... on PythonError { message } } }",
+            {"name": LOCATION},
+        )
+        if data["reloadRepositoryLocation"]["__typename"] == "PythonError":
+            raise StackError(f"reloading the code location failed: {data['reloadRepositoryLocation']}")
+        deadline = time.monotonic() + timeout_s
+        while self._location_status() != "LOADED":
+            if time.monotonic() > deadline:
+                raise StackError(f"code location not loaded again after {timeout_s:.0f} s; see {self.log_path}")
+            time.sleep(0.5)
+
+    def code_version(self, asset: str) -> str | None:
+        """The asset's code version as the UI shows it."""
+        data = self.graphql(
+            "query($key: AssetKeyInput!) { assetNodeOrError(assetKey: $key) { ... on AssetNode { opVersion } } }",
+            {"key": {"path": [asset]}},
+        )
+        return data["assetNodeOrError"].get("opVersion")
+
+    def launch(self, job_name: str, run_config: dict | None = None, tags: dict | None = None) -> str:
         return self.client().submit_job_execution(
-            job_name, repository_location_name=LOCATION, repository_name=REPOSITORY, run_config=run_config or {}
+            job_name,
+            repository_location_name=LOCATION,
+            repository_name=REPOSITORY,
+            run_config=run_config or {},
+            tags=tags,
         )
 
     def materialize(self, assets: list[str], checks: list[tuple[str, str]] | None = None) -> str:

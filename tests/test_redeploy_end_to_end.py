@@ -1,0 +1,173 @@
+"""Changing a running pipeline end to end, through a real Dagster stack on PostgreSQL (webserver + daemon on a loopback
+port): the demo pipeline runs live (backlog job, then the switch sensor's live run); its code changes (the code
+location now serves the demo's second revision, reloaded as a deploy would) and the assets show a new code version;
+the redeploy job builds the next generation beside the live one, checks it, swaps it in and runs its live phase,
+while the old live run ends cleanly saying why; then the previous code is deployed again and the same job rolls back.
+Every result is checked exactly: each record of the source is in the sink's counts or in the serving generation's
+quarantine, once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pyspark.sql import functions as F
+
+from assets.pipelines import DEMO, DEMO_REVISED
+from phases.sources import synthetic
+from phases.storage import generations
+from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names
+from scripts.dagster_stack import LOCATION, PROJECT, DagsterStack
+from scripts.local_postgres import LocalPostgres
+from tests.helpers import SHORT_LIVED_JVM_OPTIONS
+from tests.test_end_to_end import _wait
+
+NAMES = Names(DEMO)
+ROWS_PER_BATCH = 2000
+
+_LOCATION_CODE = '''"""The code location a deploy loads: the demo pipeline's revision {revision}."""
+
+from assets.definitions import build_definitions
+from assets.pipelines import {pipeline}
+
+defs = build_definitions({pipeline})
+'''
+
+
+def _deploy(folder: Path, revision: int) -> None:
+    """Writes the code location's definitions for the demo's ``revision`` (1: DEMO, 2: DEMO_REVISED)."""
+    pipeline = "DEMO" if revision == 1 else "DEMO_REVISED"
+    (folder / "location.py").write_text(_LOCATION_CODE.format(revision=revision, pipeline=pipeline))
+
+
+def _workspace(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "workspace.yaml"
+    path.write_text(
+        "load_from:\n"
+        "  - python_file:\n"
+        f"      relative_path: {folder / 'location.py'}\n"
+        "      attribute: defs\n"
+        f"      working_directory: {PROJECT}\n"
+        f"      location_name: {LOCATION}\n"
+    )
+    return path
+
+
+def _accounted(spark, pipeline, storage: StorageResource) -> tuple[int, int]:
+    """(events counted in the sink, records in the serving generation's quarantine) of ``pipeline``."""
+    bound = generations.resolve(spark, storage.declared(pipeline), strict=False)
+    counted = spark.read.format("delta").load(bound.sink.path).agg(F.sum("events")).collect()[0][0] or 0
+    quarantined = spark.read.format("delta").load(bound.locations.quarantine).count()
+    return int(counted), quarantined
+
+
+def _wait_exact(spark, pipeline, storage: StorageResource, total: int, timeout_s: float = 240) -> None:
+    _wait(
+        f"every one of {total} records counted in the sink or quarantined, once",
+        lambda: sum(_accounted(spark, pipeline, storage)) == total,
+        timeout_s=timeout_s,
+        seen=lambda: _accounted(spark, pipeline, storage),
+    )
+
+
+def _columns(spark, path: str) -> list[str]:
+    return spark.read.format("delta").load(path).columns
+
+
+def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back_in_dagster(spark, tmp_path):
+    data_root, code = tmp_path / "data", tmp_path / "code"
+    storage = StorageResource(root=str(data_root))
+    p = storage.declared(DEMO)
+    synthetic.create_source(spark, p.source.path)
+    batches = 0
+
+    def append_batch() -> None:
+        nonlocal batches
+        batch = synthetic.event_batch(spark, rows=ROWS_PER_BATCH, keys=500, batch_index=batches)
+        synthetic.append(spark, p.source.path, batch)
+        batches += 1
+
+    for _ in range(3):
+        append_batch()
+    workspace = _workspace(code)
+    _deploy(code, 1)
+    postgres = LocalPostgres(tmp_path / "postgres").start()
+    env = {"JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM_OPTIONS, "PHASES_RELAUNCH_BACKOFF_S": "600"}
+    stack = DagsterStack(
+        tmp_path / "dagster_home",
+        data_root,
+        sensor_interval_s=2,
+        env=env,
+        storage_yaml=postgres.dagster_yaml(),
+        workspace=workspace,
+    )
+    try:
+        stack.start()
+        assert stack.parents(NAMES.swap) == {NAMES.next_generation}
+        assert stack.parents(NAMES.live_asset) == {NAMES.backlog, NAMES.state, NAMES.swap}
+        stack.wait_run(stack.launch(NAMES.backlog_job), {"SUCCESS"}, timeout_s=400)
+        old_live = stack.wait_for_run_of(NAMES.live_job, timeout_s=120)["runId"]  # the switch sensor's
+        stack.wait_for_message(old_live, "live phase running", timeout_s=300)
+        append_batch()
+        _wait_exact(spark, DEMO, storage, batches * ROWS_PER_BATCH)
+
+        # A deploy of changed code: the assets' code version (the definition's fingerprint) changes.
+        assert stack.code_version(NAMES.backlog) == DEMO.fingerprint()
+        _deploy(code, 2)
+        stack.reload()
+        assert stack.code_version(NAMES.backlog) == DEMO_REVISED.fingerprint()
+        assert stack.code_version(NAMES.next_generation) == DEMO_REVISED.fingerprint()
+
+        reason = "a five-minute watermark and a count of values"
+        config = {"reason": reason}
+        run_config = {"ops": {NAMES.next_generation: {"config": config}, NAMES.swap: {"config": config}}}
+        started = time.monotonic()
+        redeploy = stack.launch(NAMES.redeploy_job, run_config)
+        stack.wait_for_message(redeploy, "live phase running", timeout_s=600)
+        # The old live run ended cleanly on the swap's request, saying why; the new live phase runs in the redeploy's.
+        assert stack.wait_run(old_live, {"SUCCESS"}, timeout_s=60) == "SUCCESS"
+        stopped = [m for m in stack.materializations(NAMES.live_asset) if m["run_id"] == old_live]
+        assert stopped and stopped[0]["state"] == "stopped" and "redeploy" in stopped[0]["reason"], stopped
+        built = stack.latest_materialization(NAMES.next_generation)
+        assert (built["run_id"], built["way"], built["generation"]) == (redeploy, "backfill", 1)
+        checks = stack.check_results(redeploy)
+        assert checks and all(checks.values()), checks
+        swapped = stack.latest_materialization(NAMES.swap)
+        assert (swapped["from_generation"], swapped["generation"], swapped["reason"]) == (0, 1, reason)
+        tags = {t["key"]: t["value"] for t in stack.runs(NAMES.redeploy_job)[0]["tags"]}
+        assert tags[REDEPLOY_TAG] == "backfill" and tags[REASON_TAG] == reason
+        steps = [o["step"] for o in stack.observations(NAMES.next_generation, 50) if o["run_id"] == redeploy]
+        assert set(steps) == {"planned", "backlog", "live caught up", "checked"}, steps
+        assert "valued" in _columns(spark, p.sink.path)
+        append_batch()
+        _wait_exact(spark, DEMO_REVISED, storage, batches * ROWS_PER_BATCH)
+        redeploy_s = time.monotonic() - started
+
+        # The previous code again: the same job swaps the kept generation 0 back, without a backlog.
+        _deploy(code, 1)
+        stack.reload()
+        config = {"reason": "roll back"}
+        run_config = {"ops": {NAMES.next_generation: {"config": config}, NAMES.swap: {"config": config}}}
+        rollback = stack.launch(NAMES.redeploy_job, run_config)
+        stack.wait_for_message(rollback, "live phase running", timeout_s=600)
+        assert stack.wait_run(redeploy, {"SUCCESS"}, timeout_s=60) == "SUCCESS"
+        back = stack.latest_materialization(NAMES.swap)
+        assert (back["run_id"], back["way"], back["from_generation"], back["generation"]) == (
+            rollback,
+            "rollback",
+            1,
+            0,
+        )
+        assert "backlog_s" not in stack.latest_materialization(NAMES.next_generation)
+        assert "valued" not in _columns(spark, p.sink.path)
+        append_batch()
+        _wait_exact(spark, DEMO, storage, batches * ROWS_PER_BATCH)
+        stack.terminate(rollback)
+        stack.wait_run(rollback, {"SUCCESS", "CANCELED"}, timeout_s=120)
+        assert redeploy_s > 0
+    finally:
+        stack.stop()
+        postgres.stop()
