@@ -206,7 +206,17 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
             context.log_event(
                 dg.AssetObservation(
                     asset_key=live_key,
-                    metadata={"state": RUNNING, "event": "started", "manifest_id": mid, "start_s": start.start_seconds},
+                    metadata={
+                        "state": RUNNING,
+                        "event": "started",
+                        "manifest_id": mid,
+                        "start_s": start.start_seconds,
+                        "first_checkpoint_at": dg.MetadataValue.timestamp(start.first_checkpoint_at_us / 1e6),
+                        # what waited at the start is applied from then on (a redeploy measures its gap so)
+                        "first_batch_at": dg.MetadataValue.timestamp(
+                            (start.first_batch_at_us or start.first_checkpoint_at_us) / 1e6
+                        ),
+                    },
                 )
             )
             tables.update(runner)

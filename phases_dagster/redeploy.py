@@ -174,6 +174,10 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
                 seconds_from_stop_to_swap=round(gap, 3) if gap is not None else -1,
                 manifest_id=result.manifest_id,
             )
+            if result.old_stopped_at_us is not None:  # when the sink stopped taking the old generation's results
+                metadata["serving_live_stopped_at"] = dg.MetadataValue.timestamp(result.old_stopped_at_us / 1e6)
+            if result.swapped_at_us is not None:
+                metadata["swapped_at"] = dg.MetadataValue.timestamp(result.swapped_at_us / 1e6)
             p = storage.resolve(pipeline)
             context.log_event(
                 dg.AssetMaterialization(

@@ -81,6 +81,37 @@ def prepare_home(home: Path, storage_yaml: str = "") -> None:
         config.write_text(DAGSTER_YAML + storage_yaml)
 
 
+class DeployedLocation:
+    """A code location of its own in ``folder`` (its ``workspace.yaml`` and ``location.py``), serving the demo
+    pipeline as one of its revisions: :meth:`deploy` writes the code a deploy of changed code would bring, and
+    :meth:`DagsterStack.reload` loads it. ``pipeline``: a name in :mod:`assets.pipelines` (``DEMO``,
+    ``DEMO_REVISED``)."""
+
+    CODE = (
+        '"""The code location a deploy loads: the demo pipeline as {pipeline}."""\n\n'
+        "from assets.definitions import build_definitions\n"
+        "from assets.pipelines import {pipeline}\n\n"
+        "defs = build_definitions({pipeline})\n"
+    )
+
+    def __init__(self, folder: Path, pipeline: str = "DEMO"):
+        self.folder = Path(folder).resolve()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.workspace = self.folder / "workspace.yaml"
+        self.workspace.write_text(
+            "load_from:\n"
+            "  - python_file:\n"
+            f"      relative_path: {self.folder / 'location.py'}\n"
+            "      attribute: defs\n"
+            f"      working_directory: {PROJECT}\n"
+            f"      location_name: {LOCATION}\n"
+        )
+        self.deploy(pipeline)
+
+    def deploy(self, pipeline: str) -> None:
+        (self.folder / "location.py").write_text(self.CODE.format(pipeline=pipeline))
+
+
 class DagsterStack:
     def __init__(
         self,

@@ -21,17 +21,17 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import functions as F
 
-from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA
+from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_REVISED
 from phases.definition import Pipeline
 from phases.live.runner import LiveRunner
 from phases.runtime.local_kafka import LocalKafka
 from phases.runtime.session import SparkSettings, build_session
 from phases.sources import synthetic
-from phases.storage import quarantine
+from phases.storage import generations, quarantine
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
 from scripts.browser import BrowserError, screenshot
-from scripts.dagster_stack import LOCATION, DagsterStack
+from scripts.dagster_stack import LOCATION, DagsterStack, DeployedLocation
 
 
 def pandas_reference(changes: pd.DataFrame, delay_us: int) -> tuple[pd.DataFrame, int]:
@@ -51,6 +51,7 @@ def pandas_reference(changes: pd.DataFrame, delay_us: int) -> tuple[pd.DataFrame
             "largest": g.max(),
             "mean": g.mean(),
             "checksum": g.agg(lambda s: np.bitwise_xor.reduce(s.to_numpy())),
+            "valued": g.count(),  # the revised pipeline's (DEMO_REVISED) count of non-null values
         }
     )
     return out.sort_index(), int(late.sum())
@@ -159,6 +160,88 @@ def _line(label: str, value: str) -> None:
     print(f"{label:>22}: {value}", flush=True)
 
 
+def accounted(spark, pipeline: Pipeline) -> tuple[int, int]:
+    """(events counted in the sink, records quarantined) by the generation that serves ``pipeline`` now."""
+    bound = generations.resolve(spark, pipeline, strict=False)
+    counted = spark.read.format("delta").load(bound.sink.path).agg(F.sum("events")).collect()[0][0] or 0
+    return int(counted), quarantine.count(spark, bound.locations.quarantine, pipeline.name)
+
+
+def wait_accounted(spark, pipeline: Pipeline, want: int, timeout_s: float = 1800) -> None:
+    """Waits until every one of ``want`` records is counted in the sink or quarantined."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and sum(accounted(spark, pipeline)) != want:
+        time.sleep(2)
+
+
+def same_as_reference(spark, pipeline: Pipeline, feed, want: int) -> bool:
+    """Whether the sink of the generation serving ``pipeline`` equals the pandas reference of its definition."""
+    wait_accounted(spark, pipeline, want)
+    bound = generations.resolve(spark, pipeline, strict=False)
+    expected, expected_late = pandas_reference(feed.changes(), pipeline.delay_us)
+    actual = spark.read.format("delta").load(bound.sink.path).toPandas().set_index("key").sort_index()
+    late = (
+        spark.read.format("delta").load(bound.locations.quarantine).filter(F.col("reason").startswith("late")).count()
+    )
+    columns = [a.name for a in pipeline.operator.aggregations if a.name != "mean"]
+    return (
+        actual.index.equals(expected.index)
+        and all((actual[c] == expected[c]).all() for c in columns)
+        and np.allclose(actual["mean"], expected["mean"])
+        and late == expected_late
+    )
+
+
+def redeploy_walkthrough(stack, spark, data: Path, feed, location, args, want: int, figures: dict) -> tuple[str, int]:
+    """Deploys the pipeline's second revision (DEMO_REVISED) and runs the redeploy job while data keeps arriving,
+    then deploys the first again and rolls back; checks each against its pandas reference and reports the seconds
+    the live results were not fresh. Returns the run whose live phase serves at the end, and the records written."""
+    names = Names(DEMO)
+    storage = StorageResource(root=str(data))
+    for pipeline, reason, label in (
+        (DEMO_REVISED, "a five-minute watermark and a count of values", "redeploy"),
+        (DEMO, "roll back to the first revision", "rollback"),
+    ):
+        location.deploy("DEMO_REVISED" if pipeline is DEMO_REVISED else "DEMO")
+        stack.reload()
+        config = {"reason": reason}
+        t = time.perf_counter()
+        run = stack.launch(
+            names.redeploy_job, {"ops": {names.next_generation: {"config": config}, names.swap: {"config": config}}}
+        )
+        _line(label, f"{names.redeploy_job} run {run}: {reason}")
+        batches = 0
+        while "live phase running" not in " ".join(stack.messages(run)[-200:]):  # data keeps arriving meanwhile
+            if stack.run_status(run) in {"FAILURE", "CANCELED"}:
+                raise SystemExit(f"the {label} run failed:\n" + "\n".join(stack.messages(run)[-15:]))
+            feed.append(
+                synthetic.event_batch(
+                    spark, rows=args.live_rows // 10, keys=args.keys, batch_index=1000 + batches, seed=13
+                )
+            )
+            want += args.live_rows // 10
+            batches += 1
+            time.sleep(3)
+        swapped = stack.latest_materialization(names.swap)
+        started = next(
+            m for m in stack.observations(names.live_asset, 100) if m.get("event") == "started" and m["run_id"] == run
+        )
+        gap = started["first_batch_at"] - swapped["serving_live_stopped_at"]
+        built = stack.latest_materialization(names.next_generation)
+        same = same_as_reference(spark, storage.declared(pipeline), feed, want)
+        backlog = f", its backlog {built['backlog_s']:.1f} s" if "backlog_s" in built else ", no backlog (kept)"
+        figures[label] = (
+            f"{time.perf_counter() - t:.1f} s to the new live phase (generation {swapped['from_generation']} -> "
+            f"{swapped['generation']}{backlog}); results not fresh for {gap:.1f} s (the old live phase's stop -> "
+            f"the new one's first micro-batch; the swap's commit {swapped['seconds_from_stop_to_swap']:.1f} s of it); "
+            f"{batches} batches arrived meanwhile; equals reference: {same}"
+        )
+        _line(label, figures[label])
+        if not same:
+            raise SystemExit(f"after the {label}, the sink differs from the reference of its definition")
+    return run, want
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument(
@@ -172,6 +255,12 @@ def main() -> None:
     ap.add_argument("--root", default=".data/demo", help="wiped and rebuilt: Delta tables + Dagster instance")
     ap.add_argument("--port", type=int, default=None, help="webserver port (default: a free one)")
     ap.add_argument("--keep-ui", action="store_true", help="leave the Dagster UI running at the end (Ctrl-C stops)")
+    ap.add_argument(
+        "--redeploy",
+        action="store_true",
+        help="then deploy the pipeline's second revision beside the live one and swap it in (the redeploy job), "
+        "then roll back; reports how long the live results were not fresh",
+    )
     args = ap.parse_args()
 
     root = Path(args.root).resolve()
@@ -207,7 +296,11 @@ def main() -> None:
         daily_source(spark, data)
         _line("daily pipeline", f"{DEMO_DAILY.name}: one version on each of the last 3 days (backfill it from the UI)")
 
-    stack = DagsterStack(home, data, port=args.port, sensor_interval_s=2)
+    if args.redeploy and args.source != "delta":
+        raise SystemExit("--redeploy runs on the Delta demo (--source delta)")
+    location = DeployedLocation(root / "code", "DEMO") if args.redeploy else None
+    workspace = location.workspace if location is not None else None
+    stack = DagsterStack(home, data, port=args.port, sensor_interval_s=2, workspace=workspace)
     loaded = stack.start()
     _line("dagster dev", f"{stack.url} (DAGSTER_HOME={home}; loaded in {loaded:.1f} s)")
     try:
@@ -271,9 +364,18 @@ def main() -> None:
             keys = ("lag_s", "lag_to_head_versions", "lag_to_head_records", "rows_processed_per_s", "applied_position")
             _line("live report", ", ".join(f"{k}={last[k]}" for k in keys if k in last))
 
+        serving_run = live["runId"]
+        if location is not None:  # the first revision's result, then a redeploy and a rollback while data arrives
+            if not same_as_reference(spark, p, feed, want):
+                raise SystemExit("the two-phase result differs from the reference before the redeploy")
+            serving_run, want = redeploy_walkthrough(stack, spark, data, feed, location, args, want, figures)
+            changes = feed.changes()
+            expected, expected_late = pandas_reference(changes, p.delay_us)
+            got = accounted(spark, p)[0]
+
         t = time.perf_counter()
-        stack.terminate(live["runId"])
-        status = stack.wait_run(live["runId"], {"CANCELED", "SUCCESS"}, timeout_s=300)
+        stack.terminate(serving_run)
+        status = stack.wait_run(serving_run, {"CANCELED", "SUCCESS"}, timeout_s=300)
         _line("terminated", f"live run {status.lower()} in {time.perf_counter() - t:.1f} s (queries stopped)")
 
         actual = spark.read.format("delta").load(p.sink.path).toPandas().set_index("key").sort_index()

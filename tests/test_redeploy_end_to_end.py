@@ -9,7 +9,6 @@ quarantine, once."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from pyspark.sql import functions as F
 
@@ -19,41 +18,13 @@ from phases.storage import generations
 from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
-from scripts.dagster_stack import LOCATION, PROJECT, DagsterStack
+from scripts.dagster_stack import DagsterStack, DeployedLocation
 from scripts.local_postgres import LocalPostgres
 from tests.helpers import SHORT_LIVED_JVM_OPTIONS
 from tests.test_end_to_end import _wait
 
 NAMES = Names(DEMO)
 ROWS_PER_BATCH = 2000
-
-_LOCATION_CODE = '''"""The code location a deploy loads: the demo pipeline's revision {revision}."""
-
-from assets.definitions import build_definitions
-from assets.pipelines import {pipeline}
-
-defs = build_definitions({pipeline})
-'''
-
-
-def _deploy(folder: Path, revision: int) -> None:
-    """Writes the code location's definitions for the demo's ``revision`` (1: DEMO, 2: DEMO_REVISED)."""
-    pipeline = "DEMO" if revision == 1 else "DEMO_REVISED"
-    (folder / "location.py").write_text(_LOCATION_CODE.format(revision=revision, pipeline=pipeline))
-
-
-def _workspace(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "workspace.yaml"
-    path.write_text(
-        "load_from:\n"
-        "  - python_file:\n"
-        f"      relative_path: {folder / 'location.py'}\n"
-        "      attribute: defs\n"
-        f"      working_directory: {PROJECT}\n"
-        f"      location_name: {LOCATION}\n"
-    )
-    return path
 
 
 def _accounted(spark, pipeline, storage: StorageResource) -> tuple[int, int]:
@@ -92,8 +63,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
 
     for _ in range(3):
         append_batch()
-    workspace = _workspace(code)
-    _deploy(code, 1)
+    location = DeployedLocation(code, "DEMO")
     postgres = LocalPostgres(tmp_path / "postgres").start()
     env = {"JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM_OPTIONS, "PHASES_RELAUNCH_BACKOFF_S": "600"}
     stack = DagsterStack(
@@ -102,7 +72,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         sensor_interval_s=2,
         env=env,
         storage_yaml=postgres.dagster_yaml(),
-        workspace=workspace,
+        workspace=location.workspace,
     )
     try:
         stack.start()
@@ -116,7 +86,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
 
         # A deploy of changed code: the assets' code version (the definition's fingerprint) changes.
         assert stack.code_version(NAMES.backlog) == DEMO.fingerprint()
-        _deploy(code, 2)
+        location.deploy("DEMO_REVISED")
         stack.reload()
         assert stack.code_version(NAMES.backlog) == DEMO_REVISED.fingerprint()
         assert stack.code_version(NAMES.next_generation) == DEMO_REVISED.fingerprint()
@@ -147,7 +117,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         redeploy_s = time.monotonic() - started
 
         # The previous code again: the same job swaps the kept generation 0 back, without a backlog.
-        _deploy(code, 1)
+        location.deploy("DEMO")
         stack.reload()
         config = {"reason": "roll back"}
         run_config = {"ops": {NAMES.next_generation: {"config": config}, NAMES.swap: {"config": config}}}

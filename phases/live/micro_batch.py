@@ -36,6 +36,7 @@ event time and final watermark) before the query starts: its immediate checkpoin
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -87,6 +88,9 @@ class IncrementalLive:
         self.query_folder = live_resume.generation_folder(self.checkpoints, 0)
         self._resumed_from = plan.start
         self._resumed_id = -1  # the batch id of the record the query generation starts after (prepare)
+        # Set once a micro-batch's progress record is written: what a stop at a micro-batch boundary waits for.
+        self.batch_recorded = threading.Event()
+        self.first_batch_at_us: int | None = None  # when the query's first micro-batch recorded its progress
 
     @property
     def logic(self):
@@ -328,6 +332,9 @@ class IncrementalLive:
             )
             self.progress_log.write(batch_id, progress.record())
             self._progress = {batch_id: progress}
+            self.batch_recorded.set()
+            if self.first_batch_at_us is None:
+                self.first_batch_at_us = _now_us()
         finally:
             for rows in persisted:
                 rows.unpersist()
@@ -366,6 +373,7 @@ class IncrementalLive:
 
     def start(self, trigger: dict, name: str) -> StreamingQuery:
         self.failure = None
+        self.first_batch_at_us = None
         self.prepare()
         self._table_ids = {inp.label: inp.source.table_id() for inp in self.inputs}
         self.query = (

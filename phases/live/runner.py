@@ -45,6 +45,9 @@ class LiveStart:
     run_name: str
     start_seconds: float  # query started -> its first micro-batch's progress committed
     first_checkpoint_at_us: int  # wall clock of that commit
+    # When the query's first micro-batch had applied what waited at the start (its progress recorded); None when
+    # nothing waited. What arrives while the start drains a busy source is applied batch by batch after it.
+    first_batch_at_us: int | None = None
 
 
 class LiveRunner:
@@ -186,12 +189,17 @@ class LiveRunner:
         threading.Thread(target=watch, name=f"phases-stop-watch-{self.run_name[:8]}", daemon=True).start()
 
     def _stop_between_batches(self, wait_s: float = 60.0) -> None:
-        """Stops the query when no micro-batch runs (waits at most ``wait_s`` for the running one to end; a batch
-        stopped half-way is replayed by the next start, as after a crash)."""
+        """Stops the query at a micro-batch boundary: at once when no trigger runs, else as soon as the running
+        micro-batch has written its progress record (at most ``wait_s``; a batch stopped half-way is replayed by the
+        next start, as after a crash)."""
         q = self.incremental.query
+        recorded = self.incremental.batch_recorded
+        recorded.clear()
         deadline = time.monotonic() + wait_s
-        while q is not None and q.isActive and q.status.get("isTriggerActive") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while q is not None and q.isActive and time.monotonic() < deadline:
+            if recorded.is_set() or not q.status.get("isTriggerActive"):
+                break
+            time.sleep(0.02)
         if q is not None and q.isActive:
             q.stop()
 
@@ -256,10 +264,15 @@ class LiveRunner:
                     continue
                 break
             self._raise_if_failed(q)
-            return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
+            return self._started(started)
         self.incremental.start(self._trigger(False), name)
         self.process_available()
-        return LiveStart(self.run_name, time.perf_counter() - started, time.time_ns() // 1000)
+        return self._started(started)
+
+    def _started(self, started: float) -> LiveStart:
+        return LiveStart(
+            self.run_name, time.perf_counter() - started, time.time_ns() // 1000, self.incremental.first_batch_at_us
+        )
 
     def process_available(self) -> None:
         """Blocks until every source version available now is applied and in the sink."""

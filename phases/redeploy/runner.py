@@ -18,8 +18,9 @@ and takes the way the differences need:
   4. the swap: the serving generation's live phase is asked to stop at a micro-batch boundary
      (:func:`phases.storage.leases.request_stop`), and the redeploy holds both generations' live leases from then
      on. A ``swapping`` row goes into the redeploy log; a last round of the new live phase applies what arrived; the
-     consumer-facing table's rows are kept as the old generation's own sink, then the table is overwritten with the
-     new generation's (one commit, :mod:`phases.redeploy.swap`); a ``swapped`` row says the new generation serves.
+     consumer-facing table is overwritten with the new generation's rows (one commit, :mod:`phases.redeploy.swap`);
+     its version before that commit is kept as the old generation's own sink; a ``swapped`` row says the new
+     generation serves.
 
   The caller then starts the live phase of the definition (``LiveRunner.from_manifest(spark, pipeline)`` binds it to
   the serving generation): it resumes from the generation's progress log on the consumer-facing table.
@@ -409,13 +410,16 @@ class Redeploy:
             self._catch_up_live(target, handoff, timings, rounds=1)  # what arrived since the last round
             timings["last_round_s"] = time.perf_counter() - t
             t = time.perf_counter()
-            kept = generations.own_sink(self.pipeline.locations.root, old)
-            swap.copy_sink(spark, consumer, kept)  # the old generation's results, for a rollback
-            timings["keep_old_s"] = time.perf_counter() - t
-            t = time.perf_counter()
             swap.copy_sink(spark, target.sink.path, consumer, swap=mark)
             timings["swap_commit_s"] = time.perf_counter() - t
         swapped_at = time.time_ns() // 1000
+        version = swap.swap_version(spark, consumer, step.redeploy_id)
+        # The old generation's results, for a rollback: the consumer-facing table just before the swap's commit
+        # (nothing wrote it between the serving live phase's stop and the commit). After the commit, so that the
+        # copy is not part of the time without fresh results.
+        t = time.perf_counter()
+        swap.copy_sink(spark, consumer, generations.own_sink(self.pipeline.locations.root, old), version=version - 1)
+        timings["keep_old_s"] = time.perf_counter() - t
         generations.write(
             spark,
             self.pipeline,
@@ -424,7 +428,7 @@ class Redeploy:
             step.redeploy_id,
             from_generation=old,
             manifest_id=step.manifest_id,
-            consumer_version=swap.swap_version(spark, consumer, step.redeploy_id),
+            consumer_version=version,
             reason=reason or step.reason,
         )
         leases.clear_stop_request(spark, generations.bind(self.pipeline, old, serving=True), "live")
@@ -436,7 +440,7 @@ class Redeploy:
             new,
             True,
             step.manifest_id,
-            consumer_version=swap.swap_version(spark, consumer, step.redeploy_id),
+            consumer_version=version,
             old_stopped_at_us=stopped_at,
             swapped_at_us=swapped_at,
             timings=timings,

@@ -23,9 +23,11 @@ from phases.storage import table_stats, tables
 SWAP_MARK = "phases_swap"
 
 
-def write_mark_of(spark: SparkSession, path: str) -> dict | None:
-    """The write mark (``{"app": ..., "batch": ...}``) of the table's newest commit that changed rows, if it has one."""
-    mark = table_stats.commit_metadata(table_stats.newest_row_commit(spark, path)).get(table_stats.WRITE_MARK)
+def write_mark_of(spark: SparkSession, path: str, version: int | None = None) -> dict | None:
+    """The write mark (``{"app": ..., "batch": ...}``) of the table's newest commit that changed rows (up to
+    ``version``), if it has one."""
+    commit = table_stats.newest_row_commit(spark, path, at_or_before=version)
+    mark = table_stats.commit_metadata(commit).get(table_stats.WRITE_MARK)
     return mark if isinstance(mark, dict) else None
 
 
@@ -35,16 +37,22 @@ def swap_mark_of(spark: SparkSession, path: str) -> dict | None:
     return mark if isinstance(mark, dict) else None
 
 
-def copy_sink(spark: SparkSession, source: str, target: str, *, swap: dict | None = None) -> int:
-    """Overwrites ``target`` with the rows of ``source`` (its schema too) in one commit that carries ``source``'s
-    newest write mark and, when given, the ``swap`` mark. Returns ``target``'s new version."""
+def copy_sink(
+    spark: SparkSession, source: str, target: str, *, swap: dict | None = None, version: int | None = None
+) -> int:
+    """Overwrites ``target`` with the rows of ``source`` (at ``version``, default its newest; its schema too) in one
+    commit that carries ``source``'s newest write mark up to then and, when given, the ``swap`` mark. Returns
+    ``target``'s new version."""
     metadata: dict = {}
-    mark = write_mark_of(spark, source)
+    mark = write_mark_of(spark, source, version)
     if mark is not None:
         metadata[table_stats.WRITE_MARK] = mark
     if swap is not None:
         metadata[SWAP_MARK] = swap
-    writer = spark.read.format("delta").load(source).write.format("delta").mode("overwrite")
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    writer = reader.load(source).write.format("delta").mode("overwrite")
     writer = writer.option("overwriteSchema", "true")
     if metadata:
         writer = writer.option("userMetadata", json.dumps(metadata, separators=(",", ":")))

@@ -347,9 +347,10 @@ def newest_marked_write(commits: Iterator[list[dict]], app_ids: list[str]) -> tu
     return None
 
 
-def newest_row_commit(spark: SparkSession, path: str) -> dict | None:
+def newest_row_commit(spark: SparkSession, path: str, *, at_or_before: int | None = None) -> dict | None:
     """The commit info (``version``, ``operation``, ``userMetadata``) of the table's newest commit that changed
-    rows; None when there is no table or no such commit. Read with delta-rs, else through Spark."""
+    rows (of those up to version ``at_or_before``, when given); None when there is no table or no such commit. Read
+    with delta-rs, else through Spark."""
     try:
         table = _table(path)
     except SourceError:
@@ -360,6 +361,8 @@ def newest_row_commit(spark: SparkSession, path: str) -> dict | None:
         commits = _pages(lambda n: table.history(n))
     for page in commits:
         for commit in page:
+            if at_or_before is not None and int(commit["version"]) > at_or_before:
+                continue
             if commit.get("operation") not in _NO_ROWS:
                 return commit
     return None
