@@ -178,6 +178,8 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
                 metadata["serving_live_stopped_at"] = dg.MetadataValue.timestamp(result.old_stopped_at_us / 1e6)
             if result.swapped_at_us is not None:
                 metadata["swapped_at"] = dg.MetadataValue.timestamp(result.swapped_at_us / 1e6)
+            # where the swap's step spent its time: the last round, the swap's commit, keeping the old results
+            metadata.update({k: round(v, 3) for k, v in result.timings.items() if k.endswith("_s")})
             p = storage.resolve(pipeline)
             context.log_event(
                 dg.AssetMaterialization(

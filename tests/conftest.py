@@ -38,6 +38,8 @@ LONGEST_MODULES = (
     "tests/benchmarks/test_bench_smoke.py",
     "tests/phases/test_live_splits.py",
     "tests/test_end_to_end.py",
+    "tests/phases/test_redeploy.py",
+    "tests/test_redeploy_end_to_end.py",
     "tests/phases/test_live_recovery.py",
     "tests/phases/test_two_input.py",
     "tests/test_readme_guide.py",
@@ -55,6 +57,7 @@ LONGEST_MODULES = (
     "tests/phases/test_sessions.py",
     "tests/deployment/test_object_store.py",
     "tests/phases/test_increments_and_slices.py",
+    "tests/assets/test_redeploy_job.py",
     "tests/phases/test_backlog.py",
 )
 

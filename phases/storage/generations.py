@@ -211,6 +211,58 @@ def write(spark: SparkSession, pipeline: Pipeline, step: str, generation: int, r
     return Step(**row)
 
 
+def retired_since(gens: Generations, n: int) -> int | None:
+    """When generation ``n`` last stopped serving (µs: the newest swap away from it); None while it serves, or when
+    it never served and nothing replaced it."""
+    if n == gens.serving or n in gens.gone:
+        return None
+    away = [s.at_us for s in gens.steps if s.step == "swapped" and s.from_generation == n]
+    if away:
+        return max(away)
+    newer = [s.at_us for s in gens.steps if s.step == "started" and s.generation > n]  # built, never swapped in
+    built = [s.at_us for s in gens.steps if s.step == "started" and s.generation == n]
+    return max(newer) if newer and built and max(newer) > max(built) else None
+
+
+def _folders(spark: SparkSession, pipeline: Pipeline, n: int) -> list[str]:
+    """The folders that hold generation ``n``'s tables (generation 0's: the ones under ``locations.root``)."""
+    root = _base_root(pipeline)
+    if n > 0:
+        return [generation_root(root, n)]
+    loc = bind(pipeline, 0, serving=True).locations
+    folders = [loc.state_root, loc.manifests, loc.quarantine, loc.checkpoints, uris.join(root, "live")]
+    return [*folders, uris.join(root, "generations", "0")]  # and its own sink
+
+
+def remove_retired(spark: SparkSession, pipeline: Pipeline, *, now_us: int | None = None) -> list[int]:
+    """Removes the tables of the generations that stopped serving longer than ``maintenance.retain`` ago (a
+    rollback to them then needs a backlog again); returns their numbers. Holds the pipeline's redeploy lease, so
+    no redeploy runs meanwhile; a ``removed`` row goes into the redeploy log before the files go."""
+    from phases.storage import fs, leases
+
+    now_us = now_us if now_us is not None else time.time_ns() // 1000
+    retain_us = int(pipeline.maintenance.retain.total_seconds() * 1e6)
+    declared = pipeline if pipeline.locations.generation is None else None
+    if declared is None:
+        raise PhaseStateError(f"remove retired generations of the pipeline {pipeline.name!r} as declared")
+    with leases.hold(spark, pipeline, "redeploy", f"maintenance {now_us}"):
+        gens = read(spark, pipeline)
+        if gens.swap_under_way is not None:
+            return []
+        removed = []
+        for n in gens.retained():
+            since = retired_since(gens, n)
+            if since is None or now_us - since < retain_us:
+                continue
+            write(
+                spark, pipeline, "removed", n, "maintenance", reason=f"retired more than {pipeline.maintenance.retain}"
+            )
+            for folder in _folders(spark, pipeline, n):
+                fs.delete(spark, folder)
+            removed.append(n)
+        return removed
+
+
 def resolve(spark: SparkSession | None, pipeline: Pipeline, *, strict: bool = True) -> Pipeline:
     """``pipeline`` bound to the generation that serves (itself when already bound, or when the pipeline was never
     redeployed).

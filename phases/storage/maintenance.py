@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from phases.definition import Pipeline
-from phases.storage import fs, table_stats, tables
+from phases.storage import fs, generations, table_stats, tables
 
 _MANIFEST_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -83,7 +83,11 @@ def _live_tables(spark: SparkSession, pipeline: Pipeline) -> list[str]:
 
 def maintain(spark: SparkSession, pipeline: Pipeline) -> dict[str, dict]:
     """Compacts the append-only engine tables and vacuums every engine table and the sink with the
-    pipeline's retention. Returns, per table, the files ``OPTIMIZE`` removed and whether it was vacuumed."""
+    pipeline's retention, and removes the generations a redeploy retired longer than that ago
+    (:func:`phases.storage.generations.remove_retired`; under the key ``retired_generations``). Returns, per table,
+    the files ``OPTIMIZE`` removed and whether it was vacuumed."""
+    removed = generations.remove_retired(spark, pipeline) if pipeline.locations.generation is None else []
+    pipeline = generations.resolve(spark, pipeline, strict=False)
     loc = pipeline.locations
     append_only = [loc.quarantine, loc.manifests, *_live_tables(spark, pipeline)]
     state_tables = [f"{loc.state_root.rstrip('/')}/{n}" for n in fs.list_names(spark, loc.state_root)]
@@ -100,4 +104,6 @@ def maintain(spark: SparkSession, pipeline: Pipeline) -> dict[str, dict]:
         entry["vacuumed"] = True
         entry["files"] = int(spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select(F.col("numFiles")).collect()[0][0])
         report[path] = entry
+    if removed:
+        report["retired_generations"] = {"removed": removed}
     return report

@@ -410,3 +410,31 @@ def test_a_changelog_sink_is_swapped_whole_and_read_current_gives_old_or_new_row
     compact_changelog(spark, new)
     assert_results_equal(current_rows(spark, new), _expected_new(versions))
     assert_results_equal(sink_rows(spark, new.sink.current), _expected_new(versions))
+
+
+def test_a_generation_retired_longer_than_the_retention_is_removed_and_a_rollback_then_rebuilds(spark, tmp_path):
+    import time as clock
+
+    from phases import maintain
+
+    root, source = str(tmp_path / "run"), str(tmp_path / "source")
+    versions = {i: _version(i) for i in range(1, 4)}
+    write_source(spark, source, versions)
+    old, new = _old(source, root), _new(source, root)
+    BacklogRunner(spark, old).run()
+    LiveRunner.from_manifest(spark, old).start(available_now=True)
+    Redeploy(spark, new).run()
+    now_us = clock.time_ns() // 1000
+    assert generations.remove_retired(spark, old, now_us=now_us) == []  # retired just now: kept (7 days)
+    assert "retired_generations" not in maintain(spark, new)
+    assert (tmp_path / "run" / "state").exists()
+    eight_days = 8 * 24 * 3600 * SECOND
+    assert generations.remove_retired(spark, old, now_us=now_us + eight_days) == [0]
+    for folder in ("state", "manifests", "checkpoints", "live", "generations/0"):
+        assert not (tmp_path / "run" / folder).exists(), folder
+    assert (tmp_path / "run" / "generations" / "1").exists()
+    assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(versions))
+    gens = generations.read(spark, old)
+    assert 0 in gens.gone and gens.serving == 1
+    plan = Redeploy(spark, old).plan()  # the old definition's generation is gone: a rollback is a new backfill
+    assert (plan.way, plan.target, plan.reuse, plan.rollback) == ("backfill", 2, False, False)
