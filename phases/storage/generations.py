@@ -269,7 +269,7 @@ def resolve(spark: SparkSession | None, pipeline: Pipeline, *, strict: bool = Tr
 
     While a swap is under way the consumer-facing table is between two generations: ``strict`` refuses a pipeline
     that would write it (as declared, or bound as the serving one); a generation writing its own sink goes on (the
-    redeploy's last round). Not ``strict`` (what a sensor or a catalog shows): the generation the swap started from,
+    redeploy's catch-up). Not ``strict`` (what a sensor or a catalog shows): the generation the swap started from,
     which served until then."""
     gens = read(spark, pipeline)
     under_way = gens.swap_under_way

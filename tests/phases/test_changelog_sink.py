@@ -22,8 +22,16 @@ from phases.live.runner import LiveRunner
 from phases.storage import changelog
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
-from tests.helpers import append_version, assert_results_equal, current_rows, sink_rows, write_source
-from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+from tests.helpers import (
+    EVENT_VERSIONS,
+    append_version,
+    assert_results_equal,
+    current_rows,
+    materialize,
+    sink_rows,
+    write_source,
+)
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
 
 INVALID = (DefinitionError, ValidationError)
 
@@ -44,11 +52,11 @@ def _compacted(spark, pipeline) -> dict[str, dict]:
 
 @pytest.mark.slow
 @settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=_versions, cut=st.integers(min_value=0, max_value=4), compactions=st.lists(st.booleans(), max_size=6))
+@given(raw=EVENT_VERSIONS, cut=st.integers(min_value=0, max_value=4), compactions=st.lists(st.booleans(), max_size=6))
 def test_the_changelog_reader_equals_the_upsert_sink_at_every_cut_off(spark, tmp_path, raw, cut, compactions):
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
-    versions = _materialize(raw)
+    versions = materialize(raw)
     cutoff = min(cut, len(versions))
     write_source(spark, source, {v: rows for v, rows in versions.items() if v <= cutoff})
     upsert = make_pipeline(source, str(root / "upsert"), delay_s=DELAY_S)

@@ -32,8 +32,8 @@ from phases.errors import DefinitionError, PhaseStateError
 from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, create_source, sink_rows, write_source
-from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+from tests.helpers import EVENT_VERSIONS, append_version, create_source, materialize, sink_rows, write_source
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
 
 FN = "tests.phases.partition_functions"
 
@@ -104,10 +104,10 @@ def _expected(records: pd.DataFrame) -> tuple[list, list, list]:
 
 @pytest.mark.slow
 @settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=_versions, cut=st.integers(min_value=0, max_value=5), n=st.integers(min_value=1, max_value=3))
+@given(raw=EVENT_VERSIONS, cut=st.integers(min_value=0, max_value=5), n=st.integers(min_value=1, max_value=3))
 def test_full_partition_operators_equal_a_per_partition_reference(spark, tmp_path, raw, cut, n):
     root = str(tmp_path / uuid.uuid4().hex)
-    versions = _materialize(raw)
+    versions = materialize(raw)
     cutoff = min(cut, len(versions))
     backlog = {v: r for v, r in versions.items() if v <= cutoff}
     write_source(spark, f"{root}/source", backlog)

@@ -19,14 +19,16 @@ from phases.storage.changelog import compact_changelog
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
+    EVENT_VERSIONS,
     append_version,
     assert_results_equal,
     current_rows,
+    materialize,
     quarantine_rows,
     sink_rows,
     write_source,
 )
-from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
 from tests.phases.test_windows import AGGS, _emitted
 
 KINDS = ["keyed", "keyed-changelog", "tumbling", "sliding", "session"]
@@ -66,7 +68,7 @@ def _assert_sink(spark, kind: str, pipeline, expected: dict) -> None:
 @pytest.mark.slow
 @settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    raw=_versions,
+    raw=EVENT_VERSIONS,
     cut=st.integers(min_value=0, max_value=5),
     kind=st.sampled_from(KINDS),
     files=st.integers(min_value=1, max_value=3),
@@ -75,7 +77,7 @@ def _assert_sink(spark, kind: str, pipeline, expected: dict) -> None:
 def test_live_equals_one_streaming_job_under_any_micro_batch_split(spark, tmp_path, raw, cut, kind, files, per_trigger):
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
-    versions = _materialize(raw)
+    versions = materialize(raw)
     cutoff = min(cut, len(versions))
     write_source(spark, source, {v: rows for v, rows in versions.items() if v <= cutoff}, files=files)
 

@@ -24,9 +24,18 @@ from phases.operators.process_function import to_us
 from phases.operators.process_pass import KIND, OUT, ProcessLogic, pass_partition
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, crash_on_state_write, quarantine_rows, ts, us_of, write_source
+from tests.helpers import (
+    EVENT_VERSIONS,
+    append_version,
+    crash_on_state_write,
+    materialize,
+    quarantine_rows,
+    ts,
+    us_of,
+    write_source,
+)
 from tests.phases.process_functions import Sessions
-from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
 
 SESSIONS = ProcessOperator(function="tests.phases.process_functions:Sessions")
 ARRIVALS = "tests.phases.process_functions:Arrivals"
@@ -52,7 +61,7 @@ def _sink(spark, path: str) -> list[tuple]:
 @pytest.mark.slow
 @settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    raw=_versions,
+    raw=EVENT_VERSIONS,
     cut=st.integers(min_value=0, max_value=5),
     files=st.integers(min_value=1, max_value=3),
     per_trigger=st.integers(min_value=1, max_value=2),
@@ -64,7 +73,7 @@ def test_process_function_two_phase_equals_a_single_streaming_job_for_any_cutoff
     micro-batches, a micro-batch spans versions, and versions pile up before the second live start."""
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
-    versions = _materialize(raw)
+    versions = materialize(raw)
     cutoff = min(cut, len(versions))
     backlog_versions = {v: rows for v, rows in versions.items() if v <= cutoff}
     write_source(spark, source, backlog_versions, files=files)

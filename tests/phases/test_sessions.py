@@ -18,8 +18,8 @@ from phases.errors import DefinitionError
 from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, quarantine_rows, write_source
-from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+from tests.helpers import EVENT_VERSIONS, append_version, materialize, quarantine_rows, write_source
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
 from tests.phases.test_windows import AGGS, _emitted
 
 GAPS = [4, 12]
@@ -33,11 +33,11 @@ def _pipeline(source: str, root: str, gap_s: int):
 
 @pytest.mark.slow
 @settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=_versions, cut=st.integers(min_value=0, max_value=5), gap_s=st.sampled_from(GAPS))
+@given(raw=EVENT_VERSIONS, cut=st.integers(min_value=0, max_value=5), gap_s=st.sampled_from(GAPS))
 def test_sessions_two_phase_equal_a_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut, gap_s):
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
-    versions = _materialize(raw)
+    versions = materialize(raw)
     cutoff = min(cut, len(versions))
     backlog = {v: rows for v, rows in versions.items() if v <= cutoff}
     write_source(spark, source, backlog)

@@ -21,15 +21,17 @@ from phases.tagging import tag_version_range
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
+    EVENT_VERSIONS,
     append_version,
     assert_grouped_by_key,
     crash_on_state_write,
+    materialize,
     quarantine_rows,
     ts,
     us_of,
     write_source,
 )
-from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
 from tests.phases.two_input_functions import match_summary
 
 LOWER_S, UPPER_S, WINDOW_S = -5, 10, 10
@@ -109,8 +111,8 @@ def _run_two_phase_and_single(
 @pytest.mark.slow
 @settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    left=_versions,
-    right=_versions,
+    left=EVENT_VERSIONS,
+    right=EVENT_VERSIONS,
     cut_left=st.integers(min_value=0, max_value=5),
     cut_right=st.integers(min_value=0, max_value=5),
     files=st.integers(min_value=1, max_value=3),
@@ -122,7 +124,7 @@ def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs_a
 ):
     """Also for any event-time bucket: narrower than the interval (a left row in several buckets), the
     default (upper - lower) and wider."""
-    lv, rv = _materialize(left), _materialize(right)
+    lv, rv = materialize(left), materialize(right)
     cl, cr = min(cut_left, len(lv)), min(cut_right, len(rv))
     root = tmp_path / uuid.uuid4().hex
     two_phase, single, backlog_sink = _run_two_phase_and_single(
@@ -141,8 +143,8 @@ def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs_a
 @pytest.mark.slow
 @settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    left=_versions,
-    right=_versions,
+    left=EVENT_VERSIONS,
+    right=EVENT_VERSIONS,
     cut_left=st.integers(min_value=0, max_value=5),
     cut_right=st.integers(min_value=0, max_value=5),
     files=st.integers(min_value=1, max_value=3),
@@ -151,7 +153,7 @@ def test_interval_join_two_phase_equals_a_single_streaming_job_for_any_cutoffs_a
 def test_co_group_two_phase_equals_a_single_streaming_job_for_any_cutoffs_and_splits(
     spark, tmp_path, left, right, cut_left, cut_right, files, per_trigger
 ):
-    lv, rv = _materialize(left), _materialize(right)
+    lv, rv = materialize(left), materialize(right)
     cl, cr = min(cut_left, len(lv)), min(cut_right, len(rv))
     root = tmp_path / uuid.uuid4().hex
     two_phase, single, backlog_sink = _run_two_phase_and_single(

@@ -17,8 +17,8 @@ from phases.errors import DefinitionError
 from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import append_version, quarantine_rows, us_of, write_source
-from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND, _materialize, _versions
+from tests.helpers import EVENT_VERSIONS, append_version, materialize, quarantine_rows, us_of, write_source
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
 
 AGGS = [
     Aggregation(name="n", kind="count"),
@@ -44,12 +44,12 @@ def _emitted(spark, path: str) -> dict[tuple[str, int, int], dict]:
 
 @pytest.mark.slow
 @settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=_versions, cut=st.integers(min_value=0, max_value=5), shape=st.sampled_from(WINDOWS))
+@given(raw=EVENT_VERSIONS, cut=st.integers(min_value=0, max_value=5), shape=st.sampled_from(WINDOWS))
 def test_windows_two_phase_equal_a_single_streaming_job_for_any_cutoff(spark, tmp_path, raw, cut, shape):
     size_s, slide_s = shape
     root = tmp_path / uuid.uuid4().hex
     source = str(root / "source")
-    versions = _materialize(raw)
+    versions = materialize(raw)
     cutoff = min(cut, len(versions))
     write_source(spark, source, {v: rows for v, rows in versions.items() if v <= cutoff})
 
