@@ -11,7 +11,7 @@ group, so that both generations show in the lineage while they coexist:
 * ``<name>_swap``: asks the serving live phase to stop (its run ends cleanly, saying why), makes the swap's commit
   on the consumer-facing sink and records it (:meth:`~phases.redeploy.runner.Redeploy.run`); a materialization of
   the sink says which generation it holds now. For a forward change it records the amendment and stops the serving
-  live phase instead;
+  live phase instead, and with no change to the state spec it only stops it (a restart takes the new code up);
 * ``<name>_live``: the live phase of the definition, now the serving generation's, in this same run.
 
 A **rollback** is the same job run from the previous definition's code: its generation is kept, so the job skips
@@ -123,12 +123,13 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
     def next_generation_checks(spark: SparkResource, storage: StorageResource):
         session, declared = spark.session(), storage.declared(pipeline)
         plan = Redeploy(session, declared).plan()
-        if plan.way != "backfill":
+        if plan.way != "backfill":  # nothing was built, so nothing passed: a warning, which does not block the swap
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(
                     asset_key=next_key,
                     check_name=n,
-                    passed=True,
+                    passed=False,
+                    severity=dg.AssetCheckSeverity.WARN,
                     metadata={"generation": f"none: a {plan.way!r} change builds no generation to check"},
                 )
             return
@@ -158,6 +159,8 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
         redeploy = _redeploy(context, pipeline, config, spark, storage)
         plan = redeploy.plan()
         result = redeploy.run(config.reason)
+        if result.way == "none":  # the live step of this run restarts the live phase: it takes the new code up
+            redeploy.stop_serving_live(result.generation)
         rollback = result.swapped and plan.rollback
         _tag_run(context, result, rollback, config.reason)
         metadata = {

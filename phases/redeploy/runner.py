@@ -246,9 +246,7 @@ class Redeploy:
             reason=reason or None,
             detail=plan.changes.describe("serving", "new"),
         )
-        stopped_at = self._stop_serving_live(plan.serving)  # its restart takes the amended definition up
-        self._release_serving_lease()
-        leases.clear_stop_request(self.spark, generations.bind(self.pipeline, plan.serving, serving=True), "live")
+        stopped_at = self.stop_serving_live(plan.serving)  # its restart takes the amended definition up
         return RedeployResult(
             redeploy_id,
             "forward",
@@ -443,6 +441,17 @@ class Redeploy:
         )
 
     # --- the serving live phase ----------------------------------------------------------------------
+    def stop_serving_live(self, generation: int | None = None) -> int:
+        """Stops the serving generation's live phase (if one runs) for a restart of the deployed definition: asks it
+        to stop at a micro-batch boundary, waits for its lease, and frees the lease again. Returns when it had
+        stopped (µs)."""
+        n = generation if generation is not None else generations.read(self.spark, self.pipeline).serving
+        try:
+            return self._stop_serving_live(n)
+        finally:
+            self._release_serving_lease()
+            leases.clear_stop_request(self.spark, generations.bind(self.pipeline, n, serving=True), "live")
+
     def _stop_serving_live(self, old: int) -> int:
         """Asks the serving generation's live phase to stop and takes its live lease as soon as it is free, so that
         nothing writes the consumer-facing table until the swap is made. Returns when it had stopped (µs)."""

@@ -127,3 +127,39 @@ def test_a_next_generation_whose_checks_fail_is_not_swapped_in(spark, tmp_path):
     assert generations.read(spark, storage.declared(old)).serving == 0
     assert_results_equal(sink_rows(spark, storage.declared(old).sink.path), _expected_old(versions))
     assert timedelta(seconds=1) == new.watermark_delay
+
+
+@pytest.mark.parametrize("change", ["none", "forward"])
+def test_a_redeploy_with_no_new_state_restarts_the_live_phase_in_its_run(spark, tmp_path, change):
+    """No change to the state spec, or a forward one (max_future): no generation is built, the serving live phase is
+    stopped and the job's live step runs the deployed definition from the same state."""
+    root = str(tmp_path)
+    versions = {i: _version(i) for i in range(1, 5)}
+    write_source(spark, f"{root}/src", _upto(versions, 3))
+    old = _old()
+    new = old if change == "none" else old.model_copy(update={"max_future": timedelta(days=2)})
+    storage = StorageResource(root=root)
+    BacklogRunner(spark, storage.declared(old)).run()
+    serving = LiveRunner.from_manifest(spark, storage.declared(old))
+    serving.start()
+    names = Names(new)
+    try:
+        append_version(spark, f"{root}/src", versions[4])
+        with dg.instance_for_test() as instance:
+            job = definitions(spark, root, new, LENIENT).resolve_job_def(names.redeploy_job)
+            result = job.execute_in_process(instance=instance, run_config=_run_config(names, f"a {change} change"))
+            assert result.success
+            assert instance.get_run_by_id(result.run_id).tags[REDEPLOY_TAG] == change
+            built = _materialization(result, names.next_generation)
+            assert (built["way"], built["generation"]) == (change, "none built")
+            evaluations = result.get_asset_check_evaluations()  # nothing built, nothing checked: warnings, not green
+            assert evaluations and all(
+                not e.passed and e.severity == dg.AssetCheckSeverity.WARN for e in evaluations
+            ), evaluations
+            assert _materialization(result, names.swap)["swapped"] is False
+            assert serving.stopped_for is not None
+            assert _materialization(result, names.live_asset)["state"] == "stopped"
+        assert generations.read(spark, storage.declared(old)).serving == 0
+        assert_results_equal(sink_rows(spark, storage.declared(old).sink.path), _expected_old(versions))
+    finally:
+        serving.stop()
