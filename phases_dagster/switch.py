@@ -24,6 +24,7 @@ import dagster as dg
 
 from phases.definition import Pipeline
 from phases.sources.lag import InputLag, input_lags
+from phases.storage import table_stats
 from phases_dagster.backlog import NOT_RUN_TAG
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.handoff_events import Handoff, read_handoff
@@ -37,6 +38,22 @@ class Decision:
     action: str  # skip | live | catch_up
     reason: str
     manifest_id: str | None = None
+
+
+def _redeployed_past(p: Pipeline, handoff: Handoff | None) -> str | None:
+    """Why the switch has nothing to do when a redeploy made another generation serve than the one of the backlog's
+    handoff (its live phase runs from the redeploy job); None otherwise."""
+    if handoff is None or p.locations.generation is None:
+        return None
+    rows = table_stats.rows(p.locations.manifests, where=("pipeline", p.name)) or []  # delta-rs: no Spark here
+    newest = max(rows, key=lambda row: row["created_at_us"], default=None)
+    if newest is None or newest["manifest_id"] == handoff.manifest_id:
+        return None
+    return (
+        f"generation {p.locations.generation} serves since a redeploy (handoff {newest['manifest_id']}); the backlog's "
+        f"handoff {handoff.manifest_id} is an earlier generation's. The redeploy job starts the serving generation's "
+        "live phase; the live job resumes it"
+    )
 
 
 def decide(
@@ -194,6 +211,9 @@ def build_switch_sensor(
     def switch(context: dg.SensorEvaluationContext, storage: StorageResource):
         p = storage.resolve(pipeline)
         handoff = read_handoff(context.instance, key)
+        redeployed = _redeployed_past(p, handoff)
+        if redeployed is not None:
+            return dg.SensorResult(skip_reason=redeployed)
         cursor = json.loads(context.cursor) if context.cursor else {}
         status = live_status(live_runs(context.instance, pipeline.name, handoff.manifest_id)) if handoff else None
         decision = decide(

@@ -56,15 +56,17 @@ def test_the_redeploy_job_swaps_a_changed_definition_in_and_rolls_back_from_the_
     write_source(spark, f"{root}/src", _upto(versions, 3))
     old, new = _old(), relative_pipeline(delay_s=40)
     storage = StorageResource(root=root)
-    BacklogRunner(spark, storage.declared(old)).run()
-    serving = LiveRunner.from_manifest(spark, storage.declared(old))
-    serving.start()  # the running pipeline, in this process: the swap asks it to stop
-    append_version(spark, f"{root}/src", versions[4])
-    serving.process_available()
     names = Names(new)
     sink = storage.declared(new).sink.path
+    serving = None
     try:
         with dg.instance_for_test() as instance:
+            backlog = definitions(spark, root, old, LENIENT).resolve_job_def(names.backlog_job)
+            assert backlog.execute_in_process(instance=instance).success
+            serving = LiveRunner.from_manifest(spark, storage.declared(old))
+            serving.start()  # the running pipeline, in this process: the swap asks it to stop
+            append_version(spark, f"{root}/src", versions[4])
+            serving.process_available()
             job = definitions(spark, root, new, LENIENT).resolve_job_def(names.redeploy_job)
             result = job.execute_in_process(instance=instance, run_config=_run_config(names, "every aggregation"))
             assert result.success
@@ -89,6 +91,11 @@ def test_the_redeploy_job_swaps_a_changed_definition_in_and_rolls_back_from_the_
             live = _materialization(result, names.live_asset)
             assert live["state"] == "stopped" and live["reason"].startswith("max_runtime_seconds")
             assert_results_equal(sink_rows(spark, sink), _expected_new(_upto(versions, 4)))
+            # The switch sensor knows the backlog's handoff is the previous generation's, and leaves it.
+            switch = definitions(spark, root, new, LENIENT).resolve_sensor_def(names.switch)
+            context = dg.build_sensor_context(instance=instance, resources={"storage": storage})
+            tick = switch.evaluate_tick(context)
+            assert not tick.run_requests and "serves since a redeploy" in tick.skip_message, tick.skip_message
 
             # Rollback: the previous code's redeploy job swaps the kept generation 0 back, with no backlog.
             append_version(spark, f"{root}/src", versions[5])
@@ -102,7 +109,8 @@ def test_the_redeploy_job_swaps_a_changed_definition_in_and_rolls_back_from_the_
             assert_results_equal(sink_rows(spark, sink), _expected_old(_upto(versions, 5)))
             assert generations.read(spark, storage.declared(old)).serving == 0
     finally:
-        serving.stop()
+        if serving is not None:
+            serving.stop()
 
 
 def test_a_next_generation_whose_checks_fail_is_not_swapped_in(spark, tmp_path):
