@@ -219,7 +219,7 @@ class Redeploy:
                         f"pipeline {self.pipeline.name!r}: the swap to generation {step.generation} of redeploy "
                         f"{step.redeploy_id} is under way; run the redeploy to finish it"
                     )
-                return self._finish_swap(gens, gens.swap_under_way, reason)
+                return self._finish_swap(gens.swap_under_way, reason)
             plan = self.plan(gens)
             self._done("planned", way=plan.way, serving=plan.serving, target=plan.target, diff=plan.describe())
             redeploy_id = uuid.uuid4().hex
@@ -376,7 +376,7 @@ class Redeploy:
         finally:
             self._release_serving_lease()
 
-    def _finish_swap(self, gens: generations.Generations, step: generations.Step, reason: str) -> RedeployResult:
+    def _finish_swap(self, step: generations.Step, reason: str) -> RedeployResult:
         """A rerun after a crash past the ``swapping`` row: the swap is made (again) unless its commit is there."""
         log.warning(
             "redeploy of %r: finishing the swap from generation %s to %s of redeploy %s",

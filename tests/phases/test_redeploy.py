@@ -67,6 +67,15 @@ def _upto(versions: dict, last: int) -> dict:
     return {v: rows for v, rows in versions.items() if v <= last}
 
 
+def _handed_off(spark, tmp_path, versions: dict, upto: int):
+    """(root, source, old, new): a source of ``versions`` 1..``upto`` and the old definition's backlog over it."""
+    root, source = str(tmp_path / "run"), str(tmp_path / "source")
+    write_source(spark, source, _upto(versions, upto))
+    old, new = _old(source, root), _new(source, root)
+    BacklogRunner(spark, old).run()
+    return root, source, old, new
+
+
 def _matches(actual: dict, expected: dict) -> bool:
     try:
         assert_results_equal(actual, expected)
@@ -98,11 +107,8 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
     """The old live phase runs (its own query, in this process) while the new definition's backlog runs beside it; it
     is stopped on request right before the swap; the new definition serves afterwards, and a redeploy of the old
     definition swaps its kept generation back."""
-    root, source = str(tmp_path / "run"), str(tmp_path / "source")
     versions = {i: _version(i) for i in range(1, 9)}
-    write_source(spark, source, _upto(versions, 3))
-    old, new = _old(source, root), _new(source, root)
-    BacklogRunner(spark, old).run()
+    root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
     serving = LiveRunner.from_manifest(spark, old)
     serving.start()
     for v in (4, 5):
@@ -252,11 +258,8 @@ def test_a_second_redeploy_is_refused_naming_the_one_that_runs(spark, tmp_path):
 
 
 def test_a_generation_whose_checks_fail_is_never_swapped_in(spark, tmp_path):
-    root, source = str(tmp_path / "run"), str(tmp_path / "source")
     versions = {i: _version(i) for i in range(1, 4)}
-    write_source(spark, source, versions)
-    old, new = _old(source, root), _new(source, root)
-    BacklogRunner(spark, old).run()
+    root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
     LiveRunner.from_manifest(spark, old).start(available_now=True)
 
     def refuse(spark, generation, handoff):
@@ -273,11 +276,8 @@ def test_a_generation_whose_checks_fail_is_never_swapped_in(spark, tmp_path):
 
 
 def test_a_swap_cut_short_refuses_live_starts_until_a_rerun_finishes_it(spark, tmp_path, monkeypatch):
-    root, source = str(tmp_path / "run"), str(tmp_path / "source")
     versions = {i: _version(i) for i in range(1, 4)}
-    write_source(spark, source, versions)
-    old, new = _old(source, root), _new(source, root)
-    BacklogRunner(spark, old).run()
+    root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
     LiveRunner.from_manifest(spark, old).start(available_now=True)
 
     from phases.redeploy import swap
@@ -317,11 +317,8 @@ def test_a_redeploy_killed_at_any_step_leaves_the_old_definition_serving_and_a_r
     import subprocess
     import sys
 
-    root, source = str(tmp_path / "run"), str(tmp_path / "source")
     versions = {i: _version(i) for i in range(1, 6)}
-    write_source(spark, source, _upto(versions, 3))
-    old, new = _old(source, root), _new(source, root)
-    BacklogRunner(spark, old).run()
+    root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
     serving = LiveRunner.from_manifest(spark, old)
     serving.start()
     append_version(spark, source, versions[4])
@@ -419,11 +416,8 @@ def test_a_generation_retired_longer_than_the_retention_is_removed_and_a_rollbac
 
     from phases import maintain
 
-    root, source = str(tmp_path / "run"), str(tmp_path / "source")
     versions = {i: _version(i) for i in range(1, 4)}
-    write_source(spark, source, versions)
-    old, new = _old(source, root), _new(source, root)
-    BacklogRunner(spark, old).run()
+    root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
     LiveRunner.from_manifest(spark, old).start(available_now=True)
     Redeploy(spark, new).run()
     now_us = clock.time_ns() // 1000
