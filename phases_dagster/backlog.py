@@ -67,6 +67,7 @@ def handoff_machine_fields(handoff: HandoffManifest) -> dict:
         "backlog_max_event_time_us": handoff.backlog_max_event_time_us,
         "right_source_version": handoff.right_source_version,
         "right_final_watermark_us": right_wm,
+        "right_source_position": handoff.right_source_position,
     }
 
 

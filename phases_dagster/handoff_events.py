@@ -17,6 +17,7 @@ class Handoff:
     source_position: str | None = None  # a Kafka source's chunk plan (its end offsets)
     right_source_version: int | None = None  # two-input operators: the right source's handoff version
     right_watermark_us: int | None = None  # ... and its final watermark
+    right_source_position: str | None = None  # ... and a Kafka right input's chunk plan
 
 
 def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | None:
@@ -36,4 +37,5 @@ def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | No
         source_position=fields.get("source_position") or None,
         right_source_version=fields.get("right_source_version"),
         right_watermark_us=fields.get("right_final_watermark_us"),
+        right_source_position=fields.get("right_source_position") or None,
     )

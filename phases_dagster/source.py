@@ -15,8 +15,8 @@ from phases_dagster import catalog
 from phases_dagster.settings import Names
 
 
-def _kind(pipeline: Pipeline) -> str:
-    return "kafka" if isinstance(pipeline.source, KafkaSource | HybridSource) else "delta"
+def _kind(spec) -> str:
+    return "kafka" if isinstance(spec, KafkaSource | HybridSource) else "delta"
 
 
 def source_keys(pipeline: Pipeline) -> list[str]:
@@ -43,10 +43,10 @@ def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition:
                 pipeline,
                 f"The {label.replace('_', ' ')} of {pipeline.name!r}, written by others. Observations record its head "
                 "(Delta version or Kafka end offsets) and newest event time.",
-                kinds={_kind(pipeline) if label == "source" else "delta"},
+                kinds={_kind(inp.spec)},
             ),
         )
-        for key, label in zip(source_keys(pipeline), ("source", "right_source"), strict=False)
+        for key, label, inp in zip(source_keys(pipeline), ("source", "right_source"), pipeline.inputs, strict=False)
     ]
 
     @dg.multi_observable_source_asset(specs=specs, name=names.source_op, required_resource_keys={"storage"})

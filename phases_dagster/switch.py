@@ -135,6 +135,7 @@ def _lags(p: Pipeline, handoff: Handoff) -> list[InputLag]:
         watermark_us=handoff.final_watermark_us,
         right_source_version=handoff.right_source_version,
         right_watermark_us=handoff.right_watermark_us,
+        right_source_position=handoff.right_source_position,
     )
 
 

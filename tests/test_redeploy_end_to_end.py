@@ -35,12 +35,21 @@ def _accounted(spark, pipeline, storage: StorageResource) -> tuple[int, int]:
     return int(counted), quarantined
 
 
-def _wait_exact(spark, pipeline, storage: StorageResource, total: int, timeout_s: float = 240) -> None:
+def _wait_exact(
+    spark, pipeline, storage: StorageResource, total: int, stack: DagsterStack, live_run: str, timeout_s: float = 240
+) -> None:
+    """Waits until the sink and the quarantine account for ``total`` records; on a timeout it shows the counts, and
+    the status and last messages of the run whose live phase should have applied them."""
+
+    def seen() -> str:
+        messages = "\n".join(m[:300] for m in stack.messages(live_run)[-25:])
+        return f"{_accounted(spark, pipeline, storage)}; run {live_run} {stack.run_status(live_run)}:\n{messages}"
+
     _wait(
         f"every one of {total} records counted in the sink or quarantined, once",
         lambda: sum(_accounted(spark, pipeline, storage)) == total,
         timeout_s=timeout_s,
-        seen=lambda: _accounted(spark, pipeline, storage),
+        seen=seen,
     )
 
 
@@ -82,7 +91,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         old_live = stack.wait_for_run_of(NAMES.live_job, timeout_s=120)["runId"]  # the switch sensor's
         stack.wait_for_message(old_live, "live phase running", timeout_s=300)
         append_batch()
-        _wait_exact(spark, DEMO, storage, batches * ROWS_PER_BATCH)
+        _wait_exact(spark, DEMO, storage, batches * ROWS_PER_BATCH, stack, old_live)
 
         # A deploy of changed code: the assets' code version (the definition's fingerprint) changes.
         assert stack.code_version(NAMES.backlog) == DEMO.fingerprint()
@@ -113,7 +122,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         assert set(steps) == {"planned", "backlog", "live caught up", "checked"}, steps
         assert "valued" in _columns(spark, p.sink.path)
         append_batch()
-        _wait_exact(spark, DEMO_REVISED, storage, batches * ROWS_PER_BATCH)
+        _wait_exact(spark, DEMO_REVISED, storage, batches * ROWS_PER_BATCH, stack, redeploy)
         redeploy_s = time.monotonic() - started
 
         # The previous code again: the same job swaps the kept generation 0 back, without a backlog.
@@ -134,7 +143,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         assert "backlog_s" not in stack.latest_materialization(NAMES.next_generation)
         assert "valued" not in _columns(spark, p.sink.path)
         append_batch()
-        _wait_exact(spark, DEMO, storage, batches * ROWS_PER_BATCH)
+        _wait_exact(spark, DEMO, storage, batches * ROWS_PER_BATCH, stack, rollback)
         stack.terminate(rollback)
         stack.wait_run(rollback, {"SUCCESS", "CANCELED"}, timeout_s=120)
         assert redeploy_s > 0

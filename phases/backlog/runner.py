@@ -456,6 +456,7 @@ class BacklogRunner:
             sink_rows=sink_rows,
             right_source_version=right[0] if right else None,
             right_max_event_time_us=right[1] if right else None,
+            right_source_position=self.readers[RIGHT_LABEL].position_of(right[0]) if right else None,
             backlog_seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )

@@ -21,7 +21,7 @@ from phases.definition.fields import (
     positive,
     whole_ms,
 )
-from phases.definition.sources import DeltaSource
+from phases.definition.sources import DeltaSource, HybridSource, KafkaSource
 
 # Bumped whenever the keyed-aggregation logic changes in a way that changes results.
 OPERATOR_VERSION = 1
@@ -32,7 +32,7 @@ class OperatorModel(_Model):
     pipeline's validation needs; what the kind does with it lives in :mod:`phases.operators`."""
 
     kind: str
-    two_inputs: ClassVar[bool] = False  # joins the pipeline's source with a second Delta source (``right``)
+    two_inputs: ClassVar[bool] = False  # joins the pipeline's source with a second source (``right``)
     windowed: ClassVar[bool] = False  # state and sink rows are identified by the window bounds too
     needs_ms_delay: ClassVar[bool] = False  # uses Spark's millisecond-resolution watermark arithmetic
     takes_increments: ClassVar[bool] = False  # a mergeable state: catch-up increments, daily slices
@@ -250,8 +250,8 @@ MAX_BUCKETS_PER_ROW = 1000  # interval join: buckets one left row may be repeate
 
 
 class IntervalJoin(OperatorModel):
-    """Inner interval join of the pipeline's source (left) with a second Delta source (``right``, with the
-    same key and event-time columns) on the keys: every pair with
+    """Inner interval join of the pipeline's source (left) with a second source (``right``: Delta, Kafka or
+    hybrid, with the same key and event-time columns) on the keys: every pair with
     ``left.ts + lower <= right.ts <= left.ts + upper`` is emitted once. Output: the keys, the left columns and
     the right columns prefixed ``right_``. Each input's lateness follows its own versions (its own W(v)).
 
@@ -266,7 +266,11 @@ class IntervalJoin(OperatorModel):
     two_inputs: ClassVar[bool] = True
     needs_ms_delay: ClassVar[bool] = True
     no_increments_because: ClassVar[str] = "reads two sources whose versions are not cut together"
-    right: DeltaSource
+    right: DeltaSource | KafkaSource | HybridSource = Field(
+        discriminator="kind",
+        description="The second input: a Delta table, a Kafka topic or an archive handing over to a topic, with "
+        "the same key and event-time columns.",
+    )
     lower: timedelta = Field(description="right.ts >= left.ts + lower (may be negative).")
     upper: timedelta = Field(description="right.ts <= left.ts + upper.")
     bucket: timedelta | None = Field(
@@ -309,8 +313,8 @@ class IntervalJoin(OperatorModel):
 
 
 class CoGroup(OperatorModel):
-    """Co-group of the pipeline's source (left) and a second Delta source (``right``) per key and tumbling
-    event-time window: once both inputs' watermarks passed a window's end, ``function(key, window_start,
+    """Co-group of the pipeline's source (left) and a second source (``right``: Delta, Kafka or hybrid) per key and
+    tumbling event-time window: once both inputs' watermarks passed a window's end, ``function(key, window_start,
     window_end, left_rows, right_rows)`` is called once with all of the window's on-time rows of each input
     (ordered by event time) and its rows (``output_schema``) are appended with the keys and window bounds.
 
@@ -324,7 +328,11 @@ class CoGroup(OperatorModel):
     two_inputs: ClassVar[bool] = True
     needs_ms_delay: ClassVar[bool] = True
     no_increments_because: ClassVar[str] = "reads two sources whose versions are not cut together"
-    right: DeltaSource
+    right: DeltaSource | KafkaSource | HybridSource = Field(
+        discriminator="kind",
+        description="The second input: a Delta table, a Kafka topic or an archive handing over to a topic, with "
+        "the same key and event-time columns.",
+    )
     window: Window
     function: FunctionImportPath = Field(description="Import path 'package.module:function'.")
     output_schema: str = Field(description="Spark DDL of the function's output columns.")

@@ -257,18 +257,12 @@ class Pipeline(_Model):
                 f"during backlog) or >= checkpoint_interval ({live.total_seconds()}s)"
             )
         kind = self.operator
-        if isinstance(self.source, KafkaSource | HybridSource):
-            if kind.two_inputs:
-                raise ValueError(
-                    f"{self.operator.kind} reads two Delta sources; a Kafka source as its input is not supported yet. "
-                    "Land the topic in a Delta table first (or use a single-input operator)"
-                )
-            if backlog != timedelta(0):
-                raise ValueError(
-                    "checkpoint_interval_during_backlog > 0 builds the backlog from increments, which a "
-                    f"{self.source.kind} source does not support (a Kafka backlog has no commit times; a hybrid "
-                    "source's backlog ends at its handoff); set it to 0"
-                )
+        if isinstance(self.source, KafkaSource | HybridSource) and backlog != timedelta(0):
+            raise ValueError(
+                "checkpoint_interval_during_backlog > 0 builds the backlog from increments, which a "
+                f"{self.source.kind} source does not support (a Kafka backlog has no commit times; a hybrid "
+                "source's backlog ends at its handoff); set it to 0"
+            )
         if backlog != timedelta(0) and not self.supports_increments:
             what = f"end_of_stream steps {[s.name for s in self.end_of_stream]}" if self.end_of_stream else ""
             what = what or f"operator kind {self.operator.kind!r}"
@@ -313,8 +307,12 @@ class Pipeline(_Model):
                     f"{self.operator.kind} has two inputs; {used} would apply to one of them only and are not "
                     "supported with two-input operators. Prepare the inputs upstream."
                 )
-            if self.operator.right.path == self.source.path:
-                raise ValueError(f"{self.operator.kind}: right source is the pipeline's own source {self.source.path}")
+            shared = sorted(_read_by(self.operator.right) & _read_by(self.source))
+            if shared:
+                raise ValueError(
+                    f"{self.operator.kind}: right source is the pipeline's own source ({', '.join(shared)}): "
+                    "join a second table or topic"
+                )
         if kind.needs_ms_delay and self.watermark_delay % timedelta(milliseconds=1):
             raise ValueError(
                 f"watermark_delay must be a whole number of milliseconds for a {self.operator.kind} operator "
@@ -340,12 +338,12 @@ class Pipeline(_Model):
 
     @property
     def inputs(self) -> Inputs:
-        """The pipeline's inputs: its source, and the second Delta source of a two-input operator."""
+        """The pipeline's inputs: its source, and the second source of a two-input operator."""
         right = (Input(RIGHT_LABEL, "right source", self.operator.right),) if self.operator.two_inputs else ()
         return Inputs((Input(SOURCE_LABEL, "source", self.source), *right))
 
     @property
-    def right_source(self) -> DeltaSource | None:
+    def right_source(self) -> DeltaSource | KafkaSource | HybridSource | None:
         """The second input of a two-input operator."""
         right = self.inputs.right
         return None if right is None else right.spec
@@ -374,7 +372,7 @@ class Pipeline(_Model):
             "key_columns": list(self.key_columns),
             "event_time": self.event_time,
             "watermark_delay_us": self.delay_us,
-            "operator": self.operator.model_dump(mode="json", exclude={"bucket"}),  # a join bucket shapes no state
+            "operator": self._operator_spec(),
             # Only when used, so that pipelines without them keep their fingerprint.
             **({"steps": [step.model_dump(mode="json") for step in self.steps]} if self.steps else {}),
             **(
@@ -391,6 +389,23 @@ class Pipeline(_Model):
             "operator_version": OPERATOR_VERSION,
         }
 
+    def _operator_spec(self) -> dict:
+        """The operator's part of the state spec: a join bucket shapes no state, and a second input counts by what it
+        reads, not where its broker is (a Delta input's spec is its whole declaration, as it always was)."""
+        spec = self.operator.model_dump(mode="json", exclude={"bucket"})
+        if self.operator.two_inputs:
+            spec["right"] = self.operator.right.state_spec()
+        return spec
+
     def fingerprint(self) -> str:
         blob = json.dumps(self.state_spec(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _read_by(spec: DeltaSource | KafkaSource | HybridSource) -> set[str]:
+    """What a source reads: Delta tables by path, Kafka topics by name (an archive handing over: both)."""
+    if isinstance(spec, KafkaSource):
+        return {f"kafka topic {spec.topic!r}"}
+    if isinstance(spec, HybridSource):
+        return _read_by(spec.backlog) | _read_by(spec.live)
+    return {spec.path}

@@ -83,6 +83,7 @@ class IncrementalLive:
         self.failure: PhasesError | None = None
         self._progress: dict[int, Progress] = {}
         self._table_ids: dict[str, str] = {}
+        self._meta: dict[str, list[str]] = {}  # two-input query: each input's own change columns
         # The query generation (phases.live.resume): its micro-batch N is the progress log's batch base + N.
         self.base = 0
         self.query_folder = live_resume.generation_folder(self.checkpoints, 0)
@@ -218,16 +219,20 @@ class IncrementalLive:
         latest = self.progress_log.latest()
         return Progress.from_record(latest[1]) if latest is not None else self.start_progress
 
-    def _kafka_offsets(self, batch_id: int) -> dict[str, int] | None:
-        """The Kafka source's end offsets after ``batch_id`` (Spark's offset log), None for a Delta source."""
-        source = self.inputs[0].source
-        if source.arrival != "chunks":
-            return None
+    def _kafka_offsets(self, batch_id: int) -> dict[str, dict[str, int]]:
+        """Each Kafka input's end offsets after ``batch_id`` (Spark's offset log), by input label; empty when every
+        input is a Delta table."""
+        chunked = [inp for inp in self.inputs if inp.source.arrival == "chunks"]
+        if not chunked:
+            return {}
         entry = spark_internals.read_offset_log(self.spark, self.query_folder, batch_id)
-        offsets = entry.kafka_offsets(source.topic)
-        if offsets is None:
-            raise PhaseStateError(f"no offsets of kafka topic {source.topic!r} in {entry.path}")
-        return {str(p): o for p, o in sorted(offsets.items())}
+        out = {}
+        for inp in chunked:
+            offsets = entry.kafka_offsets(inp.source.topic)
+            if offsets is None:
+                raise PhaseStateError(f"no offsets of kafka topic {inp.source.topic!r} in {entry.path}")
+            out[inp.label] = {str(p): o for p, o in sorted(offsets.items())}
+        return out
 
     def _end_offsets(self, batch_id: int) -> dict[str, tuple[int, bool]]:
         """Per input: (first version not fully read, whether that version was read in part) after
@@ -257,7 +262,9 @@ class IncrementalLive:
         """The change rows of one input in the query's micro-batch (two inputs: unpacked from the union)."""
         if len(self.inputs) == 1:
             return batch
-        meta = [c for c in batch.columns if c.startswith("_") and c not in (_INPUT, *_ROW_COLUMNS)]
+        meta = self._meta.get(inp.label) or [
+            c for c in batch.columns if c.startswith("_") and c not in (_INPUT, *_ROW_COLUMNS)
+        ]
         return batch.filter(F.col(_INPUT) == inp.label).select(f"{_row_column(inp)}.*", *meta)
 
     def _tag_input(
@@ -304,7 +311,7 @@ class IncrementalLive:
         batch_id = self.base + query_batch_id
         before = self._progress_after(batch_id - 1)
         kafka_offsets = self._kafka_offsets(query_batch_id)
-        ends = self._end_offsets(query_batch_id) if kafka_offsets is None else {}
+        ends = self._end_offsets(query_batch_id) if len(kafka_offsets) < len(self.inputs) else {}
         writes = self._writes(spark, batch_id)
         records: dict[str, DataFrame | None] = {}
         after: dict[str, InputProgress] = {}
@@ -358,17 +365,18 @@ class IncrementalLive:
                 else:
                     rows.append(F.lit(None).cast(struct_type).alias(_row_column(other)))
             packed.append(stream.select(F.lit(inp.label).alias(_INPUT), *rows, *meta))
-        return packed[0].unionByName(packed[1])
+            self._meta[inp.label] = meta
+        # A Delta input's change columns and a Kafka input's positions differ: each row gets nulls for the other's.
+        return packed[0].unionByName(packed[1], allowMissingColumns=True)
 
     def _read_live(self, inp: LiveInput) -> DataFrame:
         """The input's stream from the positions of the record the query generation starts after (Spark ignores
         them once its checkpoint has offsets): Delta versions after the last complete one, Kafka offsets."""
         start = self._resumed_from.of(inp.label)
         after_version = start.complete_below - 1 if start.complete_below > 0 else None
-        offsets = self._resumed_from.source_offsets
+        offsets = self._resumed_from.offsets_of(inp.label)
         if inp.source.arrival == "chunks" and offsets is not None:
-            start_offsets = {int(partition): o for partition, o in offsets.items()}
-            return inp.source.read_live(after_version, self.max_files_per_trigger, start_offsets=start_offsets)
+            return inp.source.read_live(after_version, self.max_files_per_trigger, start_offsets=offsets)
         return inp.source.read_live(after_version, self.max_files_per_trigger)
 
     def start(self, trigger: dict, name: str) -> StreamingQuery:

@@ -54,6 +54,7 @@ class Progress:
     # A Kafka source: the end offsets (partition -> offset) after this batch; with the previous record's, the
     # offset ranges of the batch's arrival chunk (the live half of the arrival-chunk log).
     source_offsets: dict[str, int] | None = None
+    right_source_offsets: dict[str, int] | None = None  # ... and a Kafka right input's
     # The query generation that wrote the record: its micro-batch 0 is the log's batch ``query_base``
     # (:mod:`phases.live.resume`; a new one starts when the checkpoint was lost).
     query_base: int = 0
@@ -72,6 +73,11 @@ class Progress:
             return None
         return StatePosition(self.state_layout, self.state_version)
 
+    def offsets_of(self, label: str) -> dict[int, int] | None:
+        """A Kafka input's end offsets after this batch (partition -> offset), None for a Delta input."""
+        offsets = getattr(self, f"{label}_source_offsets" if label else "source_offsets")
+        return None if offsets is None else {int(p): int(o) for p, o in offsets.items()}
+
     def of(self, label: str) -> InputProgress:
         prefix = f"{label}_" if label else ""
         return InputProgress(
@@ -86,7 +92,7 @@ class Progress:
         inputs: dict[str, InputProgress],
         closed_us: int | None,
         at_us: int = 0,
-        source_offsets: dict[str, int] | None = None,
+        offsets: dict[str, dict[str, int]] | None = None,
         query_base: int = 0,
         state: StatePosition | None = None,
         writes: dict[str, int] | None = None,
@@ -96,13 +102,13 @@ class Progress:
             "batch_id": batch_id,
             "closed_us": closed_us,
             "at_us": at_us,
-            "source_offsets": source_offsets,
             "query_base": query_base,
             "state_layout": state.layout if state else None,
             "state_version": state.version if state else None,
         }
         for label, inp in inputs.items():
             prefix = f"{label}_" if label else ""
+            fields[f"{prefix}source_offsets"] = (offsets or {}).get(label)
             fields[f"{prefix}complete_below"] = inp.complete_below
             fields[f"{prefix}running_max_us"] = inp.running_max_us
             fields[f"{prefix}held_version"] = inp.held_version
@@ -183,7 +189,7 @@ class LivePlan:
                 f"pipeline {pipeline.name!r} enriches with end-of-stream step {pipeline.enrich.step!r}, which emits "
                 "only after the backlog ends: it has no single-streaming-job form; start it from a handoff"
             )
-        readers = open_inputs(spark, pipeline, position=handoff.source_position if handoff else None)
+        readers = open_inputs(spark, pipeline, positions=handoff.positions if handoff else None)
         inputs = [LiveInput(label, reader) for label, reader in readers.items()]
         run_name = handoff.manifest_id if handoff else STREAMING_ONLY
         loc = pipeline.locations

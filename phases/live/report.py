@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from phases.definition import SOURCE_LABEL
 from phases.lateness import watermark_after
 from phases.sources.head import source_heads
 from phases.sources.kafka import ChunkPlan
-from phases.sources.lag import unapplied
+from phases.sources.lag import Unapplied, input_unapplied
 
 
 @dataclass(frozen=True)
@@ -92,26 +93,34 @@ class LiveMeter:
         latest = runner.incremental.latest_progress()
         applied_max = latest.running_max_us
         watermark = watermark_after(applied_max, pipeline.delay_us)
-        if latest.source_offsets is not None:
-            applied_offsets = {int(p): int(o) for p, o in latest.source_offsets.items()}
-        elif runner.handoff is not None and runner.handoff.source_position:
-            applied_offsets = ChunkPlan.from_json(runner.handoff.source_position).end
-        else:
-            applied_offsets = None
-        waiting = unapplied(pipeline, applied_version=latest.complete_below - 1, applied_offsets=applied_offsets)
-        lag_s = None
-        if waiting.behind == 0:
-            lag_s = 0.0
-        elif waiting.oldest_at is not None:
-            lag_s = max(0.0, (now - waiting.oldest_at).total_seconds())
+        pending: list[Unapplied] = []
+        waited: list[float | None] = []
+        for inp in pipeline.inputs:  # the freshness of the input whose oldest unapplied data waits longest
+            applied_offsets = latest.offsets_of(inp.label)
+            position = runner.handoff.positions.get(inp.label) if runner.handoff is not None else None
+            if applied_offsets is None and position:
+                applied_offsets = ChunkPlan.from_json(position).end
+            found = input_unapplied(
+                inp.spec, applied_version=latest.of(inp.label).complete_below - 1, applied_offsets=applied_offsets
+            )
+            pending.append(found)
+            if found.behind == 0:
+                waited.append(0.0)
+            elif found.oldest_at is not None:
+                waited.append(max(0.0, (now - found.oldest_at).total_seconds()))
+            else:
+                waited.append(None)  # unknown: no figure rather than a reassuring one
+        waiting = pending[0]
+        lag_s = None if None in waited else max(waited)
         heads = source_heads(pipeline)
         head = heads[0]
         head_max = head.max_event_time
         event_lag = None
         if head_max is not None and applied_max is not None:
             event_lag = max(0.0, (head_max - _dt(applied_max)).total_seconds())
-        if latest.source_offsets is not None:
-            applied = ",".join(f"{p}:{o}" for p, o in sorted(latest.source_offsets.items(), key=lambda x: int(x[0])))
+        offsets = latest.offsets_of(SOURCE_LABEL)
+        if offsets is not None:
+            applied = ",".join(f"{p}:{o}" for p, o in sorted(offsets.items()))
         else:
             applied = f"v{latest.complete_below - 1}"
         return LiveReport(

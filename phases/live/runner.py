@@ -22,7 +22,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from phases.definition import Pipeline
+from phases.definition import SOURCE_LABEL, Pipeline
 from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError, StateStoreError
 from phases.lateness import watermark_after
 from phases.live.compactor import Compactor
@@ -352,36 +352,50 @@ class LiveRunner:
         """How far the live phase is behind its source now (:class:`phases.sources.lag.InputLag`; no Spark job):
         versions after the last applied one (Delta), or records after the last micro-batch's end offsets
         (Kafka)."""
+        return self.lags()[0]
+
+    def lags(self):
+        """:meth:`lag` of every input (the source first, then a two-input operator's right source)."""
         from phases.sources import lag as source_lag
         from phases.sources.kafka import ChunkPlan
 
         latest = self.incremental.latest_progress()
-        watermark = watermark_after(latest.running_max_us, self.pipeline.delay_us)
-        spec = self.pipeline.source
-        if spec.kind == "delta":
-            return source_lag.delta_lag("source", spec, latest.complete_below - 1, watermark)
-        spec = spec.live if spec.kind == "hybrid" else spec
-        position = self.handoff.source_position if self.handoff else None
-        if latest.source_offsets is not None:
-            end = {int(p): o for p, o in latest.source_offsets.items()}
-            position = ChunkPlan(spec.topic, end, end, 1).to_json()
-        return source_lag.kafka_lag("source", spec, position, watermark)
+        out = []
+        for inp in self.pipeline.inputs:
+            progress = latest.of(inp.label)
+            watermark = watermark_after(progress.running_max_us, self.pipeline.delay_us)
+            position = self.handoff.positions.get(inp.label) if self.handoff else None
+            end = latest.offsets_of(inp.label)
+            if end is not None:
+                topic = (inp.spec.live if inp.spec.kind == "hybrid" else inp.spec).topic
+                position = ChunkPlan(topic, end, end, 1).to_json()
+            label = "source" if inp.label == SOURCE_LABEL else inp.name
+            out.append(
+                source_lag.input_lag(
+                    label, inp.spec, version=progress.complete_below - 1, position=position, watermark_us=watermark
+                )
+            )
+        return out
 
-    def arrival_chunks(self) -> dict[int, dict[int, tuple[int, int]]]:
-        """A Kafka source's arrival-chunk log: chunk -> {partition: (from offset, until offset)}, for the
-        backlog's chunks (the manifest's plan) and the live micro-batches still in the progress log (the newest
-        :data:`phases.storage.progress_log.RETAIN`). What W(chunk) was computed over: a reference replays exactly
-        these."""
+    def arrival_chunks(self, label: str = SOURCE_LABEL) -> dict[int, dict[int, tuple[int, int]]]:
+        """A Kafka input's arrival-chunk log (``label``: the source's, or a two-input operator's right input's):
+        chunk -> {partition: (from offset, until offset)}, for the backlog's chunks (the manifest's plan) and the
+        live micro-batches still in the progress log (the newest :data:`phases.storage.progress_log.RETAIN`). What
+        W(chunk) was computed over: a reference replays exactly these."""
         from phases.sources.kafka import ChunkPlan
 
-        if self.pipeline.source.kind == "delta":
-            raise PhaseStateError(f"pipeline {self.pipeline.name!r} reads a Delta table: its arrival order is versions")
+        spec = next(i.spec for i in self.pipeline.inputs if i.label == label)
+        if spec.kind == "delta":
+            raise PhaseStateError(
+                f"pipeline {self.pipeline.name!r}: input {label or 'source'!r} reads a Delta table: its arrival order "
+                "is versions"
+            )
         chunks: dict[int, dict[int, tuple[int, int]]] = {}
         previous: dict[int, int] = {}
         if self.handoff is not None:
-            plan = ChunkPlan.from_json(self.handoff.source_position)
+            plan = ChunkPlan.from_json(self.handoff.positions[label])
             # A hybrid source's backlog chunks are its archive's versions, not offset ranges.
-            backlog = range(plan.first, plan.last + 1) if self.pipeline.source.kind == "kafka" else ()
+            backlog = range(plan.first, plan.last + 1) if spec.kind == "kafka" else ()
             for chunk in backlog:
                 lo, hi = plan.offsets(chunk, chunk)
                 chunks[chunk] = {p: (lo[p], hi[p]) for p in plan.end}
@@ -389,12 +403,12 @@ class LiveRunner:
         log = self.incremental.progress_log
         records = [Progress.from_record(log.read(b)) for b in log.batch_ids() if b >= 0]
         for before, after in zip([None, *records], records, strict=False):
-            if after.source_offsets is None:
+            end = after.offsets_of(label)
+            if end is None:
                 continue
-            if before is not None and before.source_offsets is not None:
-                previous = {int(p): o for p, o in before.source_offsets.items()}
-            end = {int(p): o for p, o in after.source_offsets.items()}
-            chunks[after.complete_below - 1] = {p: (previous.get(p, 0), o) for p, o in end.items()}
+            if before is not None and before.offsets_of(label) is not None:
+                previous = before.offsets_of(label)
+            chunks[after.of(label).complete_below - 1] = {p: (previous.get(p, 0), o) for p, o in end.items()}
         return chunks
 
     def status(self) -> dict:

@@ -1,4 +1,4 @@
-"""The windowed co-group (``co_group``) of the pipeline's source with a second Delta source: every (key,
+"""The windowed co-group (``co_group``) of the pipeline's source with a second source (Delta or Kafka): every (key,
 window) whose end both inputs' watermarks passed, with all its on-time records of both, passed to the
 user's function once.
 

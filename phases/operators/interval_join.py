@@ -1,4 +1,4 @@
-"""The interval join (``interval_join``) of the pipeline's source with a second Delta source: every pair of
+"""The interval join (``interval_join``) of the pipeline's source with a second source (Delta or Kafka): every pair of
 on-time records with equal keys and ``left.ts + lower <= right.ts <= left.ts + upper``. State: per key, each
 input's rows that a future row of the other input can still match: live, in the run's state store, looked up by
 key (not a scan of every key's rows)."""

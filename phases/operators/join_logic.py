@@ -1,5 +1,5 @@
 """Two-input keyed operators: an interval join and a windowed co-group of the pipeline's source (left) with
-a second Delta source (right). One logic object per operator builds the batch plan (backlog) and the
+a second source (right). One logic object per operator builds the batch plan (backlog) and the
 per-micro-batch steps of the live phase (:mod:`phases.live.micro_batch`) from the same column expressions.
 
 Each input keeps its own arrival order and lateness: a record of version ``v`` of an input is late iff its
@@ -60,8 +60,8 @@ class TwoInputLogic:
         right = {f.name: f.dataType for f in self.right_fields}
         for col in [*self.keys, self.event_time]:
             for label, fields, path in (
-                ("source", left, pipeline.source.path),
-                ("right source", right, pipeline.right_source.path),
+                ("source", left, pipeline.source.location),
+                ("right source", right, pipeline.right_source.location),
             ):
                 if col not in fields:
                     raise DefinitionError(f"column {col!r} is not in the {label} {path}; columns: {sorted(fields)}")

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from phases.backlog.runner import BacklogRunner
-from phases.definition import SOURCE_LABEL, Pipeline
+from phases.definition import Pipeline
 from phases.definition.changes import DefinitionChanges, Way
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases.live.runner import LiveRunner
@@ -300,10 +300,12 @@ class Redeploy:
         """Before anything runs: every input of the new definition must still hold what its backlog reads, from
         where the serving generation's backlog started (a Kafka topic whose retention deleted offsets since then
         is refused, naming the partitions and ranges: the new results would miss records the old ones hold)."""
+        kinds = {i.label: i.spec.kind for i in self.pipeline.inputs}
         for label, reader in open_inputs(self.spark, self.pipeline).items():
-            if label == SOURCE_LABEL and self.pipeline.source.kind == "kafka" and serving and serving.source_position:
+            position = serving.positions.get(label) if serving is not None else None
+            if kinds[label] == "kafka" and position:
                 reader.require_kept_from(
-                    serving.source_position,
+                    position,
                     "a redeploy's backlog, from where the serving generation's backlog started,",
                     "nothing was run and the serving generation goes on. Restore the missing records, or rebuild "
                     "from the topic as it is now (stop the live phase, then BacklogRunner(spark, pipeline).run("
@@ -330,14 +332,14 @@ class Redeploy:
 
     def _catch_up_live(self, new: Pipeline, handoff: manifest.HandoffManifest, timings: dict[str, float]) -> None:
         """Rounds of the new generation's live phase on its own sink, each processing what is available, until what
-        waits after a round is at most ``max_lag`` (or ``live_rounds`` rounds ran)."""
+        waits of each input after a round is at most ``max_lag`` (or ``live_rounds`` rounds ran)."""
         t = time.perf_counter()
         for round_ in range(1, self.live_rounds + 1):
             runner = LiveRunner.from_manifest(self.spark, new, handoff.manifest_id, take_over=self.take_over)
             runner.start(available_now=True)
-            behind = runner.lag().behind
+            behind = [lag.behind for lag in runner.lags()]
             timings["live_rounds"] = float(round_)
-            if behind is not None and behind <= self.max_lag:
+            if all(b is not None and b <= self.max_lag for b in behind):
                 break
         timings["live_catch_up_s"] = time.perf_counter() - t
 

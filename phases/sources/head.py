@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from phases.definition import DeltaSource, HybridSource, KafkaSource, Pipeline
+from phases.definition import SOURCE_LABEL, DeltaSource, HybridSource, KafkaSource, Pipeline
 from phases.errors import SourceError
 from phases.storage import table_stats
 
@@ -115,15 +115,12 @@ def _as_utc(at: datetime) -> datetime:
 
 def source_heads(pipeline: Pipeline) -> list[SourceHead]:
     """The head of every input of ``pipeline`` (the source, and a two-input operator's right source)."""
-    source = pipeline.source
-    if isinstance(source, HybridSource):
-        source = source.live
-    heads = [
-        kafka_head("source", source, pipeline.event_time)
-        if isinstance(source, KafkaSource)
-        else delta_head("source", source, pipeline.event_time)
-    ]
-    if pipeline.inputs.two:
-        right = pipeline.inputs.right
-        heads.append(delta_head(right.name, right.spec, pipeline.event_time))
+    heads = []
+    for inp in pipeline.inputs:
+        spec = inp.spec.live if isinstance(inp.spec, HybridSource) else inp.spec
+        label = "source" if inp.label == SOURCE_LABEL else inp.name
+        if isinstance(spec, KafkaSource):
+            heads.append(kafka_head(label, spec, pipeline.event_time))
+        else:
+            heads.append(delta_head(label, spec, pipeline.event_time))
     return heads

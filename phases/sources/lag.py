@@ -64,6 +64,23 @@ def kafka_lag(label: str, spec: KafkaSource, position: str | None, watermark_us:
     return InputLag(label, spec.location, behind, "records", watermark_us)
 
 
+def input_lag(
+    label: str,
+    spec: DeltaSource | KafkaSource | HybridSource,
+    *,
+    version: int,
+    position: str | None,
+    watermark_us: int | None,
+) -> InputLag:
+    """One input's lag behind a position: its Delta version, or a Kafka chunk plan's end offsets (``position``; a
+    hybrid source: its topic, in backlog while the topic has records after the handoff)."""
+    if isinstance(spec, KafkaSource):
+        return kafka_lag(label, spec, position, watermark_us)
+    if isinstance(spec, HybridSource):
+        return kafka_lag(label, spec.live, position, watermark_us)
+    return delta_lag(label, spec, version, watermark_us)
+
+
 def input_lags(
     pipeline: Pipeline,
     *,
@@ -72,19 +89,22 @@ def input_lags(
     watermark_us: int | None,
     right_source_version: int | None = None,
     right_watermark_us: int | None = None,
+    right_source_position: str | None = None,
 ) -> list[InputLag]:
     """The lag of every input of ``pipeline`` behind the handoff described by the arguments."""
-    lags = []
-    if isinstance(pipeline.source, KafkaSource):
-        lags.append(kafka_lag("source", pipeline.source, source_position, watermark_us))
-    elif isinstance(pipeline.source, HybridSource):  # in backlog while the topic has records after the handoff
-        lags.append(kafka_lag("source", pipeline.source.live, source_position, watermark_us))
-    else:
-        lags.append(delta_lag("source", pipeline.source, source_version, watermark_us))
+    lags = [
+        input_lag(
+            "source", pipeline.source, version=source_version, position=source_position, watermark_us=watermark_us
+        )
+    ]
     if pipeline.inputs.two:
         right = pipeline.inputs.right
         version = -1 if right_source_version is None else right_source_version
-        lags.append(delta_lag(right.name, right.spec, version, right_watermark_us))
+        lags.append(
+            input_lag(
+                right.name, right.spec, version=version, position=right_source_position, watermark_us=right_watermark_us
+            )
+        )
     return lags
 
 
@@ -101,7 +121,15 @@ class Unapplied:
 
 def unapplied(pipeline: Pipeline, *, applied_version: int, applied_offsets: dict[int, int] | None) -> Unapplied:
     """How much of the pipeline's source is after the applied position, and since when it waits."""
-    source = pipeline.source.live if isinstance(pipeline.source, HybridSource) else pipeline.source
+    return input_unapplied(pipeline.source, applied_version=applied_version, applied_offsets=applied_offsets)
+
+
+def input_unapplied(
+    spec: DeltaSource | KafkaSource | HybridSource, *, applied_version: int, applied_offsets: dict[int, int] | None
+) -> Unapplied:
+    """How much of one input is after the applied position (its version, or a Kafka input's end offsets), and since
+    when it waits."""
+    source = spec.live if isinstance(spec, HybridSource) else spec
     if isinstance(source, KafkaSource):
         return _kafka_unapplied(source, applied_offsets or {})
     head, error = _head_version(source.path)

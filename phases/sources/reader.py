@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from phases.definition import SOURCE_LABEL, DeltaSource, HybridSource, KafkaSource, Pipeline
+from phases.definition import DeltaSource, HybridSource, KafkaSource, Pipeline
 from phases.sources.delta import DeltaTableSource
 from phases.sources.hybrid import HybridArchiveSource
 from phases.sources.kafka import KafkaTopicSource
@@ -26,10 +26,10 @@ def open_source(
     return DeltaTableSource(spark, spec)
 
 
-def open_inputs(spark: SparkSession, pipeline: Pipeline, *, position: str | None = None) -> dict[str, SourceReader]:
-    """A reader for each of the pipeline's inputs, by label (the source first); ``position``: the handoff's recorded
-    position of the pipeline's own source."""
-    return {
-        i.label: open_source(spark, i.spec, position=position if i.label == SOURCE_LABEL else None)
-        for i in pipeline.inputs
-    }
+def open_inputs(
+    spark: SparkSession, pipeline: Pipeline, *, positions: dict[str, str | None] | None = None
+) -> dict[str, SourceReader]:
+    """A reader for each of the pipeline's inputs, by label (the source first); ``positions``: the handoff's
+    recorded position of each input, by label (a Kafka input's chunk plan)."""
+    positions = positions or {}
+    return {i.label: open_source(spark, i.spec, position=positions.get(i.label)) for i in pipeline.inputs}

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.definition import OPERATOR_VERSION, STATE_SCHEMA_VERSION, Pipeline
+from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.definition.changes import DefinitionChanges
 from phases.errors import ManifestError
 from phases.storage import generations, progress_log, table_stats, tables
@@ -51,12 +51,18 @@ class HandoffManifest(BaseModel):
     sink_rows: int | None = None  # rows in the sink after the handoff (keys, or emitted windows)
     right_source_version: int | None = None  # two-input operators: the right source's V (live: V+1..)
     right_max_event_time_us: int | None = None  # ... and its max event time (W_right = this - delay)
+    right_source_position: str | None = None  # ... and where it stands beyond the version (Kafka: its chunk plan)
     backlog_seconds: float
     created_at_us: int
 
     @property
     def quarantined_rows(self) -> int:
         return self.late_rows + self.invalid_rows
+
+    @property
+    def positions(self) -> dict[str, str | None]:
+        """Each input's recorded position beyond its version, by input label (a Kafka input's chunk plan)."""
+        return {SOURCE_LABEL: self.source_position, RIGHT_LABEL: self.right_source_position}
 
     @property
     def final_watermark(self) -> datetime | None:
@@ -114,6 +120,7 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
         "right_max_event_time_us",
         "future_rows",
         "source_position",
+        "right_source_position",
     }
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:

@@ -35,10 +35,12 @@ _record = st.tuples(
     st.one_of(st.integers(min_value=-50, max_value=50), st.none()),
 )
 # A round: CHUNK records for each partition (record j goes to partition j % PARTITIONS).
-_rounds = st.lists(st.lists(_record, min_size=CHUNK * PARTITIONS, max_size=CHUNK * PARTITIONS), min_size=1, max_size=4)
+KAFKA_ROUNDS = st.lists(
+    st.lists(_record, min_size=CHUNK * PARTITIONS, max_size=CHUNK * PARTITIONS), min_size=1, max_size=4
+)
 
 
-def _materialize(raw: list[list[tuple]]) -> list[list[tuple[int, reference.Row]]]:
+def materialize_rounds(raw: list[list[tuple]]) -> list[list[tuple[int, reference.Row]]]:
     """Round i: (partition, (key, event time around i*20 s, value)) pairs."""
     rounds = []
     for i, rows in enumerate(raw):
@@ -98,12 +100,12 @@ def kafka_quarantine(spark, root: str) -> list[tuple[int, reference.Row, str]]:
 
 @pytest.mark.slow
 @settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=_rounds, cut=st.integers(min_value=0, max_value=4))
+@given(raw=KAFKA_ROUNDS, cut=st.integers(min_value=0, max_value=4))
 def test_two_phase_equals_single_streaming_job_over_the_same_arrival_chunks(spark, kafka, tmp_path, raw, cut):
     topic = f"events-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, PARTITIONS)
     root = tmp_path / uuid.uuid4().hex
-    rounds = _materialize(raw)
+    rounds = materialize_rounds(raw)
     cutoff = min(cut, len(rounds))
     produced: dict[tuple[int, int], reference.Row] = {}
 
