@@ -33,7 +33,7 @@ from datetime import timedelta
 from pyspark.sql import DataFrame, SparkSession
 
 from phases import uris
-from phases.backlog import progress
+from phases.backlog import increments, progress
 from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.lateness import watermark_after
@@ -42,6 +42,7 @@ from phases.operators.registry import kind_of
 from phases.sources.reader import SourceReader, open_inputs
 from phases.steps.end_of_stream import EndOfStreamRunner
 from phases.storage import fs, generations, leases, maintenance, manifest, quarantine, tables
+from phases.storage.keyed_store import StatePosition
 from phases.storage.live_layout import live_checkpoint_root, live_started, state_store_root
 from phases.tagging import tag_version_range
 
@@ -142,17 +143,24 @@ class BacklogRunner:
         """The operator logic over the records as the operator sees them (after steps and enrichment)."""
         return self.kind.logic_for(self.spark, self.pipeline, self.readers.values())
 
-    def refuse_pieces(self, what: str) -> None:
-        if self.pipeline.source.kind != "delta":
+    def refuse_increments(self, what: str) -> None:
+        """Raises PhaseStateError, saying why and what to do instead, when the pipeline's backlog cannot take
+        catch-up increments (:attr:`phases.definition.Pipeline.no_increments_because`)."""
+        because = self.pipeline.no_increments_because
+        if because is not None:
             raise PhaseStateError(
-                f"{what} is not available for pipeline {self.pipeline.name!r}: its source is a "
-                f"{self.pipeline.source.kind} source (Kafka topic), whose backlog runs as one batch job up to its "
-                "handoff position; run the full backlog instead"
+                f"{what} is not available for pipeline {self.pipeline.name!r}: {because}; run the full backlog instead"
             )
+
+    def refuse_pieces(self, what: str) -> None:
+        """Raises PhaseStateError unless the backlog can be built from independent pieces (daily slices): a mergeable
+        state, one Delta source, no end-of-stream steps."""
+        self.refuse_increments(what)
         if not self.kind.supports_increments:
             raise PhaseStateError(
                 f"{what} is not available for pipeline {self.pipeline.name!r}: its {self.kind.name} operator "
-                f"{self.kind.no_increments_because}; run the full backlog instead"
+                f"{self.kind.no_increments_because}; run the full backlog, or catch it up with increments "
+                "(BacklogRunner(spark, pipeline).run_increment(), checkpoint_interval_during_backlog), instead"
             )
         if self.pipeline.end_of_stream:
             raise PhaseStateError(
@@ -309,7 +317,7 @@ class BacklogRunner:
             return self._run_increment(end_version)
 
     def _run_increment(self, end_version: int | None) -> manifest.HandoffManifest:
-        self.refuse_pieces("a catch-up increment")
+        self.refuse_increments("a catch-up increment")
         started = time.perf_counter()
         p = self.pipeline
         base = manifest.latest(self.spark, p.locations.manifests, p.name)
@@ -320,6 +328,8 @@ class BacklogRunner:
                 "reads every version after it, a catch-up increment would count them twice"
             )
         v = self._end_version(end_version)
+        if not self.kind.supports_increments:
+            return self._run_step_increment(base, v, started)
         if v <= base.source_version:
             return base
         logic = self.logic()
@@ -338,6 +348,40 @@ class BacklogRunner:
         previous = self.spark.read.format("delta").load(base.state_path).select(*part.buffers.columns)
         state = pieces.merge(previous.unionByName(part.buffers))
         return self.hand_off(state, logic, v, part.running_max_us, started=started, kind="increment", base=base)
+
+    def _run_step_increment(self, base: manifest.HandoffManifest, v: int, started: float) -> manifest.HandoffManifest:
+        """An increment of a kind whose state does not merge, through its live step (:mod:`phases.backlog.increments`):
+        the source up to ``v``, a second input up to its head."""
+        p = self.pipeline
+        ends = {SOURCE_LABEL: v}
+        if p.inputs.two:
+            ends[RIGHT_LABEL] = self.readers[RIGHT_LABEL].head_version()
+        right_base = base.right_source_version if base.right_source_version is not None else -1
+        fresh = v > base.source_version or (p.inputs.two and ends[RIGHT_LABEL] > right_base)
+        if not fresh and increments.open_intent(self.spark, p, base.manifest_id) is None:
+            return base
+        intent = increments.Intent.fix(self.spark, p, base.manifest_id, ends)
+        logic = self.logic()
+        with self._step("increment"):
+            done = increments.run_through_step(
+                self.spark, p, self.kind, logic, self.readers, base, intent, self.timings
+            )
+        right = None
+        if p.inputs.two:
+            right = (intent.ends[RIGHT_LABEL], done.maxima[RIGHT_LABEL])
+        handoff = self.write_handoff(
+            done.write,
+            source_version=intent.ends[SOURCE_LABEL],
+            max_us=done.maxima[SOURCE_LABEL],
+            started=started,
+            kind="increment",
+            base=base,
+            right=right,
+            manifest_id=intent.manifest_id,
+            state_store=done.write.position,
+        )
+        intent.close(self.spark, p)
+        return handoff
 
     def hand_off(
         self,
@@ -367,12 +411,16 @@ class BacklogRunner:
         base: manifest.HandoffManifest | None = None,
         right: tuple[int, int | None] | None = None,
         quarantined: tuple[int, int, int] | None = None,
+        manifest_id: str | None = None,
+        state_store: StatePosition | None = None,
     ) -> manifest.HandoffManifest:
         """Writes the state to a fresh table, then the sink and, last, the manifest (every operator kind). The
         quarantine rows of versions 0..source_version must already be written; ``quarantined``: their (late,
-        invalid, future) counts when the caller observed them (else the manifest step counts them)."""
+        invalid, future) counts when the caller observed them (else the manifest step counts them).
+        ``manifest_id``: the id an increment's intent fixed (default: a new one); ``state_store``: where the live
+        phase's state starts in its store, when not at version 1."""
         p = self.pipeline
-        manifest_id = uuid.uuid4().hex
+        manifest_id = manifest_id or uuid.uuid4().hex
         state_path = uris.join(p.locations.state_root, manifest_id)
         try:
             t = time.perf_counter()
@@ -404,6 +452,7 @@ class BacklogRunner:
             started=started,
             right=right,
             quarantined=quarantined,
+            state_store=state_store,
         )
 
     def _write_manifest(
@@ -421,6 +470,7 @@ class BacklogRunner:
         started: float,
         right: tuple[int, int | None] | None = None,
         quarantined: tuple[int, int, int] | None = None,
+        state_store: StatePosition | None = None,
     ) -> manifest.HandoffManifest:
         """Appends the handoff manifest, last: after it, the live phase may start. ``right``: the right
         source's version and max event time (two-input operators); ``quarantined``: the (late, invalid, future)
@@ -457,6 +507,8 @@ class BacklogRunner:
             right_source_version=right[0] if right else None,
             right_max_event_time_us=right[1] if right else None,
             right_source_position=self.readers[RIGHT_LABEL].position_of(right[0]) if right else None,
+            state_store_layout=state_store.layout if state_store else None,
+            state_store_version=state_store.version if state_store else None,
             backlog_seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )

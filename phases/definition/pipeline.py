@@ -264,13 +264,10 @@ class Pipeline(_Model):
                 "source's backlog ends at its handoff); set it to 0"
             )
         if backlog != timedelta(0) and not self.supports_increments:
-            what = f"end_of_stream steps {[s.name for s in self.end_of_stream]}" if self.end_of_stream else ""
-            what = what or f"operator kind {self.operator.kind!r}"
-            able = [model.model_fields["kind"].default for model in OPERATOR_MODELS if model.takes_increments]
             raise ValueError(
                 f"checkpoint_interval_during_backlog ({backlog.total_seconds()}s) makes the backlog commit in "
-                f"increments of at most that much source time, and {what} cannot be built from increments "
-                f"(increments take {', '.join(able)} without end_of_stream steps); set it to 0"
+                f"increments of at most that much source time, and this pipeline's backlog cannot be built from "
+                f"increments: {self.no_increments_because}; set it to 0"
             )
         if self.sink.mode == "changelog" and not kind.upserts:
             upserting = [model.model_fields["kind"].default for model in OPERATOR_MODELS if model.upserts]
@@ -330,11 +327,34 @@ class Pipeline(_Model):
         return list(self.key_columns)
 
     @property
+    def no_increments_because(self) -> str | None:
+        """Why the backlog cannot be caught up by increments (None: it can, every operator kind: an aggregation
+        merges pieces, the other kinds move their state on through their live step)."""
+        topics = [i.name for i in self.inputs if i.spec.kind != "delta"]
+        if topics:
+            return (
+                f"its {' and '.join(topics)} {'is a topic' if len(topics) == 1 else 'are topics'} (Kafka or an "
+                "archive handing over to one), whose backlog runs as one batch job up to its end offsets; the live "
+                "phase continues from them"
+            )
+        if self.end_of_stream:
+            return (
+                f"its end_of_stream steps {[s.name for s in self.end_of_stream]} consume the whole backlog 0..V in one "
+                "run"
+            )
+        return None
+
+    @property
     def supports_increments(self) -> bool:
-        """Whether the backlog can be built from pieces (catch-up increments, daily slices): only when its
-        state is a mergeable aggregate, no end-of-stream step needs the whole backlog at once, and the source is a
-        Delta table (a Kafka or hybrid source's backlog runs as one job up to its handoff position)."""
-        return not self.end_of_stream and self.operator.takes_increments and self.source.kind == "delta"
+        """Whether the backlog can be caught up by increments (and committed in increments,
+        ``checkpoint_interval_during_backlog``): :attr:`no_increments_because` says why not."""
+        return self.no_increments_because is None
+
+    @property
+    def supports_slices(self) -> bool:
+        """Whether the backlog can be built from daily slices computed apart: only an aggregation (its state merges)
+        over one Delta source without end-of-stream steps."""
+        return self.supports_increments and self.operator.takes_increments and not self.inputs.two
 
     @property
     def inputs(self) -> Inputs:

@@ -257,5 +257,7 @@ def _switch_progress(pipeline: Pipeline, kind: OperatorKind, handoff: HandoffMan
         running_max_us=h.backlog_max_event_time_us,
         closed_us=kind.closing(watermarks),
         held_version=None,
+        state_layout=h.state_store_layout,
+        state_version=h.state_store_version,
         **right,
     )

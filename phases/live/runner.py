@@ -22,6 +22,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from phases.backlog import increments
 from phases.definition import SOURCE_LABEL, Pipeline
 from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError, StateStoreError
 from phases.lateness import watermark_after
@@ -114,6 +115,7 @@ class LiveRunner:
         handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
         manifest.check_matches(spark, handoff, pipeline)
         EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version, handoff.fingerprint)
+        increments.refuse_open(spark, pipeline, handoff.manifest_id)
         return cls(spark, pipeline, handoff, **kwargs)
 
     @classmethod

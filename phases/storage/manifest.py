@@ -52,6 +52,10 @@ class HandoffManifest(BaseModel):
     right_source_version: int | None = None  # two-input operators: the right source's V (live: V+1..)
     right_max_event_time_us: int | None = None  # ... and its max event time (W_right = this - delay)
     right_source_position: str | None = None  # ... and where it stands beyond the version (Kafka: its chunk plan)
+    # Where the live phase's state starts in its state store (an increment run through the live step leaves it at
+    # this layout and version); None: version 1, written from the state table.
+    state_store_layout: str | None = None
+    state_store_version: int | None = None
     backlog_seconds: float
     created_at_us: int
 
@@ -121,6 +125,8 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
         "future_rows",
         "source_position",
         "right_source_position",
+        "state_store_layout",
+        "state_store_version",
     }
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:

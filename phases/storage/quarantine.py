@@ -87,17 +87,21 @@ def replace_backlog(
     versions: tuple[int, int] | None = None,
     *,
     empty: bool = False,
+    right_input: bool | None = None,
 ) -> None:
     """Replaces this pipeline's backlog rows (of source ``versions`` lo..hi, or all) in one commit, so a
     re-run backlog, increment or slice never duplicates them. ``empty``: ``quarantined`` is known to hold no
     row; when there is no quarantine table yet either, nothing is written (the first quarantined row, or the
-    live phase, creates it)."""
+    live phase, creates it). ``right_input``: a two-input operator's rows of one input only (True: the right
+    input's, whose versions are its own; False: the source's)."""
     if empty and not tables.exists(spark, path):
         return
     ensure(spark, path)
     where = f"pipeline = '{pipeline}' AND phase = 'backlog'"
     if versions is not None:
         where += f" AND source_version >= {versions[0]} AND source_version <= {versions[1]}"
+    if right_input is not None:
+        where += f" AND {'' if right_input else 'NOT '}startswith(reason, '{RIGHT_INPUT_REASON}')"
     quarantined.write.format("delta").mode("overwrite").option("replaceWhere", where).save(path)
 
 

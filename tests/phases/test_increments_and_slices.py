@@ -135,14 +135,26 @@ def test_a_checkpoint_interval_during_backlog_commits_increments_and_a_crash_rer
     assert quarantine_rows(spark, p.locations.root) == sorted(expected_q, key=repr)
 
 
-def test_a_checkpoint_interval_during_backlog_is_refused_for_kinds_without_increments():
+def test_a_checkpoint_interval_during_backlog_is_refused_where_increments_cannot_be_built():
+    from phases.definition import EndOfStreamStep, KafkaSource, MapPartition
 
-    from phases.definition import ProcessOperator
-
-    with pytest.raises(DefinitionError, match="operator kind 'process' cannot be built from increments"):
+    with pytest.raises(DefinitionError, match="end_of_stream steps \\['tiers'\\] consume the whole backlog"):
         make_pipeline(
             "s",
             "r",
-            operator=ProcessOperator(function="tests.phases.process_functions:Sessions"),
             checkpoint_interval_during_backlog=timedelta(hours=1),
+            end_of_stream=[
+                EndOfStreamStep(
+                    name="tiers",
+                    operators=[
+                        MapPartition(function="tests.phases.partition_functions:key_tier", output_schema="k string")
+                    ],
+                    output={"path": "tiers"},
+                )
+            ],
         )
+    topic = KafkaSource(
+        topic="t", bootstrap_servers="127.0.0.1:9", value_schema="key string, ts timestamp, value bigint"
+    )
+    with pytest.raises(DefinitionError, match="which a kafka source does not support"):
+        make_pipeline(topic, "r", checkpoint_interval_during_backlog=timedelta(hours=1))

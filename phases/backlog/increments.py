@@ -1,0 +1,205 @@
+"""Catch-up increments of the kinds whose state is not a mergeable aggregate: process functions, interval joins and
+co-groups (an aggregation's increment merges pieces instead, :meth:`phases.backlog.runner.BacklogRunner.run_increment`).
+
+Such a state can still move on from a version range: the live phase does exactly that, one micro-batch at a time, in
+the run's state store (:class:`phases.operators.base.StoreStep`). An increment of handoff B over versions
+V+1..v (of each input) is that step over the whole range, as *one* micro-batch, followed by a new handoff:
+
+1. **the intent**: ``<root>/increments/<B>.json`` records the new manifest's id and each input's end version, once
+   (put-if-absent). A rerun after a crash finds it and continues with the same id and range, so every write below
+   is the same again;
+2. each input's new versions tagged by its W(v), continuing from B's running maximum (so the range tags exactly the
+   records the live phase or one streaming job would); their quarantine rows replace the backlog rows of that range;
+3. the kind's live step over the range: version 1 of the new manifest's state store is B's state, the step commits
+   version 2 and appends what the range emitted (pairs, timers' and windows' outputs) to the sink, marked with the
+   increment's own write id: a rerun's append is skipped;
+4. the state table of the new manifest (store version 2's rows), then the manifest, which names the store position
+   its live phase starts from (``state_store_layout``/``state_store_version``).
+
+One micro-batch over many versions equals the live phase over them in any split (the live phase's invariant), and the
+live phase from B equals one streaming job: so B plus the increment equals the one-pass backlog over 0..v.
+
+Until the manifest is written, a live phase from B is refused (:func:`refuse_open`): the sink may already hold the
+increment's rows, which the live phase would append again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+
+from phases.definition import SOURCE_LABEL, Pipeline
+from phases.errors import PhaseStateError
+from phases.lateness import watermark_after
+from phases.operators.base import HandoffCounts, OperatorKind, table_counts
+from phases.sources.reader import SourceReader
+from phases.storage import fs, quarantine
+from phases.storage.keyed_store import StatePosition
+from phases.storage.live_layout import state_store_root
+from phases.storage.live_writes import BatchWrites
+from phases.storage.manifest import HandoffManifest
+from phases.tagging import TaggedRange, tag_version_range
+
+FOLDER = "increments"
+
+
+def _intent_path(pipeline: Pipeline, base_id: str) -> str:
+    return f"{pipeline.locations.root.rstrip('/')}/{FOLDER}/{base_id}.json"
+
+
+def write_run_name(manifest_id: str) -> str:
+    """The live-write run name of the increment that writes ``manifest_id`` (never a live run's: its writes must not
+    be taken for the live phase's micro-batch 0)."""
+    return f"increment-{manifest_id}"
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What an increment of ``base_id`` will write: the new manifest's id and each input's last version."""
+
+    base_id: str
+    manifest_id: str
+    ends: dict[str, int]
+
+    @staticmethod
+    def fix(spark: SparkSession, pipeline: Pipeline, base_id: str, ends: dict[str, int]) -> Intent:
+        """The intent of an increment of ``base_id``: a new one with ``ends``, or the one an earlier attempt recorded
+        (whose range it then finishes)."""
+        path = _intent_path(pipeline, base_id)
+        fresh = Intent(base_id, uuid.uuid4().hex, dict(ends))
+        fs.create_once(spark, path, json.dumps({"manifest_id": fresh.manifest_id, "ends": fresh.ends}))
+        data = json.loads(fs.read_text(spark, path))
+        return Intent(base_id, data["manifest_id"], {k: int(v) for k, v in data["ends"].items()})
+
+    def close(self, spark: SparkSession, pipeline: Pipeline) -> None:
+        """Removes the intent once its manifest is written."""
+        fs.delete_file(spark, _intent_path(pipeline, self.base_id))
+
+
+def open_intent(spark: SparkSession, pipeline: Pipeline, base_id: str) -> dict | None:
+    """The recorded intent of an unfinished increment of ``base_id`` (None: none)."""
+    path = _intent_path(pipeline, base_id)
+    return json.loads(fs.read_text(spark, path)) if fs.exists(spark, path) else None
+
+
+def refuse_open(spark: SparkSession, pipeline: Pipeline, base_id: str) -> None:
+    """Raises PhaseStateError when an increment of handoff ``base_id`` was cut short: its writes may be in the sink,
+    and a live phase from ``base_id`` would write them again."""
+    intent = open_intent(spark, pipeline, base_id)
+    if intent is None:
+        return
+    raise PhaseStateError(
+        f"pipeline {pipeline.name!r}: a catch-up increment from handoff {base_id} (to handoff "
+        f"{intent['manifest_id']}) was cut short, and the sink may already hold part of it; a live phase from "
+        f"{base_id} would write that again. Finish the increment first: BacklogRunner(spark, pipeline)"
+        ".run_increment() (the switch sensor's catch-up runs it), then start the live phase from its handoff"
+    )
+
+
+class StepHandoff:
+    """The handoff of an increment run through the live step: the state table from the store's version after the
+    step; the store itself is the live phase's start (the manifest names its position) and the sink is written."""
+
+    def __init__(
+        self, spark: SparkSession, step, position: StatePosition, columns: list[str], base: HandoffManifest, taken: int
+    ):
+        self.spark, self.step, self.position, self.columns = spark, step, position, columns
+        self.base, self.taken = base, taken
+
+    def write_state(self, path: str) -> None:
+        rows = self.step.store(self.spark).store.read(self.position.version)
+        # A rerun after a crash may find the table it wrote: this increment's table, replaced whole.
+        rows.select(*self.columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+
+    def write_live_state(self, store_root: str) -> None:
+        """Nothing: the store under ``store_root`` holds the state already, at the position the manifest names."""
+
+    def write_sink(self, path: str) -> None:
+        """Nothing: the step appended the range's output."""
+
+    def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
+        state = table_counts(spark, state_path)
+        sink = table_counts(spark, sink_path)
+        return HandoffCounts(int(state["rows"]), self.base.aggregated_rows + self.taken, int(sink["rows"]))
+
+    def close(self) -> None:
+        self.step.release()
+
+
+@dataclass(frozen=True)
+class StepRange:
+    """What an increment through the live step did, for its manifest."""
+
+    write: StepHandoff
+    maxima: dict[str, int | None]  # each input's running max event time after the range
+
+
+def run_through_step(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    kind: OperatorKind,
+    logic,
+    readers: dict[str, SourceReader],
+    base: HandoffManifest,
+    intent: Intent,
+    timings: dict[str, float],
+) -> StepRange:
+    """Steps 2 and 3 of the module's increment: the inputs' ranges tagged and quarantined, then the kind's live step
+    over them as one micro-batch, from the base's state to the new manifest's store."""
+    los = {SOURCE_LABEL: base.source_version + 1}
+    prior = {SOURCE_LABEL: base.backlog_max_event_time_us}
+    if pipeline.inputs.two:
+        right = pipeline.inputs.right.label
+        los[right] = (base.right_source_version if base.right_source_version is not None else -1) + 1
+        prior[right] = base.right_max_event_time_us
+    records: dict[str, DataFrame | None] = {}
+    maxima: dict[str, int | None] = {}
+    taken = 0
+    persisted: list[DataFrame] = []
+    try:
+        for inp in pipeline.inputs:
+            lo, hi = los[inp.label], intent.ends[inp.label]
+            if hi < lo:
+                records[inp.label], maxima[inp.label] = None, prior[inp.label]
+                continue
+            tagged: TaggedRange = tag_version_range(
+                spark, pipeline, readers[inp.label], (lo, hi), prior[inp.label], timings, per_record_watermarks=True
+            )
+            rows = quarantine.of_input(tagged.quarantine, inp.label) if inp.label else tagged.quarantine
+            quarantine.replace_backlog(
+                spark,
+                pipeline.locations.quarantine,
+                pipeline.name,
+                rows,
+                (lo, hi),
+                empty=not tagged.has_quarantine,
+                right_input=bool(inp.label) if pipeline.inputs.two else None,
+            )
+            maxima[inp.label] = tagged.running_max_us
+            if tagged.has_on_time:
+                prepared = tagged.prepared.persist()
+                persisted.append(prepared)
+                taken += prepared.count()
+                records[inp.label] = prepared
+            else:
+                records[inp.label] = None
+        t = time.perf_counter()
+        watermarks = {label: watermark_after(m, pipeline.delay_us) for label, m in maxima.items()}
+        closing = kind.closing(watermarks)
+        store_root = state_store_root(pipeline, intent.manifest_id)
+        step = kind.live_step(logic, base.state_path, pipeline.sink.path, store_root)
+        writes = BatchWrites(spark, pipeline.name, write_run_name(intent.manifest_id), 0, first=True)
+        position = step.apply_inputs(spark, records, watermarks, closing, writes, state=None)
+        if position is None:  # nothing to do: the state is still the base's, as version 1 of the new store
+            version = step.start_version(spark, None)
+            position = StatePosition(step.store(spark).layout, version)
+        timings["step_s"] = time.perf_counter() - t
+    finally:
+        for df in persisted:
+            df.unpersist()
+    columns = [f.name for f in kind.state_schema(logic).fields]
+    return StepRange(StepHandoff(spark, step, position, columns, base, taken), maxima)
