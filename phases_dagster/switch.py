@@ -56,6 +56,13 @@ def _redeployed_past(p: Pipeline, handoff: Handoff | None) -> str | None:
     )
 
 
+def increment_route(pipeline: Pipeline) -> str:
+    """How a catch-up increment of ``pipeline`` moves its state on, for the switch's reason."""
+    if pipeline.operator.takes_increments:
+        return "merging the range's aggregate into the handoff's state"
+    return f"the {pipeline.operator.kind} operator's live step over the range, from the handoff's state"
+
+
 def decide(
     *,
     handoff: Handoff | None,
@@ -65,12 +72,14 @@ def decide(
     now: datetime,
     lag_threshold: timedelta,
     launched_manifest: str | None,
-    can_catch_up: bool = True,
+    no_increments_because: str | None = None,
+    increment_route: str = "merging the range's aggregate into the handoff's state",
     max_records_behind: int = 0,
     running_live_run: str | None = None,
 ) -> Decision:
     """The switch rule, as a pure function of what the sensor read (``running_live_run``: a run of the live phase
-    that runs now, whatever launched it)."""
+    that runs now, whatever launched it; ``no_increments_because``: why the pipeline takes no catch-up increment, None
+    when it does, by ``increment_route``)."""
     if handoff is None:
         return Decision("skip", "no backlog materialization with a handoff manifest yet")
     mid = handoff.manifest_id
@@ -97,17 +106,21 @@ def decide(
     if not behind:
         return Decision("live", f"caught up ({'; '.join(caught_up)})", mid)
     what = "; ".join(behind)
-    if not can_catch_up:
+    if no_increments_because is not None:
         return Decision(
             "live",
-            f"switching although not caught up ({what}): this pipeline cannot be built from catch-up increments "
-            "(end-of-stream steps or a Kafka source); the live phase reads the rest",
+            f"switching although not caught up ({what}): this pipeline takes no catch-up increment "
+            f"({no_increments_because}); the live phase reads the rest",
             mid,
         )
     head = handoff.source_version + lags[0].behind
+    ranges = f"versions {handoff.source_version + 1}..{head}"
+    if len(lags) > 1 and handoff.right_source_version is not None and lags[1].behind:
+        right_head = handoff.right_source_version + lags[1].behind
+        ranges += f" and {lags[1].label} versions {handoff.right_source_version + 1}..{right_head}"
     return Decision(
         "catch_up",
-        f"not caught up ({what}): catch-up increment of versions {handoff.source_version + 1}..{head}",
+        f"not caught up ({what}): catch-up increment of {ranges}, by {increment_route}",
         mid,
     )
 
@@ -225,7 +238,8 @@ def build_switch_sensor(
             now=datetime.now(UTC),
             lag_threshold=policy.lag_threshold,
             launched_manifest=cursor.get("launched"),
-            can_catch_up=pipeline.supports_increments,
+            no_increments_because=pipeline.no_increments_because,
+            increment_route=increment_route(pipeline),
             max_records_behind=policy.max_records_behind,
             running_live_run=status.run_id if status is not None and status.state == "running" else None,
         )

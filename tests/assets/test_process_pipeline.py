@@ -1,6 +1,6 @@
 """A process-function pipeline through the Dagster layer: the backlog job hands off (checks pass), the
-sensor switches without a catch-up increment (a process operator's state does not merge), and the live job
-closes the sessions the backlog left open."""
+sensor asks for a catch-up increment (the process operator's live step over the new versions: its state does not
+merge), then switches, and the live job closes the sessions the backlog left open."""
 
 from __future__ import annotations
 
@@ -42,17 +42,32 @@ def test_process_pipeline_backlog_checks_switch_and_live_close_open_sessions(spa
         append_version(spark, f"{root}/src", [("d", 70 * S, 4)])  # W -> 55 s: c's session (50 s) closes
         sensor = defs.resolve_sensor_def(names.switch)
         context = dg.build_sensor_context(instance=instance, resources={"storage": StorageResource(root=root)})
-        requests = sensor.evaluate_tick(context).run_requests  # not caught up (lag 0), yet no increment
-        assert [r.run_key for r in requests] == [f"live:{handoff.manifest_id}"]
+        [catch_up] = sensor.evaluate_tick(context).run_requests  # not caught up (lag 0): an increment first
+        assert catch_up.run_key == f"catch-up:{handoff.manifest_id}"
+        assert "the process operator's live step over the range" in catch_up.tags["phases/switch_reason"]
+        backlog = defs.resolve_job_def(names.backlog_job)
+        assert backlog.execute_in_process(instance=instance, run_config=catch_up.run_config).success
+        increment = manifest.latest(spark, f"{root}/engine/manifests", p.name)
+        assert (increment.kind, increment.base_manifest_id, increment.source_version) == (
+            "increment",
+            handoff.manifest_id,
+            3,
+        )
+        # The increment's watermark (55 s) closed c's session already.
+        assert ("c", 40 * S, 50 * S, 1, 1, 1) in _sink(spark, f"{root}/engine/sink")
+        [live_request] = sensor.evaluate_tick(context).run_requests
+        assert live_request.run_key == f"live:{increment.manifest_id}"
 
-        config = {"manifest_id": handoff.manifest_id, "report_interval_seconds": 1.0, "max_runtime_seconds": 4.0}
+        append_version(spark, f"{root}/src", [("e", 100 * S, 6)])  # W -> 85 s: d's session (80 s) closes live
+        config = {"manifest_id": increment.manifest_id, "report_interval_seconds": 1.0, "max_runtime_seconds": 4.0}
         live = defs.resolve_job_def(names.live_job)
         assert live.execute_in_process(
             instance=instance, run_config={"ops": {names.live_asset: {"config": config}}}
         ).success
-        expected = reference.run_process({**VERSIONS, 3: [("d", 70 * S, 4)]}, DELAY_S * S, Sessions(), ts)
+        versions = {**VERSIONS, 3: [("d", 70 * S, 4)], 4: [("e", 100 * S, 6)]}
+        expected = reference.run_process(versions, DELAY_S * S, Sessions(), ts)
         got = _sink(spark, f"{root}/engine/sink")
-        assert ("c", 40 * S, 50 * S, 1, 1, 1) in got
+        assert ("d", 70 * S, 80 * S, 1, 4, 1) in got
         assert got == _outputs(expected)
 
 

@@ -172,9 +172,9 @@ def test_switch_rule_waits_while_any_input_is_in_backlog():
     assert waiting.action == "catch_up" and "right source: 4 versions behind" in waiting.reason
     assert decide(lags=[left, InputLag("right source", "r", 0, "versions", stale)], **common, **rule).action == "live"
     stale_left = InputLag("source", "events", 3, "records", stale)
-    assert decide(lags=[stale_left], **common, **rule, can_catch_up=False, max_records_behind=2).reason.startswith(
-        "switching although not caught up"
-    )
+    because = "its source is a topic"
+    direct = decide(lags=[stale_left], **common, **rule, no_increments_because=because, max_records_behind=2)
+    assert direct.reason.startswith("switching although not caught up") and because in direct.reason
     assert decide(lags=[stale_left], **common, **rule, max_records_behind=3).action == "live"
 
 
