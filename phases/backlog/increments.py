@@ -59,21 +59,25 @@ def write_run_name(manifest_id: str) -> str:
 
 @dataclass(frozen=True)
 class Intent:
-    """What an increment of ``base_id`` will write: the new manifest's id and each input's last version."""
+    """What an increment of ``base_id`` will write: the new manifest's id, each input's last version and each topic
+    input's chunk plan (its offsets)."""
 
     base_id: str
     manifest_id: str
     ends: dict[str, int]
+    plans: dict[str, str]
 
     @staticmethod
-    def fix(spark: SparkSession, pipeline: Pipeline, base_id: str, ends: dict[str, int]) -> Intent:
-        """The intent of an increment of ``base_id``: a new one with ``ends``, or the one an earlier attempt recorded
-        (whose range it then finishes)."""
+    def fix(
+        spark: SparkSession, pipeline: Pipeline, base_id: str, ends: dict[str, int], plans: dict[str, str]
+    ) -> Intent:
+        """The intent of an increment of ``base_id``: a new one with ``ends`` and ``plans``, or the one an earlier
+        attempt recorded (whose range it then finishes)."""
         path = _intent_path(pipeline, base_id)
-        fresh = Intent(base_id, uuid.uuid4().hex, dict(ends))
-        fs.create_once(spark, path, json.dumps({"manifest_id": fresh.manifest_id, "ends": fresh.ends}))
+        fresh = {"manifest_id": uuid.uuid4().hex, "ends": dict(ends), "plans": dict(plans)}
+        fs.create_once(spark, path, json.dumps(fresh))
         data = json.loads(fs.read_text(spark, path))
-        return Intent(base_id, data["manifest_id"], {k: int(v) for k, v in data["ends"].items()})
+        return Intent(base_id, data["manifest_id"], {k: int(v) for k, v in data["ends"].items()}, data["plans"])
 
     def close(self, spark: SparkSession, pipeline: Pipeline) -> None:
         """Removes the intent once its manifest is written."""
@@ -105,13 +109,20 @@ class StepHandoff:
     step; the store itself is the live phase's start (the manifest names its position) and the sink is written."""
 
     def __init__(
-        self, spark: SparkSession, step, position: StatePosition, columns: list[str], base: HandoffManifest, taken: int
+        self,
+        spark: SparkSession,
+        step,
+        position: StatePosition,
+        columns: list[str],
+        base: HandoffManifest,
+        taken: int,
+        watermarks: dict[str, int | None],
     ):
         self.spark, self.step, self.position, self.columns = spark, step, position, columns
-        self.base, self.taken = base, taken
+        self.base, self.taken, self.watermarks = base, taken, watermarks
 
     def write_state(self, path: str) -> None:
-        rows = self.step.store(self.spark).store.read(self.position.version)
+        rows = self.step.settled(self.step.store(self.spark).store.read(self.position.version), self.watermarks)
         # A rerun after a crash may find the table it wrote: this increment's table, replaced whole.
         rows.select(*self.columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
 
@@ -202,4 +213,4 @@ def run_through_step(
         for df in persisted:
             df.unpersist()
     columns = [f.name for f in kind.state_schema(logic).fields]
-    return StepRange(StepHandoff(spark, step, position, columns, base, taken), maxima)
+    return StepRange(StepHandoff(spark, step, position, columns, base, taken, watermarks), maxima)

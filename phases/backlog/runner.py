@@ -39,7 +39,8 @@ from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.lateness import watermark_after
 from phases.operators.base import HandoffWrite, Pieces
 from phases.operators.registry import kind_of
-from phases.sources.reader import SourceReader, open_inputs
+from phases.sources.kafka import KafkaTopicSource
+from phases.sources.reader import SourceReader, continue_inputs, open_inputs
 from phases.steps.end_of_stream import EndOfStreamRunner
 from phases.storage import fs, generations, leases, maintenance, manifest, quarantine, tables
 from phases.storage.keyed_store import StatePosition
@@ -156,6 +157,12 @@ class BacklogRunner:
         """Raises PhaseStateError unless the backlog can be built from independent pieces (daily slices): a mergeable
         state, one Delta source, no end-of-stream steps."""
         self.refuse_increments(what)
+        if self.pipeline.source.kind != "delta":
+            raise PhaseStateError(
+                f"{what} is not available for pipeline {self.pipeline.name!r}: its source is a "
+                f"{self.pipeline.source.kind} source (Kafka topic), which has no commit days; catch it up with "
+                "increments instead (BacklogRunner(spark, pipeline).run_increment())"
+            )
         if not self.kind.supports_increments:
             raise PhaseStateError(
                 f"{what} is not available for pipeline {self.pipeline.name!r}: its {self.kind.name} operator "
@@ -327,6 +334,7 @@ class BacklogRunner:
                 f"pipeline {p.name!r} already switched to live from manifest {base.manifest_id}; the live phase "
                 "reads every version after it, a catch-up increment would count them twice"
             )
+        self._continue_topics(base)
         v = self._end_version(end_version)
         if not self.kind.supports_increments:
             return self._run_step_increment(base, v, started)
@@ -349,6 +357,17 @@ class BacklogRunner:
         state = pieces.merge(previous.unionByName(part.buffers))
         return self.hand_off(state, logic, v, part.running_max_us, started=started, kind="increment", base=base)
 
+    def _continue_topics(self, base: manifest.HandoffManifest, plans: dict[str, str] | None = None) -> None:
+        """An increment's readers: a topic input continues from ``base``'s end offsets (or follows ``plans``)."""
+        p = self.pipeline
+        if all(i.spec.kind == "delta" for i in p.inputs):
+            return
+        firsts = {SOURCE_LABEL: base.source_version + 1}
+        if p.inputs.two:
+            firsts[RIGHT_LABEL] = (base.right_source_version if base.right_source_version is not None else -1) + 1
+        self.readers = continue_inputs(self.spark, p, positions=base.positions, firsts=firsts, plans=plans)
+        self.source = self.readers[SOURCE_LABEL]
+
     def _run_step_increment(self, base: manifest.HandoffManifest, v: int, started: float) -> manifest.HandoffManifest:
         """An increment of a kind whose state does not merge, through its live step (:mod:`phases.backlog.increments`):
         the source up to ``v``, a second input up to its head."""
@@ -360,7 +379,10 @@ class BacklogRunner:
         fresh = v > base.source_version or (p.inputs.two and ends[RIGHT_LABEL] > right_base)
         if not fresh and increments.open_intent(self.spark, p, base.manifest_id) is None:
             return base
-        intent = increments.Intent.fix(self.spark, p, base.manifest_id, ends)
+        plans = {label: r.plan().to_json() for label, r in self.readers.items() if isinstance(r, KafkaTopicSource)}
+        intent = increments.Intent.fix(self.spark, p, base.manifest_id, ends, plans)
+        if intent.plans != plans:  # an earlier attempt's range: the same offsets, whatever the topic holds now
+            self._continue_topics(base, intent.plans)
         logic = self.logic()
         with self._step("increment"):
             done = increments.run_through_step(

@@ -328,15 +328,9 @@ class Pipeline(_Model):
 
     @property
     def no_increments_because(self) -> str | None:
-        """Why the backlog cannot be caught up by increments (None: it can, every operator kind: an aggregation
-        merges pieces, the other kinds move their state on through their live step)."""
-        topics = [i.name for i in self.inputs if i.spec.kind != "delta"]
-        if topics:
-            return (
-                f"its {' and '.join(topics)} {'is a topic' if len(topics) == 1 else 'are topics'} (Kafka or an "
-                "archive handing over to one), whose backlog runs as one batch job up to its end offsets; the live "
-                "phase continues from them"
-            )
+        """Why the backlog cannot be caught up by increments (None: it can, every operator kind and every source: an
+        aggregation merges pieces, the other kinds move their state on through their live step; a topic continues
+        from the base handoff's end offsets)."""
         if self.end_of_stream:
             return (
                 f"its end_of_stream steps {[s.name for s in self.end_of_stream]} consume the whole backlog 0..V in one "
@@ -353,8 +347,13 @@ class Pipeline(_Model):
     @property
     def supports_slices(self) -> bool:
         """Whether the backlog can be built from daily slices computed apart: only an aggregation (its state merges)
-        over one Delta source without end-of-stream steps."""
-        return self.supports_increments and self.operator.takes_increments and not self.inputs.two
+        over one Delta source (a topic has no commit days) without end-of-stream steps."""
+        return (
+            self.supports_increments
+            and self.operator.takes_increments
+            and not self.inputs.two
+            and self.source.kind == "delta"
+        )
 
     @property
     def inputs(self) -> Inputs:

@@ -396,11 +396,13 @@ class LiveRunner:
         previous: dict[int, int] = {}
         if self.handoff is not None:
             plan = ChunkPlan.from_json(self.handoff.positions[label])
-            # A hybrid source's backlog chunks are its archive's versions, not offset ranges.
-            backlog = range(plan.first, plan.last + 1) if spec.kind == "kafka" else ()
-            for chunk in backlog:
-                lo, hi = plan.offsets(chunk, chunk)
-                chunks[chunk] = {p: (lo[p], hi[p]) for p in plan.end}
+            # The backlog's plan and those of its catch-up increments; a hybrid source's first plan is its archive's
+            # handoff, whose chunks are the archive's versions, not offset ranges.
+            segments = plan.segments if spec.kind == "kafka" else plan.segments[1:]
+            for segment in segments:
+                for chunk in range(segment.first, segment.last + 1):
+                    lo, hi = segment.offsets(chunk, chunk)
+                    chunks[chunk] = {p: (lo[p], hi[p]) for p in segment.end}
             previous = dict(plan.end)
         log = self.incremental.progress_log
         records = [Progress.from_record(log.read(b)) for b in log.batch_ids() if b >= 0]

@@ -242,6 +242,11 @@ class StoreStep:
         """The handoff's state rows as the store's rows."""
         raise NotImplementedError
 
+    def settled(self, rows: DataFrame, watermarks: Watermarks) -> DataFrame:
+        """The store's rows as the backlog would hand them over at ``watermarks`` (a catch-up increment's state table):
+        the same rows, unless the kind keeps rows a backlog would have dropped (:class:`IntervalJoinStoreStep`)."""
+        return rows
+
     def release(self) -> int:
         """Unloads the store this step opened, if any (:meth:`phases.storage.keyed_store.KeyedStore.unload`); the
         next micro-batch opens it again."""

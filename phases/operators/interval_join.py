@@ -115,6 +115,21 @@ class IntervalJoinStoreStep(StoreStep):
                     df.unpersist()
         return version + 1
 
+    def settled(self, rows: DataFrame, watermarks: dict[str, int | None]) -> DataFrame:
+        """A micro-batch drops the rows no future row can match only for the keys it touches; the backlog drops them
+        for every key (and keys left with none), and gives a key the greatest event time of the rows it keeps."""
+        keep_left, keep_right = self._keep(watermarks)
+        et = self.logic.event_time
+        kept = rows.select(
+            *self.logic.keys,
+            F.expr(f"filter({LEFT_ROWS}, {keep_left})").alias(LEFT_ROWS),
+            F.expr(f"filter({RIGHT_ROWS}, {keep_right})").alias(RIGHT_ROWS),
+        )
+        latest = F.expr(
+            f"array_max(concat(transform({LEFT_ROWS}, x -> x.`{et}`), transform({RIGHT_ROWS}, x -> x.`{et}`)))"
+        )
+        return kept.filter(F.size(LEFT_ROWS) + F.size(RIGHT_ROWS) > 0).withColumn(MAX_TS, latest)
+
     def _keep(self, watermarks: dict[str, int | None]) -> tuple[str, str]:
         """SQL lambdas: a left row is kept while a future right row (ts > the right watermark) can match it
         (``ts + upper > right_wm``); a right row while a future left row can (``ts - lower > left_wm``)."""

@@ -46,13 +46,43 @@ MAX_POLL_RECORDS = 10_000
 @dataclass(frozen=True)
 class ChunkPlan:
     """The backlog's arrival chunks: chunk ``first + i`` holds offsets ``[start + i*size, start + (i+1)*size)``
-    of each partition, below its end offset."""
+    of each partition, below its end offset. A catch-up increment's plan continues an earlier handoff's: it starts
+    at that plan's end offsets, numbers its chunks after it, and keeps the earlier plans (``earlier``, oldest first)
+    so that the whole arrival order stays on record."""
 
     topic: str
     start: dict[int, int]
     end: dict[int, int]
     size: int
     first: int = 0
+    earlier: tuple[ChunkPlan, ...] = ()
+
+    @property
+    def segments(self) -> list[ChunkPlan]:
+        """The earlier plans and this one, oldest first (each without its own ``earlier``)."""
+        return [*self.earlier, ChunkPlan(self.topic, self.start, self.end, self.size, self.first)]
+
+    @property
+    def origin(self) -> dict[int, int]:
+        """Where the first of the plans started: what a backlog from the topic's start reads again."""
+        return self.earlier[0].start if self.earlier else self.start
+
+    def cut(self, until: dict[int, int]) -> ChunkPlan:
+        """This plan ending at ``until``."""
+        return ChunkPlan(self.topic, self.start, until, self.size, self.first, self.earlier)
+
+    def continued(self, marks: dict[int, tuple[int, int]], first: int) -> ChunkPlan:
+        """The plan of an increment after this one: from this plan's end offsets (a partition added since: from its
+        earliest offset) to the end offsets in ``marks`` (partition -> (earliest, end)), chunks numbered from
+        ``first``."""
+        start = {p: self.end.get(p, lo) for p, (lo, _) in marks.items()}
+        end = {p: max(hi, start[p]) for p, (_, hi) in marks.items()}
+        return ChunkPlan(self.topic, start, end, self.size, first, tuple(self.segments))
+
+    @property
+    def empty(self) -> bool:
+        """Whether the plan holds no offset."""
+        return all(self.end[p] <= self.start.get(p, self.end[p]) for p in self.end)
 
     @property
     def chunks(self) -> int:
@@ -70,22 +100,30 @@ class ChunkPlan:
         b = {p: min(self.end[p], self.start[p] + (hi - self.first + 1) * self.size) for p in self.end}
         return a, b
 
+    def _fields(self) -> dict:
+        return {"topic": self.topic, "start": self.start, "end": self.end, "size": self.size, "first": self.first}
+
     def to_json(self) -> str:
-        return json.dumps(
-            {"topic": self.topic, "start": self.start, "end": self.end, "size": self.size, "first": self.first},
-            sort_keys=True,
-        )
+        data = self._fields()
+        if self.earlier:
+            data["earlier"] = [plan._fields() for plan in self.earlier]
+        return json.dumps(data, sort_keys=True)
 
     @staticmethod
-    def from_json(text: str) -> ChunkPlan:
-        data = json.loads(text)
+    def _of(data: dict, earlier: tuple[ChunkPlan, ...] = ()) -> ChunkPlan:
         return ChunkPlan(
             data["topic"],
             {int(p): int(o) for p, o in data["start"].items()},
             {int(p): int(o) for p, o in data["end"].items()},
             int(data["size"]),
             int(data["first"]),
+            earlier,
         )
+
+    @staticmethod
+    def from_json(text: str) -> ChunkPlan:
+        data = json.loads(text)
+        return ChunkPlan._of(data, tuple(ChunkPlan._of(e) for e in data.get("earlier", ())))
 
 
 def offsets_json(topic: str, offsets: dict[int, int]) -> str:
@@ -98,13 +136,25 @@ class KafkaTopicSource:
 
     arrival = "chunks"  # live: one arrival chunk per micro-batch
 
-    def __init__(self, spark: SparkSession, spec: KafkaSource, *, position: str | None = None):
-        """``position``: the handoff's chunk plan (JSON); the live phase starts at its end offsets."""
+    def __init__(
+        self,
+        spark: SparkSession,
+        spec: KafkaSource,
+        *,
+        position: str | None = None,
+        continue_from: str | None = None,
+        first: int = 0,
+        plan: str | None = None,
+    ):
+        """``position``: the handoff's chunk plan (JSON); the live phase starts at its end offsets. A catch-up
+        increment's reader continues the plan ``continue_from`` (its base handoff's) with chunks numbered from
+        ``first``, up to the end offsets when it is first asked, or follows the recorded ``plan`` (a rerun's)."""
         self.spark = spark
         self.spec = spec
         self.topic = spec.topic
         self.position = position
-        self._plan: ChunkPlan | None = None
+        self.continue_from, self.first = continue_from, first
+        self._plan: ChunkPlan | None = ChunkPlan.from_json(plan) if plan is not None else None
         self._cached: list[DataFrame] = []
 
     # --- the broker, without Spark ----------------------------------------------------------------
@@ -122,6 +172,8 @@ class KafkaTopicSource:
     def plan(self) -> ChunkPlan:
         """The backlog's chunk plan, captured once per runner: from each partition's earliest offset to its end
         offset now."""
+        if self._plan is None and self.continue_from is not None:
+            self._plan = ChunkPlan.from_json(self.continue_from).continued(self.watermarks(), self.first)
         if self._plan is None:
             marks = self.watermarks()
             self._plan = ChunkPlan(
@@ -133,13 +185,17 @@ class KafkaTopicSource:
         return self._plan
 
     def head_version(self) -> int:
-        return self.plan().last
+        """The plan's last chunk; an increment's plan with no new offset has none (the base's last chunk)."""
+        plan = self.plan()
+        if self.continue_from is not None and plan.empty:
+            return plan.first - 1
+        return plan.last
 
     def position_of(self, end_version: int) -> str:
         """What the manifest records for a backlog over chunks first..end_version: the plan cut there."""
         plan = self.plan()
         _, until = plan.offsets(plan.first, end_version)
-        return ChunkPlan(plan.topic, plan.start, until, plan.size, plan.first).to_json()
+        return plan.cut(until).to_json()
 
     def schema(self) -> T.StructType:
         """The records' schema: the declared value schema."""
@@ -161,7 +217,7 @@ class KafkaTopicSource:
     def require_kept_from(self, position: str, who: str, way_out: str) -> None:
         """Fails with SourceError unless the topic still holds every offset from the start of the chunk plan
         ``position`` (a handoff's): a new backlog from the topic's start then reads what that handoff's did."""
-        self._require_available(ChunkPlan.from_json(position).start, who, way_out)
+        self._require_available(ChunkPlan.from_json(position).origin, who, way_out)
 
     def _require_available(self, needed: dict[int, int], who: str, way_out: str | None = None) -> None:
         marks = self.watermarks()

@@ -33,3 +33,27 @@ def open_inputs(
     recorded position of each input, by label (a Kafka input's chunk plan)."""
     positions = positions or {}
     return {i.label: open_source(spark, i.spec, position=positions.get(i.label)) for i in pipeline.inputs}
+
+
+def continue_inputs(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    *,
+    positions: dict[str, str | None],
+    firsts: dict[str, int],
+    plans: dict[str, str] | None = None,
+) -> dict[str, SourceReader]:
+    """The readers of a catch-up increment, by label: a Delta input as always; a topic (or the topic an archive
+    handed over to) continued from its base handoff's chunk plan (``positions``), its chunks numbered from
+    ``firsts``, or following the plan an earlier attempt recorded (``plans``)."""
+    plans = plans or {}
+    readers: dict[str, SourceReader] = {}
+    for i in pipeline.inputs:
+        if isinstance(i.spec, KafkaSource | HybridSource):
+            topic = i.spec.live if isinstance(i.spec, HybridSource) else i.spec
+            readers[i.label] = KafkaTopicSource(
+                spark, topic, continue_from=positions[i.label], first=firsts[i.label], plan=plans.get(i.label)
+            )
+        else:
+            readers[i.label] = open_source(spark, i.spec)
+    return readers

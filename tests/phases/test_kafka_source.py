@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from phases.backlog.runner import BacklogRunner
 from phases.definition import KafkaSource
-from phases.errors import PhaseStateError
 from phases.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
@@ -141,15 +140,6 @@ def test_two_phase_equals_single_streaming_job_over_the_same_arrival_chunks(spar
     assert kafka_quarantine(spark, str(root / "two_phase")) == sorted(expected_q, key=repr)
     _, single_q = reference.run(chunk_versions(single_chunks, produced), DELAY_S * SECOND)
     assert kafka_quarantine(spark, str(root / "single")) == sorted(single_q, key=repr)
-
-
-def test_kafka_pipeline_refuses_daily_slices_and_increments(spark, kafka, tmp_path):
-    topic = f"events-{uuid.uuid4().hex[:8]}"
-    kafka.create_topic(topic, 1)
-    p = kafka_pipeline(kafka, topic, str(tmp_path))
-    BacklogRunner(spark, p).run()
-    with pytest.raises(PhaseStateError, match="Kafka topic"):
-        BacklogRunner(spark, p).run_increment()
 
 
 def test_kafka_definition_refuses_backlog_checkpoints():
