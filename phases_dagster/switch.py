@@ -60,7 +60,7 @@ def increment_route(pipeline: Pipeline) -> str:
     """How a catch-up increment of ``pipeline`` moves its state on, for the switch's reason."""
     if pipeline.operator.takes_increments:
         return "merging the range's aggregate into the handoff's state"
-    return f"the {pipeline.operator.kind} operator's live step over the range, from the handoff's state"
+    return f"the {pipeline.operator.kind} operator's live step from the handoff's state"
 
 
 def decide(
@@ -113,16 +113,25 @@ def decide(
             f"({no_increments_because}); the live phase reads the rest",
             mid,
         )
-    head = handoff.source_version + lags[0].behind
-    ranges = f"versions {handoff.source_version + 1}..{head}"
-    if len(lags) > 1 and handoff.right_source_version is not None and lags[1].behind:
-        right_head = handoff.right_source_version + lags[1].behind
-        ranges += f" and {lags[1].label} versions {handoff.right_source_version + 1}..{right_head}"
+    ranges = [_range(lags[0], handoff.source_version)]
+    if len(lags) > 1 and lags[1].behind:
+        right = handoff.right_source_version if handoff.right_source_version is not None else -1
+        ranges.append(_range(lags[1], right))
     return Decision(
         "catch_up",
-        f"not caught up ({what}): catch-up increment of {ranges}, by {increment_route}",
+        f"catch-up increment by {increment_route}, of {' and '.join(r for r in ranges if r)}: not caught up ({what})",
         mid,
     )
+
+
+def _range(lag: InputLag, handoff_version: int) -> str:
+    """What an increment takes of one input: its versions after the handoff's, or its records after the handoff's
+    end offsets."""
+    if not lag.behind:
+        return ""
+    if lag.unit == "records":
+        return f"the {lag.label}'s {lag.behind} records after the handoff's end offsets"
+    return f"{lag.label} versions {handoff_version + 1}..{handoff_version + lag.behind}"
 
 
 def _caught_up(lag: InputLag, now: datetime, threshold: timedelta, max_records: int) -> tuple[bool, str]:

@@ -220,9 +220,10 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
     produce(kafka.bootstrap_servers, topic, [(0, ("late", 20 * S, 1)), (1, ("x", 30 * S, 2)), (1, ("y", 31 * S, 3))])
     [request] = _tick(defs, instance, str(tmp_path), names.switch).run_requests
     reason = request.tags["phases/switch_reason"]
-    # Event times of early 2026: the watermark lags by months, and a Kafka pipeline has no catch-up increments.
-    assert request.run_key.startswith("live:") and "3 records behind" in reason, reason
-    assert reason.startswith("switching although not caught up"), reason
+    # Event times of early 2026: the watermark lags by months; the topic's new records go into a catch-up increment.
+    assert request.run_key.startswith("catch-up:") and "3 records behind" in reason, reason
+    assert reason.startswith("catch-up increment by merging the range's aggregate into the handoff's state, of the "
+                             "source's 3 records after the handoff's end offsets"), reason  # fmt: skip
 
     # The health sensor's probes, without Spark: the topic's head (end offsets, newest event time of each partition)
     # and the sink's freshness from Kafka record timestamps. Nothing is applied yet: 3 records wait.
