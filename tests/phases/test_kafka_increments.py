@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from phases.backlog.runner import BacklogRunner
 from phases.backlog.slices import SliceRunner
-from phases.definition import ProcessOperator
+from phases.definition import ProcessOperator, SessionAggregate, Window, WindowedAggregate
 from phases.errors import PhaseStateError
 from phases.live.runner import LiveRunner
 from phases.sources.kafka import ChunkPlan
@@ -37,8 +37,9 @@ from tests.phases.test_kafka_source import (
 )
 from tests.phases.test_process_function import _outputs
 from tests.phases.test_two_input import LOWER_S, UPPER_S, _join, _pairs_of
+from tests.phases.test_windows import AGGS, _emitted
 
-KINDS = ("keyed", "process", "interval_join")
+KINDS = ("keyed", "tumbling", "session", "process", "interval_join")
 RIGHT = {1: [("a", 20 * SECOND, 1), ("b", 45 * SECOND, 2), ("c", 70 * SECOND, 3)]}
 
 
@@ -47,12 +48,18 @@ def _overrides(kind: str, right: str) -> dict:
         return {"operator": ProcessOperator(function="tests.phases.process_functions:Sessions")}
     if kind == "interval_join":
         return {"operator": _join(right)}
+    if kind == "tumbling":
+        return {"operator": WindowedAggregate(window=Window(size=timedelta(seconds=20)), aggregations=AGGS)}
+    if kind == "session":
+        return {"operator": SessionAggregate(gap=timedelta(seconds=12), aggregations=AGGS)}
     return {}
 
 
 def _results(spark, kind: str, path: str):
     if kind == "keyed":
         return sink_rows(spark, path)
+    if kind in ("tumbling", "session"):
+        return _emitted(spark, path)
     rows = spark.read.format("delta").load(path).collect()
     return _outputs(rows) if kind == "process" else _pairs_of(rows)
 
@@ -60,6 +67,10 @@ def _results(spark, kind: str, path: str):
 def _expected(kind: str, versions: dict):
     if kind == "keyed":
         return reference.run(versions, DELAY_S * SECOND)[0]
+    if kind == "tumbling":
+        return reference.run_windows(versions, DELAY_S * SECOND, 20 * SECOND, 20 * SECOND)[0]
+    if kind == "session":
+        return reference.run_sessions(versions, DELAY_S * SECOND, 12 * SECOND)
     if kind == "process":
         return _outputs(reference.run_process(versions, DELAY_S * SECOND, Sessions(), ts))
     return reference.run_interval_join(versions, RIGHT, DELAY_S * SECOND, LOWER_S * SECOND, UPPER_S * SECOND)
