@@ -153,3 +153,45 @@ def test_a_topic_takes_increments_but_no_daily_slices_and_no_backlog_checkpoint_
         SliceRunner(spark, p, date(2026, 3, 1)).run_slice(date(2026, 3, 1))
     with pytest.raises(DefinitionError, match="which a kafka source does not support"):
         kafka_pipeline(kafka, topic, str(tmp_path), checkpoint_interval_during_backlog=timedelta(seconds=10))
+
+
+def test_an_archive_handing_over_to_a_topic_is_caught_up_from_its_handoff_offsets(spark, kafka, tmp_path):
+    """A hybrid source's increment reads the topic from the archive's handoff offsets (chunks numbered after the
+    archive's versions), through the process operator's live step; the live phase then goes on from its end."""
+    from phases.definition import HybridSource, KafkaHandoff, KafkaSource
+    from phases.sources import feed as sources
+    from tests.phases.test_kafka_source import ARCHIVE_SCHEMA, VALUE_SCHEMA
+
+    topic = f"hybrid-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    early = [(i % 2, (f"k{i % 3}", (100 + 3 * i) * SECOND, i)) for i in range(6)]  # offsets 0..2 of each partition
+    archived = dict(zip(produce(kafka.bootstrap_servers, topic, early), [r for _, r in early], strict=True))
+    archive = str(tmp_path / "archive")
+    sources.create_source(spark, archive, ARCHIVE_SCHEMA)
+    sources.append(spark, archive, [(k, ts(t), v, p, o) for (p, o), (k, t, v) in sorted(archived.items())])
+    source = HybridSource(
+        backlog={"path": archive},
+        live=KafkaSource(topic=topic, bootstrap_servers=kafka.bootstrap_servers, value_schema=VALUE_SCHEMA),
+        handoff=KafkaHandoff(offsets={0: 3, 1: 3}),
+        archive_partition_column="kafka_partition",
+        archive_offset_column="kafka_offset",
+    )
+    p = kafka_pipeline(kafka, topic, str(tmp_path / "run"), **_overrides("process", "unused"))
+    p = p.model_copy(update={"source": source})
+    first = BacklogRunner(spark, p).run()
+    assert first.source_version == 1
+    produced: dict[tuple[int, int], reference.Row] = {}
+    later = [(i % 2, (f"k{i % 3}", (150 + 4 * i) * SECOND, 10 + i)) for i in range(4)]
+    later.append((0, ("k0", 10 * SECOND, 99)))  # behind the archive's watermark: late in the increment
+    produced.update(zip(produce(kafka.bootstrap_servers, topic, later), [r for _, r in later], strict=True))
+    increment = BacklogRunner(spark, p).run_increment()
+    plan = ChunkPlan.from_json(increment.source_position)
+    assert (increment.kind, plan.first, plan.start) == ("increment", 2, {0: 3, 1: 3})
+    tail = [(1, ("k1", 200 * SECOND, 50)), (0, ("k2", 230 * SECOND, 51))]
+    produced.update(zip(produce(kafka.bootstrap_servers, topic, tail), [r for _, r in tail], strict=True))
+    live = LiveRunner.from_manifest(spark, p)
+    live.start(available_now=True)
+    versions = {1: list(archived.values())} | chunk_versions(live.arrival_chunks(), produced)
+    assert sum(len(rows) for rows in versions.values()) == len(archived) + len(produced)
+    assert _results(spark, "process", p.sink.path) == _expected("process", versions)
+    assert [r for _, r, reason in kafka_quarantine(spark, str(tmp_path / "run"))] == [("k0", 10 * SECOND, 99)]

@@ -41,14 +41,30 @@ def test_the_pipeline_asks_its_kind_what_it_supports(tmp_path):
     )
     assert operators.kind_of(keyed) is operators.KINDS["keyed_aggregate"] and keyed.supports_increments
     process = keyed.model_copy(update={"operator": ProcessOperator(function="tests.phases.process_functions:Sessions")})
-    assert operators.kind_of(process) is operators.KINDS["process"] and not process.supports_increments
+    # Every kind takes catch-up increments; only a mergeable state takes daily slices.
+    assert operators.kind_of(process) is operators.KINDS["process"] and process.supports_increments
+    assert keyed.supports_slices and not process.supports_slices
 
 
-def test_backlog_checkpoints_on_a_kind_without_increments_name_it_and_the_kinds_that_take_them(tmp_path):
+def test_backlog_checkpoints_take_every_kind_and_name_what_refuses_them(tmp_path):
     keyed = make_pipeline(str(tmp_path / "source"), str(tmp_path / "run"))
     spec = keyed.model_dump()
     spec["operator"] = {"kind": "process", "function": "tests.phases.process_functions:Sessions"}
     spec["checkpoint_interval_during_backlog"] = timedelta(minutes=5)
-    with pytest.raises(DefinitionError, match="operator kind 'process' cannot be built from increments") as err:
+    assert Pipeline.model_validate(spec).supports_increments
+    spec["end_of_stream"] = [
+        {
+            "name": "tiers",
+            "operators": [
+                {
+                    "kind": "map_partition",
+                    "function": "tests.phases.partition_functions:key_tier",
+                    "output_schema": "k string",
+                }
+            ],
+            "output": {"path": "tiers"},
+        }
+    ]
+    with pytest.raises(DefinitionError, match="cannot be built from increments: its end_of_stream steps") as err:
         Pipeline.model_validate(spec)
-    assert "keyed_aggregate, window_aggregate, session_aggregate" in str(err.value)
+    assert "set it to 0" in str(err.value)

@@ -157,6 +157,7 @@ def _assert_quarantines(spark, root, live, single_live, left, right) -> None:
 @pytest.mark.slow
 @settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
+    kind=st.sampled_from(["interval_join", "co_group"]),
     sides=st.sampled_from(SIDES),
     left_versions=EVENT_VERSIONS,
     left_rounds=KAFKA_ROUNDS,
@@ -165,9 +166,10 @@ def _assert_quarantines(spark, root, live, single_live, left, right) -> None:
     cut_left=st.integers(min_value=0, max_value=4),
     cut_right=st.integers(min_value=0, max_value=4),
 )
-def test_interval_join_with_a_topic_as_either_input_equals_one_streaming_job_and_the_reference(
-    spark, kafka, tmp_path, sides, left_versions, left_rounds, right_versions, right_rounds, cut_left, cut_right
+def test_a_two_input_operator_with_a_topic_as_either_input_equals_one_streaming_job_and_the_reference(
+    spark, kafka, tmp_path, kind, sides, left_versions, left_rounds, right_versions, right_rounds, cut_left, cut_right
 ):
+    """Either kind, a topic on the left, the right or both; both runs equal the reference over what each recorded."""
     root, live, single_live, left, right = _run(
         spark,
         kafka,
@@ -177,47 +179,21 @@ def test_interval_join_with_a_topic_as_either_input_equals_one_streaming_job_and
         (right_versions, right_rounds),
         cut_left,
         cut_right,
-        _join,
+        _join if kind == "interval_join" else _co_group,
     )
-    bounds = (DELAY_S * SECOND, LOWER_S * SECOND, UPPER_S * SECOND)
-    expected = reference.run_interval_join(*_references(live, left, right), *bounds)
-    assert _pairs(spark, f"{root}/two_phase/sink") == expected
-    assert _pairs(spark, f"{root}/single/sink") == reference.run_interval_join(
-        *_references(single_live, left, right), *bounds
-    )
-    assert _pairs(spark, f"{root}/single/sink") == expected
-    _assert_quarantines(spark, root, live, single_live, left, right)
-
-
-@pytest.mark.slow
-@settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    sides=st.sampled_from(SIDES),
-    left_versions=EVENT_VERSIONS,
-    left_rounds=KAFKA_ROUNDS,
-    right_versions=EVENT_VERSIONS,
-    right_rounds=KAFKA_ROUNDS,
-    cut_left=st.integers(min_value=0, max_value=4),
-    cut_right=st.integers(min_value=0, max_value=4),
-)
-def test_co_group_with_a_topic_as_either_input_equals_one_streaming_job_and_the_reference(
-    spark, kafka, tmp_path, sides, left_versions, left_rounds, right_versions, right_rounds, cut_left, cut_right
-):
-    root, live, single_live, left, right = _run(
-        spark,
-        kafka,
-        tmp_path,
-        sides,
-        (left_versions, left_rounds),
-        (right_versions, right_rounds),
-        cut_left,
-        cut_right,
-        _co_group,
-    )
-    args = (DELAY_S * SECOND, WINDOW_S * SECOND, match_summary, ts)
-    expected = _groups(reference.run_co_group(*_references(live, left, right), *args))
-    assert _groups(spark.read.format("delta").load(f"{root}/two_phase/sink").collect()) == expected
-    assert _groups(spark.read.format("delta").load(f"{root}/single/sink").collect()) == expected
+    if kind == "interval_join":
+        bounds = (DELAY_S * SECOND, LOWER_S * SECOND, UPPER_S * SECOND)
+        expected = reference.run_interval_join(*_references(live, left, right), *bounds)
+        assert _pairs(spark, f"{root}/two_phase/sink") == expected
+        assert _pairs(spark, f"{root}/single/sink") == reference.run_interval_join(
+            *_references(single_live, left, right), *bounds
+        )
+        assert _pairs(spark, f"{root}/single/sink") == expected
+    else:
+        args = (DELAY_S * SECOND, WINDOW_S * SECOND, match_summary, ts)
+        expected = _groups(reference.run_co_group(*_references(live, left, right), *args))
+        assert _groups(spark.read.format("delta").load(f"{root}/two_phase/sink").collect()) == expected
+        assert _groups(spark.read.format("delta").load(f"{root}/single/sink").collect()) == expected
     _assert_quarantines(spark, root, live, single_live, left, right)
 
 
@@ -235,69 +211,75 @@ CRASH_POINTS = (
 )
 
 
-@pytest.mark.parametrize("crash", CRASH_POINTS)
+def _round(i: int, key: str, side: int) -> list:
+    """Round ``i`` of one side: on-time records that pair with the other side's, and one record late by then."""
+    clock = 100 * (i + 1) * SECOND
+    rows = [(0, (key, clock + side * SECOND, 10 * i + side)), (1, ("a", clock + 2 * SECOND, 10 * i + 5))]
+    if i > 0:
+        rows.append((2, (key, clock - 150 * SECOND, -i)))  # behind the previous round's watermark: late
+    return rows
+
+
 def test_a_join_of_two_topics_crashed_at_any_write_of_a_micro_batch_resumes_exactly(
-    spark, kafka, tmp_path, monkeypatch, crash
+    spark, kafka, tmp_path, monkeypatch
 ):
-    """A micro-batch with late records on both sides and new pairs dies after one of its writes; the restart replays
-    it (the same offsets from Spark's offset log, the same chunk, the same store version): nothing is lost or written
-    twice, and the results equal the reference over the recorded chunks."""
+    """One micro-batch per crash point, each with late records on both sides and new pairs, dies after that write;
+    the restart replays it (the same offsets from Spark's offset log, the same chunk, the same store version): nothing
+    is lost or written twice, and the results equal the reference over the recorded chunks."""
     from phases.storage.live_writes import BatchWrites
     from phases.storage.progress_log import ProgressLog
     from tests.helpers import crash_on_state_write
 
-    left_rounds = [[(j % 3, ("a", 100 * SECOND + j, j)) for j in range(6)]]
-    left_rounds.append([(0, ("a", 10 * SECOND, -1)), (1, ("a", 102 * SECOND, 7)), (2, ("b", 120 * SECOND, 8))])
-    left_rounds.append([(0, ("b", 200 * SECOND, 9))])
-    right_rounds = [[(j % 3, ("b", 90 * SECOND + j, j)) for j in range(6)]]
-    right_rounds.append([(0, ("b", 5 * SECOND, -2)), (1, ("a", 105 * SECOND, 70)), (2, ("b", 125 * SECOND, 80))])
-    right_rounds.append([(1, ("a", 200 * SECOND, 90))])
+    rounds = len(CRASH_POINTS) + 1
     root = tmp_path / "p"
-    left = _Input(spark, kafka, "kafka", root, "left", left_rounds)
-    right = _Input(spark, kafka, "kafka", root, "right", right_rounds)
+    left = _Input(spark, kafka, "kafka", root, "left", [_round(i, "a", 0) for i in range(rounds)])
+    right = _Input(spark, kafka, "kafka", root, "right", [_round(i, "a", 3) for i in range(rounds)])
     p = make_pipeline(left.spec, str(root / "two_phase"), delay_s=DELAY_S, operator=_join(right.spec))
     left.arrive(0)
     right.arrive(0)
     BacklogRunner(spark, p).run()
     LiveRunner.from_manifest(spark, p).start(available_now=True)
-    left.arrive(1)
-    right.arrive(1)
 
     def fail(message: str):
         raise RuntimeError(f"simulated crash {message}")
 
-    if crash == "after the state":
-        real_write = ProgressLog.write
-        monkeypatch.setattr(ProgressLog, "write", lambda self, b, r: fail(crash) if b >= 0 else real_write(self, b, r))
-    elif crash == "after the pairs":
-        crash_on_state_write(monkeypatch, f"simulated crash {crash}")
-    else:
-        what = "quarantine" if crash == "after the source's quarantine" else "quarantine_right"
-        real_append = BatchWrites.append_once
+    for i, crash in enumerate(CRASH_POINTS, start=1):
+        left.arrive(i)
+        right.arrive(i)
+        if crash == "after the state":
+            real_write = ProgressLog.write
+            monkeypatch.setattr(
+                ProgressLog,
+                "write",
+                lambda self, b, r, crash=crash, real_write=real_write: (
+                    fail(crash) if b >= 0 else real_write(self, b, r)
+                ),
+            )
+        elif crash == "after the pairs":
+            crash_on_state_write(monkeypatch, f"simulated crash {crash}")
+        else:
+            what = "quarantine" if crash == "after the source's quarantine" else "quarantine_right"
+            real_append = BatchWrites.append_once
 
-        def append_then_die(self, df, path, written, **options):
-            real_append(self, df, path, written, **options)
-            if written == what:
-                fail(crash)
+            def append_then_die(self, df, path, written, what=what, real_append=real_append, crash=crash, **options):
+                real_append(self, df, path, written, **options)
+                if written == what:
+                    fail(crash)
 
-        monkeypatch.setattr(BatchWrites, "append_once", append_then_die)
-    with pytest.raises(Exception, match="simulated crash"):
+            monkeypatch.setattr(BatchWrites, "append_once", append_then_die)
+        with pytest.raises(Exception, match="simulated crash"):
+            LiveRunner.from_manifest(spark, p).start(available_now=True)
+        monkeypatch.undo()
         LiveRunner.from_manifest(spark, p).start(available_now=True)
-    monkeypatch.undo()
 
-    LiveRunner.from_manifest(spark, p).start(available_now=True)
-    left.arrive(2)
-    right.arrive(2)
     live = LiveRunner.from_manifest(spark, p)
-    live.start(available_now=True)
     versions = _references(live, left, right)
     expected = reference.run_interval_join(*versions, DELAY_S * SECOND, LOWER_S * SECOND, UPPER_S * SECOND)
-    assert len(expected) >= 3
+    assert len(expected) >= 2 * rounds
     assert _pairs(spark, p.sink.path) == expected
     quarantined = _quarantine(spark, root / "two_phase")
     assert quarantined == _expected_quarantine(*versions)
-    reasons = {r[-1].split(":")[0] for r in quarantined}  # late records of both sides, each once
-    assert reasons == {"late", "right input"} and len(quarantined) == 2, quarantined
+    assert len(quarantined) == 2 * len(CRASH_POINTS), quarantined  # each late record once
 
 
 def test_a_co_group_with_an_archive_handing_over_to_a_topic_as_its_right_input(spark, kafka, tmp_path):
