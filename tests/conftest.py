@@ -30,35 +30,40 @@ def examples(n: int) -> int:
     return 10 * n if SOAK else n
 
 
-# The longest test modules (their tests' time summed from a full run's JUnit report, 2 cores; 2026-11-27, 4,529 s
-# of test time in 2,303 s: benchmarks/profiles/suite-after-start-costs-2026-11-27.txt), longest first. `make test`
+# The longest test modules (their tests' time summed from a full run's JUnit report, 2 cores; 2026-11-28, 4,867 s
+# of test time in 2,446 s: benchmarks/profiles/suite-2026-11-28.txt), longest first. `make test`
 # runs two pytest processes that take whole modules in collection order (``--dist loadfile --no-loadscope-reorder``):
 # sending the longest first keeps both busy to the end instead of leaving one long module alone at the tail.
 LONGEST_MODULES = (
-    "tests/benchmarks/test_bench_smoke.py",
-    "tests/phases/test_live_splits.py",
-    "tests/test_end_to_end.py",
-    "tests/phases/test_redeploy.py",
     "tests/test_redeploy_end_to_end.py",
-    "tests/phases/test_live_recovery.py",
+    "tests/phases/test_redeploy.py",
+    "tests/benchmarks/test_bench_smoke.py",
+    "tests/test_end_to_end.py",
+    "tests/phases/test_live_splits.py",
     "tests/phases/test_two_input.py",
+    "tests/phases/test_live_recovery.py",
+    "tests/phases/test_two_input_kafka.py",
     "tests/test_readme_guide.py",
+    "tests/deployment/test_standalone_cluster.py",
+    "tests/phases/test_step_increments.py",
+    "tests/phases/test_keyed_store.py",
     "tests/phases/test_process_function.py",
     "tests/phases/test_changelog_sink.py",
-    "tests/deployment/test_standalone_cluster.py",
-    "tests/phases/test_keyed_store.py",
     "tests/phases/test_kafka_source.py",
-    "tests/assets/test_switch_sensor.py",
     "tests/assets/test_daily_backfill.py",
-    "tests/phases/test_live_schema.py",
-    "tests/phases/test_testing_kit.py",
-    "tests/phases/test_two_phase_equivalence.py",
-    "tests/phases/test_kafka_faults.py",
-    "tests/phases/test_sessions.py",
-    "tests/deployment/test_object_store.py",
-    "tests/phases/test_increments_and_slices.py",
     "tests/assets/test_redeploy_job.py",
+    "tests/deployment/test_object_store.py",
+    "tests/phases/test_kafka_faults.py",
+    "tests/assets/test_switch_sensor.py",
+    "tests/phases/test_live_schema.py",
     "tests/phases/test_backlog.py",
+    "tests/phases/test_testing_kit.py",
+    "tests/phases/test_windows.py",
+    "tests/phases/test_two_phase_equivalence.py",
+    "tests/phases/test_increments_and_slices.py",
+    "tests/phases/test_sessions.py",
+    "tests/phases/test_kafka_increments.py",
+    "tests/phases/test_upsert_write.py",
 )
 
 

@@ -31,6 +31,7 @@ from tests.phases.test_kafka_source import (
     PARTITIONS,
     SECOND,
     chunk_versions,
+    delta_archive_handing_over,
     kafka_pipeline,
     kafka_quarantine,
     materialize_rounds,
@@ -158,24 +159,12 @@ def test_a_topic_takes_increments_but_no_daily_slices_and_no_backlog_checkpoint_
 def test_an_archive_handing_over_to_a_topic_is_caught_up_from_its_handoff_offsets(spark, kafka, tmp_path):
     """A hybrid source's increment reads the topic from the archive's handoff offsets (chunks numbered after the
     archive's versions), through the process operator's live step; the live phase then goes on from its end."""
-    from phases.definition import HybridSource, KafkaHandoff, KafkaSource
-    from phases.sources import feed as sources
-    from tests.phases.test_kafka_source import ARCHIVE_SCHEMA, VALUE_SCHEMA
-
     topic = f"hybrid-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
     early = [(i % 2, (f"k{i % 3}", (100 + 3 * i) * SECOND, i)) for i in range(6)]  # offsets 0..2 of each partition
     archived = dict(zip(produce(kafka.bootstrap_servers, topic, early), [r for _, r in early], strict=True))
     archive = str(tmp_path / "archive")
-    sources.create_source(spark, archive, ARCHIVE_SCHEMA)
-    sources.append(spark, archive, [(k, ts(t), v, p, o) for (p, o), (k, t, v) in sorted(archived.items())])
-    source = HybridSource(
-        backlog={"path": archive},
-        live=KafkaSource(topic=topic, bootstrap_servers=kafka.bootstrap_servers, value_schema=VALUE_SCHEMA),
-        handoff=KafkaHandoff(offsets={0: 3, 1: 3}),
-        archive_partition_column="kafka_partition",
-        archive_offset_column="kafka_offset",
-    )
+    source = delta_archive_handing_over(spark, kafka, topic, archive, sorted(archived.items()), {0: 3, 1: 3})
     p = kafka_pipeline(kafka, topic, str(tmp_path / "run"), **_overrides("process", "unused"))
     p = p.model_copy(update={"source": source})
     first = BacklogRunner(spark, p).run()

@@ -216,6 +216,24 @@ def test_undecodable_and_late_records_are_quarantined_with_their_topic_partition
 ARCHIVE_SCHEMA = "key string, ts timestamp, value bigint, kafka_partition int, kafka_offset bigint"
 
 
+def delta_archive_handing_over(spark, kafka, topic: str, archive: str, exported, offsets: dict[int, int]):
+    """A Delta archive of ``topic`` at ``archive`` holding ``exported`` ((partition, offset), (key, event time,
+    value)) pairs in one version, each with its partition and offset, handing over to the topic at ``offsets``."""
+    from phases.definition import HybridSource, KafkaHandoff
+    from phases.sources import feed as sources
+    from tests.helpers import ts
+
+    sources.create_source(spark, archive, ARCHIVE_SCHEMA)
+    sources.append(spark, archive, [(k, ts(t), v, p, o) for (p, o), (k, t, v) in exported])
+    return HybridSource(
+        backlog={"path": archive},
+        live=KafkaSource(topic=topic, bootstrap_servers=kafka.bootstrap_servers, value_schema=VALUE_SCHEMA),
+        handoff=KafkaHandoff(offsets=offsets),
+        archive_partition_column="kafka_partition",
+        archive_offset_column="kafka_offset",
+    )
+
+
 # Both archive kinds and both handoffs, in two runs (the suite's time is bounded).
 @pytest.mark.parametrize(("archive_kind", "by"), [("delta", "timestamp"), ("json", "offsets")])
 def test_hybrid_archive_then_topic_counts_every_record_once_when_they_overlap(spark, kafka, tmp_path, archive_kind, by):

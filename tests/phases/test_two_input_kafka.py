@@ -30,6 +30,7 @@ from tests.phases.test_kafka_source import (
     PARTITIONS,
     VALUE_SCHEMA,
     chunk_versions,
+    delta_archive_handing_over,
     materialize_rounds,
 )
 from tests.phases.test_two_input import LOWER_S, UPPER_S, WINDOW_S, _groups, _pairs
@@ -285,10 +286,6 @@ def test_a_join_of_two_topics_crashed_at_any_write_of_a_micro_batch_resumes_exac
 def test_a_co_group_with_an_archive_handing_over_to_a_topic_as_its_right_input(spark, kafka, tmp_path):
     """The right input is FLIP-327's hybrid source: its archive (a Delta table with each record's Kafka position) up
     to the handoff offsets in the backlog, the topic from them live; every right record is in exactly one phase."""
-    from phases.definition import HybridSource, KafkaHandoff
-    from phases.sources import feed as sources
-    from tests.phases.test_kafka_source import ARCHIVE_SCHEMA
-
     topic = f"right-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
     early = [(i % 2, (f"k{i % 3}", (100 + i) * SECOND, i)) for i in range(8)]  # offsets 0..3 of each partition
@@ -296,17 +293,8 @@ def test_a_co_group_with_an_archive_handing_over_to_a_topic_as_its_right_input(s
     late.append((0, ("k0", 50 * SECOND, 999)))  # behind the right input's watermark: quarantined live
     positions = produce(kafka.bootstrap_servers, topic, early + late)
     by_position = dict(zip(positions, [row for _, row in early + late], strict=True))
-    archive = str(tmp_path / "archive")
-    sources.create_source(spark, archive, ARCHIVE_SCHEMA)
     exported = [(pos, row) for pos, row in sorted(by_position.items()) if pos[1] < 5]  # overlaps the topic at 4
-    sources.append(spark, archive, [(k, ts(t), v, p, o) for (p, o), (k, t, v) in exported])
-    right = HybridSource(
-        backlog={"path": archive},
-        live=KafkaSource(topic=topic, bootstrap_servers=kafka.bootstrap_servers, value_schema=VALUE_SCHEMA),
-        handoff=KafkaHandoff(offsets={0: 4, 1: 4}),
-        archive_partition_column="kafka_partition",
-        archive_offset_column="kafka_offset",
-    )
+    right = delta_archive_handing_over(spark, kafka, topic, str(tmp_path / "archive"), exported, {0: 4, 1: 4})
     left_versions = {1: [(f"k{i % 3}", (101 + 3 * i) * SECOND, i) for i in range(6)]}
     left_path = str(tmp_path / "left")
     write_source(spark, left_path, left_versions)
