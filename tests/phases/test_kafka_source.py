@@ -216,7 +216,14 @@ def test_undecodable_and_late_records_are_quarantined_with_their_topic_partition
 ARCHIVE_SCHEMA = "key string, ts timestamp, value bigint, kafka_partition int, kafka_offset bigint"
 
 
-def delta_archive_handing_over(spark, kafka, topic: str, archive: str, exported, offsets: dict[int, int]):
+def delta_archive_handing_over(
+    spark,
+    kafka,
+    topic: str,
+    archive: str,
+    exported: list[tuple[tuple[int, int], reference.Row]],
+    offsets: dict[int, int],
+):
     """A Delta archive of ``topic`` at ``archive`` holding ``exported`` ((partition, offset), (key, event time,
     value)) pairs in one version, each with its partition and offset, handing over to the topic at ``offsets``."""
     from phases.definition import HybridSource, KafkaHandoff
