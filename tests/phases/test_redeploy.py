@@ -306,52 +306,65 @@ def test_a_swap_cut_short_refuses_live_starts_until_a_rerun_finishes_it(spark, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", ["backlog", "backlog done", "live", "serving stopped", "swap", "swapped"])
-def test_a_redeploy_killed_at_any_step_leaves_the_old_definition_serving_and_a_rerun_finishes_it(
-    spark, tmp_path, kill_at
+def test_a_redeploy_killed_at_each_step_in_turn_leaves_the_old_definition_serving_and_a_last_rerun_finishes_it(
+    spark, tmp_path
 ):
-    """SIGKILL of the redeploy's process at each step (tests.phases.redeploy_child), then a rerun: until the swap's
-    commit the old definition serves, its live phase running in this process; after the rerun the new one serves,
-    with the same result as a redeploy that never crashed. A kill right after the backlog makes the rerun catch the
-    new generation up with an increment instead of a second backlog."""
+    """SIGKILL of the redeploy's process at each step in turn (tests.phases.redeploy_child), every run the rerun of
+    the one killed before it, and a version arriving after every kill; then a last rerun. Until the swap's commit the
+    old definition serves, its live phase running in this process; after the last rerun the new one serves, with the
+    same result as a redeploy that never crashed. The new generation's backlog reaches its handoff once: the reruns
+    after the kill right after it catch the generation up with increments instead of a second backlog."""
     import subprocess
     import sys
 
-    versions = {i: _version(i) for i in range(1, 6)}
+    from tests.phases.redeploy_child import KILL_POINTS
+
+    versions = {i: _version(i) for i in range(1, 5 + len(KILL_POINTS))}
     root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
     serving = LiveRunner.from_manifest(spark, old)
     serving.start()
-    append_version(spark, source, versions[4])
+    head = 4
+    append_version(spark, source, versions[head])
     serving.process_available()
+    stopped_at = None  # the last version the old live phase applied before the redeploy stopped it
     try:
-        child = subprocess.run(
-            [sys.executable, "-m", "tests.phases.redeploy_child", new.model_dump_json(), kill_at],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert child.returncode == -9, child.stderr[-3000:]
-        append_version(spark, source, versions[5])
-        gens = generations.read(spark, old)
-        if kill_at == "swapped":  # the swap's commit is made: the new results serve, no live phase starts yet
-            assert gens.swap_under_way is not None
-            assert_results_equal(sink_rows(spark, old.sink.path), _expected_new(_upto(versions, 4)))
-            with pytest.raises(PhaseStateError, match="under way"):
-                LiveRunner.from_manifest(spark, old)
-        elif kill_at in ("serving stopped", "swap"):  # stopped on request: the old results as of its stop
-            assert not serving.query.isActive
-            assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(_upto(versions, 4)))
-        else:  # the old live phase never noticed
-            assert gens.serving == 0 and gens.swap_under_way is None
-            serving.process_available()
-            assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(versions))
+        for kill_at in KILL_POINTS:
+            child = subprocess.run(
+                [sys.executable, "-m", "tests.phases.redeploy_child", new.model_dump_json(), kill_at],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            assert child.returncode == -9, (kill_at, child.stderr[-3000:])
+            ran_at, head = head, head + 1
+            append_version(spark, source, versions[head])
+            gens = generations.read(spark, old)
+            if kill_at == "swapped":  # the swap's commit is made: the new results serve, no live phase starts yet
+                assert gens.swap_under_way is not None
+                # ... as the new generation's last catch-up round left them on its own sink (a run killed earlier
+                # may have made that round): complete up to some version
+                swapped = sink_rows(spark, old.sink.path)
+                assert_results_equal(swapped, sink_rows(spark, generations.own_sink(root, 1)))
+                assert any(_matches(swapped, _expected_new(_upto(versions, v))) for v in range(4, ran_at + 1))
+                with pytest.raises(PhaseStateError, match="under way"):
+                    LiveRunner.from_manifest(spark, old)
+            elif kill_at in ("serving stopped", "swap"):  # stopped on request: the old results as of its stop
+                assert not serving.query.isActive, kill_at
+                stopped_at = stopped_at or ran_at
+                assert gens.serving == 0, kill_at
+                assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(_upto(versions, stopped_at)))
+            else:  # the old live phase never noticed: it applies the version that arrived
+                assert gens.serving == 0 and gens.swap_under_way is None, kill_at
+                serving.process_available()
+                assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(_upto(versions, head)))
         result = Redeploy(spark, new, take_over=True, stop_timeout_s=120).run()
         assert (result.from_generation, result.generation, result.swapped) == (0, 1, True)
-        if kill_at == "backlog done":
-            assert "increment_s" in result.timings and "backlog_s" not in result.timings
         LiveRunner.from_manifest(spark, new, take_over=True).start(available_now=True)
         assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(versions))
         assert generations.read(spark, old).serving == 1
+        built = generations.bind(new, 1, serving=False).locations.manifests
+        kinds = [r.kind for r in spark.read.format("delta").load(built).orderBy("created_at_us").collect()]
+        assert kinds.count("full") == 1 and "increment" in kinds, kinds
     finally:
         serving.stop()
 
