@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -122,18 +123,28 @@ class LocalPostgres:
             raise PostgresError(f"createdb failed: {create.stderr}")
         return self
 
-    def dagster_yaml(self) -> str:
-        """The instance configuration of a DAGSTER_HOME whose storage is this server."""
+    def dagster_yaml(self, *, pooled: bool = True) -> str:
+        """The instance configuration of a DAGSTER_HOME whose storage is this server: Dagster's PostgreSQL storage,
+        whose connections each process keeps open (:mod:`scripts.pooled_postgres`; the project folder must be on
+        the stack's ``PYTHONPATH``, as :class:`scripts.dagster_stack.DagsterStack` puts it), or, not ``pooled``,
+        ``storage: postgres:`` as it comes (a new connection for every query)."""
+        database = (
+            "postgres_db:\n"
+            f"  username: {USER}\n"
+            "  password: ''\n"
+            "  hostname: 127.0.0.1\n"
+            f"  db_name: {DATABASE}\n"
+            f"  port: {self.port}\n"
+            "  scheme: postgresql+psycopg2\n"
+        )
+        if not pooled:
+            return "storage:\n  postgres:\n" + textwrap.indent(database, "    ")
         return (
             "storage:\n"
-            "  postgres:\n"
-            "    postgres_db:\n"
-            f"      username: {USER}\n"
-            "      password: ''\n"
-            "      hostname: 127.0.0.1\n"
-            f"      db_name: {DATABASE}\n"
-            f"      port: {self.port}\n"
-            "      scheme: postgresql+psycopg2\n"
+            "  custom:\n"
+            "    module: scripts.pooled_postgres\n"
+            "    class: PooledPostgresStorage\n"
+            "    config:\n" + textwrap.indent(database, "      ")
         )
 
     def stop(self) -> None:

@@ -83,3 +83,40 @@ def test_a_local_broker_stops_when_its_parent_gets_sigterm(tmp_path):
         parent.kill()
         if broker is not None and not _gone(broker, 0.1):
             os.killpg(broker, signal.SIGKILL)
+
+
+def test_a_local_postgres_instance_keeps_each_process_connections_open(tmp_path):
+    """The instance of a local PostgreSQL server (scripts.local_postgres) is Dagster's PostgreSQL storage with a pool
+    in every part (scripts.pooled_postgres), as the webserver gives itself: queries reuse one connection."""
+    import psycopg2
+    from dagster import DagsterInstance, DagsterRun
+    from sqlalchemy.pool import NullPool, QueuePool
+
+    from scripts.local_postgres import DATABASE, USER, LocalPostgres
+
+    server = LocalPostgres(tmp_path / "postgres").start()
+    try:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text(server.dagster_yaml())
+        with DagsterInstance.from_config(str(home)) as instance:
+            parts = (instance.run_storage, instance.event_log_storage, instance.schedule_storage)
+            engines = [p._engine for p in parts]  # noqa: SLF001 - the engine each storage queries through
+            assert all(isinstance(e.pool, QueuePool) for e in engines), [type(e.pool) for e in engines]
+
+            def sessions() -> int:
+                with psycopg2.connect(host="127.0.0.1", port=server.port, user=USER, dbname=DATABASE) as c:
+                    cur = c.cursor()
+                    cur.execute("select sessions from pg_stat_database where datname = %s", (DATABASE,))
+                    return cur.fetchone()[0]
+
+            before = sessions()
+            for i in range(20):
+                instance.add_run(DagsterRun(job_name="j", run_id=f"run-{i:02d}"))
+            assert len(instance.get_runs()) == 20
+            assert sessions() - before <= 3  # its own probe and at most one new connection of the pool
+        (home / "dagster.yaml").write_text(server.dagster_yaml(pooled=False))
+        with DagsterInstance.from_config(str(home)) as instance:
+            assert isinstance(instance.run_storage._engine.pool, NullPool)  # noqa: SLF001 - dagster-postgres as it comes
+    finally:
+        server.stop()
