@@ -52,12 +52,16 @@ def _png_size_and_colours(path: Path) -> tuple[int, int, int]:
     return width, height, len(set(raw[: 4 * width * 50]))
 
 
+def _events_in(sink_path: str) -> int:
+    """Events counted in a sink, read with delta-rs: the tests poll it every second while runs write it, and no
+    Spark job in the test's JVM then competes with the runs' for the cores."""
+    return sum(r["events"] for r in table_stats.rows(sink_path) or [])
+
+
 def _sink_events(spark, p) -> tuple[int, int]:
-    """(events counted in the sink, records the live phase quarantined). Read with delta-rs, as the test polls
-    them every second while runs write them: no Spark job in the test's JVM competes with the runs' for the cores."""
-    total = sum(r["events"] for r in table_stats.rows(p.sink.path) or [])
+    """(events counted in the sink, records the live phase quarantined)."""
     late_live = len(table_stats.rows(p.locations.quarantine, where=("phase", "live")) or [])
-    return total, late_live
+    return _events_in(p.sink.path), late_live
 
 
 def _wait_sink(spark, p, expected_events: int, timeout_s: float = 180) -> None:

@@ -19,7 +19,7 @@ from phases_dagster.settings import Names
 from scripts.dagster_stack import DagsterStack, DeployedLocation
 from scripts.local_postgres import LocalPostgres
 from tests.helpers import SHORT_LIVED_JVM_OPTIONS
-from tests.test_end_to_end import _wait
+from tests.test_end_to_end import _events_in, _wait
 
 NAMES = Names(DEMO)
 ROWS_PER_BATCH = 2000
@@ -28,10 +28,7 @@ ROWS_PER_BATCH = 2000
 def _accounted(spark, pipeline, storage: StorageResource) -> tuple[int, int]:
     """(events counted in the sink, records in the serving generation's quarantine) of ``pipeline``."""
     bound = generations.resolve(spark, storage.declared(pipeline), strict=False)
-    # delta-rs, not Spark: polled every second while the runs' JVMs work on the same cores
-    counted = sum(r["events"] for r in table_stats.rows(bound.sink.path) or [])
-    quarantined = len(table_stats.rows(bound.locations.quarantine) or [])
-    return int(counted), quarantined
+    return _events_in(bound.sink.path), len(table_stats.rows(bound.locations.quarantine) or [])
 
 
 def _wait_exact(
