@@ -34,12 +34,15 @@ from phases.testing import Version, write_versions
 
 @pytest.fixture(scope="session")
 def phases_spark() -> Iterator[SparkSession]:
-    """One local SparkSession with Delta for the test session (2 shuffle partitions)."""
+    """One local SparkSession with Delta for the test session (2 shuffle partitions). A session that was already
+    running when the fixture started (your own code made it) is used and left running for its owner to stop."""
     from phases.runtime.session import SparkSettings, build_session
 
+    running = SparkSession.getActiveSession() is not None
     session = build_session(SparkSettings(shuffle_partitions=2, app_name="phases-tests"))
     yield session
-    session.stop()
+    if not running:
+        session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,17 @@ def frame_of(java: Any, spark: SparkSession) -> DataFrame:
     return DataFrame(java, spark)
 
 
+def local_copy(frame: DataFrame, max_rows: int) -> DataFrame | None:
+    """``frame``'s rows collected into the driver's JVM as a local relation (a plan that reads nothing, no lineage), or
+    None when ``frame`` has more than ``max_rows`` rows. One Spark job (at most ``max_rows + 1`` rows collected); the
+    rows do not cross into Python."""
+    java = java_frame(frame)
+    rows = java.limit(max_rows + 1).collectAsList()
+    if rows.size() > max_rows:
+        return None
+    return frame_of(java.sparkSession().createDataFrame(rows, java.schema()), frame.sparkSession)
+
+
 def hadoop_configuration(spark: SparkSession) -> Any:
     return spark.sparkContext._jsc.hadoopConfiguration()
 

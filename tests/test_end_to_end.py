@@ -34,6 +34,9 @@ from scripts.local_postgres import LocalPostgres
 from tests.helpers import SHORT_LIVED_JVM_OPTIONS
 
 NAMES = Names(DEMO)
+# The sensors' interval in the Dagster end-to-end tests: every reaction the tests wait for (the switch, a relaunch,
+# a check) comes within a minute either way, and an idle stack with sensors every 2 s took half again the CPU.
+SENSOR_INTERVAL_S = 5
 
 
 def _png_size_and_colours(path: Path) -> tuple[int, int, int]:
@@ -135,7 +138,11 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
     postgres = LocalPostgres(tmp_path / "postgres").start()  # a production-like instance: storage in PostgreSQL
     timings["postgres up"] = time.monotonic() - t0
     stack = DagsterStack(
-        tmp_path / "dagster_home", data_root, sensor_interval_s=2, env=env, storage_yaml=postgres.dagster_yaml()
+        tmp_path / "dagster_home",
+        data_root,
+        sensor_interval_s=SENSOR_INTERVAL_S,
+        env=env,
+        storage_yaml=postgres.dagster_yaml(),
     )
     try:
         timings["stack loaded"] = stack.start()

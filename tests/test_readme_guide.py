@@ -40,19 +40,13 @@ def test_the_readme_example_is_an_excerpt_of_the_executed_guide():
 
 
 @pytest.mark.slow
-def test_the_readme_user_test_file_passes_with_only_the_installed_plugin(tmp_path):
-    """The guide's test file of a user's pipeline, run as its own pytest session in an empty folder: no
-    conftest of this project, so its fixtures can only come from the installed ``pytest11`` plugin."""
-    import subprocess
-    import sys
-
-    (tmp_path / "test_my_pipeline.py").write_text(guide_block("user-test"))
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_pipeline.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "3 passed" in run.stdout, run.stdout[-2000:]
+def test_the_readme_user_test_file_passes_with_only_the_installed_plugin(spark, pytester):
+    """The guide's test file of a user's pipeline, run as its own pytest session in an empty folder outside the
+    project: no conftest of this project, so its fixtures can only come from the installed ``pytest11`` plugin. The
+    session runs in this process (``pytester``), so the plugin's ``phases_spark`` finds this suite's SparkSession
+    running and uses it, and leaves it running after."""
+    pytester.makepyfile(test_my_pipeline=guide_block("user-test"))
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "test_my_pipeline.py")
+    assert result.ret == 0, "\n".join(result.outlines[-60:] + result.errlines[-20:])
+    result.assert_outcomes(passed=3)
+    assert not spark.sparkContext._jsc.sc().isStopped()

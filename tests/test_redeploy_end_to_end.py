@@ -19,7 +19,7 @@ from phases_dagster.settings import Names
 from scripts.dagster_stack import DagsterStack, DeployedLocation
 from scripts.local_postgres import LocalPostgres
 from tests.helpers import SHORT_LIVED_JVM_OPTIONS
-from tests.test_end_to_end import _events_in, _wait
+from tests.test_end_to_end import SENSOR_INTERVAL_S, _events_in, _wait
 
 NAMES = Names(DEMO)
 ROWS_PER_BATCH = 2000
@@ -74,7 +74,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
     stack = DagsterStack(
         tmp_path / "dagster_home",
         data_root,
-        sensor_interval_s=2,
+        sensor_interval_s=SENSOR_INTERVAL_S,
         env=env,
         storage_yaml=postgres.dagster_yaml(),
         workspace=location.workspace,

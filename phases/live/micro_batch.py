@@ -57,6 +57,9 @@ from phases.tagging import tag_changes
 log = logging.getLogger(__name__)
 
 HELD_BY = "_held_by"  # pending rows: the micro-batch that held them back
+# A micro-batch keeps the rows it held back in the driver for the next one up to this many; more are read back from
+# the pending table.
+HELD_ROWS_KEPT = 50_000
 _INPUT = "_input"  # two-input query: the input a row comes from ("" or "right")
 _ROW_COLUMNS = ("_row", "_row_right")  # two-input query: each input's row, packed
 
@@ -84,6 +87,10 @@ class IncrementalLive:
         self._progress: dict[int, Progress] = {}
         self._table_ids: dict[str, str] = {}
         self._meta: dict[str, list[str]] = {}  # two-input query: each input's own change columns
+        # The rows each input's last micro-batch held back, as it wrote them to the pending table, kept in the driver
+        # (input label -> (batch id, local rows)): the next micro-batch of the query reads them there, not from the
+        # table (a Delta read is planned with a scan of the table's files: two Spark jobs). A start reads the table.
+        self._held_rows: dict[str, tuple[int, DataFrame]] = {}
         # The query generation (phases.live.resume): its micro-batch N is the progress log's batch base + N.
         self.base = 0
         self.query_folder = live_resume.generation_folder(self.checkpoints, 0)
@@ -132,6 +139,7 @@ class IncrementalLive:
         self._resumed_from = Progress.from_record(resume.record)
         self._resumed_id = resume.latest_id
         self._progress = {}
+        self._held_rows = {}
         self._refuse_tables_behind_the_log(self._resumed_from, resume.latest_id)
 
     def _write_targets(self) -> dict[str, str]:
@@ -255,6 +263,11 @@ class IncrementalLive:
 
     # --- one micro-batch -----------------------------------------------------------------------------
     def _held(self, spark: SparkSession, inp: LiveInput, batch_id: int) -> DataFrame:
+        """The rows of ``inp`` that micro-batch ``batch_id`` held back: those the query's previous micro-batch kept
+        when it was that one, else the pending table's."""
+        kept = self._held_rows.get(inp.label)
+        if kept is not None and kept[0] == batch_id:
+            return kept[1]
         held = spark.read.format("delta").load(self._pending_path(inp))
         return held.filter(F.col(HELD_BY) == batch_id).drop(HELD_BY)
 
@@ -268,10 +281,17 @@ class IncrementalLive:
         return batch.filter(F.col(_INPUT) == inp.label).select(f"{_row_column(inp)}.*", *meta)
 
     def _tag_input(
-        self, inp: LiveInput, batch: DataFrame, writes: live_writes.BatchWrites, before: InputProgress, ends
+        self,
+        inp: LiveInput,
+        batch: DataFrame,
+        writes: live_writes.BatchWrites,
+        before: InputProgress,
+        ends,
+        kept: dict[str, tuple[int, DataFrame]],
     ) -> tuple[DataFrame | None, InputProgress, DataFrame]:
-        """Holds back a version read in part, tags the complete ones, quarantines; returns (on-time
-        records or None, the input's progress after the batch, the persisted rows to unpersist)."""
+        """Holds back a version read in part (and keeps those rows in ``kept`` for the next micro-batch), tags the
+        complete ones, quarantines; returns (on-time records or None, the input's progress after the batch, the
+        persisted rows to unpersist)."""
         p, spark, batch_id = self.pipeline, writes.spark, writes.batch
         rows = self._rows_of(batch, inp)
         if inp.source.arrival == "chunks":
@@ -285,8 +305,12 @@ class IncrementalLive:
         held_version = None
         if partial_tail:  # the tail of version end_version waits for the batch that completes it
             held_version = end_version
-            held = rows.filter(F.col(VERSION) >= end_version).withColumn(HELD_BY, F.lit(batch_id).cast("long"))
-            writes.append_owned(held, self._pending_path(inp), inp.suffix("pending"), merge_schema=True)
+            held = rows.filter(F.col(VERSION) >= end_version)
+            pending = held.withColumn(HELD_BY, F.lit(batch_id).cast("long"))
+            writes.append_owned(pending, self._pending_path(inp), inp.suffix("pending"), merge_schema=True)
+            local = spark_internals.local_copy(held, HELD_ROWS_KEPT)  # the rows written: ``rows`` is persisted
+            if local is not None:
+                kept[inp.label] = (batch_id, local)
         complete = rows.filter(F.col(VERSION) < end_version)
         tagged = tag_changes(spark, p, complete, before.running_max_us, phase="live", batch_id=batch_id)
         if tagged.has_quarantine:
@@ -316,10 +340,11 @@ class IncrementalLive:
         records: dict[str, DataFrame | None] = {}
         after: dict[str, InputProgress] = {}
         persisted: list[DataFrame] = []
+        kept: dict[str, tuple[int, DataFrame]] = {}
         try:
             for inp in self.inputs:
                 records[inp.label], after[inp.label], rows = self._tag_input(
-                    inp, batch, writes, before.of(inp.label), ends
+                    inp, batch, writes, before.of(inp.label), ends, kept
                 )
                 persisted.append(rows)
             watermarks = {label: watermark_after(a.running_max_us, p.delay_us) for label, a in after.items()}
@@ -339,6 +364,7 @@ class IncrementalLive:
             )
             self.progress_log.write(batch_id, progress.record())
             self._progress = {batch_id: progress}
+            self._held_rows = kept  # a batch that fails keeps none: its replay reads the table
             self.batch_recorded.set()
             if self.first_batch_at_us is None:
                 self.first_batch_at_us = _now_us()

@@ -114,6 +114,20 @@ def test_the_session_handles_and_the_sql_internals(spark, tmp_path):
     assert si.analysed_root_node(frame.select("id")) == "Project"
 
 
+def test_a_local_copy_holds_the_rows_and_reads_nothing(spark, tmp_path):
+    """The held-back rows a live micro-batch keeps for the next one: every column type the engine carries, nulls
+    included, equal after the copy; the copy's plan is a local relation (no scan, so no Delta file listing)."""
+    source = str(tmp_path / "src")
+    create_source(spark, source)
+    append_version(spark, source, [("a", 1, 1), ("b", 2, None), (None, 3, 3)])
+    frame = spark.read.format("delta").load(source).withColumn("n", F.struct(F.col("value").alias("v"), F.lit(1.5)))
+    copy = si.local_copy(frame, 3)
+    assert copy is not None and sorted(copy.collect(), key=repr) == sorted(frame.collect(), key=repr)
+    assert copy.schema == frame.schema
+    assert si.analysed_root_node(copy) == "LocalRelation"
+    assert si.local_copy(frame, 2) is None  # more rows than asked for
+
+
 def test_an_observation_tells_whether_its_node_reported(spark):
     seen = Observation("pinned")
     frame = spark.range(5).observe(seen, F.count(F.lit(1)).alias("n"))
