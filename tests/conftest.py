@@ -10,8 +10,6 @@ from pyspark.sql import SparkSession
 
 from phases.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
 
-pytest_plugins = ("pytester",)  # a user's test file run as its own pytest session (tests/test_readme_guide.py)
-
 AGGREGATIONS = [
     Aggregation(name="n", kind="count"),
     Aggregation(name="n_value", kind="count", column="value"),

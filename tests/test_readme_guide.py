@@ -39,14 +39,33 @@ def test_the_readme_example_is_an_excerpt_of_the_executed_guide():
     assert len(short) > 10 and not missing, missing
 
 
+class _Outcomes:
+    """A pytest plugin that counts the outcomes of a session's test calls."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, str]] = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when == "call" or report.outcome != "passed":
+            self.outcomes.append((report.nodeid, report.outcome))
+
+
 @pytest.mark.slow
-def test_the_readme_user_test_file_passes_with_only_the_installed_plugin(spark, pytester):
+def test_the_readme_user_test_file_passes_with_only_the_installed_plugin(spark, tmp_path, monkeypatch):
     """The guide's test file of a user's pipeline, run as its own pytest session in an empty folder outside the
     project: no conftest of this project, so its fixtures can only come from the installed ``pytest11`` plugin. The
-    session runs in this process (``pytester``), so the plugin's ``phases_spark`` finds this suite's SparkSession
-    running and uses it, and leaves it running after."""
-    pytester.makepyfile(test_my_pipeline=guide_block("user-test"))
-    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "test_my_pipeline.py")
-    assert result.ret == 0, "\n".join(result.outlines[-60:] + result.errlines[-20:])
-    result.assert_outcomes(passed=3)
+    session runs in this process (``pytest.main``), so the plugin's ``phases_spark`` finds this suite's SparkSession
+    running, uses it, and leaves it running. (Not ``pytester``: it unloads the modules the inner session imported,
+    and Dagster's serialisation registry refuses their second import.)"""
+    import sys
+
+    folder = tmp_path / "user-project"
+    folder.mkdir()
+    (folder / "test_my_pipeline.py").write_text(guide_block("user-test"))
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the inner session prepends the folder
+    outcomes = _Outcomes()
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:xdist", "test_my_pipeline.py"], plugins=[outcomes])
+    assert code == pytest.ExitCode.OK, outcomes.outcomes
+    assert [outcome for _, outcome in outcomes.outcomes] == ["passed"] * 3, outcomes.outcomes
     assert not spark.sparkContext._jsc.sc().isStopped()
