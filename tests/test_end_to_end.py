@@ -61,16 +61,16 @@ def _events_in(sink_path: str) -> int:
     return sum(r["events"] for r in table_stats.rows(sink_path) or [])
 
 
-def _sink_events(spark, p) -> tuple[int, int]:
+def _sink_events(p) -> tuple[int, int]:
     """(events counted in the sink, records the live phase quarantined)."""
     late_live = len(table_stats.rows(p.locations.quarantine, where=("phase", "live")) or [])
     return _events_in(p.sink.path), late_live
 
 
-def _wait_sink(spark, p, expected_events: int, timeout_s: float = 180) -> None:
+def _wait_sink(p, expected_events: int, timeout_s: float = 180) -> None:
     deadline, got = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
-        total, late_live = _sink_events(spark, p)
+        total, late_live = _sink_events(p)
         got = (total, expected_events - late_live)
         if total == expected_events - late_live:
             return
@@ -222,7 +222,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         expected_events = (
             meta["aggregated_rows"] + 3000
         )  # _wait_sink subtracts the late ones the live phase quarantined
-        _wait_sink(spark, p, expected_events)
+        _wait_sink(p, expected_events)
         timings["new version in sink"] = time.monotonic() - t
         live_sink = _wait(
             "a sink materialization by the live run",
@@ -230,7 +230,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             timeout_s=60,
         )
         assert live_sink["written_by"] == "live" and live_sink["dagster/row_count"] >= meta["keys"]
-        late_live = _sink_events(spark, p)[1]
+        late_live = _sink_events(p)[1]
         assert late_live > 0
         quarantined = _wait(
             "a quarantine materialization by the live run with its late rows",
@@ -355,7 +355,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         assert rtags["phases/relaunch"] == "1" and rtags["phases/relaunch_of"] == live["runId"]
         assert "failed" in rtags["phases/relaunch_reason"]
         stack.wait_for_message(relaunched["runId"], "live phase running", timeout_s=300)
-        _wait_sink(spark, p, expected_events + 2000)
+        _wait_sink(p, expected_events + 2000)
         timings["relaunched and caught up"] = time.monotonic() - t
         assert _wait(
             "the freshness check passing again",
