@@ -11,6 +11,8 @@ The live phase's state is what the asset's *materialization status* shows, in th
   run that planned the asset failed without materializing it, so Dagster shows it **failed** (red), and the
   ``live_phase_running`` check fails with severity ERROR (:mod:`phases_dagster.health`, which also relaunches it).
 
+The step reports from the query's first micro-batch on: what waited at the start (a relaunch after an outage, a
+busy source) is applied by the running query while the reports show its rows and the lag shrinking.
 The measurements go out as observations of the live asset at every report interval (:func:`report_metadata`: the
 plotted figures first), so they never turn the running asset green. While it runs the live step also keeps the
 tables it writes current in the catalog: a materialization of the sink and of the quarantine (row count, reasons)
@@ -197,7 +199,9 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
 
         meter = LiveMeter(runner)  # before the start: the rows its first micro-batch applies are reported too
         try:
-            start = runner.start()
+            # Returns after the first micro-batch, not after a drain of everything waiting: the reports below show
+            # the rows applied and the lag while the rest is applied (under steady arrivals a drain never ends soon).
+            start = runner.start(drain=False)
             started = time.monotonic()
             context.log.info(
                 f"live phase running: first checkpoint committed {start.start_seconds:.1f} s after the query "

@@ -37,6 +37,10 @@ from phases.storage import changelog, generations, leases, manifest, tables
 log = logging.getLogger(__name__)
 
 STOP_POLL_S = 1.0  # how often a running live phase looks for a request to stop (a redeploy's)
+# A start that does not drain (``LiveRunner.start(drain=False)``) waits this long at most for the query's first
+# micro-batch, polling this often.
+FIRST_BATCH_WAIT_S = 30.0
+FIRST_BATCH_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -140,19 +144,25 @@ class LiveRunner:
             return {"availableNow": True}
         return {"processingTime": f"{self.pipeline.checkpoint_interval.total_seconds()} seconds"}
 
-    def start(self, *, available_now: bool = False) -> LiveStart:
+    def start(
+        self, *, available_now: bool = False, drain: bool = True, first_batch_wait_s: float = FIRST_BATCH_WAIT_S
+    ) -> LiveStart:
         """Starts the live query and returns once everything available now is applied.
 
-        ``available_now`` runs the query over what is available and stops it (catch-up / tests). Holds the
-        pipeline's live lease while running: a second live phase of the pipeline is refused
-        (:class:`phases.errors.LeaseHeld`) and never stops this one.
+        ``available_now`` runs the query over what is available and stops it (catch-up / tests). ``drain=False``
+        returns sooner, once the query's first micro-batch has recorded its progress (when anything waited at the
+        start; at most ``first_batch_wait_s``), and leaves the rest of what waits to the running query: a caller that
+        reports progress (the Dagster live step) reports from then on instead of after a drain, which under steady
+        arrivals lasts as long as the arrivals outpace the micro-batches. Holds the pipeline's live lease while
+        running: a second live phase of the pipeline is refused (:class:`phases.errors.LeaseHeld`) and never stops
+        this one.
         """
         q = self.incremental.query
         if q is not None and q.isActive:
             raise PhaseStateError(f"live phase {self.run_name} of {self.pipeline.name!r} is already running")
         self.lease = leases.acquire(self.spark, self.pipeline, "live", self.holder, take_over=self.take_over)
         try:
-            started = self._start(available_now)
+            started = self._start(available_now, drain, first_batch_wait_s)
         except BaseException:
             self.stop()
             raise
@@ -248,7 +258,7 @@ class LiveRunner:
         self.incremental.start(self._trigger(False), self._query_name())
         return True
 
-    def _start(self, available_now: bool) -> LiveStart:
+    def _start(self, available_now: bool, drain: bool = True, first_batch_wait_s: float = 0.0) -> LiveStart:
         started = time.perf_counter()
         self._take_up_schema()
         name = self._query_name()
@@ -268,8 +278,24 @@ class LiveRunner:
             self._raise_if_failed(q)
             return self._started(started)
         self.incremental.start(self._trigger(False), name)
-        self.process_available()
+        if drain:
+            self.process_available()
+        elif self._anything_waits():  # read after the start: its switch's record is the first progress
+            self._await_first_batch(first_batch_wait_s)
         return self._started(started)
+
+    def _anything_waits(self) -> bool:
+        """Whether an input has records after what the live phase applied (an unknown distance counts as none: the
+        start then does not wait for a first micro-batch that may never come)."""
+        return any(lag.behind for lag in self.lags())
+
+    def _await_first_batch(self, timeout_s: float) -> None:
+        """Waits until the started query's first micro-batch has recorded its progress, at most ``timeout_s``;
+        raises the query's error when it fails meanwhile (a schema change resumes it, as while it runs)."""
+        deadline = time.monotonic() + timeout_s
+        while self.incremental.first_batch_at_us is None and time.monotonic() < deadline:
+            self.raise_if_failed()
+            time.sleep(FIRST_BATCH_POLL_S)
 
     def _started(self, started: float) -> LiveStart:
         return LiveStart(

@@ -5,6 +5,8 @@ checkpoint."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import dagster as dg
 
@@ -104,12 +106,41 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
         expected, _ = reference.run({**VERSIONS, 4: v4}, DELAY_S * S)
         assert_results_equal(sink_rows(spark, f"{root}/engine/sink"), expected)
 
+        # The second run starts while versions keep arriving faster than micro-batches apply them (an outage's gap
+        # on a busy source): it reports from its first micro-batch on, while the arrivals go on, not once they stop.
         checkpoint = f"{root}/engine/checkpoints/{mid}/increment/commits"
         before = _commits(checkpoint)
-        v5 = [("g", 90 * S, 30), ("a", 85 * S, 31)]
-        append_version(spark, f"{root}/src", v5)
-        assert live_job.execute_in_process(instance=instance, run_config=run_config).success
+        arrived = {5: [("g", 90 * S, 30), ("a", 85 * S, 31)]}
+        append_version(spark, f"{root}/src", arrived[5])
+        writing = threading.Thread(target=_keep_appending, args=(spark, f"{root}/src", arrived, 6, ARRIVALS_S))
+        writing.start()
+        try:
+            busy_config = {**config, "max_runtime_seconds": ARRIVALS_S + 2.0}
+            second = live_job.execute_in_process(
+                instance=instance, run_config={"ops": {names.live_asset: {"config": busy_config}}}
+            )
+        finally:
+            writing.join()
+        assert second.success
+        reports = [meta for _, meta in _asset_events(second, names.live_asset)]
+        running = [r for r in reports if r.get("state") == "running" and "rows_in_per_s" in r]
+        # the first report came while versions were still arriving: it had applied fewer than all of them
+        assert len(running) >= 2 and running[0]["applied_position"] != f"v{max(arrived)}", (running[0], max(arrived))
         after = _commits(checkpoint)
         assert after[: len(before)] == before and len(after) > len(before)  # resumed, state not replayed again
-        expected, _ = reference.run({**VERSIONS, 4: v4, 5: v5}, DELAY_S * S)
+        expected, _ = reference.run({**VERSIONS, 4: v4, **arrived}, DELAY_S * S)
         assert_results_equal(sink_rows(spark, f"{root}/engine/sink"), expected)
+
+
+ARRIVALS_S = 4.0  # how long versions keep arriving while the second live run starts
+
+
+def _keep_appending(spark, path: str, arrived: dict, first: int, seconds: float) -> None:
+    """Appends a version after another for ``seconds`` (each on time, one record a key of three), recording them."""
+    deadline = time.monotonic() + seconds
+    version = first
+    while time.monotonic() < deadline:
+        rows = [(f"k{version % 3}", (90 + version) * S, 100 + version)]
+        append_version(spark, path, rows)
+        arrived[version] = rows
+        version += 1
