@@ -83,19 +83,21 @@ def run_workload(
     seed: bool,
     stream_batches: int = 20,
     one_batch_stream: bool = True,
+    repeats: int = 2,
 ) -> dict:
     """``one_batch_stream=False`` leaves out the stream in one micro-batch (the same query as the stream, without
-    a per-trigger limit)."""
+    a per-trigger limit). ``repeats``: how many times the plain batch job and the framework run (below)."""
     base = work / name
     source, files = _generate(spark, base, make_batch, rows, keys, versions, name)
     timings: dict = {}
     record = _recorder(spark, name, timings, lambda out: variants.same_results(spark, str(base / "plain"), out))
-    # The plain batch job and the framework run twice each, the faster run counting: the first run of a code path in
-    # the JVM pays its class loading and JIT (the framework's first backlog 14 s, its second 9-10 s), and the data's
-    # generation has already warmed the plain job's writes. The streams run once: their 20 micro-batches warm up.
-    record(lambda: variants.plain_batch(spark, source, str(base / "plain")), None, runs=2)
+    # The plain batch job and the framework run ``repeats`` times each (twice in `make bench`), the fastest run
+    # counting: the first run of a code path in the JVM pays its class loading and JIT (the framework's first backlog
+    # 14 s, its second 9-10 s), and the data's generation has already warmed the plain job's writes. The streams run
+    # once: their 20 micro-batches warm up.
+    record(lambda: variants.plain_batch(spark, source, str(base / "plain")), None, runs=repeats)
     p = variants.pipeline(source, str(base / "two_phase"))
-    record(lambda: variants.two_phase(spark, source, str(base / "two_phase"))[0], p.sink.path, runs=2)
+    record(lambda: variants.two_phase(spark, source, str(base / "two_phase"))[0], p.sink.path, runs=repeats)
     per_trigger = max(1, math.ceil(files / stream_batches))
     out = str(base / "stream")
     record(lambda: variants.stream(spark, source, out, str(base / "stream_ckpt"), per_trigger), out)
