@@ -258,7 +258,7 @@ class LiveRunner:
         self.incremental.start(self._trigger(False), self._query_name())
         return True
 
-    def _start(self, available_now: bool, drain: bool = True, first_batch_wait_s: float = 0.0) -> LiveStart:
+    def _start(self, available_now: bool, drain: bool, first_batch_wait_s: float) -> LiveStart:
         started = time.perf_counter()
         self._take_up_schema()
         name = self._query_name()
