@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import strategies as st
@@ -193,3 +194,21 @@ def materialize(raw: list[list[tuple]]) -> dict[int, list[Row]]:
             for j, (key, jitter, value) in enumerate(rows)
         ]
     return versions
+
+
+def remove_newest_commits(path: str, count: int) -> list[int]:
+    """Removes the Delta table's newest ``count`` commits, as a restore of its files from a slightly older backup (or
+    a careless clean-up) would: each commit's JSON, its hidden checksum files, and a checkpoint past the new head.
+    Returns the versions removed."""
+    log = f"{path}/_delta_log"
+    versions = sorted(int(n.split(".")[0]) for n in os.listdir(log) if n.endswith(".json") and n[:1].isdigit())
+    gone = versions[-count:] if count else []
+    keep = versions[-count - 1] if len(versions) > count else -1
+    for name in os.listdir(log):
+        head = name.lstrip(".").split(".")[0]
+        if head.isdigit() and int(head) > keep:
+            os.remove(f"{log}/{name}")
+    for name in ("_last_checkpoint", "._last_checkpoint.crc"):
+        if os.path.exists(f"{log}/{name}"):
+            os.remove(f"{log}/{name}")
+    return gone

@@ -42,7 +42,7 @@ from phases.operators.registry import kind_of
 from phases.sources.kafka import KafkaTopicSource
 from phases.sources.reader import SourceReader, continue_inputs, open_inputs
 from phases.steps.end_of_stream import EndOfStreamRunner
-from phases.storage import fs, generations, leases, maintenance, manifest, quarantine, tables
+from phases.storage import fs, generations, leases, maintenance, manifest, quarantine, table_stats, tables
 from phases.storage.keyed_store import StatePosition
 from phases.storage.live_layout import live_checkpoint_root, live_started, state_store_root
 from phases.tagging import tag_version_range
@@ -107,6 +107,9 @@ class BacklogRunner:
         run shows a progress bar (:func:`phases.backlog.progress.console`)."""
         hold = leases.hold(self.spark, self.pipeline, "backlog", self.holder, take_over=self.take_over)
         with hold, progress.console(self.spark):
+            # Which generation serves is checked now, not when the runner was built: a runner built before a swap
+            # would write the old definition's results into the sink the new one serves.
+            generations.require_serving(self.spark, self.pipeline)
             yield
 
     def _step(self, name: str):
@@ -212,11 +215,7 @@ class BacklogRunner:
         started = time.perf_counter()
         self.refuse_after_switch(reset)
         p = self.pipeline
-        for path in (p.sink.path, p.locations.quarantine, p.locations.manifests):
-            for removed in fs.remove_orphan_checksums(path):
-                log.warning(
-                    "removed %s: the checksum of a commit file that is gone (a removed or restored commit)", removed
-                )
+        fs.sweep_orphan_checksums(p.sink.path, p.locations.quarantine, p.locations.manifests)
         self.removed_orphans = maintenance.remove_orphan_state(self.spark, self.pipeline)
         v = self._end_version(end_version)
         if self.pipeline.checkpoint_interval_during_backlog > timedelta(0):
@@ -502,6 +501,7 @@ class BacklogRunner:
             late, invalid, future = quarantined or quarantine.backlog_counts(
                 self.spark, p.locations.quarantine, p.name, source_version
             )
+        sink_commit = table_stats.head_commit(self.spark, p.sink.path)
         handoff = manifest.HandoffManifest(
             manifest_id=manifest_id,
             pipeline=p.name,
@@ -525,6 +525,12 @@ class BacklogRunner:
             invalid_rows=invalid,
             future_rows=future,
             sink_version=tables.version(self.spark, p.sink.path),
+            sink_commit_ms=table_stats.commit_ms(sink_commit) if sink_commit is not None else None,
+            quarantine_version=(
+                tables.version(self.spark, p.locations.quarantine)
+                if tables.exists(self.spark, p.locations.quarantine)
+                else None
+            ),
             sink_rows=sink_rows,
             right_source_version=right[0] if right else None,
             right_max_event_time_us=right[1] if right else None,

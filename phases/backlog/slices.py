@@ -31,7 +31,7 @@ from phases.backlog.runner import BacklogRunner, version_range_partial
 from phases.definition import Pipeline
 from phases.errors import PhaseStateError
 from phases.records import split_invalid
-from phases.storage import quarantine, tables
+from phases.storage import fs, quarantine, tables
 from phases.storage.manifest import HandoffManifest
 
 SLICE = "_slice"
@@ -217,6 +217,7 @@ class SliceRunner:
         return RangeResult(executed, recovered, {d: done[d] for d in [*executed, *recovered]})
 
     def _replace_partial(self, df, sid: str) -> None:
+        fs.sweep_orphan_checksums(self.partials_path)
         df.write.format("delta").mode("overwrite").option("replaceWhere", f"{SLICE} = '{sid}'").save(self.partials_path)
 
     def _prior_max(self, first_version: int) -> int | None:

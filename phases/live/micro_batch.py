@@ -46,11 +46,12 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from phases import spark_internals
-from phases.errors import LiveResumeError, PhasesError, PhaseStateError
+from phases.errors import LiveResumeError, PhasesError, PhaseStateError, ProgressRecordDamaged
 from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
+from phases.live import start_checks
 from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
-from phases.storage import changelog, fs, live_writes, maintenance, quarantine, table_stats, tables
+from phases.storage import changelog, fs, generations, live_writes, maintenance, quarantine, table_stats, tables
 from phases.storage.progress_log import ProgressLog
 from phases.tagging import tag_changes
 
@@ -99,6 +100,8 @@ class IncrementalLive:
         # Set once a micro-batch's progress record is written: what a stop at a micro-batch boundary waits for.
         self.batch_recorded = threading.Event()
         self.first_batch_at_us: int | None = None  # when the query's first micro-batch recorded its progress
+        # The redeploy log as the start read it (which generation serves; the swaps it records).
+        self.generations = generations.Generations()
 
     @property
     def logic(self):
@@ -114,11 +117,11 @@ class IncrementalLive:
         """Creates the sink, quarantine and state if missing; picks the query generation that resumes exactly
         (:mod:`phases.live.resume`) and writes the switch's progress record when the log has none."""
         spark, p = self.spark, self.pipeline
-        for path in dict.fromkeys(self._write_targets().values()):
-            for removed in fs.remove_orphan_checksums(path):
-                log.warning(
-                    "removed %s: the checksum of a commit file that is gone (a removed or restored commit)", removed
-                )
+        fs.sweep_orphan_checksums(*self._write_targets().values())
+        writes = self._recorded_writes()
+        # Before the start writes anything: the tables against the handoff, where no live write is recorded yet.
+        start_checks.refuse_missing_tables(spark, p, self.plan.handoff, writes)
+        start_checks.refuse_sink_not_as_handed_off(spark, p, self.plan.handoff, self.run_name, writes, self.generations)
         quarantine.ensure(spark, p.locations.quarantine)
         changelog.ensure_sink(spark, p, self.logic.output_schema)
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
@@ -141,6 +144,18 @@ class IncrementalLive:
         self._progress = {}
         self._held_rows = {}
         self._refuse_tables_behind_the_log(self._resumed_from, resume.latest_id)
+
+    def _recorded_writes(self) -> dict[str, int]:
+        """The writes the newest whole progress record names (empty: none yet, or no whole record; the resume plan
+        deals with damaged records)."""
+        for batch_id in reversed(self.progress_log.batch_ids()):
+            try:
+                record = self.progress_log.read(batch_id)
+            except (ProgressRecordDamaged, ValueError):
+                continue
+            if record is not None:
+                return record.get("writes") or {}
+        return {}
 
     def _write_targets(self) -> dict[str, str]:
         """The table each of the run's writes goes to (``what`` -> path)."""

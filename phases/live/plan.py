@@ -173,6 +173,7 @@ class LivePlan:
     start: Progress
     paths: LivePaths
     max_files_per_trigger: int | None = None
+    handoff: HandoffManifest | None = None  # what the live phase starts from (None: one streaming job)
 
     @classmethod
     def of(
@@ -203,7 +204,7 @@ class LivePlan:
         )
         kind = kind_of(pipeline)
         start = _switch_progress(pipeline, kind, handoff)
-        plan = cls(pipeline, kind, None, inputs, start, paths, max_files_per_trigger)
+        plan = cls(pipeline, kind, None, inputs, start, paths, max_files_per_trigger, handoff)
         try:
             plan.logic = plan.build_logic(spark)
         except DefinitionError as exc:

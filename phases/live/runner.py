@@ -24,7 +24,14 @@ from pyspark.sql.streaming import StreamingQuery
 
 from phases.backlog import increments
 from phases.definition import SOURCE_LABEL, Pipeline
-from phases.errors import DefinitionError, LiveQueryStopped, PhaseStateError, SchemaChangeError, StateStoreError
+from phases.errors import (
+    DefinitionError,
+    LiveQueryStopped,
+    ManifestError,
+    PhaseStateError,
+    SchemaChangeError,
+    StateStoreError,
+)
 from phases.lateness import watermark_after
 from phases.live.compactor import Compactor
 from phases.live.micro_batch import IncrementalLive
@@ -53,6 +60,30 @@ class LiveStart:
     # When the query's first micro-batch had applied what waited at the start (its progress recorded); None when
     # nothing waited. What arrives while the start drains a busy source is applied batch by batch after it.
     first_batch_at_us: int | None = None
+
+
+def _after_a_swap(spark: SparkSession, declared: Pipeline, bound: Pipeline, exc: ManifestError) -> ManifestError:
+    """A definition that does not match the serving generation's handoff: when a redeploy swapped another
+    definition in, the refusal says so and names the rollback."""
+    if declared.locations.generation is not None:
+        return exc
+    gens = generations.read(spark, declared)
+    swapped = [s for s in gens.steps if s.step == "swapped"]
+    if not swapped:
+        return exc
+    last = swapped[-1]
+    kept = [n for n in gens.retained() if n != gens.serving and gens.fingerprints.get(n) == declared.fingerprint()]
+    how = (
+        f"its generation {kept[-1]} is kept, so a rollback needs no backlog"
+        if kept
+        else "a rollback builds it again as a new generation"
+    )
+    return ManifestError(
+        f"{exc}; generation {gens.serving} serves pipeline {declared.name!r} since redeploy {last.redeploy_id} "
+        f"swapped it in (from generation {last.from_generation}). To run this definition, roll back: "
+        f"Redeploy(spark, pipeline).run() with it ({how}); to go on, start the live phase of the definition that "
+        "serves."
+    )
 
 
 class LiveRunner:
@@ -115,9 +146,13 @@ class LiveRunner:
         """The live phase of the newest handoff (which must be ``manifest_id`` when given); refuses a
         missing, partial, superseded or mismatched manifest. A pipeline as declared runs as the generation that
         serves it (:func:`phases.storage.generations.resolve`)."""
+        declared = pipeline
         pipeline = generations.resolve(spark, pipeline)
         handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
-        manifest.check_matches(spark, handoff, pipeline)
+        try:
+            manifest.check_matches(spark, handoff, pipeline)
+        except ManifestError as exc:
+            raise _after_a_swap(spark, declared, pipeline, exc) from exc
         EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version, handoff.fingerprint)
         increments.refuse_open(spark, pipeline, handoff.manifest_id)
         return cls(spark, pipeline, handoff, **kwargs)
@@ -162,6 +197,10 @@ class LiveRunner:
             raise PhaseStateError(f"live phase {self.run_name} of {self.pipeline.name!r} is already running")
         self.lease = leases.acquire(self.spark, self.pipeline, "live", self.holder, take_over=self.take_over)
         try:
+            if self.handoff is not None:
+                # Checked now, holding the live lease (a swap away from this generation takes it first), not when
+                # the runner was built: a runner built before a swap would mix both definitions in the sink.
+                self.incremental.generations = generations.require_serving(self.spark, self.pipeline)
             started = self._start(available_now, drain, first_batch_wait_s)
         except BaseException:
             self.stop()
@@ -193,8 +232,10 @@ class LiveRunner:
                 log.info(
                     "live phase %s: stopping, as %s asked: %s", self.run_name, request.requested_by, request.reason
                 )
-                self._stop_between_batches()
+                # Recorded before the query stops: a caller polling the query then sees a requested stop, never a
+                # query that "stopped from outside".
                 self.stopped_for = f"stopped on request of {request.requested_by}: {request.reason}"
+                self._stop_between_batches()
                 self.stop()
                 return
 

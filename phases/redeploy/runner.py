@@ -211,7 +211,7 @@ class Redeploy:
 
     def _run(self, reason: str, *, swap: bool) -> RedeployResult:
         with leases.hold(self.spark, self.pipeline, "redeploy", self.holder, take_over=self.take_over):
-            gens = generations.read(self.spark, self.pipeline)
+            gens = self._log_caught_up_with_the_table(generations.read(self.spark, self.pipeline))
             if gens.swap_under_way is not None:
                 if not swap:
                     step = gens.swap_under_way
@@ -232,6 +232,42 @@ class Redeploy:
                     )
                 return self._amend(plan, redeploy_id, reason)
             return self._backfill_and_swap(gens, plan, redeploy_id, reason, swap=swap)
+
+    def _log_caught_up_with_the_table(self, gens: generations.Generations) -> generations.Generations:
+        """The redeploy log, with a swap the consumer-facing table holds but the log does not record (its newest
+        commits removed, or restored from an older backup) recorded again as under way, from the swap's mark: the
+        swap is then finished from the table's history (:meth:`_finish_swap`), which copies nothing."""
+        found = generations.unrecorded_swap(self.spark, self.pipeline, gens)
+        if found is None:
+            return gens
+        under_way = gens.swap_under_way
+        log.warning(
+            "redeploy of %r: the redeploy log %s does not record the swap of redeploy %s to generation %s that the "
+            "table %s holds at version %s: recording it from the table's history",
+            self.pipeline.name,
+            generations.log_path(self.pipeline),
+            found.redeploy_id,
+            found.generation,
+            self.pipeline.sink.path,
+            found.version,
+        )
+        if under_way is not None and under_way.redeploy_id == found.redeploy_id:
+            return gens
+        manifest_id = found.manifest_id
+        if manifest_id is None:
+            handoff = self._newest_manifest(found.generation)
+            manifest_id = handoff.manifest_id if handoff is not None else None
+        generations.write(
+            self.spark,
+            self.pipeline,
+            "swapping",
+            found.generation,
+            found.redeploy_id,
+            from_generation=found.from_generation,
+            manifest_id=manifest_id,
+            reason="recorded again from the sink's history (the redeploy log was behind it)",
+        )
+        return generations.read(self.spark, self.pipeline)
 
     def _amend(self, plan: RedeployPlan, redeploy_id: str, reason: str) -> RedeployResult:
         generations.write(
@@ -399,22 +435,36 @@ class Redeploy:
         old, new, spark = step.from_generation, step.generation, self.spark
         target = generations.bind(self.pipeline, new, serving=False)
         consumer = self.pipeline.sink.path
-        mark = {"redeploy": step.redeploy_id, "generation": new, "from_generation": old}
-        made = swap.swap_mark_of(spark, consumer)
-        if made is None or made.get("redeploy") != step.redeploy_id:
+        mark = {
+            "redeploy": step.redeploy_id,
+            "generation": new,
+            "from_generation": old,
+            "manifest_id": step.manifest_id,
+        }
+        # Looked for down the table's history, not on its newest commit: the new live phase may have written after it.
+        made = generations.newest_swap(spark, consumer, redeploy_id=step.redeploy_id)
+        if made is None:
             # The new generation's own sink as its last catch-up round left it (its live phase is stopped: the sink
             # matches its progress log). What arrived since, its live phase applies first thing on the
             # consumer-facing table: one query start in the time without fresh results, not two.
             t = time.perf_counter()
             swap.copy_sink(spark, target.sink.path, consumer, swap=mark)
             timings["swap_commit_s"] = time.perf_counter() - t
+            # The copy's own commit (an auto compaction may commit after it).
+            made = generations.newest_swap(spark, consumer, redeploy_id=step.redeploy_id)
+        version = made.version
         swapped_at = time.time_ns() // 1000
-        version = swap.swap_version(spark, consumer, step.redeploy_id)
         # The old generation's results, for a rollback: the consumer-facing table just before the swap's commit
         # (nothing wrote it between the serving live phase's stop and the commit). After the commit, so that the
         # copy is not part of the time without fresh results.
         t = time.perf_counter()
-        swap.copy_sink(spark, consumer, generations.own_sink(self.pipeline.locations.root, old), version=version - 1)
+        swap.copy_sink(
+            spark,
+            consumer,
+            generations.own_sink(self.pipeline.locations.root, old),
+            version=version - 1,
+            kept={"generation": old, "redeploy": step.redeploy_id, "consumer_version": version - 1},
+        )
         timings["keep_old_s"] = time.perf_counter() - t
         generations.write(
             spark,

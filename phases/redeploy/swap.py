@@ -8,8 +8,11 @@ the swap overwrites them: a rollback swaps them back.
 
 The copy carries the write mark of the source's newest micro-batch write (:mod:`phases.storage.live_writes`) in its
 ``userMetadata``: the generation's live phase, started afterwards on the copy, finds the write its progress log names
-there and goes on from it; a replay of that micro-batch is skipped. Beside it, the swap's own mark names the redeploy
-and the generation, so that a rerun after a crash can tell whether the swap's commit was made.
+there and goes on from it; a replay of that micro-batch is skipped. Beside it, the swap's own mark names the redeploy,
+the generations and the handoff, so that a rerun after a crash, or a redeploy that finds the redeploy log behind the
+table, can tell from the table's history whether the swap's commit was made
+(:func:`phases.storage.generations.newest_swap`; never from the newest commit alone: the new live phase writes after
+it).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import json
 
 from pyspark.sql import SparkSession
 
-from phases.storage import table_stats, tables
+from phases.storage import fs, generations, table_stats, tables
 
-SWAP_MARK = "phases_swap"
+SWAP_MARK = generations.SWAP_MARK
 
 
 def write_mark_of(spark: SparkSession, path: str, version: int | None = None) -> dict | None:
@@ -31,24 +34,28 @@ def write_mark_of(spark: SparkSession, path: str, version: int | None = None) ->
     return mark if isinstance(mark, dict) else None
 
 
-def swap_mark_of(spark: SparkSession, path: str) -> dict | None:
-    """The swap mark of the table's newest commit that changed rows, if that commit is a swap's copy."""
-    mark = table_stats.commit_metadata(table_stats.newest_row_commit(spark, path)).get(SWAP_MARK)
-    return mark if isinstance(mark, dict) else None
-
-
 def copy_sink(
-    spark: SparkSession, source: str, target: str, *, swap: dict | None = None, version: int | None = None
+    spark: SparkSession,
+    source: str,
+    target: str,
+    *,
+    swap: dict | None = None,
+    kept: dict | None = None,
+    version: int | None = None,
 ) -> int:
     """Overwrites ``target`` with the rows of ``source`` (at ``version``, default its newest; its schema too) in one
-    commit that carries ``source``'s newest write mark up to then and, when given, the ``swap`` mark. Returns
-    ``target``'s new version."""
+    commit that carries ``source``'s newest write mark up to then and, when given, the ``swap`` mark (the swap's
+    copy) or the ``kept`` mark (the copy of a generation's results as it stopped serving). Returns ``target``'s new
+    version."""
     metadata: dict = {}
     mark = write_mark_of(spark, source, version)
     if mark is not None:
         metadata[table_stats.WRITE_MARK] = mark
     if swap is not None:
         metadata[SWAP_MARK] = swap
+    if kept is not None:
+        metadata[generations.KEPT_MARK] = kept
+    fs.sweep_orphan_checksums(target)
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
@@ -58,12 +65,3 @@ def copy_sink(
         writer = writer.option("userMetadata", json.dumps(metadata, separators=(",", ":")))
     writer.save(target)
     return tables.version(spark, target)
-
-
-def swap_version(spark: SparkSession, path: str, redeploy_id: str) -> int | None:
-    """The version of the table's newest commit when it is the swap's copy of redeploy ``redeploy_id``."""
-    commit = table_stats.newest_row_commit(spark, path)
-    mark = table_stats.commit_metadata(commit).get(SWAP_MARK)
-    if isinstance(mark, dict) and mark.get("redeploy") == redeploy_id:
-        return int(commit["version"])
-    return None

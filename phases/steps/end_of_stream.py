@@ -21,7 +21,7 @@ from phases.errors import DefinitionError, PhaseStateError
 from phases.records import split_invalid
 from phases.sources.reader import open_source
 from phases.steps.partition_ops import apply_record_steps, run_end_of_stream_step
-from phases.storage import tables
+from phases.storage import fs, tables
 
 LOG_SCHEMA = T.StructType(
     [
@@ -69,6 +69,7 @@ class EndOfStreamRunner:
         valid, _ = split_invalid(self.source.read_backlog(version), self.pipeline)
         records = valid.select(*[c for c in valid.columns if not c.startswith("_")])
         out = run_end_of_stream_step(records, step)
+        fs.sweep_orphan_checksums(step.output.path)
         out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(step.output.path)
         output = self.spark.read.format("delta").load(step.output.path)
         enrich = self.pipeline.enrich

@@ -30,7 +30,7 @@ from pyspark.sql import types as T
 
 from phases import spark_internals
 from phases.definition import Pipeline
-from phases.storage import table_stats, tables
+from phases.storage import fs, table_stats, tables
 
 BATCH_ID = "_batch_id"  # the live micro-batch (progress-log batch id) that wrote the row; -1: the handoff
 SOURCE_VERSION = "_source_version"  # the newest source version whose records changed the key (None: the handoff's)
@@ -190,6 +190,7 @@ def compact_changelog(spark: SparkSession, pipeline: Pipeline) -> Compaction:
     """Brings the current table up to the changelog's head (module docstring). Idempotent, and safe beside the
     live phase's appends (it reads a changelog version; later appends wait for the next compaction)."""
     sink, current, keys = pipeline.sink.path, pipeline.sink.current, list(pipeline.key_columns)
+    fs.sweep_orphan_checksums(sink, current)
     position = _position(spark, current)
     head = tables.version(spark, sink)  # read after the position: the position is at most the head
     newer = _newer_rows(spark, sink, position, head)

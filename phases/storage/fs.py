@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 
@@ -10,6 +11,8 @@ from pyspark.sql import SparkSession
 
 from phases import spark_internals, uris
 from phases.spark_internals import hadoop_path as _fs_path
+
+log = logging.getLogger(__name__)
 
 
 def exists(spark: SparkSession, path: str) -> bool:
@@ -72,6 +75,17 @@ def remove_orphan_checksums(path: str) -> list[str]:
         if name.startswith(".") and name.endswith(".crc") and name[1 : -len(".crc")] not in names:
             os.remove(os.path.join(log, name))
             removed.append(os.path.join(log, name))
+    return removed
+
+
+def sweep_orphan_checksums(*paths: str) -> list[str]:
+    """:func:`remove_orphan_checksums` of each table, naming each file removed in a warning: every engine write to a
+    Delta table goes through this first (the sink, the quarantine, the state, the log tables, compacted tables)."""
+    removed = []
+    for path in dict.fromkeys(paths):
+        for name in remove_orphan_checksums(path):
+            log.warning("removed %s: the checksum of a commit file that is gone (a removed or restored commit)", name)
+            removed.append(name)
     return removed
 
 

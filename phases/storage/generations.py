@@ -32,6 +32,11 @@ from phases.definition import Pipeline
 from phases.errors import PhaseStateError, SourceError
 from phases.storage import table_stats, tables
 
+# The commit metadata a swap's copy carries on the consumer-facing table (which redeploy, from which generation to
+# which, the handoff), and the one the copy of the table as it was before carries on the old generation's own sink.
+SWAP_MARK = "phases_swap"
+KEPT_MARK = "phases_kept"
+
 STEPS = ("started", "amended", "swapping", "swapped", "abandoned", "removed")
 
 SCHEMA = T.StructType(
@@ -174,30 +179,202 @@ class Generations:
         return [n for n in self.numbers if n not in self.gone]
 
 
+@dataclass(frozen=True)
+class SwapCommit:
+    """A swap's commit on the consumer-facing table, as its mark describes it."""
+
+    version: int
+    redeploy_id: str
+    generation: int
+    from_generation: int | None
+    manifest_id: str | None
+
+
+def swap_of(commit: dict | None) -> SwapCommit | None:
+    """The swap a commit (its commit info) made, if it is a swap's copy."""
+    mark = table_stats.commit_metadata(commit).get(SWAP_MARK)
+    if not isinstance(mark, dict) or "redeploy" not in mark or "generation" not in mark:
+        return None
+    return SwapCommit(
+        int(commit["version"]),
+        str(mark["redeploy"]),
+        int(mark["generation"]),
+        None if mark.get("from_generation") is None else int(mark["from_generation"]),
+        mark.get("manifest_id"),
+    )
+
+
+def kept_of(commit: dict | None) -> int | None:
+    """The generation whose results a commit keeps, if it is a swap's copy of the table as it was before."""
+    mark = table_stats.commit_metadata(commit).get(KEPT_MARK)
+    return int(mark["generation"]) if isinstance(mark, dict) and "generation" in mark else None
+
+
+def recorded(gens: Generations, swap: SwapCommit) -> bool:
+    """Whether the redeploy log records the swap's commit as made (its ``swapped`` row)."""
+    return any(s.step == "swapped" and s.redeploy_id == swap.redeploy_id for s in gens.steps)
+
+
+def newest_swap(spark: SparkSession | None, path: str, *, redeploy_id: str | None = None) -> SwapCommit | None:
+    """The newest swap's commit in the table's history (of redeploy ``redeploy_id``, when given), wherever it is: a
+    live phase writes after it. Reads the history back to it (a redeploy, or a start that found the table's log
+    ahead of the redeploy log, reads it; not every start)."""
+    commits = table_stats.commits_newest_first(spark, path)
+    for commit in commits or ():
+        found = swap_of(commit)
+        if found is not None and (redeploy_id is None or found.redeploy_id == redeploy_id):
+            return found
+    return None
+
+
+def unrecorded_swap(spark: SparkSession | None, pipeline: Pipeline, gens: Generations) -> SwapCommit | None:
+    """The consumer-facing table's newest swap when the redeploy log does not record it (the log is behind the
+    table: its newest commits were removed, or it was restored from an older backup); None when the log is whole.
+    The table's history is read only when a redeploy ever ran (a log with steps, or a generation's folder)."""
+    declared_root = _base_root(pipeline)
+    if not gens.steps and not _has_generations(spark, declared_root):
+        return None
+    found = newest_swap(spark, _consumer_path(pipeline))
+    return found if found is not None and not recorded(gens, found) else None
+
+
+def _has_generations(spark: SparkSession | None, root: str) -> bool:
+    from phases.storage import fs
+
+    path = uris.join(root, "generations")
+    if spark is None:
+        import os
+
+        return uris.is_local(path) and os.path.isdir(uris.local_path(path))
+    return fs.exists(spark, path)
+
+
+def _consumer_path(pipeline: Pipeline) -> str:
+    """The consumer-facing table of a pipeline, as declared or bound (a binding to a generation's own sink keeps
+    the declared one nowhere else: it is ``sink.path`` of the declaration)."""
+    return pipeline.sink.path
+
+
+def writes_consumer_table(pipeline: Pipeline) -> bool:
+    """Whether the pipeline (as declared, or bound) writes the consumer-facing table, not a generation's own sink."""
+    bound = pipeline.locations.generation
+    return bound is None or pipeline.sink.path != own_sink(_base_root(pipeline), bound)
+
+
+def log_behind_error(pipeline: Pipeline, swap: SwapCommit) -> PhaseStateError:
+    """The refusal of a start that found a swap on the consumer-facing table that the redeploy log does not
+    record."""
+    return PhaseStateError(
+        f"pipeline {pipeline.name!r}: the table consumers read ({pipeline.sink.path}) holds, at version "
+        f"{swap.version}, the swap of redeploy {swap.redeploy_id} from generation {swap.from_generation} to "
+        f"generation {swap.generation}, which the redeploy log {log_path(pipeline)} does not record: the log is "
+        "behind the table (its newest commits were removed, or it was restored from an older backup). Nothing was "
+        f"started. Run the redeploy again with the definition generation {swap.generation} runs "
+        "(Redeploy(spark, pipeline).run()): it repairs the log from the table's history, copies nothing, and "
+        f"generation {swap.generation} goes on serving; then start its live phase."
+    )
+
+
+def require_serving(spark: SparkSession | None, pipeline: Pipeline, gens: Generations | None = None) -> Generations:
+    """At a start that writes the consumer-facing table: refuses (PhaseStateError) unless the generation the
+    pipeline is bound to serves now, naming the serving generation and the way (a rollback, or a redeploy). A log
+    behind the table is found by the live start's check of the table's history
+    (:mod:`phases.live.start_checks`). Returns the log as read."""
+    gens = gens if gens is not None else read(spark, pipeline)
+    if not writes_consumer_table(pipeline):
+        return gens
+    bound = pipeline.locations.generation or 0
+    under_way = gens.swap_under_way
+    if under_way is not None:
+        raise _under_way_error(pipeline, under_way)
+    if gens.serving != bound:
+        swapped = [s for s in gens.steps if s.step == "swapped" and s.generation == gens.serving]
+        by = f" (swapped in by redeploy {swapped[-1].redeploy_id})" if swapped else ""
+        raise PhaseStateError(
+            f"pipeline {pipeline.name!r}: generation {gens.serving} serves the table consumers read"
+            f"{by}, not generation {bound}, which this runner was built for (before the swap). Nothing was started. "
+            f"To run this definition again, roll back: Redeploy(spark, pipeline).run() with it (its generation is "
+            f"kept: no backlog); to go on with generation {gens.serving}, build the runner again from the definition "
+            "it runs (LiveRunner.from_manifest(spark, pipeline))."
+        )
+    return gens
+
+
+def _under_way_error(pipeline: Pipeline, under_way: Step) -> PhaseStateError:
+    return PhaseStateError(
+        f"pipeline {pipeline.name!r}: a swap of its sink from generation {under_way.from_generation} to generation "
+        f"{under_way.generation} is under way (redeploy {under_way.redeploy_id}), or was cut short: no live phase "
+        "that writes the sink starts until it is finished. Run the redeploy again "
+        "(Redeploy(spark, pipeline).run()): it finishes the swap, or makes it again."
+    )
+
+
 def read(spark: SparkSession | None, pipeline: Pipeline) -> Generations:
     """The pipeline's generations from its redeploy log (no log: generation 0 serves). Read with delta-rs (a few
     rows, no Spark job: every live start reads it), through Spark when delta-rs cannot read the log (store settings
     given to Spark only; without a ``spark`` session that is a SourceError)."""
     path = log_path(pipeline)
+    _refuse_gaps(path)
     try:
         found = table_stats.rows(path, where=("pipeline", pipeline.name))
         if found is None:
             return Generations()
-    except SourceError:
+    except SourceError as exc:
         if spark is None:
-            raise
+            raise damaged_log_error(path, str(exc)) from exc
         if not tables.exists(spark, path):
             return Generations()
-        found = [
-            r.asDict() for r in spark.read.format("delta").load(path).where(f"pipeline = '{pipeline.name}'").collect()
-        ]
+        try:
+            found = [
+                r.asDict()
+                for r in spark.read.format("delta").load(path).where(f"pipeline = '{pipeline.name}'").collect()
+            ]
+        except Exception as err:  # noqa: BLE001 - Spark's own error, named with the way out
+            raise damaged_log_error(path, str(err).splitlines()[0]) from err
     return Generations.of([Step(**{f.name: row.get(f.name) for f in SCHEMA.fields}) for row in found])
+
+
+def damaged_log_error(path: str, what: str) -> PhaseStateError:
+    """The refusal of anything that reads a redeploy log it cannot read whole."""
+    return PhaseStateError(
+        f"the redeploy log {path} cannot be read whole: {what}. It says which generation serves the pipeline's sink, "
+        "so nothing was run. To proceed: restore the log's missing or damaged commit files (its _delta_log folder) "
+        "from a backup of that folder; the sink's history lets a rerun of the redeploy repair a log that is only "
+        "behind it (Redeploy(spark, pipeline).run())."
+    )
+
+
+def _refuse_gaps(path: str) -> None:
+    """A local log with a commit missing between others (removed by hand) is refused naming it; Delta would raise
+    DELTA_VERSIONS_NOT_CONTIGUOUS from inside Spark."""
+    import os
+
+    if not uris.is_local(path):
+        return
+    folder = os.path.join(uris.local_path(path), "_delta_log")
+    if not os.path.isdir(folder):
+        return
+    names = os.listdir(folder)
+    versions = sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+    checkpoints = [int(n.split(".")[0]) for n in names if n.endswith(".checkpoint.parquet") and n[:1].isdigit()]
+    first = max([c for c in checkpoints if c <= (versions[-1] if versions else -1)], default=None)
+    needed = [v for v in versions if first is None or v > first]
+    if not needed:
+        return
+    start = first + 1 if first is not None else needed[0]
+    missing = sorted(set(range(start, needed[-1] + 1)) - set(needed))
+    if missing or (first is None and needed[0] != 0):
+        gone = missing or list(range(0, needed[0]))
+        raise damaged_log_error(
+            path, f"its commits are not contiguous: commit file(s) {', '.join(f'{v:020d}.json' for v in gone)} missing"
+        )
 
 
 def write(spark: SparkSession, pipeline: Pipeline, step: str, generation: int, redeploy_id: str, **values) -> Step:
     """Appends one step to the pipeline's redeploy log (one commit)."""
     if step not in STEPS:
         raise ValueError(f"redeploy step {step!r} is not one of {STEPS}")
+    _refuse_gaps(log_path(pipeline))
     row = {f.name: None for f in SCHEMA.fields}
     row.update(values)
     row.update(
@@ -274,14 +451,8 @@ def resolve(spark: SparkSession | None, pipeline: Pipeline, *, strict: bool = Tr
     gens = read(spark, pipeline)
     under_way = gens.swap_under_way
     bound = pipeline.locations.generation
-    writes_consumer_table = bound is None or pipeline.sink.path != own_sink(_base_root(pipeline), bound)
-    if under_way is not None and strict and writes_consumer_table:
-        raise PhaseStateError(
-            f"pipeline {pipeline.name!r}: a swap of its sink from generation {under_way.from_generation} to generation "
-            f"{under_way.generation} is under way (redeploy {under_way.redeploy_id}), or was cut short: no live phase "
-            "that writes the sink starts until it is finished. Run the redeploy again "
-            "(Redeploy(spark, pipeline).run()): it finishes the swap, or makes it again."
-        )
+    if under_way is not None and strict and writes_consumer_table(pipeline):
+        raise _under_way_error(pipeline, under_way)
     if bound is not None or not gens.steps:
         return pipeline
     serving = under_way.from_generation if under_way is not None else gens.serving

@@ -49,6 +49,12 @@ class HandoffManifest(BaseModel):
     future_rows: int | None = None  # of the invalid rows, those quarantined as far-future (max_future)
     sink_version: int
     sink_rows: int | None = None  # rows in the sink after the handoff (keys, or emitted windows)
+    # The quarantine's version after the backlog's rows went in (None: a manifest from before it was recorded): a live
+    # start refuses a quarantine behind it (phases.live.start_checks).
+    quarantine_version: int | None = None
+    # The time (ms) of the sink's commit at sink_version: with the version, what identifies the handoff's sink commit
+    # (None: a manifest from before it was recorded).
+    sink_commit_ms: int | None = None
     right_source_version: int | None = None  # two-input operators: the right source's V (live: V+1..)
     right_max_event_time_us: int | None = None  # ... and its max event time (W_right = this - delay)
     right_source_position: str | None = None  # ... and where it stands beyond the version (Kafka: its chunk plan)
@@ -127,6 +133,8 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
         "right_source_position",
         "state_store_layout",
         "state_store_version",
+        "quarantine_version",
+        "sink_commit_ms",
     }
     missing = sorted(k for k, v in data.items() if v is None and k not in optional)
     if missing:

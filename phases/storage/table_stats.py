@@ -316,7 +316,50 @@ _NO_ROWS = {
     "DROP CONSTRAINT",
     "UPGRADE PROTOCOL",
     "COMPUTE STATS",
+    # a schema change of a live phase (phases.schema_changes): the columns change, no row does
+    "CHANGE COLUMN",
+    "ADD COLUMNS",
 }
+
+
+def changes_rows(commit: dict) -> bool:
+    """Whether a commit (its commit info) may have changed the table's rows (anything but compaction, vacuum and
+    property or schema changes)."""
+    return commit.get("operation") not in _NO_ROWS
+
+
+def commit_ms(commit: dict) -> int | None:
+    """A commit's time as its commit info says (in-commit timestamp, else the writer's), in ms: with its version,
+    what tells that commit from another one at the same version (a table removed and written again)."""
+    ms = commit.get("inCommitTimestamp") or commit.get("timestamp")
+    return None if ms is None else int(ms)
+
+
+def head_commit(spark: SparkSession | None, path: str) -> dict | None:
+    """The table's newest commit info (None: no table)."""
+    return next(iter(commits_newest_first(spark, path) or ()), None)
+
+
+def write_mark(commit: dict) -> tuple[str, int] | None:
+    """(app id, batch) of a marked write (:func:`write_marker`), else None."""
+    return _marker(commit)
+
+
+def commits_newest_first(spark: SparkSession | None, path: str) -> Iterator[dict] | None:
+    """The table's commit infos (``version``, ``operation``, ``userMetadata``), newest first, read page by page as
+    the caller goes on (delta-rs, else Spark's history when a ``spark`` session is given); None when ``path``
+    holds no table."""
+    try:
+        table = _table(path)
+    except SourceError:
+        if spark is None:
+            raise
+        pages = _history_pages_through_spark(spark, path)
+    else:
+        if table is None:
+            return None
+        pages = _pages(lambda n: table.history(n))
+    return (commit for page in pages for commit in page)
 
 
 def write_marker(app_id: str, batch: int) -> str:
@@ -391,8 +434,13 @@ def _history_pages_through_spark(spark: SparkSession, path: str) -> Iterator[lis
     from delta.tables import DeltaTable
 
     def read(n: int) -> list[dict]:
-        rows = DeltaTable.forPath(spark, path).history(n).select("version", "operation", "userMetadata").collect()
-        return [r.asDict() for r in rows]
+        rows = (
+            DeltaTable.forPath(spark, path)
+            .history(n)
+            .select("version", "operation", "userMetadata", "timestamp")
+            .collect()
+        )
+        return [{**r.asDict(), "timestamp": int(r["timestamp"].timestamp() * 1000)} for r in rows]
 
     return _pages(read)
 

@@ -177,6 +177,7 @@ def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dic
     # One partition of one row made of literals: a plan with no Python rows to ship (``createDataFrame`` of a list
     # parallelizes it into the default parallelism's tasks, each deserialized by a Python worker: ~0.5 s against
     # ~0.16 s here, warm).
+    fs.sweep_orphan_checksums(path)
     columns = [F.lit(values[f.name]).cast(f.dataType).alias(f.name) for f in schema.fields]
     row = spark.range(0, 1, 1, numPartitions=1).select(*columns)
     # The first append creates the table with ``schema`` (one commit, not an empty one before it).

@@ -62,10 +62,10 @@ def main() -> None:
     if kill_at in ("swap", "swapped"):
         real_copy = swap.copy_sink
 
-        def copy_sink(spark_, source, target, *, swap=None):
+        def copy_sink(spark_, source, target, *, swap=None, **kwargs):
             if swap is not None and kill_at == "swap":
                 _die()
-            version = real_copy(spark_, source, target, swap=swap)
+            version = real_copy(spark_, source, target, swap=swap, **kwargs)
             if swap is not None:
                 _die()
             return version

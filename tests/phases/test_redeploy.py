@@ -25,6 +25,7 @@ from tests.helpers import (
     append_version,
     assert_results_equal,
     materialize,
+    remove_newest_commits,
     sink_rows,
     write_source,
 )
@@ -179,9 +180,10 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
     cut=st.integers(min_value=0, max_value=5),
     redeploy_at=st.integers(min_value=0, max_value=5),
     arrivals=st.lists(st.sampled_from(STEPS[:4]), max_size=3),
+    log_behind=st.integers(min_value=0, max_value=2),
 )
 def test_after_the_swap_the_sink_equals_the_new_definitions_one_streaming_job(
-    spark, tmp_path, raw, cut, redeploy_at, arrivals
+    spark, tmp_path, raw, cut, redeploy_at, arrivals, log_behind
 ):
     """For random data, cut-off and redeploy point, with versions arriving between the redeploy's steps: every read
     of the sink between steps is the old definition's result over what its live phase applied, until the swap, and
@@ -220,6 +222,14 @@ def test_after_the_swap_the_sink_equals_the_new_definitions_one_streaming_job(
             assert_results_equal(rows, _expected_new(_upto(versions, caught[0])))
     for v in range(head[0] + 1, last + 1):
         append_version(spark, source, versions[v])
+    if log_behind:  # the redeploy log loses its newest commits: refused, then repaired by the redeploy the error names
+        remove_newest_commits(generations.log_path(old), log_behind)
+        with pytest.raises((PhaseStateError, ManifestError)):
+            LiveRunner.from_manifest(spark, new).start(available_now=True)
+        with pytest.raises(PhaseStateError, match=r"Redeploy\(spark, pipeline\)\.run\(\)"):
+            LiveRunner.from_manifest(spark, old).start(available_now=True)
+        Redeploy(spark, new).run(reason="repair")
+        assert_results_equal(sink_rows(spark, old.sink.path), _expected_new(_upto(versions, caught[0])))
     LiveRunner.from_manifest(spark, new).start(available_now=True)
     expected = _expected_new(versions)
     assert_results_equal(sink_rows(spark, new.sink.path), expected)
@@ -284,10 +294,10 @@ def test_a_swap_cut_short_refuses_live_starts_until_a_rerun_finishes_it(spark, t
 
     real = swap.copy_sink
 
-    def crash_on_swap(spark, source, target, *, swap=None):
+    def crash_on_swap(spark, source, target, *, swap=None, **kwargs):
         if swap is not None:
             raise RuntimeError("crash before the swap's commit")
-        return real(spark, source, target, swap=swap)
+        return real(spark, source, target, swap=swap, **kwargs)
 
     monkeypatch.setattr(swap, "copy_sink", crash_on_swap)
     with pytest.raises(RuntimeError, match="crash before"):
