@@ -42,6 +42,7 @@ LONGEST_MODULES = (
     "tests/phases/test_live_splits.py",
     "tests/phases/test_two_input.py",
     "tests/phases/test_live_recovery.py",
+    "tests/phases/test_redeploy_damage.py",
     "tests/phases/test_two_input_kafka.py",
     "tests/test_readme_guide.py",
     "tests/deployment/test_standalone_cluster.py",
