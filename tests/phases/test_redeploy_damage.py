@@ -160,3 +160,36 @@ def test_a_stale_checksum_in_the_compacted_table_does_not_stop_the_compaction(sp
     compact_changelog(spark, p)
     assert_results_equal(current_rows(spark, p), _expected_old(_upto(VERSIONS, 4)))
     assert_results_equal(sink_rows(spark, p.sink.current), _expected_old(_upto(VERSIONS, 4)))
+
+
+def test_a_stop_a_redeploy_requests_is_recorded_before_the_query_stops(spark, tmp_path, monkeypatch):
+    """The live phase stops its query on a redeploy's request, then said why: a caller polling it in between (the
+    Dagster live step does) saw a query 'stopped without an error (stopped from outside)', a failure. The moment
+    between is held open here: the reason must be there before the query stops."""
+    import time
+
+    from phases.storage import leases
+
+    root, source, old, new = _handed_off(spark, tmp_path, VERSIONS, 3)
+    runner = LiveRunner.from_manifest(spark, old)
+    real = LiveRunner._stop_between_batches
+
+    def stop_then_linger(self, wait_s: float = 60.0) -> None:
+        real(self, wait_s)
+        time.sleep(3)  # the query is stopped; the watcher has not gone on yet
+
+    monkeypatch.setattr(LiveRunner, "_stop_between_batches", stop_then_linger)
+    runner.start()
+    try:
+        leases.request_stop(spark, old, "live", "the test", "a redeploy's swap")
+        deadline = time.monotonic() + 60
+        while runner.query.isActive and time.monotonic() < deadline:
+            runner.raise_if_failed()
+            time.sleep(0.05)
+        for _ in range(20):  # through the lingering moment
+            runner.raise_if_failed()
+            time.sleep(0.1)
+        assert runner.stopped_for is not None and "a redeploy's swap" in runner.stopped_for
+    finally:
+        runner.stop()
+        leases.clear_stop_request(spark, old, "live")
