@@ -34,8 +34,9 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
       ``_quarantine``: one multi-asset, the backlog phase (plus ``_backlog_slices`` with a daily backfill);
     * ``<name>_live``: the live phase, a long-running step, with its ``live_phase_running`` check; the sink's
       ``sink_fresh`` check;
-    * ``<name>_next_generation`` (with its blocking checks) and ``<name>_swap``: a redeploy of a changed
-      definition beside the serving one (:mod:`phases_dagster.redeploy`);
+    * ``<name>_next_generation`` (with its blocking checks) and ``<name>_swap`` (a part of the live step), in the
+      group ``<name>_redeploy``: a redeploy of a changed definition beside the serving one, run only by the redeploy
+      job (:mod:`phases_dagster.redeploy`);
     * jobs (backlog, live, redeploy, slices), the switch sensor, the health sensor, the daily schedule.
 
     Resources ``spark`` and ``storage`` are bound by the caller's Definitions (see :func:`default_resources`)."""
@@ -68,9 +69,9 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
             )
         )
     return dg.Definitions(
-        assets=[build_source_asset(pipeline), *backlog_assets, build_live_asset(pipeline, settings), *redeploy[:2]],
+        assets=[build_source_asset(pipeline), *backlog_assets, build_live_asset(pipeline, settings), redeploy[0]],
         asset_checks=[
-            redeploy[2],
+            redeploy[1],
             build_backlog_checks(pipeline, settings),
             build_freshness_check(pipeline, settings),
             build_live_check(pipeline),

@@ -1,8 +1,13 @@
-"""What Dagster's event log knows of a pipeline's latest handoff: the backlog materialization's metadata."""
+"""What Dagster's event log knows of a pipeline's latest handoff (the backlog materialization's metadata), and the
+handoff of the generation that serves (after a redeploy, the next generation's, read from its manifests)."""
 
 from dataclasses import dataclass
 
 import dagster as dg
+
+from phases.definition import Pipeline
+from phases.lateness import watermark_after
+from phases.storage import table_stats
 
 
 @dataclass(frozen=True)
@@ -38,4 +43,30 @@ def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | No
         right_source_version=fields.get("right_source_version"),
         right_watermark_us=fields.get("right_final_watermark_us"),
         right_source_position=fields.get("right_source_position") or None,
+    )
+
+
+def serving_handoff(instance: dg.DagsterInstance, resolved: Pipeline, backlog_key: dg.AssetKey) -> Handoff | None:
+    """The handoff the serving generation's live phase runs from. ``resolved``: the pipeline bound to the serving
+    generation (the storage resource's ``resolve``). Until a redeploy that is the backlog materialization's; after a
+    swap, the serving generation's newest manifest (read with delta-rs), which no backlog materialization names:
+    the health sensor and the live checks then watch, judge and relaunch that generation's live runs."""
+    latest = read_handoff(instance, backlog_key)
+    if resolved.locations.generation is None:  # never redeployed
+        return latest
+    rows = table_stats.rows(resolved.locations.manifests, where=("pipeline", resolved.name)) or []
+    newest = max(rows, key=lambda row: row["created_at_us"], default=None)
+    if newest is None or (latest is not None and newest["manifest_id"] == latest.manifest_id):
+        return latest
+    right_max = newest.get("right_max_event_time_us")
+    return Handoff(
+        manifest_id=newest["manifest_id"],
+        fingerprint=newest["fingerprint"],
+        source_version=int(newest["source_version"]),
+        final_watermark_us=newest.get("final_watermark_us"),
+        run_id=latest.run_id if latest is not None else "",
+        source_position=newest.get("source_position") or None,
+        right_source_version=newest.get("right_source_version"),
+        right_watermark_us=watermark_after(right_max, resolved.delay_us) if right_max is not None else None,
+        right_source_position=newest.get("right_source_position") or None,
     )

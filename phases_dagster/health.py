@@ -35,7 +35,7 @@ from phases.sources.kafka import ChunkPlan
 from phases.sources.lag import unapplied
 from phases.storage import progress_log
 from phases_dagster import source as source_assets
-from phases_dagster.handoff_events import Handoff, read_handoff
+from phases_dagster.handoff_events import Handoff, serving_handoff
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import LiveHealth, Names, Orchestration, WhenLiveDown
 
@@ -294,16 +294,16 @@ def sink_freshness(
     if down:
         return Verdict(
             False,
-            f"{u.behind} {u.unit} wait in {u.location} ({waited}) and the live phase is {live_state}: nothing applies "
+            f"{u.amount} {u.verb} in {u.location} ({waited}) and the live phase is {live_state}: nothing applies "
             "them. Start the live job again",
             meta,
         )
     if lag is None:
-        return Verdict(False, f"{u.behind} {u.unit} not applied, {waited} (live phase {live_state})", meta)
+        return Verdict(False, f"{u.amount} not applied, {waited} (live phase {live_state})", meta)
     verdict = "within" if lag <= max_lag.total_seconds() else "over"
     return Verdict(
         lag <= max_lag.total_seconds(),
-        f"{u.behind} {u.unit} not applied, {waited}, {verdict} max_lag {max_lag} (live phase {live_state})",
+        f"{u.amount} not applied, {waited}, {verdict} max_lag {max_lag} (live phase {live_state})",
         meta,
     )
 
@@ -323,8 +323,8 @@ def build_live_check(pipeline: Pipeline) -> dg.AssetChecksDefinition:
         description="Whether the live phase runs: passes while a live run runs; WARN while it is stopped (terminated "
         "or ended on purpose); ERROR once its run failed or its process was lost. Evaluated by the health sensor.",
     )
-    def live_phase_running(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        handoff = read_handoff(context.instance, dg.AssetKey(names.backlog))
+    def live_phase_running(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
+        handoff = serving_handoff(context.instance, storage.resolve(pipeline), dg.AssetKey(names.backlog))
         if handoff is None:
             return dg.AssetCheckResult(
                 passed=False, description="no handoff yet: the backlog has not run", severity=dg.AssetCheckSeverity.WARN
@@ -356,7 +356,7 @@ def build_freshness_check(pipeline: Pipeline, settings: Orchestration) -> dg.Ass
         "(health.when_live_down).",
     )
     def sink_fresh(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-        handoff = read_handoff(context.instance, dg.AssetKey(names.backlog))
+        handoff = serving_handoff(context.instance, storage.resolve(pipeline), dg.AssetKey(names.backlog))
         if handoff is None:
             return dg.AssetCheckResult(passed=False, description="no handoff yet: the backlog has not run")
         state = live_state_of(live_runs(context.instance, pipeline.name, handoff.manifest_id))
@@ -374,23 +374,43 @@ def build_freshness_check(pipeline: Pipeline, settings: Orchestration) -> dg.Ass
 
 
 def _latest_evaluation(instance: dg.DagsterInstance, key: dg.AssetCheckKey):
-    """(passed, severity, live_state, timestamp) of the check's latest evaluation the instance holds, or None."""
+    """(passed, severity, (live_state, run_id, description), timestamp) of the check's latest evaluation the instance
+    holds, or None."""
     record = instance.event_log_storage.get_latest_asset_check_execution_by_key([key]).get(key)
     event = record.event if record is not None else None
     evaluation = event.dagster_event.event_specific_data if event is not None and event.dagster_event else None
     if not isinstance(evaluation, dg.AssetCheckEvaluation):
         return None
-    state = evaluation.metadata.get("live_state")
-    return evaluation.passed, evaluation.severity, getattr(state, "value", state), record.create_timestamp
+    state, run = evaluation.metadata.get("live_state"), evaluation.metadata.get("run_id")
+    return (
+        evaluation.passed,
+        evaluation.severity,
+        (getattr(state, "value", state), getattr(run, "value", run), evaluation.description),
+        record.create_timestamp,
+    )
 
 
-def _due(instance: dg.DagsterInstance, key: dg.AssetCheckKey, verdict: Verdict, now: datetime, every=None) -> bool:
-    """Whether ``verdict`` says something the check's latest evaluation does not (or, with ``every``, is older)."""
+def _due(
+    instance: dg.DagsterInstance,
+    key: dg.AssetCheckKey,
+    verdict: Verdict,
+    now: datetime,
+    every=None,
+    *,
+    words: bool = False,
+) -> bool:
+    """Whether ``verdict`` says something the check's latest evaluation does not (another state, or the same state of
+    another live run: a redeploy's run takes over from the run it stopped; with ``words``, any other description: a
+    queued run that started, a relaunch's countdown) or, with ``every``, is older."""
     latest = _latest_evaluation(instance, key)
     if latest is None:
         return True
-    passed, severity, state, at = latest
+    passed, severity, (state, run, description), at = latest
+    if words and description != verdict.description:
+        return True
     if (passed, state) != (verdict.passed, verdict.metadata.get("live_state")):
+        return True
+    if "run_id" in verdict.metadata and run != verdict.metadata["run_id"]:
         return True
     if not passed and severity != verdict.severity:
         return True
@@ -440,7 +460,7 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
                 events.append(obs)
         cursor["heads"] = heads
 
-        handoff = read_handoff(context.instance, dg.AssetKey(names.backlog))
+        handoff = serving_handoff(context.instance, resolved, dg.AssetKey(names.backlog))
         if handoff is None:
             context.update_cursor(json.dumps(cursor, sort_keys=True))
             return dg.SensorResult(skip_reason="no handoff yet: the backlog has not run", asset_events=events)
@@ -468,7 +488,7 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
 
         if runs:  # the live phase owns the sink once it has run
             running = live_running_verdict(status, names.live_job, decision.reason if status.down else None)
-            if _due(context.instance, running_key, running, now):
+            if _due(context.instance, running_key, running, now, words=True):
                 events.append(_evaluation(live_key, names.live_running, running))
             fresh = sink_freshness(resolved, handoff, policy.max_lag, status.state, now, policy.when_live_down)
             if _due(context.instance, fresh_key, fresh, now, REPORT_AT_LEAST_EVERY):

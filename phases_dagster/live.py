@@ -37,6 +37,7 @@ from phases.storage import fs, table_stats
 from phases.storage.live_layout import state_store_root
 from phases_dagster import catalog
 from phases_dagster.health import LIVE_RUN_TAG
+from phases_dagster.redeploy import RedeployConfig, not_in_the_redeploy_job, run_swap, swap_spec
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names, Orchestration
@@ -58,6 +59,11 @@ class LiveConfig(dg.Config):
         None,
         gt=0,
         description="After this long, process what is available and stop (default: run until terminated).",
+    )
+    # The swap's settings: read only in the redeploy job, whose swap is this step's first part.
+    reason: str = Field("", description="The redeploy job: why the pipeline is redeployed (the redeploy log, tags).")
+    stop_timeout_seconds: float = Field(
+        600.0, gt=0, description="The redeploy job: how long the swap waits for the serving live phase to stop."
     )
 
 
@@ -166,14 +172,15 @@ class _Tables:
 
 
 def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDefinition:
+    """The live asset, and the redeploy's swap as the first part of the same step (a subset of one multi-asset): the
+    redeploy job runs the swap, then the live phase of the generation it made serve, in one process; the live asset
+    itself depends only on the backlog's tables, so its own "Materialize" asks about nothing upstream."""
     names = Names(pipeline)
-    live_key = dg.AssetKey(names.live_asset)
-
-    @dg.asset(
-        name=names.live_asset,
-        deps=[names.backlog, names.state, names.swap],  # a redeploy's run starts it after its swap
+    live_key, swap_key = dg.AssetKey(names.live_asset), dg.AssetKey(names.swap)
+    live_spec = dg.AssetSpec(
+        names.live_asset,
+        deps=[names.backlog, names.state],
         code_version=pipeline.fingerprint(),
-        op_tags={"phases/pipeline": pipeline.name},
         **catalog.spec_kwargs(
             pipeline,
             f"Live phase of {pipeline.name!r}: one Structured Streaming query seeded from the handoff, keeping its "
@@ -186,7 +193,23 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
             kinds={"spark", "delta"},
         ),
     )
+
+    @dg.multi_asset(
+        name=names.live_asset,
+        specs=[live_spec, swap_spec(pipeline)],
+        can_subset=True,
+        op_tags={"phases/pipeline": pipeline.name},
+    )
     def live(context: dg.AssetExecutionContext, config: LiveConfig, spark: SparkResource, storage: StorageResource):
+        if swap_key in context.selected_asset_keys and not_in_the_redeploy_job(context, pipeline, "the swap") is None:
+            swap_config = RedeployConfig(
+                reason=config.reason,
+                take_over_dead_lease=config.take_over_dead_lease,
+                stop_timeout_seconds=config.stop_timeout_seconds,
+            )
+            yield run_swap(context, pipeline, swap_config, spark, storage)
+        if live_key not in context.selected_asset_keys:
+            return
         p = storage.resolve(pipeline)
         interval = config.report_interval_seconds or settings.live.report_interval_seconds
         runner = LiveRunner.from_manifest(spark.session(), p, config.manifest_id, take_over=config.take_over_dead_lease)
@@ -263,7 +286,9 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
             runner.stop()
             context.log.info("live phase query stopped; a new run resumes from its checkpoint")
         context.log.info(f"live phase stopped cleanly: {reason}")
-        return dg.MaterializeResult(metadata={"state": STOPPED, "reason": reason, "manifest_id": mid})
+        yield dg.MaterializeResult(
+            asset_key=live_key, metadata={"state": STOPPED, "reason": reason, "manifest_id": mid}
+        )
 
     return live
 

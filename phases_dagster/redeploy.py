@@ -1,17 +1,21 @@
 """The redeploy job: a changed definition built beside the serving one, checked, swapped in, and its live phase run.
 
-Deploy the changed code, then launch ``<name>_redeploy_job`` with a reason. Its steps, each an asset of the pipeline's
-group, so that both generations show in the lineage while they coexist:
+Deploy the changed code, then launch ``<name>_redeploy_job`` with a reason. Its steps are assets, so that both
+generations show in the lineage while they coexist; the two redeploy assets are in a group of their own
+(``<name>_redeploy``), so the pipeline group's "Materialize all" never runs them, and outside the redeploy job they do
+nothing and say why (no materialization: nothing is shown as built or swapped):
 
 * ``<name>_next_generation``: the diff against the serving definition (in the run's log and the materialization),
   then for a change of the state's shape the new generation's backlog, catch-up increments and live rounds on its
   own sink (:meth:`phases.redeploy.runner.Redeploy.prepare`); each step is an observation of the asset as it
   happens. Its blocking checks are the backlog's, on the new generation's handoff: a generation that fails them is
   never swapped in (the swap step does not run);
-* ``<name>_swap``: asks the serving live phase to stop (its run ends cleanly, saying why), makes the swap's commit
-  on the consumer-facing sink and records it (:meth:`~phases.redeploy.runner.Redeploy.run`); a materialization of
-  the sink says which generation it holds now. For a forward change it records the amendment and stops the serving
-  live phase instead, and with no change to the state spec it only stops it (a restart takes the new code up);
+* ``<name>_swap`` (one step with the live asset, :mod:`phases_dagster.live`, so that the live asset depends on no
+  asset that only a redeploy materializes: its own "Materialize" opens no warning): asks the serving live phase to
+  stop (its run ends cleanly, saying why), makes the swap's commit on the consumer-facing sink and records it
+  (:meth:`~phases.redeploy.runner.Redeploy.run`); a materialization of the sink says which generation it holds now.
+  For a forward change it records the amendment and stops the serving live phase instead, and with no change to the
+  state spec it only stops it (a restart takes the new code up);
 * ``<name>_live``: the live phase of the definition, now the serving generation's, in this same run.
 
 A **rollback** is the same job run from the previous definition's code: its generation is kept, so the job skips
@@ -46,15 +50,26 @@ class RedeployConfig(dg.Config):
     )
 
 
+def not_in_the_redeploy_job(context: dg.AssetExecutionContext, pipeline: Pipeline, what: str) -> str | None:
+    """Why a redeploy step does nothing in this run (it is not the redeploy job's), or None."""
+    names = Names(pipeline)
+    if context.run.job_name == names.redeploy_job:
+        return None
+    reason = (
+        f"not run: {what} runs only in {names.redeploy_job} (deploy the changed code, then launch that job with a "
+        f"reason); run {context.run_id} is {context.run.job_name}'s. Nothing was built, stopped or swapped."
+    )
+    context.log.info(reason)
+    return reason
+
+
 def _text(value: object) -> str | int | float:
     return value if isinstance(value, int | float | str) else str(value)
 
 
 def _redeploy(
-    context: dg.AssetExecutionContext, pipeline: Pipeline, config: RedeployConfig, spark, storage
+    context: dg.AssetExecutionContext, pipeline: Pipeline, config: RedeployConfig, spark, storage, key: dg.AssetKey
 ) -> Redeploy:
-    key = context.asset_key
-
     def report(step: str, detail: dict) -> None:
         context.log.info(f"redeploy of {pipeline.name!r}: {step}: " + "; ".join(f"{k}={v}" for k, v in detail.items()))
         context.log_event(
@@ -77,25 +92,32 @@ def _tag_run(context: dg.AssetExecutionContext, result: RedeployResult, rollback
 
 def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
     names = Names(pipeline)
-    next_key, sink_key = dg.AssetKey(names.next_generation), dg.AssetKey(names.sink)
+    next_key = dg.AssetKey(names.next_generation)
     bound = settings.checks.max_quarantine_fraction
 
     @dg.asset(
         name=names.next_generation,
         deps=[names.source],
         code_version=pipeline.fingerprint(),
-        **catalog.spec_kwargs(
-            pipeline,
-            f"The next generation of {pipeline.name!r}: the changed definition built beside the serving one (its own "
-            "state, sink and quarantine), up to the head, with its live phase caught up on its own sink. Its blocking "
-            f"checks must pass before {names.swap} swaps it in. Observations show each step as it happens.",
-            kinds={"spark", "delta"},
-        ),
+        output_required=False,  # outside the redeploy job it materializes nothing
+        **{
+            **catalog.spec_kwargs(
+                pipeline,
+                f"The next generation of {pipeline.name!r}: the changed definition built beside the serving one (its "
+                "own state, sink and quarantine), up to the head, with its live phase caught up on its own sink. Its "
+                f"blocking checks must pass before {names.swap} swaps it in. Observations show each step as it "
+                f"happens. Runs only in {names.redeploy_job}; elsewhere it does nothing and says why.",
+                kinds={"spark", "delta"},
+            ),
+            "group_name": names.redeploy_group,
+        },
     )
     def next_generation(
         context: dg.AssetExecutionContext, config: RedeployConfig, spark: SparkResource, storage: StorageResource
     ):
-        redeploy = _redeploy(context, pipeline, config, spark, storage)
+        if not_in_the_redeploy_job(context, pipeline, "the next generation") is not None:
+            return
+        redeploy = _redeploy(context, pipeline, config, spark, storage, next_key)
         plan = redeploy.plan()
         context.log.info(plan.describe())
         result = redeploy.prepare(config.reason)
@@ -111,7 +133,7 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
         if result.prepared is not None:
             metadata["manifest_id"] = result.manifest_id
             metadata.update({k: round(v, 3) for k, v in result.timings.items()})
-        return dg.MaterializeResult(metadata=metadata)
+        yield dg.MaterializeResult(metadata=metadata)
 
     specs = [
         dg.AssetCheckSpec(n, asset=next_key, blocking=True, description=DESCRIPTIONS[n] + " (the next generation)")
@@ -142,61 +164,76 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
             return
         yield from handoff_check_results(session, p, handoff, next_key, bound)
 
-    @dg.asset(
-        name=names.swap,
-        deps=[names.next_generation],
-        code_version=pipeline.fingerprint(),
-        **catalog.spec_kwargs(
-            pipeline,
-            f"The swap of {pipeline.name!r}: the serving live phase is asked to stop, then one commit makes the sink "
-            "consumers read hold the next generation's results; the previous generation is kept for a rollback (run "
-            "this job from the previous definition's code). A forward change is recorded instead, and the live phase "
-            "restarted.",
-            kinds={"delta"},
-        ),
-    )
-    def swap(context: dg.AssetExecutionContext, config: RedeployConfig, spark: SparkResource, storage: StorageResource):
-        redeploy = _redeploy(context, pipeline, config, spark, storage)
-        plan = redeploy.plan()
-        result = redeploy.run(config.reason)
-        if result.way == "none":  # the live step of this run restarts the live phase: it takes the new code up
-            redeploy.stop_serving_live(result.generation)
-        rollback = result.swapped and plan.rollback
-        _tag_run(context, result, rollback, config.reason)
-        metadata = {
-            "way": "rollback" if rollback else result.way,
-            "from_generation": result.from_generation,
-            "generation": result.generation,
-            "swapped": result.swapped,
-            "reason": config.reason or "none given",
-        }
-        if result.swapped:
-            gap = result.swap_gap_s
-            metadata.update(
-                consumer_version=result.consumer_version,
-                seconds_from_stop_to_swap=round(gap, 3) if gap is not None else -1,
-                manifest_id=result.manifest_id,
-            )
-            if result.old_stopped_at_us is not None:  # when the sink stopped taking the old generation's results
-                metadata["serving_live_stopped_at"] = dg.MetadataValue.timestamp(result.old_stopped_at_us / 1e6)
-            if result.swapped_at_us is not None:
-                metadata["swapped_at"] = dg.MetadataValue.timestamp(result.swapped_at_us / 1e6)
-            # where the swap's step spent its time: the last round, the swap's commit, keeping the old results
-            metadata.update({k: round(v, 3) for k, v in result.timings.items() if k.endswith("_s")})
-            p = storage.resolve(pipeline)
-            context.log_event(
-                dg.AssetMaterialization(
-                    asset_key=sink_key,
-                    metadata={
-                        "written_by": "swap",
-                        "generation": result.generation,
-                        **catalog.table_metadata(p, p.sink.path, "sink"),
-                    },
-                )
-            )
-        return dg.MaterializeResult(metadata=metadata)
+    return [next_generation, next_generation_checks]
 
-    return [next_generation, swap, next_generation_checks]
+
+def swap_spec(pipeline: Pipeline) -> dg.AssetSpec:
+    """The swap, an asset of the live step (:func:`phases_dagster.live.build_live_asset`) in the redeploy's group."""
+    names = Names(pipeline)
+    kwargs = catalog.spec_kwargs(
+        pipeline,
+        f"The swap of {pipeline.name!r}: the serving live phase is asked to stop, then one commit makes the sink "
+        "consumers read hold the next generation's results; the previous generation is kept for a rollback (run "
+        "this job from the previous definition's code). A forward change is recorded instead, and the live phase "
+        f"restarted. Runs only in {names.redeploy_job}, in the live step's process (its live phase then starts "
+        "there); elsewhere it does nothing and says why.",
+        kinds={"delta"},
+    )
+    kwargs["group_name"] = names.redeploy_group
+    return dg.AssetSpec(
+        names.swap, deps=[names.next_generation], code_version=pipeline.fingerprint(), skippable=True, **kwargs
+    )
+
+
+def run_swap(
+    context: dg.AssetExecutionContext,
+    pipeline: Pipeline,
+    config: RedeployConfig,
+    spark: SparkResource,
+    storage: StorageResource,
+) -> dg.MaterializeResult:
+    """The swap step of the redeploy job (module docstring): the swap asset's materialization."""
+    names = Names(pipeline)
+    swap_key, sink_key = dg.AssetKey(names.swap), dg.AssetKey(names.sink)
+    redeploy = _redeploy(context, pipeline, config, spark, storage, swap_key)
+    plan = redeploy.plan()
+    result = redeploy.run(config.reason)
+    if result.way == "none":  # the live step of this run restarts the live phase: it takes the new code up
+        redeploy.stop_serving_live(result.generation)
+    rollback = result.swapped and plan.rollback
+    _tag_run(context, result, rollback, config.reason)
+    metadata = {
+        "way": "rollback" if rollback else result.way,
+        "from_generation": result.from_generation,
+        "generation": result.generation,
+        "swapped": result.swapped,
+        "reason": config.reason or "none given",
+    }
+    if result.swapped:
+        gap = result.swap_gap_s
+        metadata.update(
+            consumer_version=result.consumer_version,
+            seconds_from_stop_to_swap=round(gap, 3) if gap is not None else -1,
+            manifest_id=result.manifest_id,
+        )
+        if result.old_stopped_at_us is not None:  # when the sink stopped taking the old generation's results
+            metadata["serving_live_stopped_at"] = dg.MetadataValue.timestamp(result.old_stopped_at_us / 1e6)
+        if result.swapped_at_us is not None:
+            metadata["swapped_at"] = dg.MetadataValue.timestamp(result.swapped_at_us / 1e6)
+        # where the swap's step spent its time: the last round, the swap's commit, keeping the old results
+        metadata.update({k: round(v, 3) for k, v in result.timings.items() if k.endswith("_s")})
+        p = storage.resolve(pipeline)
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=sink_key,
+                metadata={
+                    "written_by": "swap",
+                    "generation": result.generation,
+                    **catalog.table_metadata(p, p.sink.path, "sink"),
+                },
+            )
+        )
+    return dg.MaterializeResult(asset_key=swap_key, metadata=metadata)
 
 
 def build_redeploy_job(pipeline: Pipeline):

@@ -126,4 +126,6 @@ class Names:
         self.next_generation = f"{n}_next_generation"  # a redeploy's new generation
         self.next_generation_checks = f"{n}_next_generation_checks"
         self.swap = f"{n}_swap"
+        # The redeploy's assets have a group of their own: the pipeline group's "Materialize all" never runs them.
+        self.redeploy_group = f"{n}_redeploy"
         self.redeploy_job = f"{n}_redeploy_job"

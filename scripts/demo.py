@@ -207,7 +207,8 @@ def redeploy_walkthrough(stack, spark, data: Path, feed, location, args, want: i
         config = {"reason": reason}
         t = time.perf_counter()
         run = stack.launch(
-            names.redeploy_job, {"ops": {names.next_generation: {"config": config}, names.swap: {"config": config}}}
+            names.redeploy_job,
+            {"ops": {names.next_generation: {"config": config}, names.live_asset: {"config": config}}},
         )
         _line(label, f"{names.redeploy_job} run {run}: {reason}")
         batches = 0

@@ -19,7 +19,7 @@ from phases_dagster.settings import Names
 from scripts.dagster_stack import DagsterStack, DeployedLocation
 from scripts.local_postgres import LocalPostgres
 from tests.helpers import SHORT_LIVED_JVM_OPTIONS
-from tests.test_end_to_end import SENSOR_INTERVAL_S, _events_in, _wait
+from tests.test_end_to_end import SENSOR_INTERVAL_S, _events_in, _kill_tree, _wait
 
 NAMES = Names(DEMO)
 ROWS_PER_BATCH = 2000
@@ -70,7 +70,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         append_batch()
     location = DeployedLocation(code, "DEMO")
     postgres = LocalPostgres(tmp_path / "postgres").start()
-    env = {"JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM_OPTIONS, "PHASES_RELAUNCH_BACKOFF_S": "600"}
+    env = {"JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM_OPTIONS, "PHASES_RELAUNCH_BACKOFF_S": "10"}
     stack = DagsterStack(
         tmp_path / "dagster_home",
         data_root,
@@ -82,7 +82,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
     try:
         stack.start()
         assert stack.parents(NAMES.swap) == {NAMES.next_generation}
-        assert stack.parents(NAMES.live_asset) == {NAMES.backlog, NAMES.state, NAMES.swap}
+        assert stack.parents(NAMES.live_asset) == {NAMES.backlog, NAMES.state}  # resuming asks about nothing else
         stack.wait_run(stack.launch(NAMES.backlog_job), {"SUCCESS"}, timeout_s=400)
         old_live = stack.wait_for_run_of(NAMES.live_job, timeout_s=120)["runId"]  # the switch sensor's
         stack.wait_for_message(old_live, "live phase running", timeout_s=300)
@@ -98,7 +98,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
 
         reason = "a five-minute watermark and a count of values"
         config = {"reason": reason}
-        run_config = {"ops": {NAMES.next_generation: {"config": config}, NAMES.swap: {"config": config}}}
+        run_config = {"ops": {NAMES.next_generation: {"config": config}, NAMES.live_asset: {"config": config}}}
         started = time.monotonic()
         redeploy = stack.launch(NAMES.redeploy_job, run_config)
         stack.wait_for_message(redeploy, "live phase running", timeout_s=600)
@@ -121,14 +121,55 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         _wait_exact(spark, DEMO_REVISED, storage, batches * ROWS_PER_BATCH, stack, redeploy)
         redeploy_s = time.monotonic() - started
 
+        # The health sensor and the checks watch the generation that serves: the redeploy's run is its live phase.
+        # (They read generation 0's handoff once, and said "stopped; not relaunched" while generation 1 served.)
+        _wait(
+            "live_phase_running passing for the redeploy's run",
+            lambda: (
+                (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
+                and e[0]["success"]
+                and redeploy in e[0]["description"]
+            ),
+            timeout_s=90,
+            seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
+        )
+        _wait(
+            "sink_fresh passing while generation 1 serves",
+            lambda: (e := stack.check_executions(NAMES.sink, NAMES.fresh)) and e[0]["success"],
+            timeout_s=90,
+            seen=lambda: stack.check_executions(NAMES.sink, NAMES.fresh)[:3],
+        )
+        # Its process lost: the sensor relaunches it, from generation 1's handoff, within its backoff.
+        _kill_tree(stack.run_pid(redeploy))
+        stack.wait_run(redeploy, {"FAILURE"}, timeout_s=120)
+        relaunched = _wait(
+            "a relaunch of the serving generation's live run",
+            lambda: next(
+                (
+                    r
+                    for r in stack.runs(NAMES.live_job)
+                    if {t["key"]: t["value"] for t in r["tags"]}.get("phases/relaunch_of") == redeploy
+                ),
+                None,
+            ),
+            timeout_s=180,
+            seen=lambda: [tick["skipReason"] for tick in stack.sensor_ticks(NAMES.health)][:5],
+        )["runId"]
+        built_manifest = stack.latest_materialization(NAMES.next_generation)["manifest_id"]
+        rtags = {t["key"]: t["value"] for t in stack.runs(NAMES.live_job)[0]["tags"]}
+        assert rtags["phases/manifest_id"] == built_manifest, rtags
+        stack.wait_for_message(relaunched, "live phase running", timeout_s=300)
+        append_batch()
+        _wait_exact(spark, DEMO_REVISED, storage, batches * ROWS_PER_BATCH, stack, relaunched)
+
         # The previous code again: the same job swaps the kept generation 0 back, without a backlog.
         location.deploy("DEMO")
         stack.reload()
         config = {"reason": "roll back"}
-        run_config = {"ops": {NAMES.next_generation: {"config": config}, NAMES.swap: {"config": config}}}
+        run_config = {"ops": {NAMES.next_generation: {"config": config}, NAMES.live_asset: {"config": config}}}
         rollback = stack.launch(NAMES.redeploy_job, run_config)
         stack.wait_for_message(rollback, "live phase running", timeout_s=600)
-        assert stack.wait_run(redeploy, {"SUCCESS"}, timeout_s=60) == "SUCCESS"
+        assert stack.wait_run(relaunched, {"SUCCESS"}, timeout_s=60) == "SUCCESS"
         back = stack.latest_materialization(NAMES.swap)
         assert (back["run_id"], back["way"], back["from_generation"], back["generation"]) == (
             rollback,

@@ -118,6 +118,15 @@ class Unapplied:
     oldest_at: datetime | None  # commit time (Delta) or record timestamp (Kafka) of the oldest one not applied
     error: str | None = None
 
+    @property
+    def amount(self) -> str:
+        """``behind`` with its unit, as a person writes it ("1 version", "3 records")."""
+        return f"{self.behind} {self.unit[:-1] if self.behind == 1 and self.unit.endswith('s') else self.unit}"
+
+    @property
+    def verb(self) -> str:
+        return "waits" if self.behind == 1 else "wait"
+
 
 def unapplied(pipeline: Pipeline, *, applied_version: int, applied_offsets: dict[int, int] | None) -> Unapplied:
     """How much of the pipeline's source is after the applied position, and since when it waits."""

@@ -100,3 +100,12 @@ def test_the_freshness_check_is_not_green_while_the_live_phase_is_down_even_with
     write_deltalake(source, pa.table({"key": ["b"], "value": [2]}), mode="append")
     stale = sink_freshness(p, handoff, timedelta(0), "stopped", datetime.now(UTC) + timedelta(seconds=5))
     assert not stale.passed and stale.severity == dg.AssetCheckSeverity.ERROR
+
+
+def test_the_freshness_words_count_one_as_one():
+    """The check said "1 versions wait"."""
+    from phases.sources.lag import Unapplied
+
+    one, three = Unapplied("source", 1, "versions", None), Unapplied("topic t", 3, "records", None)
+    assert (one.amount, one.verb) == ("1 version", "waits")
+    assert (three.amount, three.verb) == ("3 records", "wait")

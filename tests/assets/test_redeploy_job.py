@@ -4,13 +4,14 @@ a next generation whose checks fail is not swapped in."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import dagster as dg
 import pytest
 
 from phases.backlog.runner import BacklogRunner
-from phases.live.runner import LiveRunner
+from phases.live.runner import STOP_POLL_S, LiveRunner
 from phases.storage import generations
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
@@ -35,13 +36,8 @@ def _old():
 def _run_config(names: Names, reason: str) -> dict:
     config = {"reason": reason, "stop_timeout_seconds": 120}
     live = {"report_interval_seconds": 1.0, "max_runtime_seconds": 2.0}
-    return {
-        "ops": {
-            names.next_generation: {"config": config},
-            names.swap: {"config": config},
-            names.live_asset: {"config": live},
-        }
-    }
+    # The swap is the first part of the live step: its settings are the live step's too.
+    return {"ops": {names.next_generation: {"config": config}, names.live_asset: {"config": {**config, **live}}}}
 
 
 def _materialization(result: dg.ExecuteInProcessResult, asset: str) -> dict:
@@ -169,5 +165,59 @@ def test_a_redeploy_with_no_new_state_restarts_the_live_phase_in_its_run(spark, 
             assert _materialization(result, names.live_asset)["state"] == "stopped"
         assert generations.read(spark, storage.declared(old)).serving == 0
         assert_results_equal(sink_rows(spark, storage.declared(old).sink.path), _expected_old(versions))
+    finally:
+        serving.stop()
+
+
+@pytest.mark.parametrize("group", ["pipeline", "redeploy"])
+def test_materialize_all_of_either_group_leaves_a_healthy_live_phase_running(spark, tmp_path, group):
+    """ "Materialize all" on the pipeline's group selected the next generation and the swap too: the swap ran a
+    redeploy with nothing to change, which stopped the healthy live phase for good. The redeploy assets now have a
+    group of their own and do nothing outside the redeploy job: no materialization, no check run, no stop; what the
+    pipeline group's button runs leaves the live phase alone too (its backlog step does nothing after the switch)."""
+    root = str(tmp_path)
+    versions = {i: _version(i) for i in range(1, 5)}
+    write_source(spark, f"{root}/src", _upto(versions, 3))
+    old = _old()
+    storage = StorageResource(root=root)
+    names = Names(old)
+    defs = definitions(spark, root, old, LENIENT)
+    graph = defs.resolve_asset_graph()
+    groups: dict[str, set[str]] = {}
+    for key in graph.get_all_asset_keys():
+        if graph.get(key).is_materializable:
+            groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
+    assert groups[names.redeploy_group] == {names.next_generation, names.swap}
+    assert not groups[old.name] & {names.next_generation, names.swap}
+    assert graph.get(dg.AssetKey(names.live_asset)).parent_keys == {
+        dg.AssetKey(names.backlog),
+        dg.AssetKey(names.state),
+    }
+    BacklogRunner(spark, storage.declared(old)).run()
+    serving = LiveRunner.from_manifest(spark, storage.declared(old))
+    serving.start()
+    try:
+        append_version(spark, f"{root}/src", versions[4])
+        selected = groups[old.name if group == "pipeline" else names.redeploy_group]
+        job = defs.resolve_implicit_global_asset_job_def().get_subset(
+            asset_selection={dg.AssetKey(k) for k in selected}
+            - ({dg.AssetKey(names.live_asset)} if group == "pipeline" else set())  # the live step would run on
+        )
+        with dg.instance_for_test() as instance:
+            result = job.execute_in_process(instance=instance, raise_on_error=False)
+            assert result.success, [e.message for e in result.all_events if e.is_failure]
+            materialized = {e.asset_key.to_user_string() for e in result.all_events if e.is_step_materialization}
+            assert not materialized & {names.next_generation, names.swap}, materialized
+            assert not [
+                e for e in result.get_asset_check_evaluations() if e.asset_key.path[-1] == names.next_generation
+            ]
+            if group == "redeploy":
+                said = [e.user_message for e in instance.all_logs(result.run_id) if "not run:" in e.user_message]
+                assert any(names.redeploy_job in m for m in said), said
+        time.sleep(2 * STOP_POLL_S)
+        assert serving.stopped_for is None and serving.query.isActive
+        serving.process_available()
+        assert_results_equal(sink_rows(spark, storage.declared(old).sink.path), _expected_old(versions))
+        assert generations.read(spark, storage.declared(old)).steps == ()
     finally:
         serving.stop()
