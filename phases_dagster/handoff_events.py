@@ -25,6 +25,22 @@ class Handoff:
     right_source_position: str | None = None  # ... and a Kafka right input's chunk plan
 
 
+def of_manifest(handoff, delay_us: int, run_id: str = "") -> Handoff:
+    """A :class:`phases.storage.manifest.HandoffManifest` as the sensors' :class:`Handoff`."""
+    right_max = handoff.right_max_event_time_us
+    return Handoff(
+        manifest_id=handoff.manifest_id,
+        fingerprint=handoff.fingerprint,
+        source_version=handoff.source_version,
+        final_watermark_us=handoff.final_watermark_us,
+        run_id=run_id,
+        source_position=handoff.source_position,
+        right_source_version=handoff.right_source_version,
+        right_watermark_us=watermark_after(right_max, delay_us) if right_max is not None else None,
+        right_source_position=handoff.right_source_position,
+    )
+
+
 def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | None:
     records = instance.fetch_materializations(key, limit=1).records
     if not records:

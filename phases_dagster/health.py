@@ -417,7 +417,9 @@ def _due(
     return every is not None and now.timestamp() - at >= every.total_seconds()
 
 
-def _evaluation(asset: dg.AssetKey, check: str, verdict: Verdict) -> dg.AssetCheckEvaluation:
+def check_evaluation(asset: dg.AssetKey, check: str, verdict: Verdict) -> dg.AssetCheckEvaluation:
+    """A verdict as an evaluation of the check (the health sensor reports it; the live step too, with each sink
+    materialization it makes, so that the check is evaluated for the sink's latest materialization)."""
     return dg.AssetCheckEvaluation(
         asset_key=asset,
         check_name=check,
@@ -489,10 +491,10 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
         if runs:  # the live phase owns the sink once it has run
             running = live_running_verdict(status, names.live_job, decision.reason if status.down else None)
             if _due(context.instance, running_key, running, now, words=True):
-                events.append(_evaluation(live_key, names.live_running, running))
+                events.append(check_evaluation(live_key, names.live_running, running))
             fresh = sink_freshness(resolved, handoff, policy.max_lag, status.state, now, policy.when_live_down)
             if _due(context.instance, fresh_key, fresh, now, REPORT_AT_LEAST_EVERY):
-                events.append(_evaluation(sink_key, names.fresh, fresh))
+                events.append(check_evaluation(sink_key, names.fresh, fresh))
 
         context.update_cursor(json.dumps(cursor, sort_keys=True))
         if decision.action != "relaunch":

@@ -25,7 +25,7 @@ sensor watches and relaunches it like the live job's. A new run resumes from the
 """
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 
 import dagster as dg
 from pydantic import Field
@@ -36,7 +36,8 @@ from phases.live.runner import LiveRunner
 from phases.storage import fs, table_stats
 from phases.storage.live_layout import state_store_root
 from phases_dagster import catalog
-from phases_dagster.health import LIVE_RUN_TAG
+from phases_dagster.handoff_events import of_manifest
+from phases_dagster.health import LIVE_RUN_TAG, check_evaluation, sink_freshness
 from phases_dagster.redeploy import RedeployConfig, not_in_the_redeploy_job, run_swap, swap_spec
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource
@@ -116,9 +117,13 @@ class _Tables:
     """Keeps the catalog's view of the tables the live phase writes current: a materialization of the sink and of
     the quarantine each time the live phase committed a new version of it (read from the Delta logs, no Spark)."""
 
-    def __init__(self, context: dg.AssetExecutionContext, p: Pipeline, manifest_id: str):
+    def __init__(
+        self, context: dg.AssetExecutionContext, p: Pipeline, manifest_id: str, settings: Orchestration, handoff
+    ):
         names = Names(p)
-        self.context, self.p, self.mid = context, p, manifest_id
+        self.context, self.p, self.mid, self.settings = context, p, manifest_id, settings
+        self.handoff = of_manifest(handoff, p.delay_us) if handoff is not None else None
+        self.fresh = names.fresh
         self.sink_key, self.quarantine_key = dg.AssetKey(names.sink), dg.AssetKey(names.quarantine)
         self.state_key = dg.AssetKey(names.state)
         self.versions: dict[str, int | None] = {}
@@ -139,6 +144,15 @@ class _Tables:
                     asset_key=self.sink_key, metadata={**written, **catalog.table_metadata(p, p.sink.path, "sink")}
                 )
             )
+            if self.handoff is not None:
+                # sink_fresh for this materialization at once: the health sensor re-evaluates it only on a change
+                # or once a minute, and the UI shows a check not evaluated for the latest materialization as not
+                # passed ("0 / 1") after every commit.
+                health = self.settings.health
+                verdict = sink_freshness(
+                    p, self.handoff, health.max_lag, RUNNING, datetime.now(UTC), health.when_live_down
+                )
+                self.context.log_event(check_evaluation(self.sink_key, self.fresh, verdict))
         if self._changed("quarantine", p.locations.quarantine):
             self.context.log_event(
                 dg.AssetMaterialization(
@@ -217,7 +231,7 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
         # Whatever launched this run, it is now the live phase: the health sensor finds it by this tag.
         context.instance.add_run_tags(context.run_id, {LIVE_RUN_TAG: pipeline.name, "phases/manifest_id": mid})
         context.log.info(f"starting the live phase of {p.name!r} from manifest {mid}")
-        tables = _Tables(context, p, mid)
+        tables = _Tables(context, p, mid, settings, runner.handoff)
         reason = None
 
         meter = LiveMeter(runner)  # before the start: the rows its first micro-batch applies are reported too

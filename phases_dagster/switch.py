@@ -86,9 +86,15 @@ def decide(
     if handoff.fingerprint != fingerprint:
         return Decision(
             "skip",
-            f"manifest {mid} is invalid: made by pipeline fingerprint {handoff.fingerprint}, the definition now has "
-            f"{fingerprint}; materialize the backlog again",
+            f"manifest {mid} was made by pipeline fingerprint {handoff.fingerprint}, the definition now has "
+            f"{fingerprint}: the code changed. A pipeline that runs takes a changed definition with its redeploy job "
+            "(built beside the serving one, then swapped in; the live phase keeps serving meanwhile); before the "
+            "switch, materialize the backlog again",
             mid,
+        )
+    if failed_checks and all(c.endswith("(planned)") for c in failed_checks):
+        return Decision(
+            "skip", f"manifest {mid}: its checks are planned in its run and not evaluated yet; waiting for them", mid
         )
     if failed_checks:
         return Decision("skip", f"manifest {mid} is invalid: checks not passed: {', '.join(failed_checks)}", mid)

@@ -102,6 +102,10 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
         assert sum(quarantine_events[-1]["rows_by_reason"].values()) == quarantine_events[-1]["dagster/row_count"]
         sink_events = _live_materializations(first, names.sink)
         assert sink_events and sink_events[-1]["written_by"] == "live"
+        # Each of them comes with sink_fresh evaluated for it (the UI showed "0 / 1 passed" after every commit until
+        # the health sensor's next report).
+        fresh = [e for e in first.get_asset_check_evaluations() if e.check_name == names.fresh]
+        assert len(fresh) == len(sink_events) and all(e.passed for e in fresh), fresh
         assert sink_events[-1]["dagster/row_count"] == len(sink_rows(spark, f"{root}/engine/sink"))
         expected, _ = reference.run({**VERSIONS, 4: v4}, DELAY_S * S)
         assert_results_equal(sink_rows(spark, f"{root}/engine/sink"), expected)

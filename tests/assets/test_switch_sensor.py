@@ -243,3 +243,18 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
     stale = sink_freshness(resolved, handoff, timedelta(0), "not started", now + timedelta(seconds=1))
     assert not stale.passed and stale.metadata["behind"] == 3 and stale.metadata["lag_s"] > 0, stale
     assert sink_freshness(resolved, handoff, timedelta(hours=1), "not started", now).passed
+
+
+def test_switch_rule_words_checks_not_run_yet_and_a_changed_definition_without_misleading():
+    """During a backlog run the sensor called its manifest "invalid: checks not passed (planned)" before the checks
+    ran; after a deploy of changed code it advised materializing the backlog again, where a running pipeline takes the
+    change with its redeploy job."""
+    now = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    handoff = Handoff("m1", "f", 10, None, "run")
+    common = dict(handoff=handoff, lags=[], now=now, launched_manifest=None, lag_threshold=timedelta(minutes=5))
+    planned = decide(fingerprint="f", failed_checks=["state_keys_unique (planned)"], **common)
+    assert planned.action == "skip" and "invalid" not in planned.reason and "waiting" in planned.reason
+    failed = decide(fingerprint="f", failed_checks=["state_keys_unique (failed)"], **common)
+    assert "invalid" in failed.reason
+    changed = decide(fingerprint="g", failed_checks=[], **common)
+    assert "invalid" not in changed.reason and "redeploy job" in changed.reason
