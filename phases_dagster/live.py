@@ -97,7 +97,8 @@ def report_metadata(report: LiveReport, manifest_id: str) -> dict:
     return {
         **{k: round(v, 3) if isinstance(v, float) else v for k, v in plotted.items() if v is not None},
         "state": RUNNING,
-        "input_rows": f"{report.input_rows:,} in {report.data_batches} of {report.batches} micro-batches",
+        "input_rows": f"{report.input_rows:,} in {report.data_batches} of {report.batches} micro-batches"
+        + (" (one is running)" if report.running_batch else ""),
         "applied_position": report.applied_position,
         "head_position": report.head_position or "unknown",
         "watermark": when(report.watermark),

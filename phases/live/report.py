@@ -2,9 +2,12 @@
 
 Each report covers the micro-batches that ended since the previous one:
 
-* ``input_rows`` is the sum of their ``numInputRows``; ``input_rows_per_s`` divides it by the interval's wall
-  time (what arrived and was taken up), ``processed_rows_per_s`` by the time those batches ran (their
-  ``triggerExecution`` durations: how fast the live phase works while it works);
+* ``input_rows`` is the sum of their ``numInputRows``; ``input_rows_per_s`` divides it by the time those batches
+  cover, from the end of the last batch reported before to the end of the newest one (what arrived and was taken
+  up: a micro-batch longer than the interval is not counted as if it all came in the interval it ended in, which
+  made rates spike tenfold), and has no value while a micro-batch runs and none ended (not a made-up 0);
+  ``processed_rows_per_s`` divides it by the time those batches ran (their ``triggerExecution`` durations: how fast
+  the live phase works while it works);
 * ``batch_duration_s`` is their mean ``triggerExecution``;
 * ``lag_s`` is how long the oldest source data not applied yet has waited (its Delta commit time, or its Kafka
   record timestamp, to now; 0 when nothing waits), and ``behind`` how much waits: versions (Delta) or records
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from phases.definition import SOURCE_LABEL
 from phases.lateness import watermark_after
@@ -36,7 +39,7 @@ class LiveReport:
     batches: int  # micro-batches that ended in the interval
     data_batches: int  # ... of which read at least one row
     input_rows: int
-    input_rows_per_s: float
+    input_rows_per_s: float | None  # None: a micro-batch runs and none ended in the interval
     processed_rows_per_s: float | None  # None: no row in the interval
     batch_duration_s: float | None  # mean over the data batches; None: none
     last_batch_id: int | None
@@ -50,15 +53,23 @@ class LiveReport:
     lag_s: float | None  # how long the oldest source data not applied has waited (0: nothing waits; None: unknown)
     applied_position: str  # the last applied source version ("v12") or end offsets ("0:40,1:38")
     head_position: str
+    running_batch: bool = False  # a micro-batch was running at the report and none ended in the interval
 
     def describe(self) -> str:
         rate = f"{self.processed_rows_per_s:,.0f}" if self.processed_rows_per_s is not None else "-"
+        taken = f"{self.input_rows_per_s:,.1f}" if self.input_rows_per_s is not None else "-"
         return (
-            f"{self.input_rows:,} rows in {self.data_batches}/{self.batches} batches ({self.input_rows_per_s:,.1f}/s "
+            f"{self.input_rows:,} rows in {self.data_batches}/{self.batches} batches ({taken}/s "
             f"in, {rate}/s while processing), applied {self.applied_position} of {self.head_position or '?'} "
             f"({self.behind if self.behind is not None else '?'} {self.behind_unit} behind), watermark "
             f"{self.watermark.isoformat() if self.watermark else 'none'}"
         )
+
+
+def _ended(progress) -> datetime:
+    """When a micro-batch ended: its trigger's start (ISO 8601, UTC) plus its ``triggerExecution`` time."""
+    started = datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00"))
+    return started + timedelta(milliseconds=(progress.durationMs or {}).get("triggerExecution", 0))
 
 
 def _dt(us: int | None) -> datetime | None:
@@ -73,6 +84,7 @@ class LiveMeter:
         self._last_batch: int | None = None
         self._last_seen: str | None = None  # the newest progress's timestamp already reported
         self._last_at = time.monotonic()
+        self._last_end: datetime | None = None  # when the newest micro-batch reported so far ended
 
     def report(self) -> LiveReport:
         runner, pipeline = self.runner, self.runner.pipeline
@@ -89,6 +101,15 @@ class LiveMeter:
             self._last_seen = max(p.timestamp for p in progresses)
         data = [p for p in new if p.numInputRows > 0]
         rows = sum(int(p.numInputRows) for p in new)
+        running_batch = False
+        if new:
+            newest_end = max(_ended(p) for p in new)
+            covered = (newest_end - self._last_end).total_seconds() if self._last_end is not None else interval
+            self._last_end = newest_end
+            input_rate: float | None = rows / max(covered, 1e-3)
+        else:
+            running_batch = bool(q is not None and q.isActive and q.status.get("isTriggerActive"))
+            input_rate = None if running_batch else 0.0
         busy_s = sum((p.durationMs or {}).get("triggerExecution", 0) for p in data) / 1000
         latest = runner.incremental.latest_progress()
         applied_max = latest.running_max_us
@@ -129,7 +150,7 @@ class LiveMeter:
             batches=len(new),
             data_batches=len(data),
             input_rows=rows,
-            input_rows_per_s=rows / interval,
+            input_rows_per_s=input_rate,
             processed_rows_per_s=rows / busy_s if rows and busy_s > 0 else None,
             batch_duration_s=busy_s / len(data) if data else None,
             last_batch_id=self._last_batch,
@@ -143,4 +164,5 @@ class LiveMeter:
             lag_s=lag_s,
             applied_position=applied,
             head_position=head.position,
+            running_batch=running_batch,
         )
