@@ -28,7 +28,7 @@ _LOOK_PAST = 64
 _REMOVES_ROWS = {"RESTORE", "DELETE", "TRUNCATE", "REPLACE TABLE", "CREATE OR REPLACE TABLE", "REPLACE TABLE AS SELECT"}
 
 
-def way_out(pipeline: Pipeline, handoff: HandoffManifest) -> str:
+def way_out(pipeline: Pipeline) -> str:
     return (
         "Nothing was started. To proceed: restore the table to the version the handoff left it at (or later, with only "
         f"this live run's writes after it); or start over: BacklogRunner(spark, pipeline).run(reset=True) for pipeline "
@@ -48,7 +48,7 @@ def refuse_missing_tables(
         raise LiveResumeError(
             f"the live phase of {pipeline.name!r} cannot start from handoff {handoff.manifest_id}: its sink {sink} is "
             f"missing (the handoff left it at version {handoff.sink_version}, {_rows(handoff.sink_rows)}). A new empty "
-            "sink would hold only the keys the live phase changes. " + way_out(pipeline, handoff)
+            "sink would hold only the keys the live phase changes. " + way_out(pipeline)
         )
     if handoff.quarantine_version is None or {"quarantine", "quarantine_right"} & set(writes):
         return
@@ -71,8 +71,7 @@ def refuse_missing_tables(
     if problem is not None:
         raise LiveResumeError(
             f"the live phase of {pipeline.name!r} cannot start from handoff {handoff.manifest_id}: its quarantine "
-            f"{path} {problem}, where the backlog quarantined {handoff.quarantined_rows} rows. "
-            + way_out(pipeline, handoff)
+            f"{path} {problem}, where the backlog quarantined {handoff.quarantined_rows} rows. " + way_out(pipeline)
         )
 
 
@@ -117,7 +116,7 @@ def refuse_sink_not_as_handed_off(
                     f"the live phase of {pipeline.name!r} cannot start from handoff {handoff.manifest_id}: its sink "
                     f"{path} is at version {head}, behind the version {handoff.sink_version} the handoff left it at "
                     f"({_rows(handoff.sink_rows)}): its newest commits were removed or it was restored from an older "
-                    "backup. " + way_out(pipeline, handoff)
+                    "backup. " + way_out(pipeline)
                 )
         if handoff_wrote_here and first_write and not unexplained and version <= handoff.sink_version:
             # The handoff's own commit, or the table is not the one the handoff wrote.
@@ -152,7 +151,7 @@ def refuse_sink_not_as_handed_off(
     raise LiveResumeError(
         f"the live phase of {pipeline.name!r} cannot start from handoff {handoff.manifest_id}: its sink {path} is not "
         f"as the handoff or this run left it: {what} (a restore to an earlier backlog, a removal and re-creation, or "
-        "another writer). The live phase would only add to it. " + way_out(pipeline, handoff)
+        "another writer). The live phase would only add to it. " + way_out(pipeline)
     )
 
 

@@ -234,7 +234,7 @@ def unrecorded_swap(spark: SparkSession | None, pipeline: Pipeline, gens: Genera
     declared_root = _base_root(pipeline)
     if not gens.steps and not _has_generations(spark, declared_root):
         return None
-    found = newest_swap(spark, _consumer_path(pipeline))
+    found = newest_swap(spark, pipeline.sink.path)  # the declared (or serving) pipeline's sink: the consumers'
     return found if found is not None and not recorded(gens, found) else None
 
 
@@ -247,12 +247,6 @@ def _has_generations(spark: SparkSession | None, root: str) -> bool:
 
         return uris.is_local(path) and os.path.isdir(uris.local_path(path))
     return fs.exists(spark, path)
-
-
-def _consumer_path(pipeline: Pipeline) -> str:
-    """The consumer-facing table of a pipeline, as declared or bound (a binding to a generation's own sink keeps
-    the declared one nowhere else: it is ``sink.path`` of the declaration)."""
-    return pipeline.sink.path
 
 
 def writes_consumer_table(pipeline: Pipeline) -> bool:
