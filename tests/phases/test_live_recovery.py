@@ -264,7 +264,7 @@ TABLES = st.sampled_from([("sink",), ("quarantine",), ("sink", "quarantine")])
 @pytest.mark.slow
 @settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    before=st.integers(min_value=0, max_value=3),
+    before=st.integers(min_value=1, max_value=3),
     restored=TABLES,
     commits=st.integers(min_value=0, max_value=2),
     sink_mode=st.sampled_from(["upsert", "changelog"]),
