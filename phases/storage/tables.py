@@ -26,9 +26,12 @@ def exists(spark: SparkSession, path: str) -> bool:
 
 
 def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: str) -> None:
-    """Creates an empty Delta table with ``schema`` at ``path`` unless one is there (:func:`create`)."""
+    """Creates an empty Delta table with ``schema`` at ``path`` unless one is there (:func:`create`). A table whose
+    every commit was removed (a restore from a backup older than the table) leaves a ``_delta_log`` folder holding no
+    file, which Delta's create-if-missing takes for a table: that folder is removed first."""
     if exists(spark, path):
         return
+    fs.remove_if_no_file(spark, f"{path.rstrip('/')}/_delta_log")
     create(spark, path, schema, if_missing=True, **properties)
 
 

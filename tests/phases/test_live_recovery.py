@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from phases.backlog.runner import BacklogRunner
@@ -264,11 +264,12 @@ TABLES = st.sampled_from([("sink",), ("quarantine",), ("sink", "quarantine")])
 @pytest.mark.slow
 @settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    before=st.integers(min_value=1, max_value=3),
+    before=st.integers(min_value=0, max_value=3),
     restored=TABLES,
     commits=st.integers(min_value=0, max_value=2),
     sink_mode=st.sampled_from(["upsert", "changelog"]),
 )
+@example(before=0, restored=("quarantine",), commits=1, sink_mode="upsert")  # a quarantine left with no commit
 def test_any_table_restored_to_an_older_commit_equals_the_reference_or_is_refused(
     spark, tmp_path, before, restored, commits, sink_mode
 ):

@@ -52,6 +52,20 @@ def test_an_empty_table_is_created_as_an_empty_write_would_create_it(spark, tmp_
     assert tables.version(spark, str(created)) == 0
 
 
+def test_a_table_whose_every_commit_was_removed_is_created_again(spark, tmp_path):
+    """Restoring a table from a backup taken before its first commit leaves a ``_delta_log`` folder without commits:
+    Delta's create-if-missing takes that folder for a table and fails with ``DELTA_TABLE_NOT_FOUND``."""
+    path = tmp_path / "t"
+    tables.ensure(spark, str(path), SCHEMA)
+    assert spark.read.format("delta").load(str(path)).count() == 0  # the session caches the table's log
+    for commit in (path / "_delta_log").iterdir():
+        if commit.is_file():
+            commit.unlink()
+    assert not tables.exists(spark, str(path))
+    tables.ensure(spark, str(path), SCHEMA)
+    assert tables.version(spark, str(path)) == 0 and spark.read.format("delta").load(str(path)).count() == 0
+
+
 def test_a_source_created_empty_records_its_change_feed_from_its_first_version_and_is_not_created_twice(
     spark, tmp_path
 ):
