@@ -105,7 +105,15 @@ def handoff_metadata(handoff: HandoffManifest, timings: dict[str, float]) -> dic
 def slice_metadata(record: SliceRecord, executed: bool) -> dict:
     """One day's slice as its partition's materialization: its own versions and counts."""
     versions = "none" if record.first_version is None else f"{record.first_version}..{record.last_version}"
+    if record.first_version is None:
+        contents = "empty: no source version was committed on that day (UTC)"
+    elif record.aggregated_rows + record.quarantined_rows == 0:
+        contents = "empty: the day's source versions hold no record"
+    else:
+        contents = f"{record.aggregated_rows + record.quarantined_rows} source records"
     return {
+        "contents": contents,
+        "dagster/row_count": record.keys,
         "versions": versions,
         "keys": record.keys,
         "aggregated_rows": record.aggregated_rows,

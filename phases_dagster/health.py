@@ -497,9 +497,9 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
                 events.append(check_evaluation(sink_key, names.fresh, fresh))
 
         context.update_cursor(json.dumps(cursor, sort_keys=True))
+        context.log.info(decision.reason)  # each tick's decision in its logs, not only the tooltip of its status
         if decision.action != "relaunch":
             return dg.SensorResult(skip_reason=decision.reason, asset_events=events)
-        context.log.info(decision.reason)
         return dg.SensorResult(
             run_requests=[
                 dg.RunRequest(

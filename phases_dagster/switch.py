@@ -259,10 +259,10 @@ def build_switch_sensor(
             running_live_run=status.run_id if status is not None and status.state == "running" else None,
         )
         restated = restated_checks(context.instance, key, handoff.run_id) if handoff else []
+        context.log.info(decision.reason)  # each tick's decision in its logs, not only the tooltip of its status
         if decision.action == "skip":
             return dg.SensorResult(skip_reason=decision.reason, asset_events=restated)
         if decision.action == "live":
-            context.log.info(decision.reason)
             context.update_cursor(json.dumps({**cursor, "launched": decision.manifest_id}))
             request = dg.RunRequest(
                 run_key=f"live:{decision.manifest_id}",
@@ -271,7 +271,6 @@ def build_switch_sensor(
                 tags={"phases/manifest_id": decision.manifest_id, "phases/switch_reason": decision.reason[:200]},
             )
             return dg.SensorResult(run_requests=[request], asset_events=restated)
-        context.log.info(decision.reason)
         request = dg.RunRequest(
             run_key=f"catch-up:{decision.manifest_id}",
             job_name=names.backlog_job,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -135,6 +136,30 @@ def _materialize_all_in_the_browser(stack: DagsterStack, group_url: str, name: s
             timeout_s=60,
         )
         assert page.get_by_text("Are you sure").count() == 0, "Materialize all asked to confirm"
+        _shot(page, name)
+    return launched
+
+
+def _materialize_in_the_browser(stack: DagsterStack, asset_url: str, name: str) -> str:
+    """Presses an asset's own "Materialize" on its page, as a user resuming the live phase would, and returns the run
+    it launched. No dialog may ask "Are you sure?" (an upstream asset never materialized used to)."""
+    before = {r["runId"] for r in stack.runs("__ASSET_JOB")}
+    with browser_page() as page:
+        page.goto(asset_url)
+        button = page.get_by_role("button", name=re.compile(r"^Materialize$"))
+        try:
+            button.first.wait_for(state="visible", timeout=60_000)
+        except Exception:
+            _shot(page, f"{name}_no_button")
+            names = page.get_by_role("button").all_inner_texts()
+            raise AssertionError(f"no 'Materialize' button on {asset_url}; the buttons: {names}") from None
+        button.first.click()
+        launched = _wait(
+            "the run the asset's Materialize launched",
+            lambda: next((r["runId"] for r in stack.runs("__ASSET_JOB") if r["runId"] not in before), None),
+            timeout_s=60,
+        )
+        assert page.get_by_text("Are you sure").count() == 0, "Materialize asked to confirm"
         _shot(page, name)
     return launched
 
@@ -465,7 +490,8 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         # Resuming from the live asset's own "Materialize" button (a run of the implicit asset job, not the live
         # job): the health sensor recognises it as the live phase.
         t = time.monotonic()
-        resumed = stack.materialize([NAMES.live_asset])
+        resumed = _materialize_in_the_browser(stack, f"{stack.url}/assets/{NAMES.live_asset}", "resume_from_asset")
+        assert stack.run_status(resumed) in {"QUEUED", "STARTING", "STARTED"}, stack.run_status(resumed)
         stack.wait_for_message(resumed, "live phase running", timeout_s=300)
         seen = _wait(
             "live_phase_running passing for the run started from the asset's page",

@@ -120,7 +120,7 @@ class IncrementalLive:
         fs.sweep_orphan_checksums(*self._write_targets().values())
         writes = self._recorded_writes()
         # Before the start writes anything: the tables against the handoff, where no live write is recorded yet.
-        start_checks.refuse_missing_tables(spark, p, self.plan.handoff, writes)
+        start_checks.refuse_missing_tables(spark, p, self.plan.handoff, writes, self._write_targets())
         start_checks.refuse_sink_not_as_handed_off(spark, p, self.plan.handoff, self.run_name, writes, self.generations)
         quarantine.ensure(spark, p.locations.quarantine)
         changelog.ensure_sink(spark, p, self.logic.output_schema)

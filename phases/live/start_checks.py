@@ -37,10 +37,18 @@ def way_out(pipeline: Pipeline) -> str:
 
 
 def refuse_missing_tables(
-    spark: SparkSession, pipeline: Pipeline, handoff: HandoffManifest | None, writes: dict
+    spark: SparkSession, pipeline: Pipeline, handoff: HandoffManifest | None, writes: dict, targets: dict[str, str]
 ) -> None:
-    """Before the run creates its tables: the sink must be there (the handoff wrote it, or a swap copied it), and the
-    quarantine must hold the backlog's rows until the live phase recorded a write of its own there."""
+    """Before the run creates its tables: every table the progress log records a live write to must be there
+    (``writes``: what -> micro-batch; ``targets``: what -> table); the sink must be there (the handoff wrote it, or a
+    swap copied it); the quarantine must hold the backlog's rows until the live phase recorded a write of its own
+    there."""
+    for what, path in sorted(targets.items()):
+        if what in writes and not tables.exists(spark, path):
+            raise LiveResumeError(
+                f"the live phase of {pipeline.name!r} cannot start: {path} is missing, where the progress log records "
+                f"its {what!r} write of micro-batch {writes[what]}. " + way_out(pipeline)
+            )
     if handoff is None:
         return
     sink = pipeline.sink.path

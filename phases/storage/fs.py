@@ -28,6 +28,12 @@ def delete(spark: SparkSession, path: str) -> None:
         fs.delete(p, True)
 
 
+def file_count(spark: SparkSession, path: str) -> int:
+    """The number of files under ``path`` at any depth (0 when it does not exist)."""
+    fs, p = _fs_path(spark, path)
+    return int(fs.getContentSummary(p).getFileCount()) if fs.exists(p) else 0
+
+
 def remove_if_no_file(spark: SparkSession, path: str) -> bool:
     """Removes the folder ``path`` when no file is under it (empty sub-folders only); True when it did."""
     fs, p = _fs_path(spark, path)

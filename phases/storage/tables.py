@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,6 +12,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases.storage import fs, table_stats
+
+log = logging.getLogger(__name__)
 
 
 def exists(spark: SparkSession, path: str) -> bool:
@@ -26,10 +29,22 @@ def exists(spark: SparkSession, path: str) -> bool:
 
 
 def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: str) -> None:
-    """Creates an empty Delta table with ``schema`` at ``path`` unless one is there (:func:`create`). A table whose
-    every commit was removed (a restore from a backup older than the table) leaves a ``_delta_log`` folder holding no
-    file, which Delta's create-if-missing takes for a table: that folder is removed first."""
+    """Creates an empty Delta table with ``schema`` at ``path`` unless one is there (:func:`create`).
+
+    A table whose every commit was removed (a restore from a backup older than the table, a partial restore) leaves
+    a ``_delta_log`` folder without a commit, which Delta's create-if-missing takes for a table: an empty one is
+    removed first. Data files left without a commit make Delta refuse to create a table there at all; the table is
+    then made by an empty write (a Spark job), as a write of rows would be, and the files it does not reference stay
+    until a ``VACUUM`` (the engine never deletes data files)."""
     if exists(spark, path):
+        return
+    left = fs.file_count(spark, path) - fs.file_count(spark, f"{path.rstrip('/')}/_delta_log")
+    if left > 0:
+        log.warning("%s holds %d data file(s) but no Delta commit: creating the table beside them", path, left)
+        writer = spark.createDataFrame([], schema).write.format("delta").mode("append")
+        for key, value in properties.items():
+            writer = writer.option(key, value)
+        writer.save(path)
         return
     fs.remove_if_no_file(spark, f"{path.rstrip('/')}/_delta_log")
     create(spark, path, schema, if_missing=True, **properties)

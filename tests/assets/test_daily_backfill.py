@@ -163,6 +163,11 @@ def test_the_demos_daily_data_lands_on_its_days_and_a_day_without_data_warns(spa
         assert any(r.level >= 30 and said in r.user_message for r in logs), [r.user_message for r in logs]
         creation = f"slice {created}: versions 0..0 were committed on that day but hold no record"
         assert any(r.level >= 30 and creation in r.user_message for r in logs), [r.user_message for r in logs]
+        # Each empty day's partition says so in its own metadata (Dagster's checks are per asset, not per partition).
+        said = {m.partition: m.metadata for m in ran.asset_materializations_for_node(names.slices)}
+        assert said[empty]["contents"].value == "empty: no source version was committed on that day (UTC)"
+        assert said[created]["contents"].value == "empty: the day's source versions hold no record"
+        assert said[empty]["dagster/row_count"].value == 0
 
         # A range of the three days with data, in one run: each day's partition carries its own day's figures.
         first, last = (today - timedelta(days=3)).isoformat(), (today - timedelta(days=1)).isoformat()

@@ -258,6 +258,23 @@ def test_a_quarantine_restored_behind_its_progress_log_is_refused_naming_it(spar
         _live(spark, p)
 
 
+def test_a_sink_whose_log_was_removed_with_its_files_left_is_refused_and_the_way_out_works(spark, tmp_path):
+    """The sink's whole _delta_log removed, its data files left (a partial restore): the start is refused as for a
+    missing sink, and the way out it names, a new backlog, writes the sink beside those files (not deleted)."""
+    p, mid = _started(spark, str(tmp_path))
+    _live(spark, p)
+    versions = {**BACKLOG, 3: _live_version(3)}
+    append_version(spark, p.source.path, versions[3])
+    shutil.rmtree(f"{p.sink.path}/_delta_log")
+    with pytest.raises(LiveResumeError, match=f"its sink {p.sink.path} is missing") as refused:
+        _live(spark, p)
+    assert "reset=True" in str(refused.value)
+    BacklogRunner(spark, p).run(reset=True)
+    _live(spark, p)
+    expected, _ = reference.run(versions, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+
+
 TABLES = st.sampled_from([("sink",), ("quarantine",), ("sink", "quarantine")])
 
 

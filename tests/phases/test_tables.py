@@ -5,6 +5,7 @@ the same schema (every column nullable, at every depth) and the same properties.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from pyspark.errors import AnalysisException
@@ -58,12 +59,37 @@ def test_a_table_whose_every_commit_was_removed_is_created_again(spark, tmp_path
     path = tmp_path / "t"
     tables.ensure(spark, str(path), SCHEMA)
     assert spark.read.format("delta").load(str(path)).count() == 0  # the session caches the table's log
+    spark.read.format("delta").load(str(path)).unionByName(
+        spark.sql("SELECT 'k' AS key").select("key"), allowMissingColumns=True
+    ).write.format("delta").mode("append").save(str(path))
+    assert spark.read.format("delta").load(str(path)).count() == 1
     for commit in (path / "_delta_log").iterdir():
         if commit.is_file():
             commit.unlink()
+    for data in path.glob("*.parquet"):
+        data.unlink()
     assert not tables.exists(spark, str(path))
     tables.ensure(spark, str(path), SCHEMA)
     assert tables.version(spark, str(path)) == 0 and spark.read.format("delta").load(str(path)).count() == 0
+
+
+def test_a_table_whose_log_was_removed_with_its_data_files_left_is_created_beside_them(spark, tmp_path):
+    """Delta refuses to create a table where data files lie without a log (``DELTA_MISSING_DELTA_TABLE``): the new
+    table is made by an empty write, holds no row, and the files stay."""
+    path = tmp_path / "t"
+    tables.ensure(spark, str(path), SCHEMA)
+    row = spark.sql("SELECT 'k' AS key")
+    reader = spark.read.format("delta")
+    reader.load(str(path)).unionByName(row, allowMissingColumns=True).write.format("delta").mode("append").save(
+        str(path)
+    )
+    assert reader.load(str(path)).count() == 1
+    shutil.rmtree(path / "_delta_log")
+    files = sorted(path.glob("*.parquet"))
+    assert files
+    tables.ensure(spark, str(path), SCHEMA)
+    assert tables.version(spark, str(path)) == 0 and reader.load(str(path)).count() == 0
+    assert set(files) <= set(path.glob("*.parquet")), "the files left were deleted"
 
 
 def test_a_source_created_empty_records_its_change_feed_from_its_first_version_and_is_not_created_twice(
