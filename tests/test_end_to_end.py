@@ -6,9 +6,10 @@ looks running (materializing) in the lineage and the catalog; new data, some of 
 quarantine's count and reasons move. The live run's process is killed with data waiting: the live asset turns red
 (failed) in both views within a minute, its ``live_phase_running`` check says the phase was lost, ``sink_fresh``
 fails at once, and the health sensor relaunches it from its checkpoint. "Materialize all" on the live pipeline runs
-no backlog and marks no table failed, and the switch sensor still reads the handoff's checks as passed. A terminate
-clicked in the UI is a clean stop (materialized, not running, its check warning), and the live asset's own
-"Materialize" resumes the live phase as a run the health sensor recognises. Screenshots are kept in
+no backlog and marks no table failed, and the switch sensor still reads the handoff's checks as passed; the same
+button on the redeploy group builds, stops and swaps nothing. A terminate clicked in the UI is a clean stop
+(materialized, not running, its check warning), and the live asset's own "Materialize", pressed on its page, resumes
+the live phase without a confirmation dialog, as a run the health sensor recognises. Screenshots are kept in
 ``.artifacts/ui/``."""
 
 from __future__ import annotations
@@ -122,13 +123,15 @@ def _plots(page, url: str, label: str) -> None:
     page.get_by_text(label, exact=True).first.scroll_into_view_if_needed()
 
 
-def _materialize_all_in_the_browser(stack: DagsterStack, group_url: str, name: str) -> str:
+def _materialize_all_in_the_browser(
+    stack: DagsterStack, group_url: str, name: str, shows: str = NAMES.live_asset
+) -> str:
     """Presses the group's "Materialize all" in the lineage, as a user would, and returns the run it launched. No
     dialog may ask "Are you sure?": nothing in the group waits on an asset that only a redeploy materializes."""
     before = {r["runId"] for r in stack.runs("__ASSET_JOB")}
     with browser_page() as page:
         page.goto(group_url)
-        wait_for_texts(page, (NAMES.live_asset,))
+        wait_for_texts(page, (shows,))
         page.get_by_role("button", name="Materialize all").first.click()
         launched = _wait(
             "the run Materialize all launched",
@@ -146,7 +149,8 @@ def _materialize_in_the_browser(stack: DagsterStack, asset_url: str, name: str) 
     before = {r["runId"] for r in stack.runs("__ASSET_JOB")}
     with browser_page() as page:
         page.goto(asset_url)
-        button = page.get_by_role("button", name=re.compile(r"^Materialize$"))
+        # Its accessible name carries its icon's too: the button is found by its text.
+        button = page.get_by_role("button").filter(has_text=re.compile(r"^Materialize$"))
         try:
             button.first.wait_for(state="visible", timeout=60_000)
         except Exception:
@@ -428,6 +432,15 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
             assert stack.asset_status(table)["latest_run_status"] != "FAILURE", table
         assert [r["runId"] for r in stack.runs(NAMES.live_job)] == [relaunched["runId"], live["runId"]]
         assert stack.run_status(relaunched["runId"]) == "STARTED"
+        # The redeploy group's "Materialize all": outside the redeploy job its assets do nothing and say why.
+        redeploy_group = f"{stack.url}/locations/{LOCATION}/asset-groups/{NAMES.redeploy_group}"
+        pressed = _materialize_all_in_the_browser(stack, redeploy_group, "materialize_all_redeploy", NAMES.swap)
+        stack.wait_run(pressed, {"SUCCESS"}, timeout_s=300)
+        assert any(f"runs only in {NAMES.redeploy_job}" in m for m in stack.messages(pressed))
+        for asset in (NAMES.next_generation, NAMES.swap):
+            assert stack.latest_materialization(asset) is None, asset
+        assert stack.run_status(relaunched["runId"]) == "STARTED"
+        assert [r["runId"] for r in stack.runs(NAMES.live_job)] == [relaunched["runId"], live["runId"]]
         restated = _wait(
             "the handoff's checks shown as passed again",
             lambda: all(

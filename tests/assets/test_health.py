@@ -109,3 +109,21 @@ def test_the_freshness_words_count_one_as_one():
     one, three = Unapplied("source", 1, "versions", None), Unapplied("topic t", 3, "records", None)
     assert (one.amount, one.verb) == ("1 version", "waits")
     assert (three.amount, three.verb) == ("3 records", "wait")
+
+
+def test_live_phase_running_is_evaluated_again_when_its_words_change_and_not_otherwise():
+    """The check kept "is queued" for a whole run, and a relaunch's countdown never moved: the sensor reported it only
+    when the state or the run changed. Any other description is reported; the same one is not repeated."""
+    import dagster as dg
+
+    from phases_dagster.health import Verdict, _due, check_evaluation
+
+    asset, key = dg.AssetKey("x_live"), dg.AssetCheckKey(dg.AssetKey("x_live"), "live_phase_running")
+    queued = Verdict(True, "running: run r1 is queued", {"live_state": "running", "run_id": "r1"})
+    started = Verdict(True, "running: run r1 started at 12:00", {"live_state": "running", "run_id": "r1"})
+    with dg.instance_for_test() as instance:
+        assert _due(instance, key, queued, NOW, words=True)  # never evaluated
+        instance.report_runless_asset_event(check_evaluation(asset, "live_phase_running", queued))
+        assert not _due(instance, key, queued, NOW, words=True)
+        assert _due(instance, key, started, NOW, words=True)
+        assert not _due(instance, key, started, NOW)  # without words: same state, same run
