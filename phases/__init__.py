@@ -6,6 +6,9 @@ The public API: declare a :class:`Pipeline`, run its backlog with :class:`Backlo
 
     from phases import Aggregation, BacklogRunner, DeltaSink, DeltaSource, KeyedAggregate, LiveRunner, Pipeline
 
+What an orchestrator reads of a pipeline without running it (its handoff, how far its live phase got, what waits
+in its sources, figures of its tables) is in :mod:`phases.inspect`; the Dagster layer uses nothing else.
+
 The names load on first use (PEP 562), so that a light entry point (a sensor, a watchdog, a Spark worker) that
 imports one module of the engine does not load all of it.
 
@@ -62,6 +65,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases.live.runner": ("LiveRunner", "LiveStart"),
     "phases.redeploy.runner": ("Redeploy", "RedeployPlan", "RedeployResult"),
     "phases.definition.changes": ("DefinitionChanges",),
+    "phases.definition.model": ("SettingsModel",),
     "phases.storage.manifest": ("HandoffManifest",),
     "phases.storage.maintenance": ("maintain",),
     "phases.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
@@ -132,6 +136,7 @@ __all__ = [
     "ReducePartition",
     "SchemaChangeError",
     "SessionAggregate",
+    "SettingsModel",
     "SetupError",
     "SliceRunner",
     "SortPartition",
@@ -197,6 +202,7 @@ if TYPE_CHECKING:
         WindowedAggregate,
     )
     from phases.definition.changes import DefinitionChanges
+    from phases.definition.model import SettingsModel
     from phases.errors import (
         DefinitionError,
         LeaseHeld,

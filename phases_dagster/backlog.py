@@ -7,10 +7,8 @@ from enum import Enum
 import dagster as dg
 from pydantic import Field
 
-from phases.backlog.runner import BacklogRunner
-from phases.backlog.slices import SliceRecord, SliceRunner
-from phases.definition import Pipeline
-from phases.storage.manifest import HandoffManifest
+from phases import BacklogRunner, HandoffManifest, Pipeline, SliceRunner
+from phases.inspect import SliceRecord
 from phases_dagster import catalog
 from phases_dagster.progress import reporting
 from phases_dagster.resources.spark import SparkResource

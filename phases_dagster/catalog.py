@@ -11,9 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from phases.definition import Pipeline
-from phases.sources.head import SourceHead
-from phases.storage import table_stats
+from phases import Pipeline, inspect
 
 
 def spec_kwargs(pipeline: Pipeline, description: str, *, kinds: set[str] | None = None) -> dict:
@@ -38,7 +36,7 @@ def definition_metadata(pipeline: Pipeline, path: str, table: str) -> dict:
     return {"dagster/table_name": f"{pipeline.name}.{table}", "dagster/uri": uri(path)}
 
 
-def column_schema(columns: tuple[table_stats.Column, ...]) -> dg.TableSchema:
+def column_schema(columns: tuple[inspect.Column, ...]) -> dg.TableSchema:
     return dg.TableSchema(
         columns=[
             dg.TableColumn(
@@ -54,7 +52,7 @@ def column_schema(columns: tuple[table_stats.Column, ...]) -> dg.TableSchema:
 def table_metadata(pipeline: Pipeline, path: str, table: str) -> dict:
     """Standard metadata of a Delta table as its log says now: name, URI, schema, row count, version."""
     meta = definition_metadata(pipeline, path, table)
-    stats = table_stats.stats(path)
+    stats = inspect.table_stats(path)
     if stats is None:
         return {**meta, "delta_version": "none (no table yet)"}
     meta["dagster/column_schema"] = column_schema(stats.columns)
@@ -70,10 +68,10 @@ def table_metadata(pipeline: Pipeline, path: str, table: str) -> dict:
 def quarantine_metadata(pipeline: Pipeline) -> dict:
     """The quarantine by reason and by phase (the pipeline's rows; read from those columns alone, no Spark)."""
     where = ("pipeline", pipeline.name)
-    reasons = table_stats.value_counts(pipeline.locations.quarantine, "reason", where=where)
+    reasons = inspect.value_counts(pipeline.locations.quarantine, "reason", where=where)
     if reasons is None:
         return {}
-    phases = table_stats.value_counts(pipeline.locations.quarantine, "phase", where=where) or {}
+    phases = inspect.value_counts(pipeline.locations.quarantine, "phase", where=where) or {}
     ordered = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
     return {
         "rows_by_reason": dg.MetadataValue.json(ordered),
@@ -87,7 +85,7 @@ def timestamp(at: datetime | None) -> dg.MetadataValue:
     return dg.MetadataValue.timestamp(at) if at is not None else dg.MetadataValue.text("none")
 
 
-def head_metadata(head: SourceHead) -> dict:
+def head_metadata(head: inspect.SourceHead) -> dict:
     """A source observation: where its head is (the data version) and its newest event time."""
     if head.error is not None:
         return {"input": head.label, "dagster/uri": uri(head.location), "error": head.error}

@@ -10,11 +10,7 @@ from functools import reduce
 import dagster as dg
 from pyspark.sql import functions as F
 
-from phases.definition import Pipeline
-from phases.errors import ManifestError
-from phases.operators.registry import kind_of
-from phases.storage import manifest, quarantine, tables
-from phases.storage.live_layout import live_started
+from phases import HandoffManifest, ManifestError, Pipeline, inspect
 from phases_dagster.handoff_events import read_handoff
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource
@@ -55,7 +51,7 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
         latest = read_handoff(context.instance, key)
         manifest_id = latest.manifest_id if latest is not None else None
         try:
-            handoff = manifest.latest(session, p.locations.manifests, p.name, manifest_id)
+            handoff = inspect.latest_handoff(session, p, manifest_id)
         except ManifestError as exc:
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(asset_key=key, check_name=n, passed=False, metadata={"error": str(exc)})
@@ -66,14 +62,14 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
 
 
 def handoff_check_results(
-    session, p: Pipeline, handoff: manifest.HandoffManifest, key: dg.AssetKey, bound: float
+    session, p: Pipeline, handoff: HandoffManifest, key: dg.AssetKey, bound: float
 ) -> Iterator[dg.AssetCheckResult]:
     """The checks of one handoff (:data:`CHECK_NAMES`, then the :data:`NO_FAR_FUTURE` warning) on asset ``key``: the
     backlog's, and a redeploy's new generation's (whose live phase may have run on its own sink since: its sink
     then holds more rows than the handoff, one per key for an upserting kind)."""
 
     try:
-        manifest.check_matches(session, handoff, p)
+        inspect.check_handoff_matches(session, handoff, p)
         yield dg.AssetCheckResult(asset_key=key, check_name=STATE_MATCHES_MANIFEST, passed=True)
     except ManifestError as exc:
         yield dg.AssetCheckResult(
@@ -82,7 +78,7 @@ def handoff_check_results(
 
     state = session.read.format("delta").load(handoff.state_path)
     keys = p.state_keys
-    event_time = kind_of(p).state_event_time  # the state's greatest event time per row, if it keeps one
+    event_time = inspect.state_event_time(p)  # the state's greatest event time per row, if it keeps one
     row = state.agg(
         F.count(F.lit(1)).alias("rows"),
         F.count_distinct(*[F.col(k) for k in keys]).alias("distinct"),
@@ -120,7 +116,7 @@ def handoff_check_results(
         },
     )
 
-    q_total = quarantine.count(session, p.locations.quarantine, p.name, "backlog")
+    q_total = inspect.quarantined_rows(session, p, "backlog")
     fraction = handoff.quarantined_rows / handoff.input_rows if handoff.input_rows else 0.0
     yield dg.AssetCheckResult(
         asset_key=key,
@@ -139,12 +135,12 @@ def handoff_check_results(
     # row per key, and an appending kind at least the handoff's rows.
     expected_sink = handoff.sink_rows if handoff.sink_rows is not None else handoff.state_rows
     sink_rows, distinct = -1, -1
-    if tables.exists(session, p.sink.path):
+    if inspect.table_exists(session, p.sink.path):
         sink = session.read.format("delta").load(p.sink.path)
         keyed = [F.count_distinct(*[F.col(k) for k in p.state_keys])] if p.operator.upserts else [F.lit(-1)]
         counted = sink.agg(F.count(F.lit(1)), *keyed).collect()[0]
         sink_rows, distinct = int(counted[0]), int(counted[1])
-    if not live_started(session, p, handoff.manifest_id):
+    if not inspect.live_started(session, p, handoff.manifest_id):
         passed = sink_rows == expected_sink
     elif p.operator.upserts and p.sink.mode == "upsert":
         passed = sink_rows == distinct and sink_rows >= expected_sink

@@ -9,7 +9,7 @@ defs = dg.Definitions.merge(
 
 import dagster as dg
 
-from phases.definition import Pipeline
+from phases import Pipeline
 from phases_dagster.backlog import build_backlog_assets
 from phases_dagster.checks import build_backlog_checks
 from phases_dagster.health import build_freshness_check, build_health_sensor, build_live_check

@@ -5,9 +5,8 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from phases.definition import Pipeline
-from phases.lateness import watermark_after
-from phases.storage import table_stats
+from phases import Pipeline
+from phases.inspect import newest_handoff_row, watermark_after
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class Handoff:
 
 
 def of_manifest(handoff, delay_us: int, run_id: str = "") -> Handoff:
-    """A :class:`phases.storage.manifest.HandoffManifest` as the sensors' :class:`Handoff`."""
+    """A :class:`phases.HandoffManifest` as the sensors' :class:`Handoff`."""
     right_max = handoff.right_max_event_time_us
     return Handoff(
         manifest_id=handoff.manifest_id,
@@ -70,8 +69,7 @@ def serving_handoff(instance: dg.DagsterInstance, resolved: Pipeline, backlog_ke
     latest = read_handoff(instance, backlog_key)
     if resolved.locations.generation is None:  # never redeployed
         return latest
-    rows = table_stats.rows(resolved.locations.manifests, where=("pipeline", resolved.name)) or []
-    newest = max(rows, key=lambda row: row["created_at_us"], default=None)
+    newest = newest_handoff_row(resolved)
     if newest is None or (latest is not None and newest["manifest_id"] == latest.manifest_id):
         return latest
     right_max = newest.get("right_max_event_time_us")

@@ -29,11 +29,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from phases import errors
-from phases.definition import Pipeline
-from phases.sources.kafka import ChunkPlan
-from phases.sources.lag import unapplied
-from phases.storage import progress_log
+from phases import LiveQueryStopped, PhasesError, Pipeline, inspect
 from phases_dagster import source as source_assets
 from phases_dagster.handoff_events import Handoff, serving_handoff
 from phases_dagster.resources.storage import StorageResource
@@ -49,12 +45,12 @@ RUN_WORKER_LOST = "RunWorkerLost"
 
 def _engine_errors() -> set[str]:
     """Names of the engine's exception classes that are deterministic: the same cause fails the same way."""
-    out, todo = set(), [errors.PhasesError]
+    out, todo = set(), [PhasesError]
     while todo:
         cls = todo.pop()
         out.add(cls.__name__)
         todo.extend(cls.__subclasses__())
-    return out - {errors.LiveQueryStopped.__name__}  # the query's own failure may be transient: retried to the cap
+    return out - {LiveQueryStopped.__name__}  # the query's own failure may be transient: retried to the cap
 
 
 @dataclass(frozen=True)
@@ -254,15 +250,9 @@ def sink_freshness(
     With the live phase down (``stopped``, ``failed``, ``lost``): data waiting fails the check at once (ERROR);
     nothing waiting follows ``when_live_down``. ``when_live_down='pass'`` (a phase stopped on purpose) judges waiting
     data by ``max_lag`` alone."""
-    record = progress_log.latest_without_spark(resolved.locations.live_run(handoff.manifest_id))
-    if record is not None:
-        applied_version = int(record[1]["complete_below"]) - 1
-        offsets = record[1].get("source_offsets")
-        applied_offsets = {int(p): int(o) for p, o in offsets.items()} if offsets else None
-    else:
-        applied_version = handoff.source_version
-        applied_offsets = ChunkPlan.from_json(handoff.source_position).end if handoff.source_position else None
-    u = unapplied(resolved, applied_version=applied_version, applied_offsets=applied_offsets)
+    applied = inspect.applied_position(resolved, handoff)
+    applied_version, applied_offsets = applied.version, applied.offsets
+    u = inspect.unapplied(resolved, applied)
     meta: dict = {
         "live_state": live_state,
         "behind": u.behind if u.behind is not None else dg.MetadataValue.text("unknown"),

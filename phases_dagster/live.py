@@ -30,11 +30,8 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from phases.definition import Pipeline
-from phases.live.report import LiveMeter, LiveReport
-from phases.live.runner import LiveRunner
-from phases.storage import fs, table_stats
-from phases.storage.live_layout import state_store_root
+from phases import LiveRunner, Pipeline, inspect
+from phases.inspect import LiveMeter, LiveReport
 from phases_dagster import catalog
 from phases_dagster.handoff_events import of_manifest
 from phases_dagster.health import LIVE_RUN_TAG, check_evaluation, sink_freshness
@@ -131,7 +128,7 @@ class _Tables:
         self.state_position: tuple | None = None
 
     def _changed(self, name: str, path: str) -> bool:
-        version = table_stats.head_version(path)
+        version = inspect.table_version(path)
         if version is None or self.versions.get(name) == version:
             return False
         self.versions[name] = version
@@ -165,11 +162,11 @@ class _Tables:
                     },
                 )
             )
-        latest = runner.incremental.latest_progress()
+        latest = runner.latest_progress()
         position = (latest.state_layout, latest.state_version)
         if latest.state_layout is not None and position != self.state_position:
             self.state_position = position
-            store = f"{state_store_root(p, self.mid)}/{latest.state_layout}"
+            store = inspect.state_store_folder(p, self.mid, latest.state_layout)
             self.context.log_event(
                 dg.AssetObservation(
                     asset_key=self.state_key,
@@ -177,7 +174,7 @@ class _Tables:
                         "live_state_store": catalog.uri(store),
                         "live_store_version": str(latest.state_version),
                         # Its files: the snapshots and changelogs Spark keeps of its recent versions.
-                        "live_store_bytes": fs.size_bytes(runner.spark, store),
+                        "live_store_bytes": inspect.folder_bytes(runner.spark, store),
                         "live_store_layout": latest.state_layout,
                         "live_batch_id": str(latest.batch_id),
                         "manifest_id": self.mid,

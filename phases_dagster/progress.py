@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from phases.backlog import progress
+from phases import inspect
 
 REPORT_EVERY_S = 5.0
 
@@ -18,8 +18,8 @@ def reporting(
     """Logs a progress line every few seconds while the block runs Spark jobs (nothing while Spark is idle):
     the step the runner is in, its Spark stage, tasks done/total, input rows read and the stage's time left."""
 
-    def log(snap: progress.Snapshot) -> None:
+    def log(snap: inspect.BacklogProgress) -> None:
         context.log.info(f"progress: {snap.describe()}")
 
-    with progress.reported(spark, log, every_s):
+    with inspect.reporting_progress(spark, log, every_s):
         yield

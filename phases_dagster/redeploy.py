@@ -26,10 +26,7 @@ or ``none``) and why (``phases/redeploy_reason``).
 import dagster as dg
 from pydantic import Field
 
-from phases.definition import Pipeline
-from phases.errors import ManifestError
-from phases.redeploy.runner import Redeploy, RedeployResult
-from phases.storage import generations, manifest
+from phases import ManifestError, Pipeline, Redeploy, RedeployResult, inspect
 from phases_dagster import catalog
 from phases_dagster.checks import CHECK_NAMES, DESCRIPTIONS, NO_FAR_FUTURE, handoff_check_results
 from phases_dagster.resources.spark import SparkResource
@@ -155,9 +152,9 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
                     metadata={"generation": f"none: a {plan.way!r} change builds no generation to check"},
                 )
             return
-        p = generations.bind(declared, plan.target, serving=False)
+        p = inspect.as_generation(declared, plan.target, serving=False)
         try:
-            handoff = manifest.latest(session, p.locations.manifests, p.name)
+            handoff = inspect.latest_handoff(session, p)
         except ManifestError as exc:
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(asset_key=next_key, check_name=n, passed=False, metadata={"error": str(exc)})

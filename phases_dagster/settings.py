@@ -7,8 +7,7 @@ from enum import StrEnum
 
 from pydantic import Field, field_validator
 
-from phases.definition import Pipeline
-from phases.definition.model import SettingsModel
+from phases import Pipeline, SettingsModel
 
 
 class _Model(SettingsModel):

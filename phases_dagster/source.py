@@ -9,8 +9,8 @@ code version of the pipeline's assets."""
 
 import dagster as dg
 
-from phases.definition import HybridSource, KafkaSource, Pipeline
-from phases.sources.head import SourceHead, source_heads
+from phases import HybridSource, KafkaSource, Pipeline
+from phases.inspect import SourceHead, source_heads
 from phases_dagster import catalog
 from phases_dagster.settings import Names
 

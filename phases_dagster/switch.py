@@ -22,9 +22,8 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from phases.definition import Pipeline
-from phases.sources.lag import InputLag, input_lags
-from phases.storage import table_stats
+from phases import InputLag, Pipeline
+from phases.inspect import input_lags, newest_handoff_row
 from phases_dagster.backlog import NOT_RUN_TAG
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.handoff_events import Handoff, read_handoff
@@ -45,8 +44,7 @@ def _redeployed_past(p: Pipeline, handoff: Handoff | None) -> str | None:
     handoff (its live phase runs from the redeploy job); None otherwise."""
     if handoff is None or p.locations.generation is None:
         return None
-    rows = table_stats.rows(p.locations.manifests, where=("pipeline", p.name)) or []  # delta-rs: no Spark here
-    newest = max(rows, key=lambda row: row["created_at_us"], default=None)
+    newest = newest_handoff_row(p)  # delta-rs: no Spark here
     if newest is None or newest["manifest_id"] == handoff.manifest_id:
         return None
     return (

@@ -19,7 +19,7 @@ from pathlib import Path
 import dagster as dg
 from pyspark.sql import SparkSession
 
-from phases.definition import Pipeline
+from phases import Pipeline
 from phases_dagster.factory import pipeline_definitions
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource

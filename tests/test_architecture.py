@@ -234,7 +234,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phases.operators",),
     ("phases.backlog", "phases.live"),
     ("phases.redeploy",),
-    ("phases.testing", "phases.pytest_plugin", "phases"),
+    ("phases.testing", "phases.pytest_plugin", "phases.inspect", "phases"),
 )
 
 
@@ -291,6 +291,38 @@ def test_the_dagster_resources_use_the_engine_not_the_assets():
     ]
     assert _modules("phases_dagster/resources"), "the scan found no resources module"
     assert not offenders, offenders
+
+
+def non_public_engine_names(imports: list[tuple[str, int]]) -> list[str]:
+    """The engine names among ``imports`` ((module.name, line) pairs) that are not public: public are the names of
+    ``phases.__all__`` and of ``phases.inspect.__all__`` (and those two modules)."""
+    import phases
+    from phases import inspect
+
+    public = {"phases", "phases.inspect"}
+    public |= {f"phases.{name}" for name in phases.__all__} | {f"phases.inspect.{name}" for name in inspect.__all__}
+    return [
+        f"line {line}: {module}"
+        for module, line in imports
+        if (module == "phases" or module.startswith("phases.")) and module not in public
+    ]
+
+
+def test_the_public_name_check_finds_an_engine_module_and_a_private_name():
+    found = non_public_engine_names(
+        [("phases.Pipeline", 1), ("phases.inspect.table_stats", 2), ("phases.storage.fs", 3), ("phases.inspect.fs", 4)]
+    )
+    assert found == ["line 3: phases.storage.fs", "line 4: phases.inspect.fs"]
+
+
+def test_the_dagster_layer_uses_only_the_engines_public_names():
+    """``phases_dagster`` stands on what any orchestrator may use: the names of ``phases`` and ``phases.inspect``."""
+    modules = _modules("phases_dagster")
+    assert len(modules) > 10, "the scan found no Dagster module"
+    offenders = [
+        f"{name} {found}" for name, path in modules.items() for found in non_public_engine_names(_imported(name, path))
+    ]
+    assert not offenders, "the Dagster layer imports engine internals:\n" + "\n".join(offenders)
 
 
 # PySpark's private handles: reached only from phases/spark_internals.py, so that one module (and its pin tests) is

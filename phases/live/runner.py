@@ -482,6 +482,11 @@ class LiveRunner:
             chunks[after.of(label).complete_below - 1] = {p: (previous.get(p, 0), o) for p, o in end.items()}
         return chunks
 
+    def latest_progress(self) -> Progress:
+        """What the live phase has applied so far: its newest progress record (the switch's before its first
+        micro-batch), with the state store's layout and version (:class:`phases.live.plan.Progress`)."""
+        return self.incremental.latest_progress()
+
     def status(self) -> dict:
         """Batch id, input rates, the pipeline's watermark and last applied source version, for progress
         reports."""

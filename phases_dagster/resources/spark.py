@@ -6,7 +6,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 from pyspark.sql import SparkSession
 
-from phases.runtime.session import SparkSettings, build_session
+from phases import SparkSettings, build_session
 
 
 class SparkResource(dg.ConfigurableResource):

@@ -14,9 +14,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from phases.definition import Pipeline
-from phases.storage import generations
-from phases.storage.resolve import resolve_paths
+from phases import Pipeline, inspect
 
 
 def default_root() -> str:
@@ -35,10 +33,10 @@ class StorageResource(dg.ConfigurableResource):
 
     def declared(self, pipeline: Pipeline) -> Pipeline:
         """The pipeline with its paths under ``root``, as declared (a redeploy binds its generations itself)."""
-        return resolve_paths(pipeline, self.root, self.kafka_bootstrap_servers)
+        return inspect.resolve_paths(pipeline, self.root, self.kafka_bootstrap_servers)
 
     def resolve(self, pipeline: Pipeline) -> Pipeline:
         """The pipeline with its paths under ``root``, bound to the generation that serves it (the one a swap under
-        way started from, :func:`phases.storage.generations.resolve`): what the sensors, checks and the catalog
+        way started from, :func:`phases.inspect.serving`): what the sensors, checks and the catalog
         show. The engine's runners refuse to write the sink during a swap on their own."""
-        return generations.resolve(None, resolve_paths(pipeline, self.root, self.kafka_bootstrap_servers), strict=False)
+        return inspect.serving(None, self.declared(pipeline), strict=False)

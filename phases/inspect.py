@@ -1,0 +1,222 @@
+"""What an orchestrator reads of a pipeline without running it: its handoff, how far its live phase got, what waits
+in its sources, and figures of its tables.
+
+The Dagster layer (``phases_dagster``) uses only these names and those of :mod:`phases`; a user's own orchestration
+(Airflow, a cron job, a plain script) uses the same. Functions without a ``spark`` parameter read with delta-rs and
+PyArrow (no JVM): a sensor or a health check can call them every few seconds. ``pipeline`` is always the pipeline
+bound to where it runs (:func:`resolve_paths`, then :func:`serving`).
+
+Handoff and generations:
+
+* :func:`latest_handoff`, :func:`newest_handoff_row`, :func:`check_handoff_matches`;
+* :func:`resolve_paths`, :func:`serving`, :func:`as_generation`.
+
+The live phase: :func:`live_started`, :func:`latest_live_progress`, :func:`applied_position`, :func:`unapplied`,
+:func:`state_store_folder`, :class:`LiveMeter` and :class:`LiveReport` (its figures while it runs).
+
+Sources: :func:`source_heads` (:class:`SourceHead`), :func:`input_lags` (:class:`InputLag`).
+
+Tables: :func:`table_exists`, :func:`table_version`, :func:`table_stats` (:class:`TableStats`, :class:`Column`),
+:func:`value_counts`, :func:`quarantined_rows`, :func:`folder_bytes`.
+
+The backlog: :func:`reporting_progress` (:class:`BacklogProgress`), :class:`SliceRecord`; the operator:
+:func:`state_event_time`; the lateness rule: :func:`watermark_after`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from pyspark.sql import SparkSession
+
+from phases.backlog.progress import Snapshot as BacklogProgress
+from phases.backlog.progress import reported as reporting_progress
+from phases.backlog.slices import SliceRecord
+from phases.definition import Pipeline
+from phases.lateness import watermark_after
+from phases.live.report import LiveMeter, LiveReport
+from phases.operators.registry import kind_of
+from phases.sources.head import SourceHead, source_heads
+from phases.sources.kafka import ChunkPlan
+from phases.sources.lag import InputLag, Unapplied, input_lags
+from phases.sources.lag import unapplied as _unapplied
+from phases.storage import fs, generations, live_layout, manifest, progress_log, quarantine, tables
+from phases.storage import table_stats as _table_stats
+from phases.storage.manifest import HandoffManifest
+from phases.storage.resolve import resolve_paths
+from phases.storage.table_stats import Column, TableStats
+
+__all__ = [
+    "AppliedPosition",
+    "BacklogProgress",
+    "Column",
+    "HandoffManifest",
+    "HandoffPosition",
+    "InputLag",
+    "LiveMeter",
+    "LiveReport",
+    "SliceRecord",
+    "SourceHead",
+    "TableStats",
+    "Unapplied",
+    "applied_position",
+    "as_generation",
+    "check_handoff_matches",
+    "folder_bytes",
+    "input_lags",
+    "latest_handoff",
+    "latest_live_progress",
+    "live_started",
+    "newest_handoff_row",
+    "quarantined_rows",
+    "reporting_progress",
+    "resolve_paths",
+    "serving",
+    "source_heads",
+    "state_event_time",
+    "state_store_folder",
+    "table_exists",
+    "table_stats",
+    "table_version",
+    "unapplied",
+    "value_counts",
+    "watermark_after",
+]
+
+
+# --- the handoff and the generation that serves ----------------------------------------------------------------------
+
+
+def latest_handoff(spark: SparkSession, pipeline: Pipeline, manifest_id: str | None = None) -> HandoffManifest:
+    """The pipeline's newest handoff manifest (or the one with ``manifest_id``). Raises
+    :class:`phases.errors.ManifestError` when there is none, it is partial, or a newer one superseded it."""
+    return manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
+
+
+def newest_handoff_row(pipeline: Pipeline) -> dict | None:
+    """The pipeline's newest manifest as the row its manifests table holds (the fields of :class:`HandoffManifest`),
+    read with delta-rs; None when there is none."""
+    rows = _table_stats.rows(pipeline.locations.manifests, where=("pipeline", pipeline.name)) or []
+    return max(rows, key=lambda row: row["created_at_us"], default=None)
+
+
+def check_handoff_matches(spark: SparkSession, handoff: HandoffManifest, pipeline: Pipeline) -> None:
+    """Raises :class:`phases.errors.ManifestError` saying what differs between the handoff and the pipeline (its
+    definition's fingerprint, the state's schema, the state table)."""
+    manifest.check_matches(spark, handoff, pipeline)
+
+
+def serving(spark: SparkSession | None, pipeline: Pipeline, *, strict: bool = True) -> Pipeline:
+    """``pipeline`` bound to the generation that serves it (itself when it was never redeployed, or already bound);
+    ``spark`` None reads the redeploy log with delta-rs. While a swap is under way, ``strict`` refuses a pipeline that
+    would write the consumer-facing table (:class:`phases.errors.PhaseStateError`); not ``strict`` (what a sensor or
+    a catalog shows) gives the generation the swap started from, which served until then."""
+    return generations.resolve(spark, pipeline, strict=strict)
+
+
+def as_generation(pipeline: Pipeline, generation: int, *, serving: bool) -> Pipeline:
+    """``pipeline`` as declared, bound to ``generation``: its locations under that generation's folder, its sink the
+    consumer-facing table when ``serving``, else the generation's own."""
+    return generations.bind(pipeline, generation, serving=serving)
+
+
+# --- the live phase ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AppliedPosition:
+    """How far the live phase of a handoff has applied its source: every version below ``version + 1`` and, for a
+    Kafka source, the end ``offsets`` per partition. ``recorded``: from the live phase's own progress record (else
+    from the handoff: the live phase has not recorded its switch yet)."""
+
+    version: int
+    offsets: dict[int, int] | None
+    recorded: bool
+
+
+def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
+    """True once the live phase of ``manifest_id`` has recorded its switch (its first progress record)."""
+    return live_layout.live_started(spark, pipeline, manifest_id)
+
+
+def latest_live_progress(pipeline: Pipeline, manifest_id: str) -> tuple[int, dict] | None:
+    """(micro-batch id, progress record) of the live phase of ``manifest_id``'s newest record, without Spark; None
+    before its first."""
+    return progress_log.latest_without_spark(pipeline.locations.live_run(manifest_id))
+
+
+class HandoffPosition(Protocol):
+    """Where a handoff left the source: a :class:`HandoffManifest`, or an orchestrator's record of one."""
+
+    manifest_id: str
+    source_version: int
+    source_position: str | None
+
+
+def applied_position(pipeline: Pipeline, handoff: HandoffPosition) -> AppliedPosition:
+    """What the live phase of ``handoff`` has applied, from its newest progress record or, before its first, from the
+    handoff (its source version, and a Kafka source's chunk plan)."""
+    record = latest_live_progress(pipeline, handoff.manifest_id)
+    if record is not None:
+        offsets = record[1].get("source_offsets")
+        return AppliedPosition(
+            int(record[1]["complete_below"]) - 1,
+            {int(p): int(o) for p, o in offsets.items()} if offsets else None,
+            True,
+        )
+    offsets = ChunkPlan.from_json(handoff.source_position).end if handoff.source_position else None
+    return AppliedPosition(handoff.source_version, offsets, False)
+
+
+def unapplied(pipeline: Pipeline, applied: AppliedPosition) -> Unapplied:
+    """How much of the pipeline's source is after ``applied``, and since when the oldest of it waits."""
+    return _unapplied(pipeline, applied_version=applied.version, applied_offsets=applied.offsets)
+
+
+def state_store_folder(pipeline: Pipeline, manifest_id: str, layout: str) -> str:
+    """The folder of the live phase's state store of ``layout`` (one per state layout of the run)."""
+    return f"{live_layout.state_store_root(pipeline, manifest_id)}/{layout}"
+
+
+# --- tables ---------------------------------------------------------------------------------------------------------
+
+
+def table_exists(spark: SparkSession, path: str) -> bool:
+    """True when ``path`` holds a Delta table with at least one commit."""
+    return tables.exists(spark, path)
+
+
+def table_version(path: str) -> int | None:
+    """The table's newest commit version, without Spark; None when ``path`` holds no Delta table."""
+    return _table_stats.head_version(path)
+
+
+def table_stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:
+    """The table's version, schema, rows, files and bytes as its log records them (and the greatest value of each
+    column in ``max_of``), without Spark; None when ``path`` holds no Delta table."""
+    return _table_stats.stats(path, max_of=max_of)
+
+
+def value_counts(path: str, column: str, *, where: tuple[str, str] | None = None) -> dict[str, int] | None:
+    """How many rows hold each value of the string ``column`` (``where``: only rows whose column ``where[0]`` equals
+    ``where[1]``), without Spark; None when ``path`` holds no Delta table."""
+    return _table_stats.value_counts(path, column, where=where)
+
+
+def quarantined_rows(spark: SparkSession, pipeline: Pipeline, phase: str | None = None) -> int:
+    """The rows the pipeline quarantined (``phase``: ``backlog`` or ``live`` only)."""
+    return quarantine.count(spark, pipeline.locations.quarantine, pipeline.name, phase)
+
+
+def folder_bytes(spark: SparkSession, path: str) -> int:
+    """The bytes of every file under ``path`` (0 when it does not exist)."""
+    return fs.size_bytes(spark, path)
+
+
+# --- the operator --------------------------------------------------------------------------------------------------
+
+
+def state_event_time(pipeline: Pipeline) -> str | None:
+    """The state column holding each key's greatest event time, for operators whose state keeps one."""
+    return kind_of(pipeline).state_event_time
