@@ -1,9 +1,12 @@
 """The manual speaks of the product: every relative link and every repository path it names resolves, and its prose
-cites no work session and no scratch file outside the repository (code examples may use any path)."""
+cites no work session and no scratch file outside the repository (code examples may use any path). The code's own
+docstrings and comments name only paths that exist."""
 
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 # Folders of the repository a page names paths under ("`phases/storage/manifest.py`", "`tests/phases/`").
-REPOSITORY_FOLDERS = ("phases", "assets", "resources", "scripts", "benchmarks", "tests", "docs", "jvm", ".ci")
+REPOSITORY_FOLDERS = (
+    "phases",
+    "phases_dagster",
+    "assets",
+    "resources",
+    "scripts",
+    "benchmarks",
+    "tests",
+    "docs",
+    "jvm",
+    ".ci",
+)
+# The repository's Python sources whose docstrings and comments are checked like the manual.
+SOURCES = sorted(
+    path for folder in REPOSITORY_FOLDERS if (ROOT / folder).is_dir() for path in (ROOT / folder).rglob("*.py")
+)
+_FOLDER = "|".join(re.escape(folder) for folder in REPOSITORY_FOLDERS)
+_PATH_IN_TEXT = re.compile(r"(?<![\w/.])((?:" + _FOLDER + r")/[\w/.-]*\w/?)")
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -66,6 +86,32 @@ def test_no_build_diary(page: Path) -> None:
     )
 
 
+def _paths_in_code_text(source: str) -> list[tuple[int, str]]:
+    """(line, path) of the repository files and folders that the docstrings and comments of ``source`` name."""
+    named = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        is_docstring = token.type == tokenize.STRING and token.string.lstrip("rbuRBU").startswith(('"""', "'''"))
+        if token.type != tokenize.COMMENT and not is_docstring:
+            continue
+        for path in _PATH_IN_TEXT.findall(token.string):
+            path = path.rstrip(".")
+            if any(c in path for c in "*<>{}$") or not (path.endswith("/") or re.search(r"\.[a-z]+$", path)):
+                continue
+            named.append((token.start[0], path))
+    return named
+
+
+def test_paths_named_in_docstrings_and_comments_exist() -> None:
+    missing = [
+        f"{source.relative_to(ROOT)}:{line}: {path}"
+        for source in SOURCES
+        for line, path in _paths_in_code_text(source.read_text())
+        if not (ROOT / path).exists()
+    ]
+    assert len(SOURCES) > 100, "the scan found no source"
+    assert not missing, "docstrings and comments name paths that do not exist:\n" + "\n".join(missing)
+
+
 def test_the_checks_find_what_they_look_for() -> None:
     """The patterns above catch what they are for (so a passing run means something)."""
     assert _named_paths("see `phases/live/runner.py` and `tests/x.py::test_y`") == [
@@ -74,3 +120,6 @@ def test_the_checks_find_what_they_look_for() -> None:
     ]
     assert _SESSION.search("measured in session 18") and not _SESSION.search("the Spark session's 8 partitions")
     assert _FENCE.sub("", "text\n```python\nroot = '/tmp/x'\n```\nmore") == "text\n\nmore"
+    quotes = '"' * 3  # a docstring in the sample, without one in this file
+    code = f"{quotes}See phases_dagster/live.py.{quotes}\nx = 'tests/not_prose.py'  # and tests/phases/\n"
+    assert _paths_in_code_text(code) == [(1, "phases_dagster/live.py"), (2, "tests/phases/")]
