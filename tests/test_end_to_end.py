@@ -123,49 +123,39 @@ def _plots(page, url: str, label: str) -> None:
     page.get_by_text(label, exact=True).first.scroll_into_view_if_needed()
 
 
-def _materialize_all_in_the_browser(
-    stack: DagsterStack, group_url: str, name: str, shows: str = NAMES.live_asset
-) -> str:
-    """Presses the group's "Materialize all" in the lineage, as a user would, and returns the run it launched. No
-    dialog may ask "Are you sure?": nothing in the group waits on an asset that only a redeploy materializes."""
+def _press_in_the_browser(stack: DagsterStack, url: str, button: str, name: str, shows: str | None = None) -> str:
+    """Presses ``button`` on the page at ``url`` (after ``shows`` is on it), as a user would, and returns the run it
+    launched. No dialog may ask "Are you sure?": nothing waits on an asset that only a redeploy materializes."""
     before = {r["runId"] for r in stack.runs("__ASSET_JOB")}
     with browser_page() as page:
-        page.goto(group_url)
-        wait_for_texts(page, (shows,))
-        page.get_by_role("button", name="Materialize all").first.click()
-        launched = _wait(
-            "the run Materialize all launched",
-            lambda: next((r["runId"] for r in stack.runs("__ASSET_JOB") if r["runId"] not in before), None),
-            timeout_s=60,
-        )
-        assert page.get_by_text("Are you sure").count() == 0, "Materialize all asked to confirm"
-        _shot(page, name)
-    return launched
-
-
-def _materialize_in_the_browser(stack: DagsterStack, asset_url: str, name: str) -> str:
-    """Presses an asset's own "Materialize" on its page, as a user resuming the live phase would, and returns the run
-    it launched. No dialog may ask "Are you sure?" (an upstream asset never materialized used to)."""
-    before = {r["runId"] for r in stack.runs("__ASSET_JOB")}
-    with browser_page() as page:
-        page.goto(asset_url)
-        # Its accessible name carries its icon's too: the button is found by its text.
-        button = page.get_by_role("button").filter(has_text=re.compile(r"^Materialize$"))
+        page.goto(url)
+        if shows is not None:
+            wait_for_texts(page, (shows,))
+        # A button's accessible name carries its icon's too: it is found by its text ("Materialize all (5)": with the
+        # count of what it selects).
+        found = page.get_by_role("button").filter(has_text=re.compile(rf"^{re.escape(button)}( \(\d+\))?$"))
         try:
-            button.first.wait_for(state="visible", timeout=60_000)
+            found.first.wait_for(state="visible", timeout=60_000)
         except Exception:
             _shot(page, f"{name}_no_button")
             names = page.get_by_role("button").all_inner_texts()
-            raise AssertionError(f"no 'Materialize' button on {asset_url}; the buttons: {names}") from None
-        button.first.click()
+            raise AssertionError(f"no {button!r} button on {url}; the buttons: {names}") from None
+        found.first.click()
         launched = _wait(
-            "the run the asset's Materialize launched",
+            f"the run {button!r} launched",
             lambda: next((r["runId"] for r in stack.runs("__ASSET_JOB") if r["runId"] not in before), None),
             timeout_s=60,
         )
-        assert page.get_by_text("Are you sure").count() == 0, "Materialize asked to confirm"
+        assert page.get_by_text("Are you sure").count() == 0, f"{button!r} asked to confirm"
         _shot(page, name)
     return launched
+
+
+def _materialize_all_in_the_browser(
+    stack: DagsterStack, group_url: str, name: str, shows: str = NAMES.live_asset
+) -> str:
+    """The group's "Materialize all" in the lineage."""
+    return _press_in_the_browser(stack, group_url, "Materialize all", name, shows)
 
 
 def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spark, tmp_path):
@@ -503,7 +493,9 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         # Resuming from the live asset's own "Materialize" button (a run of the implicit asset job, not the live
         # job): the health sensor recognises it as the live phase.
         t = time.monotonic()
-        resumed = _materialize_in_the_browser(stack, f"{stack.url}/assets/{NAMES.live_asset}", "resume_from_asset")
+        resumed = _press_in_the_browser(
+            stack, f"{stack.url}/assets/{NAMES.live_asset}", "Materialize", "resume_from_asset"
+        )
         assert stack.run_status(resumed) in {"QUEUED", "STARTING", "STARTED"}, stack.run_status(resumed)
         stack.wait_for_message(resumed, "live phase running", timeout_s=300)
         seen = _wait(

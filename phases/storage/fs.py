@@ -34,15 +34,6 @@ def file_count(spark: SparkSession, path: str) -> int:
     return int(fs.getContentSummary(p).getFileCount()) if fs.exists(p) else 0
 
 
-def remove_if_no_file(spark: SparkSession, path: str) -> bool:
-    """Removes the folder ``path`` when no file is under it (empty sub-folders only); True when it did."""
-    fs, p = _fs_path(spark, path)
-    if not fs.exists(p) or int(fs.getContentSummary(p).getFileCount()) > 0:
-        return False
-    log.warning("removing %s: a table log folder without a commit file", path)
-    return bool(fs.delete(p, True))
-
-
 def has_files(spark: SparkSession, pattern: str) -> bool:
     """True when the glob ``pattern`` matches at least one file."""
     fs, p = _fs_path(spark, pattern)

@@ -38,7 +38,9 @@ def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: s
     until a ``VACUUM`` (the engine never deletes data files)."""
     if exists(spark, path):
         return
-    left = fs.file_count(spark, path) - fs.file_count(spark, f"{path.rstrip('/')}/_delta_log")
+    folder = f"{path.rstrip('/')}/_delta_log"
+    in_log = fs.file_count(spark, folder)
+    left = fs.file_count(spark, path) - in_log
     if left > 0:
         log.warning("%s holds %d data file(s) but no Delta commit: creating the table beside them", path, left)
         writer = spark.createDataFrame([], schema).write.format("delta").mode("append")
@@ -46,7 +48,9 @@ def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: s
             writer = writer.option(key, value)
         writer.save(path)
         return
-    fs.remove_if_no_file(spark, f"{path.rstrip('/')}/_delta_log")
+    if in_log == 0 and fs.exists(spark, folder):
+        log.warning("removing %s: a table log folder without a commit file", folder)
+        fs.delete(spark, folder)
     create(spark, path, schema, if_missing=True, **properties)
 
 
