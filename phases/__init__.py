@@ -67,7 +67,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases.definition.changes": ("DefinitionChanges",),
     "phases.definition.model": ("SettingsModel",),
     "phases.storage.manifest": ("HandoffManifest",),
-    "phases.storage.maintenance": ("maintain",),
+    "phases.deployment": ("Deployment", "deploy", "maintain"),
     "phases.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
     "phases.runtime.session": ("SparkSettings", "build_session"),
     "phases.runtime.shipping": ("package_archive",),
@@ -102,6 +102,7 @@ __all__ = [
     "DefinitionError",
     "DeltaSink",
     "DeltaSource",
+    "Deployment",
     "Derive",
     "EndOfStreamStep",
     "Enrichment",
@@ -149,6 +150,7 @@ __all__ = [
     "assert_equivalent",
     "build_session",
     "compact_changelog",
+    "deploy",
     "event_versions",
     "maintain",
     "package_archive",
@@ -203,6 +205,7 @@ if TYPE_CHECKING:
     )
     from phases.definition.changes import DefinitionChanges
     from phases.definition.model import SettingsModel
+    from phases.deployment import Deployment, deploy, maintain
     from phases.errors import (
         DefinitionError,
         LeaseHeld,
@@ -225,6 +228,5 @@ if TYPE_CHECKING:
     from phases.runtime.shipping import package_archive
     from phases.sources.lag import InputLag
     from phases.storage.changelog import Compaction, compact_changelog, read_current
-    from phases.storage.maintenance import maintain
     from phases.storage.manifest import HandoffManifest
     from phases.testing import assert_equivalent, event_versions, run_streaming, run_two_phase

@@ -3,13 +3,11 @@ in its sources, and figures of its tables.
 
 The Dagster layer (``phases_dagster``) uses only these names and those of :mod:`phases`; a user's own orchestration
 (Airflow, a cron job, a plain script) uses the same. Functions without a ``spark`` parameter read with delta-rs and
-PyArrow (no JVM): a sensor or a health check can call them every few seconds. ``pipeline`` is always the pipeline
-bound to where it runs (:func:`resolve_paths`, then :func:`serving`).
+PyArrow (no JVM): a sensor or a health check can call them every few seconds. ``pipeline`` is always a
+deployment's (:attr:`phases.Deployment.pipeline`): the definition bound once to where it runs by
+:func:`phases.deploy`, which reads the redeploy log (``spark`` None: with delta-rs) and names the serving generation.
 
-Handoff and generations:
-
-* :func:`latest_handoff`, :func:`newest_handoff_row`, :func:`check_handoff_matches`;
-* :func:`resolve_paths`, :func:`serving`, :func:`as_generation`.
+The handoff: :func:`latest_handoff`, :func:`newest_handoff_row`, :func:`check_handoff_matches`.
 
 The live phase: :func:`live_started`, :func:`latest_live_progress`, :func:`applied_position`, :func:`unapplied`,
 :func:`state_store_folder`, :class:`LiveMeter` and :class:`LiveReport` (its figures while it runs).
@@ -34,6 +32,7 @@ from phases.backlog.progress import Snapshot as BacklogProgress
 from phases.backlog.progress import reported as reporting_progress
 from phases.backlog.slices import SliceRecord
 from phases.definition import Pipeline
+from phases.deployment import Deployment
 from phases.lateness import watermark_after
 from phases.live.report import LiveMeter, LiveReport
 from phases.operators.registry import kind_of
@@ -41,10 +40,9 @@ from phases.sources.head import SourceHead, source_heads
 from phases.sources.kafka import ChunkPlan
 from phases.sources.lag import InputLag, Unapplied, input_lags
 from phases.sources.lag import unapplied as _unapplied
-from phases.storage import fs, generations, live_layout, manifest, progress_log, quarantine, tables
+from phases.storage import fs, live_layout, manifest, progress_log, quarantine, tables
 from phases.storage import table_stats as _table_stats
 from phases.storage.manifest import HandoffManifest
-from phases.storage.resolve import resolve_paths
 from phases.storage.table_stats import Column, TableStats
 
 __all__ = [
@@ -61,7 +59,6 @@ __all__ = [
     "TableStats",
     "Unapplied",
     "applied_position",
-    "as_generation",
     "check_handoff_matches",
     "folder_bytes",
     "input_lags",
@@ -71,8 +68,6 @@ __all__ = [
     "newest_handoff_row",
     "quarantined_rows",
     "reporting_progress",
-    "resolve_paths",
-    "serving",
     "source_heads",
     "state_event_time",
     "state_store_folder",
@@ -101,24 +96,11 @@ def newest_handoff_row(pipeline: Pipeline) -> dict | None:
     return max(rows, key=lambda row: row["created_at_us"], default=None)
 
 
-def check_handoff_matches(spark: SparkSession, handoff: HandoffManifest, pipeline: Pipeline) -> None:
-    """Raises :class:`phases.errors.ManifestError` saying what differs between the handoff and the pipeline (its
-    definition's fingerprint, the state's schema, the state table)."""
-    manifest.check_matches(spark, handoff, pipeline)
-
-
-def serving(spark: SparkSession | None, pipeline: Pipeline, *, strict: bool = True) -> Pipeline:
-    """``pipeline`` bound to the generation that serves it (itself when it was never redeployed, or already bound);
-    ``spark`` None reads the redeploy log with delta-rs. While a swap is under way, ``strict`` refuses a pipeline that
-    would write the consumer-facing table (:class:`phases.errors.PhaseStateError`); not ``strict`` (what a sensor or
-    a catalog shows) gives the generation the swap started from, which served until then."""
-    return generations.resolve(spark, pipeline, strict=strict)
-
-
-def as_generation(pipeline: Pipeline, generation: int, *, serving: bool) -> Pipeline:
-    """``pipeline`` as declared, bound to ``generation``: its locations under that generation's folder, its sink the
-    consumer-facing table when ``serving``, else the generation's own."""
-    return generations.bind(pipeline, generation, serving=serving)
+def check_handoff_matches(spark: SparkSession, handoff: HandoffManifest, deployment: Deployment) -> None:
+    """Raises :class:`phases.errors.ManifestError` saying what differs between the handoff and the deployment's
+    definition (its fingerprint, unless the redeploy log records the change as an amendment of the handoff; the
+    state's schema; the state table)."""
+    manifest.check_matches(spark, handoff, deployment.pipeline, deployment.redeploys.amended)
 
 
 # --- the live phase ------------------------------------------------------------------------------------------------

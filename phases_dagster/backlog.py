@@ -196,7 +196,8 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
     def backlog(
         context: dg.AssetExecutionContext, config: BacklogConfig, spark: SparkResource, storage: StorageResource
     ):
-        p = storage.resolve(pipeline)
+        deployment = storage.deployment(pipeline)
+        p = deployment.pipeline
         mode = config.mode.value if config.mode is not None else default_mode
         session = spark.session()
         switched = None if config.reset else BacklogRunner(session, p).switched_to_live()
@@ -290,7 +291,7 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
             # A re-run of a range is how a crashed backfill recovers (FLIP-383): it takes over the backlog lease of
             # a run whose process is gone; a holder that is alive is never taken over.
             session = spark.session()
-            runner = SliceRunner(session, storage.resolve(pipeline), start, take_over=True)
+            runner = SliceRunner(session, storage.deployment(pipeline), start, take_over=True)
             days = [date.fromisoformat(k) for k in context.partition_keys]
 
             def done(record) -> None:

@@ -10,7 +10,7 @@ from functools import reduce
 import dagster as dg
 from pyspark.sql import functions as F
 
-from phases import HandoffManifest, ManifestError, Pipeline, inspect
+from phases import Deployment, HandoffManifest, ManifestError, Pipeline, inspect
 from phases_dagster.handoff_events import read_handoff
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource
@@ -46,7 +46,8 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
 
     @dg.multi_asset_check(specs=specs, name=names.checks)
     def backlog_checks(context: dg.AssetCheckExecutionContext, spark: SparkResource, storage: StorageResource):
-        p = storage.resolve(pipeline)
+        deployment = storage.deployment(pipeline)
+        p = deployment.pipeline
         session = spark.session()
         latest = read_handoff(context.instance, key)
         manifest_id = latest.manifest_id if latest is not None else None
@@ -56,20 +57,21 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(asset_key=key, check_name=n, passed=False, metadata={"error": str(exc)})
             return
-        yield from handoff_check_results(session, p, handoff, key, bound)
+        yield from handoff_check_results(session, deployment, handoff, key, bound)
 
     return backlog_checks
 
 
 def handoff_check_results(
-    session, p: Pipeline, handoff: HandoffManifest, key: dg.AssetKey, bound: float
+    session, deployment: Deployment, handoff: HandoffManifest, key: dg.AssetKey, bound: float
 ) -> Iterator[dg.AssetCheckResult]:
     """The checks of one handoff (:data:`CHECK_NAMES`, then the :data:`NO_FAR_FUTURE` warning) on asset ``key``: the
     backlog's, and a redeploy's new generation's (whose live phase may have run on its own sink since: its sink
     then holds more rows than the handoff, one per key for an upserting kind)."""
 
+    p = deployment.pipeline
     try:
-        inspect.check_handoff_matches(session, handoff, p)
+        inspect.check_handoff_matches(session, handoff, deployment)
         yield dg.AssetCheckResult(asset_key=key, check_name=STATE_MATCHES_MANIFEST, passed=True)
     except ManifestError as exc:
         yield dg.AssetCheckResult(

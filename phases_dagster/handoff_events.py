@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from phases import Pipeline
+from phases import Deployment
 from phases.inspect import newest_handoff_row, watermark_after
 
 
@@ -61,14 +61,15 @@ def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | No
     )
 
 
-def serving_handoff(instance: dg.DagsterInstance, resolved: Pipeline, backlog_key: dg.AssetKey) -> Handoff | None:
-    """The handoff the serving generation's live phase runs from. ``resolved``: the pipeline bound to the serving
-    generation (the storage resource's ``resolve``). Until a redeploy that is the backlog materialization's; after a
-    swap, the serving generation's newest manifest (read with delta-rs), which no backlog materialization names:
-    the health sensor and the live checks then watch, judge and relaunch that generation's live runs."""
+def serving_handoff(instance: dg.DagsterInstance, deployment: Deployment, backlog_key: dg.AssetKey) -> Handoff | None:
+    """The handoff the serving generation's live phase runs from (``deployment``: the storage resource's). Until a
+    redeploy that is the backlog materialization's; after a swap, the serving generation's newest manifest (read
+    with delta-rs), which no backlog materialization names: the health sensor and the live checks then watch, judge
+    and relaunch that generation's live runs."""
     latest = read_handoff(instance, backlog_key)
-    if resolved.locations.generation is None:  # never redeployed
+    if not deployment.redeployed:
         return latest
+    resolved = deployment.pipeline
     newest = newest_handoff_row(resolved)
     if newest is None or (latest is not None and newest["manifest_id"] == latest.manifest_id):
         return latest

@@ -314,7 +314,7 @@ def build_live_check(pipeline: Pipeline) -> dg.AssetChecksDefinition:
         "or ended on purpose); ERROR once its run failed or its process was lost. Evaluated by the health sensor.",
     )
     def live_phase_running(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-        handoff = serving_handoff(context.instance, storage.resolve(pipeline), dg.AssetKey(names.backlog))
+        handoff = serving_handoff(context.instance, storage.deployment(pipeline), dg.AssetKey(names.backlog))
         if handoff is None:
             return dg.AssetCheckResult(
                 passed=False, description="no handoff yet: the backlog has not run", severity=dg.AssetCheckSeverity.WARN
@@ -346,12 +346,13 @@ def build_freshness_check(pipeline: Pipeline, settings: Orchestration) -> dg.Ass
         "(health.when_live_down).",
     )
     def sink_fresh(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-        handoff = serving_handoff(context.instance, storage.resolve(pipeline), dg.AssetKey(names.backlog))
+        deployment = storage.deployment(pipeline)
+        handoff = serving_handoff(context.instance, deployment, dg.AssetKey(names.backlog))
         if handoff is None:
             return dg.AssetCheckResult(passed=False, description="no handoff yet: the backlog has not run")
         state = live_state_of(live_runs(context.instance, pipeline.name, handoff.manifest_id))
         f = sink_freshness(
-            storage.resolve(pipeline),
+            deployment.pipeline,
             handoff,
             settings.health.max_lag,
             state,
@@ -437,7 +438,8 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
         "(with backoff and a cap).",
     )
     def health(context: dg.SensorEvaluationContext, storage: StorageResource):
-        resolved = storage.resolve(pipeline)
+        deployment = storage.deployment(pipeline)
+        resolved = deployment.pipeline
         cursor = json.loads(context.cursor) if context.cursor else {}
         now = datetime.now(UTC)
         events: list = []
@@ -452,7 +454,7 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
                 events.append(obs)
         cursor["heads"] = heads
 
-        handoff = serving_handoff(context.instance, resolved, dg.AssetKey(names.backlog))
+        handoff = serving_handoff(context.instance, deployment, dg.AssetKey(names.backlog))
         if handoff is None:
             context.update_cursor(json.dumps(cursor, sort_keys=True))
             return dg.SensorResult(skip_reason="no handoff yet: the backlog has not run", asset_events=events)

@@ -222,9 +222,12 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
             yield run_swap(context, pipeline, swap_config, spark, storage)
         if live_key not in context.selected_asset_keys:
             return
-        p = storage.resolve(pipeline)
+        deployment = storage.deployment(pipeline)
+        p = deployment.pipeline
         interval = config.report_interval_seconds or settings.live.report_interval_seconds
-        runner = LiveRunner.from_manifest(spark.session(), p, config.manifest_id, take_over=config.take_over_dead_lease)
+        runner = LiveRunner.from_manifest(
+            spark.session(), deployment, config.manifest_id, take_over=config.take_over_dead_lease
+        )
         mid = runner.run_name
         # Whatever launched this run, it is now the live phase: the health sensor finds it by this tag.
         context.instance.add_run_tags(context.run_id, {LIVE_RUN_TAG: pipeline.name, "phases/manifest_id": mid})

@@ -75,7 +75,7 @@ def _redeploy(
 
     return Redeploy(
         spark.session(),
-        storage.declared(pipeline),
+        storage.deployment(pipeline),
         on_step=report,
         take_over=config.take_over_dead_lease,
         stop_timeout_s=config.stop_timeout_seconds,
@@ -140,8 +140,9 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
 
     @dg.multi_asset_check(specs=specs, name=names.next_generation_checks)
     def next_generation_checks(spark: SparkResource, storage: StorageResource):
-        session, declared = spark.session(), storage.declared(pipeline)
-        plan = Redeploy(session, declared).plan()
+        session = spark.session()
+        redeploy = Redeploy(session, storage.deployment(pipeline))
+        plan = redeploy.plan()
         if plan.way != "backfill":  # nothing was built, so nothing passed: a warning, which does not block the swap
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(
@@ -152,14 +153,14 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
                     metadata={"generation": f"none: a {plan.way!r} change builds no generation to check"},
                 )
             return
-        p = inspect.as_generation(declared, plan.target, serving=False)
+        built = redeploy.as_generation(plan.target)
         try:
-            handoff = inspect.latest_handoff(session, p)
+            handoff = inspect.latest_handoff(session, built.pipeline)
         except ManifestError as exc:
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(asset_key=next_key, check_name=n, passed=False, metadata={"error": str(exc)})
             return
-        yield from handoff_check_results(session, p, handoff, next_key, bound)
+        yield from handoff_check_results(session, built, handoff, next_key, bound)
 
     return [next_generation, next_generation_checks]
 
@@ -219,7 +220,7 @@ def run_swap(
             metadata["swapped_at"] = dg.MetadataValue.timestamp(result.swapped_at_us / 1e6)
         # where the swap's step spent its time: the last round, the swap's commit, keeping the old results
         metadata.update({k: round(v, 3) for k, v in result.timings.items() if k.endswith("_s")})
-        p = storage.resolve(pipeline)
+        p = storage.deployment(pipeline).pipeline
         context.log_event(
             dg.AssetMaterialization(
                 asset_key=sink_key,

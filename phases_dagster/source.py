@@ -51,7 +51,7 @@ def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition:
 
     @dg.multi_observable_source_asset(specs=specs, name=names.source_op, required_resource_keys={"storage"})
     def heads(context):
-        resolved = context.resources.storage.resolve(pipeline)
+        resolved = context.resources.storage.deployment(pipeline).pipeline
         for key, head in zip(source_keys(resolved), source_heads(resolved), strict=True):
             yield dg.ObserveResult(asset_key=key, metadata=catalog.head_metadata(head))
 

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from phases import InputLag, Pipeline
+from phases import Deployment, InputLag, Pipeline
 from phases.inspect import input_lags, newest_handoff_row
 from phases_dagster.backlog import NOT_RUN_TAG
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
@@ -39,16 +39,16 @@ class Decision:
     manifest_id: str | None = None
 
 
-def _redeployed_past(p: Pipeline, handoff: Handoff | None) -> str | None:
+def _redeployed_past(deployment: Deployment, handoff: Handoff | None) -> str | None:
     """Why the switch has nothing to do when a redeploy made another generation serve than the one of the backlog's
     handoff (its live phase runs from the redeploy job); None otherwise."""
-    if handoff is None or p.locations.generation is None:
+    if handoff is None or not deployment.redeployed:
         return None
-    newest = newest_handoff_row(p)  # delta-rs: no Spark here
+    newest = newest_handoff_row(deployment.pipeline)  # delta-rs: no Spark here
     if newest is None or newest["manifest_id"] == handoff.manifest_id:
         return None
     return (
-        f"generation {p.locations.generation} serves since a redeploy (handoff {newest['manifest_id']}); the backlog's "
+        f"generation {deployment.generation} serves since a redeploy (handoff {newest['manifest_id']}); the backlog's "
         f"handoff {handoff.manifest_id} is an earlier generation's. The redeploy job starts the serving generation's "
         "live phase; the live job resumes it"
     )
@@ -236,9 +236,10 @@ def build_switch_sensor(
         "handoff manifest; requests a catch-up increment while the backlog lags.",
     )
     def switch(context: dg.SensorEvaluationContext, storage: StorageResource):
-        p = storage.resolve(pipeline)
+        deployment = storage.deployment(pipeline)
+        p = deployment.pipeline
         handoff = read_handoff(context.instance, key)
-        redeployed = _redeployed_past(p, handoff)
+        redeployed = _redeployed_past(deployment, handoff)
         if redeployed is not None:
             return dg.SensorResult(skip_reason=redeployed)
         cursor = json.loads(context.cursor) if context.cursor else {}

@@ -23,11 +23,12 @@ from pyspark.sql import functions as F
 
 from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_REVISED
 from phases.definition import Pipeline
+from phases.deployment import deploy
 from phases.live.runner import LiveRunner
 from phases.runtime.local_kafka import LocalKafka
 from phases.runtime.session import SparkSettings, build_session
 from phases.sources import synthetic
-from phases.storage import generations, quarantine
+from phases.storage import quarantine
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
 from scripts.browser import BrowserError, screenshot
@@ -138,7 +139,7 @@ def daily_source(spark, data: Path, days: int = 3, rows: int = 2000) -> Path:
     """The daily-partitioned demo pipeline's source: one version committed on each of the last ``days`` days
     (commit times set the way a table written over days has them), so that its partitions can be backfilled from
     the UI."""
-    path = Path(StorageResource(root=str(data)).resolve(DEMO_DAILY).source.path)
+    path = Path(StorageResource(root=str(data)).declared(DEMO_DAILY).source.path)
     synthetic.create_source(spark, str(path))
     today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
     for i in range(days):
@@ -162,7 +163,7 @@ def _line(label: str, value: str) -> None:
 
 def accounted(spark, pipeline: Pipeline) -> tuple[int, int]:
     """(events counted in the sink, records quarantined) by the generation that serves ``pipeline`` now."""
-    bound = generations.resolve(spark, pipeline, strict=False)
+    bound = deploy(spark, pipeline, strict=False).pipeline
     counted = spark.read.format("delta").load(bound.sink.path).agg(F.sum("events")).collect()[0][0] or 0
     return int(counted), quarantine.count(spark, bound.locations.quarantine, pipeline.name)
 
@@ -177,7 +178,7 @@ def wait_accounted(spark, pipeline: Pipeline, want: int, timeout_s: float = 1800
 def same_as_reference(spark, pipeline: Pipeline, feed, want: int) -> bool:
     """Whether the sink of the generation serving ``pipeline`` equals the pandas reference of its definition."""
     wait_accounted(spark, pipeline, want)
-    bound = generations.resolve(spark, pipeline, strict=False)
+    bound = deploy(spark, pipeline, strict=False).pipeline
     expected, expected_late = pandas_reference(feed.changes(), pipeline.delay_us)
     actual = spark.read.format("delta").load(bound.sink.path).toPandas().set_index("key").sort_index()
     late = (
@@ -277,11 +278,11 @@ def main() -> None:
         os.environ["PHASES_KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap_servers  # dagster dev serves DEMO_KAFKA
         _line("kafka broker", f"{broker.bootstrap_servers} (KRaft, started in {time.perf_counter() - t:.1f} s)")
         pipeline = DEMO_KAFKA
-        p = StorageResource(root=str(data), kafka_bootstrap_servers=broker.bootstrap_servers).resolve(pipeline)
+        p = StorageResource(root=str(data), kafka_bootstrap_servers=broker.bootstrap_servers).declared(pipeline)
         feed = KafkaFeed(spark, p, broker)
     else:
         pipeline = DEMO
-        p = StorageResource(root=str(data)).resolve(pipeline)
+        p = StorageResource(root=str(data)).declared(pipeline)
         feed = DeltaFeed(spark, p)
     names = Names(pipeline)
 

@@ -100,7 +100,15 @@ def phases_spark():
     JVM (a user's suite keeps the kit's 2 GiB). With the S3A connector, for the object-store tier."""
     from phases.runtime.session import SparkSettings, build_session
 
-    session = build_session(SparkSettings(shuffle_partitions=2, app_name="phases-tests", driver_memory="3g", s3a=True))
+    session = build_session(
+        SparkSettings(
+            shuffle_partitions=2,
+            app_name="phases-tests",
+            driver_memory="3g",
+            s3a=True,
+            extra_conf=dict(x.split("=", 1) for x in os.environ.get("PHASES_TEST_CONF", "").split(",") if x),
+        )
+    )
     yield session
     session.stop()
 

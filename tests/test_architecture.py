@@ -228,6 +228,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phases.definition",),
     ("phases.records", "phases.lateness", "phases.runtime"),
     ("phases.storage",),
+    ("phases.deployment",),
     ("phases.sources",),
     ("phases.steps",),
     ("phases.tagging", "phases.schema_changes"),

@@ -160,7 +160,7 @@ def _materialize_all_in_the_browser(
 
 def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spark, tmp_path):
     data_root, timings = tmp_path / "data", {}
-    p = StorageResource(root=str(data_root)).resolve(DEMO)
+    p = StorageResource(root=str(data_root)).deployment(DEMO).pipeline
     synthetic.create_source(spark, p.source.path)
     for i in range(4):
         synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=5000, keys=2000, batch_index=i))

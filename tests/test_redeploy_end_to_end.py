@@ -12,7 +12,7 @@ import time
 
 from assets.pipelines import DEMO, DEMO_REVISED
 from phases.sources import synthetic
-from phases.storage import generations, table_stats
+from phases.storage import table_stats
 from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
@@ -27,7 +27,7 @@ ROWS_PER_BATCH = 2000
 
 def _accounted(spark, pipeline, storage: StorageResource) -> tuple[int, int]:
     """(events counted in the sink, records in the serving generation's quarantine) of ``pipeline``."""
-    bound = generations.resolve(spark, storage.declared(pipeline), strict=False)
+    bound = storage.deployment(pipeline).pipeline
     return _events_in(bound.sink.path), len(table_stats.rows(bound.locations.quarantine) or [])
 
 

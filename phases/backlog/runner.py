@@ -35,6 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 from phases import uris
 from phases.backlog import increments, progress
 from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
+from phases.deployment import Deployment, deploy, require_serving
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.lateness import watermark_after
 from phases.operators.base import HandoffWrite, Pieces
@@ -42,7 +43,7 @@ from phases.operators.registry import kind_of
 from phases.sources.kafka import KafkaTopicSource
 from phases.sources.reader import SourceReader, continue_inputs, open_inputs
 from phases.steps.end_of_stream import EndOfStreamRunner
-from phases.storage import fs, generations, leases, maintenance, manifest, quarantine, table_stats, tables
+from phases.storage import fs, leases, maintenance, manifest, quarantine, table_stats, tables
 from phases.storage.keyed_store import StatePosition
 from phases.storage.live_layout import live_checkpoint_root, live_started, state_store_root
 from phases.tagging import tag_version_range
@@ -88,11 +89,12 @@ class BacklogRunner:
     """Runs the backlog phase and writes the handoff: whole (:meth:`run`), as a catch-up increment on top
     of the last handoff (:meth:`run_increment`), or from daily slices (:mod:`phases.backlog.slices`)."""
 
-    def __init__(self, spark: SparkSession, pipeline: Pipeline, *, take_over: bool = False):
-        """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone. A pipeline as
-        declared runs as the generation that serves it (:func:`phases.storage.generations.resolve`)."""
+    def __init__(self, spark: SparkSession, pipeline: Pipeline | Deployment, *, take_over: bool = False):
+        """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone. A definition
+        runs as the generation that serves it (bound here once: :func:`phases.deployment.deploy`)."""
         self.spark = spark
-        self.pipeline = pipeline = generations.resolve(spark, pipeline)
+        self.deployment = deploy(spark, pipeline)
+        self.pipeline = pipeline = self.deployment.pipeline
         self.readers = open_inputs(spark, pipeline)  # one per input, by label
         self.source = self.readers[SOURCE_LABEL]
         self.kind = kind_of(pipeline)
@@ -109,7 +111,7 @@ class BacklogRunner:
         with hold, progress.console(self.spark):
             # Which generation serves is checked now, not when the runner was built: a runner built before a swap
             # would write the old definition's results into the sink the new one serves.
-            generations.require_serving(self.spark, self.pipeline)
+            require_serving(self.spark, self.deployment)
             yield
 
     def _step(self, name: str):
@@ -327,7 +329,7 @@ class BacklogRunner:
         started = time.perf_counter()
         p = self.pipeline
         base = manifest.latest(self.spark, p.locations.manifests, p.name)
-        manifest.check_matches(self.spark, base, p)
+        manifest.check_matches(self.spark, base, p, self.deployment.redeploys.amended)
         if live_started(self.spark, p, base.manifest_id):
             raise PhaseStateError(
                 f"pipeline {p.name!r} already switched to live from manifest {base.manifest_id}; the live phase "

@@ -29,6 +29,7 @@ from phases import uris
 from phases.backlog import progress
 from phases.backlog.runner import BacklogRunner, version_range_partial
 from phases.definition import Pipeline
+from phases.deployment import Deployment
 from phases.errors import PhaseStateError
 from phases.records import split_invalid
 from phases.storage import fs, quarantine, tables
@@ -83,7 +84,9 @@ def day_id(day: date) -> str:
 
 
 class SliceRunner:
-    def __init__(self, spark: SparkSession, pipeline: Pipeline, start_date: date, *, take_over: bool = False):
+    def __init__(
+        self, spark: SparkSession, pipeline: Pipeline | Deployment, start_date: date, *, take_over: bool = False
+    ):
         """``take_over``: take the backlog lease over from a run whose process is gone (see
         :mod:`phases.storage.leases`)."""
         self.spark = spark

@@ -41,12 +41,6 @@ class Locations(_Model):
     """Where the engine keeps its own tables. Everything lives under ``root`` unless overridden."""
 
     root: str = Field(min_length=1)
-    generation: int | None = Field(
-        None,
-        ge=0,
-        description="Set by the engine, not in a definition: the generation these locations belong to "
-        "(phases.storage.generations). None: the pipeline as declared, whose serving generation is looked up.",
-    )
 
     def _sub(self, name: str) -> str:
         return uris.join(self.root, name)

@@ -46,6 +46,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from phases import spark_internals
+from phases.deployment import Deployment, bind
 from phases.errors import LiveResumeError, PhasesError, PhaseStateError, ProgressRecordDamaged
 from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
@@ -100,7 +101,9 @@ class IncrementalLive:
         # Set once a micro-batch's progress record is written: what a stop at a micro-batch boundary waits for.
         self.batch_recorded = threading.Event()
         self.first_batch_at_us: int | None = None  # when the query's first micro-batch recorded its progress
-        # The redeploy log as the start read it (which generation serves; the swaps it records).
+        # Where the run writes (its generation, whether it serves), set by the runner; and the redeploy log as the
+        # start read it (which generation serves; the swaps it records).
+        self.deployment: Deployment = bind(plan.pipeline, 0, serving=True)
         self.generations = generations.Generations()
 
     @property
@@ -121,7 +124,9 @@ class IncrementalLive:
         writes = self._recorded_writes()
         # Before the start writes anything: the tables against the handoff, where no live write is recorded yet.
         start_checks.refuse_missing_tables(spark, p, self.plan.handoff, writes, self._write_targets())
-        start_checks.refuse_sink_not_as_handed_off(spark, p, self.plan.handoff, self.run_name, writes, self.generations)
+        start_checks.refuse_sink_not_as_handed_off(
+            spark, self.deployment, self.plan.handoff, self.run_name, writes, self.generations
+        )
         quarantine.ensure(spark, p.locations.quarantine)
         changelog.ensure_sink(spark, p, self.logic.output_schema)
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))

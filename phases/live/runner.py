@@ -24,6 +24,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from phases.backlog import increments
 from phases.definition import SOURCE_LABEL, Pipeline
+from phases.deployment import Deployment, bind, deploy, require_serving
 from phases.errors import (
     DefinitionError,
     LiveQueryStopped,
@@ -39,7 +40,7 @@ from phases.live.plan import LivePlan, Progress
 from phases.schema_changes import is_schema_change_stop, take_up
 from phases.sources.reader import open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
-from phases.storage import changelog, generations, leases, manifest, tables
+from phases.storage import changelog, leases, manifest, tables
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,10 @@ class LiveStart:
     first_batch_at_us: int | None = None
 
 
-def _after_a_swap(spark: SparkSession, declared: Pipeline, bound: Pipeline, exc: ManifestError) -> ManifestError:
+def _after_a_swap(deployment: Deployment, exc: ManifestError) -> ManifestError:
     """A definition that does not match the serving generation's handoff: when a redeploy swapped another
     definition in, the refusal says so and names the rollback."""
-    if declared.locations.generation is not None:
-        return exc
-    gens = generations.read(spark, declared)
+    declared, gens = deployment.definition, deployment.redeploys
     swapped = [s for s in gens.steps if s.step == "swapped"]
     if not swapped:
         return exc
@@ -90,7 +89,7 @@ class LiveRunner:
     def __init__(
         self,
         spark: SparkSession,
-        pipeline: Pipeline,
+        pipeline: Pipeline | Deployment,
         handoff: manifest.HandoffManifest | None,
         *,
         max_files_per_trigger: int | None = None,
@@ -98,15 +97,18 @@ class LiveRunner:
     ):
         """Use :meth:`from_manifest` or :meth:`streaming_only`. ``max_files_per_trigger`` splits the source
         reads into micro-batches (a version may then span several: it is applied once complete). ``take_over``
-        takes the pipeline's live lease over from a holder whose process is gone."""
+        takes the pipeline's live lease over from a holder whose process is gone. A definition runs as the
+        generation that serves it (bound once: :func:`phases.deployment.deploy`); a :class:`Deployment` as bound."""
         self.spark = spark
         self.take_over = take_over
         self.lease: leases.Lease | None = None
-        self.pipeline = pipeline
+        self.deployment = deploy(spark, pipeline)
+        self.pipeline = pipeline = self.deployment.pipeline
         self.handoff = handoff
         self.plan = LivePlan.of(spark, pipeline, handoff, max_files_per_trigger=max_files_per_trigger)
         self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
         self.incremental = IncrementalLive(spark, self.plan)
+        self.incremental.deployment = self.deployment
         self.compactor: Compactor | None = None
         # Why the running query was stopped on request (a redeploy's swap, :func:`phases.storage.leases.request_stop`);
         # None while it runs or when it stopped otherwise.
@@ -141,26 +143,29 @@ class LiveRunner:
 
     @classmethod
     def from_manifest(
-        cls, spark: SparkSession, pipeline: Pipeline, manifest_id: str | None = None, **kwargs
+        cls, spark: SparkSession, pipeline: Pipeline | Deployment, manifest_id: str | None = None, **kwargs
     ) -> LiveRunner:
         """The live phase of the newest handoff (which must be ``manifest_id`` when given); refuses a
-        missing, partial, superseded or mismatched manifest. A pipeline as declared runs as the generation that
-        serves it (:func:`phases.storage.generations.resolve`)."""
-        declared = pipeline
-        pipeline = generations.resolve(spark, pipeline)
+        missing, partial, superseded or mismatched manifest. A definition runs as the generation that serves it
+        (bound once: :func:`phases.deployment.deploy`)."""
+        deployment = deploy(spark, pipeline)
+        pipeline = deployment.pipeline
         handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
         try:
-            manifest.check_matches(spark, handoff, pipeline)
+            manifest.check_matches(spark, handoff, pipeline, deployment.redeploys.amended)
         except ManifestError as exc:
-            raise _after_a_swap(spark, declared, pipeline, exc) from exc
+            raise _after_a_swap(deployment, exc) from exc
         EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version, handoff.fingerprint)
         increments.refuse_open(spark, pipeline, handoff.manifest_id)
-        return cls(spark, pipeline, handoff, **kwargs)
+        return cls(spark, deployment, handoff, **kwargs)
 
     @classmethod
-    def streaming_only(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
-        """One streaming job over all versions from the first, with empty initial state."""
-        for spec in (i.spec for i in pipeline.inputs):
+    def streaming_only(cls, spark: SparkSession, pipeline: Pipeline | Deployment, **kwargs) -> LiveRunner:
+        """One streaming job over all versions from the first, with empty initial state: a definition writes where
+        it is declared (generation 0's tables; no redeploy log is read)."""
+        if isinstance(pipeline, Pipeline):
+            pipeline = bind(pipeline, 0, serving=True)
+        for spec in (i.spec for i in pipeline.pipeline.inputs):
             if spec.kind == "kafka":  # a topic is read from its earliest offsets
                 continue
             if spec.starting_version > 0:
@@ -200,7 +205,7 @@ class LiveRunner:
             if self.handoff is not None:
                 # Checked now, holding the live lease (a swap away from this generation takes it first), not when
                 # the runner was built: a runner built before a swap would mix both definitions in the sink.
-                self.incremental.generations = generations.require_serving(self.spark, self.pipeline)
+                self.incremental.generations = require_serving(self.spark, self.deployment)
             started = self._start(available_now, drain, first_batch_wait_s)
         except BaseException:
             self.stop()

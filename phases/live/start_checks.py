@@ -17,6 +17,7 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from phases.definition import Pipeline
+from phases.deployment import Deployment
 from phases.errors import LiveResumeError
 from phases.storage import generations, live_writes, table_stats, tables
 from phases.storage.manifest import HandoffManifest
@@ -85,7 +86,7 @@ def refuse_missing_tables(
 
 def refuse_sink_not_as_handed_off(
     spark: SparkSession,
-    pipeline: Pipeline,
+    deployment: Deployment,
     handoff: HandoffManifest | None,
     run_name: str,
     writes: dict,
@@ -97,9 +98,10 @@ def refuse_sink_not_as_handed_off(
     swap the redeploy log does not record (:func:`phases.storage.generations.log_behind_error`)."""
     if handoff is None:
         return
+    pipeline = deployment.pipeline
     path = pipeline.sink.path
-    generation = pipeline.locations.generation or 0
-    consumer = generations.writes_consumer_table(pipeline)
+    generation = deployment.generation
+    consumer = deployment.serving
     handoff_wrote_here = (generation == 0) == consumer  # generation 0's backlog writes the consumer-facing table
     first_write = not ({"sink", "upsert"} & set(writes))
     own = {live_writes.app_id(pipeline.name, run_name, what) for what in live_writes.LIVE_WRITES}
@@ -136,7 +138,7 @@ def refuse_sink_not_as_handed_off(
             continue
         swap = generations.swap_of(commit)
         if swap is not None and not generations.recorded(gens, swap):
-            raise generations.log_behind_error(pipeline, swap)
+            raise generations.log_behind_error(deployment.definition, swap)
         if unexplained:
             if len(unexplained) >= _LOOK_PAST:
                 break

@@ -47,6 +47,7 @@ from pyspark.sql import SparkSession
 from phases.backlog.runner import BacklogRunner
 from phases.definition import Pipeline
 from phases.definition.changes import DefinitionChanges, Way
+from phases.deployment import Deployment, bind
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases.live.runner import LiveRunner
 from phases.redeploy import swap
@@ -130,7 +131,7 @@ class Redeploy:
     def __init__(
         self,
         spark: SparkSession,
-        pipeline: Pipeline,
+        pipeline: Pipeline | Deployment,
         *,
         checks: list[Check] | None = None,
         max_lag: int = 1,
@@ -144,10 +145,8 @@ class Redeploy:
         ``stop_timeout_s``: how long to wait for the serving live phase to stop. ``take_over``: take leases over
         from holders whose process is gone (a redeploy or live phase that was killed). ``on_step(step, detail)``
         is called after each step (:data:`STEPS`), for progress reports."""
-        if pipeline.locations.generation is not None:
-            raise PhaseStateError(f"redeploy the pipeline {pipeline.name!r} as declared, not bound to a generation")
         self.spark = spark
-        self.pipeline = pipeline
+        self.pipeline = pipeline.definition if isinstance(pipeline, Deployment) else pipeline  # as declared
         self.checks = list(checks or [])
         self.max_lag = max_lag
         self.live_rounds = live_rounds
@@ -162,9 +161,14 @@ class Redeploy:
         if self.on_step is not None:
             self.on_step(step, detail)
 
+    def as_generation(self, n: int, *, serving: bool = False) -> Deployment:
+        """Generation ``n`` of this definition: its tables under the generation's folder, writing its own sink (the
+        consumer-facing table when ``serving``). What a caller checks of a generation a redeploy builds."""
+        return bind(self.pipeline, n, serving=serving)
+
     # --- the plan ----------------------------------------------------------------------------------
     def _newest_manifest(self, n: int) -> manifest.HandoffManifest | None:
-        return _newest_manifest(self.spark, generations.bind(self.pipeline, n, serving=True))
+        return _newest_manifest(self.spark, bind(self.pipeline, n, serving=True).pipeline)
 
     def plan(self, gens: generations.Generations | None = None) -> RedeployPlan:
         """The differences between the serving definition and this one, and the way they need. Raises
@@ -297,7 +301,7 @@ class Redeploy:
         self, gens: generations.Generations, plan: RedeployPlan, redeploy_id: str, reason: str, *, swap: bool
     ) -> RedeployResult:
         n, timings = plan.target, {}
-        new = generations.bind(self.pipeline, n, serving=False)
+        new = bind(self.pipeline, n, serving=False, redeploys=gens)
         if not plan.reuse:
             self._refuse_unreadable_sources(self._newest_manifest(plan.serving))
             if n not in gens.fingerprints or gens.fingerprints[n] != self.pipeline.fingerprint():
@@ -349,24 +353,24 @@ class Redeploy:
                 )
             reader.require_change_feed(reader.head_version())
 
-    def _backfill(self, new: Pipeline, timings: dict[str, float]) -> manifest.HandoffManifest:
+    def _backfill(self, new: Deployment, timings: dict[str, float]) -> manifest.HandoffManifest:
         """The new generation's handoff: its backlog (unless a handoff of this definition is there), then catch-up
         increments up to the head where its kind takes them (until its live phase has started)."""
-        handoff = _newest_manifest(self.spark, new)
-        if handoff is not None and handoff.fingerprint != new.fingerprint():
+        handoff = _newest_manifest(self.spark, new.pipeline)
+        if handoff is not None and handoff.fingerprint != new.definition.fingerprint():
             handoff = None  # an earlier redeploy's definition under this number: start it over
-        started = live_started(self.spark, new, handoff.manifest_id) if handoff is not None else False
+        started = live_started(self.spark, new.pipeline, handoff.manifest_id) if handoff is not None else False
         t = time.perf_counter()
         runner = BacklogRunner(self.spark, new, take_over=self.take_over)
         if handoff is None:
             handoff = runner.run()
             timings["backlog_s"] = time.perf_counter() - t
-        elif not started and new.supports_increments:
+        elif not started and new.definition.supports_increments:
             handoff = runner.run_increment()
             timings["increment_s"] = time.perf_counter() - t
         return handoff
 
-    def _catch_up_live(self, new: Pipeline, handoff: manifest.HandoffManifest, timings: dict[str, float]) -> None:
+    def _catch_up_live(self, new: Deployment, handoff: manifest.HandoffManifest, timings: dict[str, float]) -> None:
         """Rounds of the new generation's live phase on its own sink, each processing what is available, until what
         waits of each input after a round is at most ``max_lag`` (or ``live_rounds`` rounds ran)."""
         t = time.perf_counter()
@@ -379,17 +383,17 @@ class Redeploy:
                 break
         timings["live_catch_up_s"] = time.perf_counter() - t
 
-    def _check(self, new: Pipeline, handoff: manifest.HandoffManifest) -> None:
+    def _check(self, new: Deployment, handoff: manifest.HandoffManifest) -> None:
         problems: list[str] = []
         try:
-            manifest.check_matches(self.spark, handoff, new)
+            manifest.check_matches(self.spark, handoff, new.pipeline, new.redeploys.amended)
         except ManifestError as exc:
             problems.append(str(exc))
         for check in self.checks:
-            problems += check(self.spark, new, handoff)
+            problems += check(self.spark, new.pipeline, handoff)
         if problems:
             raise PhaseStateError(
-                f"pipeline {self.pipeline.name!r}: generation {new.locations.generation} failed its checks and is not "
+                f"pipeline {self.pipeline.name!r}: generation {new.generation} failed its checks and is not "
                 "swapped in; the serving generation goes on. " + "; ".join(problems)
             )
 
@@ -433,7 +437,7 @@ class Redeploy:
         self, step: generations.Step, reason: str, timings: dict[str, float], stopped_at: int
     ) -> RedeployResult:
         old, new, spark = step.from_generation, step.generation, self.spark
-        target = generations.bind(self.pipeline, new, serving=False)
+        target = bind(self.pipeline, new, serving=False).pipeline
         consumer = self.pipeline.sink.path
         mark = {
             "redeploy": step.redeploy_id,
@@ -477,7 +481,7 @@ class Redeploy:
             consumer_version=version,
             reason=reason or step.reason,
         )
-        leases.clear_stop_request(spark, generations.bind(self.pipeline, old, serving=True), "live")
+        leases.clear_stop_request(spark, bind(self.pipeline, old, serving=True).pipeline, "live")
         self._done("swapped", generation=new, from_generation=old)
         return RedeployResult(
             step.redeploy_id,
@@ -502,12 +506,12 @@ class Redeploy:
             return self._stop_serving_live(n)
         finally:
             self._release_serving_lease()
-            leases.clear_stop_request(self.spark, generations.bind(self.pipeline, n, serving=True), "live")
+            leases.clear_stop_request(self.spark, bind(self.pipeline, n, serving=True).pipeline, "live")
 
     def _stop_serving_live(self, old: int) -> int:
         """Asks the serving generation's live phase to stop and takes its live lease as soon as it is free, so that
         nothing writes the consumer-facing table until the swap is made. Returns when it had stopped (µs)."""
-        serving = generations.bind(self.pipeline, old, serving=True)
+        serving = bind(self.pipeline, old, serving=True).pipeline
         held = leases.holder(self.spark, serving, "live")
         if held is not None and held[1]:
             leases.request_stop(

@@ -15,8 +15,9 @@ The **redeploy log** (``<root>/redeploys``, a Delta table, one row a step) says 
 a crash): no live phase of the pipeline starts until a rerun of the redeploy finishes it. The log also keeps each
 generation's definition (``started``) and the changes applied to a handoff from now on (``amended``).
 
-:func:`resolve` binds a pipeline as declared (``locations.generation`` None) to the generation that serves; the
-engine's entry points call it, so that a definition keeps working after a swap without naming a generation.
+:func:`phases.deployment.deploy` binds a definition to the generation that serves, once at each entry point, so
+that a definition keeps working after a swap without naming a generation. The functions here take the definition as
+declared (its ``locations.root`` is generation 0's folder and holds the log).
 """
 
 from __future__ import annotations
@@ -57,20 +58,9 @@ SCHEMA = T.StructType(
 )
 
 
-def log_path(pipeline: Pipeline) -> str:
-    """The redeploy log of a pipeline as declared (its ``locations.root``)."""
-    return uris.join(_base_root(pipeline), "redeploys")
-
-
-def _base_root(pipeline: Pipeline) -> str:
-    loc = pipeline.locations
-    if not loc.generation:
-        return loc.root
-    suffix = f"/generations/{loc.generation}"
-    root = loc.root.rstrip("/")
-    if not root.endswith(suffix):
-        raise PhaseStateError(f"locations.root {loc.root!r} is not generation {loc.generation}'s folder")
-    return root[: -len(suffix)]
+def log_path(definition: Pipeline) -> str:
+    """The redeploy log of a pipeline as declared (under its ``locations.root``)."""
+    return uris.join(definition.locations.root, "redeploys")
 
 
 def generation_root(root: str, n: int) -> str:
@@ -81,33 +71,6 @@ def generation_root(root: str, n: int) -> str:
 def own_sink(root: str, n: int) -> str:
     """Generation ``n``'s own sink: where it writes while it does not serve (and where a swap keeps its results)."""
     return uris.join(root, "generations", str(n), "sink")
-
-
-def bind(pipeline: Pipeline, n: int, *, serving: bool) -> Pipeline:
-    """``pipeline`` (as declared) as generation ``n``: its locations under the generation's folder, and its sink the
-    consumer-facing table when ``serving``, else the generation's own sink."""
-    if pipeline.locations.generation is not None:
-        raise PhaseStateError(
-            f"pipeline {pipeline.name!r} is already bound to generation {pipeline.locations.generation}; bind the "
-            "definition as declared"
-        )
-    root = pipeline.locations.root
-    update: dict = {
-        "locations": pipeline.locations.model_copy(update={"root": generation_root(root, n), "generation": n})
-    }
-    if not serving:
-        sink = own_sink(root, n)
-        sink_update: dict = {"path": sink}
-        if pipeline.sink.mode == "changelog":
-            sink_update["current_path"] = f"{sink}_current"
-        update["sink"] = pipeline.sink.model_copy(update=sink_update)
-    if n > 0 and pipeline.end_of_stream:
-        folder = uris.join(generation_root(root, n), "end_of_stream")
-        update["end_of_stream"] = [
-            s.model_copy(update={"output": s.output.model_copy(update={"path": uris.join(folder, s.name)})})
-            for s in pipeline.end_of_stream
-        ]
-    return pipeline.model_copy(update=update)
 
 
 @dataclass(frozen=True)
@@ -227,14 +190,13 @@ def newest_swap(spark: SparkSession | None, path: str, *, redeploy_id: str | Non
     return None
 
 
-def unrecorded_swap(spark: SparkSession | None, pipeline: Pipeline, gens: Generations) -> SwapCommit | None:
+def unrecorded_swap(spark: SparkSession | None, definition: Pipeline, gens: Generations) -> SwapCommit | None:
     """The consumer-facing table's newest swap when the redeploy log does not record it (the log is behind the
     table: its newest commits were removed, or it was restored from an older backup); None when the log is whole.
     The table's history is read only when a redeploy ever ran (a log with steps, or a generation's folder)."""
-    declared_root = _base_root(pipeline)
-    if not gens.steps and not _has_generations(spark, declared_root):
+    if not gens.steps and not _has_generations(spark, definition.locations.root):
         return None
-    found = newest_swap(spark, pipeline.sink.path)  # the declared (or serving) pipeline's sink: the consumers'
+    found = newest_swap(spark, definition.sink.path)  # the declared pipeline's sink: the consumers'
     return found if found is not None and not recorded(gens, found) else None
 
 
@@ -249,15 +211,10 @@ def _has_generations(spark: SparkSession | None, root: str) -> bool:
     return fs.exists(spark, path)
 
 
-def writes_consumer_table(pipeline: Pipeline) -> bool:
-    """Whether the pipeline (as declared, or bound) writes the consumer-facing table, not a generation's own sink."""
-    bound = pipeline.locations.generation
-    return bound is None or pipeline.sink.path != own_sink(_base_root(pipeline), bound)
-
-
-def log_behind_error(pipeline: Pipeline, swap: SwapCommit) -> PhaseStateError:
+def log_behind_error(definition: Pipeline, swap: SwapCommit) -> PhaseStateError:
     """The refusal of a start that found a swap on the consumer-facing table that the redeploy log does not
     record."""
+    pipeline = definition
     return PhaseStateError(
         f"pipeline {pipeline.name!r}: the table consumers read ({pipeline.sink.path}) holds, at version "
         f"{swap.version}, the swap of redeploy {swap.redeploy_id} from generation {swap.from_generation} to "
@@ -269,44 +226,11 @@ def log_behind_error(pipeline: Pipeline, swap: SwapCommit) -> PhaseStateError:
     )
 
 
-def require_serving(spark: SparkSession | None, pipeline: Pipeline, gens: Generations | None = None) -> Generations:
-    """At a start that writes the consumer-facing table: refuses (PhaseStateError) unless the generation the
-    pipeline is bound to serves now, naming the serving generation and the way (a rollback, or a redeploy). A log
-    behind the table is found by the live start's check of the table's history
-    (:mod:`phases.live.start_checks`). Returns the log as read."""
-    gens = gens if gens is not None else read(spark, pipeline)
-    if not writes_consumer_table(pipeline):
-        return gens
-    bound = pipeline.locations.generation or 0
-    under_way = gens.swap_under_way
-    if under_way is not None:
-        raise _under_way_error(pipeline, under_way)
-    if gens.serving != bound:
-        swapped = [s for s in gens.steps if s.step == "swapped" and s.generation == gens.serving]
-        by = f" (swapped in by redeploy {swapped[-1].redeploy_id})" if swapped else ""
-        raise PhaseStateError(
-            f"pipeline {pipeline.name!r}: generation {gens.serving} serves the table consumers read"
-            f"{by}, not generation {bound}, which this runner was built for (before the swap). Nothing was started. "
-            f"To run this definition again, roll back: Redeploy(spark, pipeline).run() with it (its generation is "
-            f"kept: no backlog); to go on with generation {gens.serving}, build the runner again from the definition "
-            "it runs (LiveRunner.from_manifest(spark, pipeline))."
-        )
-    return gens
-
-
-def _under_way_error(pipeline: Pipeline, under_way: Step) -> PhaseStateError:
-    return PhaseStateError(
-        f"pipeline {pipeline.name!r}: a swap of its sink from generation {under_way.from_generation} to generation "
-        f"{under_way.generation} is under way (redeploy {under_way.redeploy_id}), or was cut short: no live phase "
-        "that writes the sink starts until it is finished. Run the redeploy again "
-        "(Redeploy(spark, pipeline).run()): it finishes the swap, or makes it again."
-    )
-
-
-def read(spark: SparkSession | None, pipeline: Pipeline) -> Generations:
+def read(spark: SparkSession | None, definition: Pipeline) -> Generations:
     """The pipeline's generations from its redeploy log (no log: generation 0 serves). Read with delta-rs (a few
     rows, no Spark job: every live start reads it), through Spark when delta-rs cannot read the log (store settings
     given to Spark only; without a ``spark`` session that is a SourceError)."""
+    pipeline = definition
     path = log_path(pipeline)
     _refuse_gaps(path)
     try:
@@ -364,10 +288,11 @@ def _refuse_gaps(path: str) -> None:
         )
 
 
-def write(spark: SparkSession, pipeline: Pipeline, step: str, generation: int, redeploy_id: str, **values) -> Step:
+def write(spark: SparkSession, definition: Pipeline, step: str, generation: int, redeploy_id: str, **values) -> Step:
     """Appends one step to the pipeline's redeploy log (one commit)."""
     if step not in STEPS:
         raise ValueError(f"redeploy step {step!r} is not one of {STEPS}")
+    pipeline = definition
     _refuse_gaps(log_path(pipeline))
     row = {f.name: None for f in SCHEMA.fields}
     row.update(values)
@@ -395,27 +320,25 @@ def retired_since(gens: Generations, n: int) -> int | None:
     return max(newer) if newer and built and max(newer) > max(built) else None
 
 
-def _folders(spark: SparkSession, pipeline: Pipeline, n: int) -> list[str]:
+def _folders(definition: Pipeline, n: int) -> list[str]:
     """The folders that hold generation ``n``'s tables (generation 0's: the ones under ``locations.root``)."""
-    root = _base_root(pipeline)
+    root = definition.locations.root
     if n > 0:
         return [generation_root(root, n)]
-    loc = bind(pipeline, 0, serving=True).locations
+    loc = definition.locations
     folders = [loc.state_root, loc.manifests, loc.quarantine, loc.checkpoints, uris.join(root, "live")]
     return [*folders, uris.join(root, "generations", "0")]  # and its own sink
 
 
-def remove_retired(spark: SparkSession, pipeline: Pipeline, *, now_us: int | None = None) -> list[int]:
+def remove_retired(spark: SparkSession, definition: Pipeline, *, now_us: int | None = None) -> list[int]:
     """Removes the tables of the generations that stopped serving longer than ``maintenance.retain`` ago (a
     rollback to them then needs a backlog again); returns their numbers. Holds the pipeline's redeploy lease, so
     no redeploy runs meanwhile; a ``removed`` row goes into the redeploy log before the files go."""
     from phases.storage import fs, leases
 
+    pipeline = definition
     now_us = now_us if now_us is not None else time.time_ns() // 1000
     retain_us = int(pipeline.maintenance.retain.total_seconds() * 1e6)
-    declared = pipeline if pipeline.locations.generation is None else None
-    if declared is None:
-        raise PhaseStateError(f"remove retired generations of the pipeline {pipeline.name!r} as declared")
     with leases.hold(spark, pipeline, "redeploy", f"maintenance {now_us}"):
         gens = read(spark, pipeline)
         if gens.swap_under_way is not None:
@@ -428,26 +351,7 @@ def remove_retired(spark: SparkSession, pipeline: Pipeline, *, now_us: int | Non
             write(
                 spark, pipeline, "removed", n, "maintenance", reason=f"retired more than {pipeline.maintenance.retain}"
             )
-            for folder in _folders(spark, pipeline, n):
+            for folder in _folders(pipeline, n):
                 fs.delete(spark, folder)
             removed.append(n)
         return removed
-
-
-def resolve(spark: SparkSession | None, pipeline: Pipeline, *, strict: bool = True) -> Pipeline:
-    """``pipeline`` bound to the generation that serves (itself when already bound, or when the pipeline was never
-    redeployed).
-
-    While a swap is under way the consumer-facing table is between two generations: ``strict`` refuses a pipeline
-    that would write it (as declared, or bound as the serving one); a generation writing its own sink goes on (the
-    redeploy's catch-up). Not ``strict`` (what a sensor or a catalog shows): the generation the swap started from,
-    which served until then."""
-    gens = read(spark, pipeline)
-    under_way = gens.swap_under_way
-    bound = pipeline.locations.generation
-    if under_way is not None and strict and writes_consumer_table(pipeline):
-        raise _under_way_error(pipeline, under_way)
-    if bound is not None or not gens.steps:
-        return pipeline
-    serving = under_way.from_generation if under_way is not None else gens.serving
-    return bind(pipeline, serving, serving=True)

@@ -8,12 +8,15 @@ their old files vacuumed, under the pipeline's :class:`~phases.definition.Mainte
 - **Compaction**: an upserted sink, which the live phase rewrites every micro-batch, gets Delta's auto
   compaction (``delta.autoOptimize.autoCompact``): it runs in the writer's own commits, so it never conflicts
   with them. A changelog sink is bin-packed by its background compaction instead, off the micro-batch path
-  (:func:`phases.storage.changelog.tidy`). :func:`maintain` compacts the append-only tables (quarantine,
+  (:func:`phases.storage.changelog.tidy`). :func:`maintain_tables` compacts the append-only tables (quarantine,
   manifests, live progress) with ``OPTIMIZE``.
-- **Retention**: :func:`maintain` vacuums every engine table and the sink with ``Maintenance.retain``. Delta
+- **Retention**: :func:`maintain_tables` vacuums every engine table and the sink with ``Maintenance.retain``. Delta
   refuses a retention below its safety interval (7 days) unless told otherwise, so files a reader or a
   streaming checkpoint may still need stay. A manifest never needs an old table version: once its live
   phase started, the state table belongs to the live phase.
+
+:func:`phases.deployment.maintain` (``phases.maintain``) runs both for a definition, and removes the generations a
+redeploy retired longer than the retention ago.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from phases.definition import Pipeline
-from phases.storage import fs, generations, table_stats, tables
+from phases.storage import fs, table_stats, tables
 
 _MANIFEST_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -81,13 +84,10 @@ def _live_tables(spark: SparkSession, pipeline: Pipeline) -> list[str]:
     ]
 
 
-def maintain(spark: SparkSession, pipeline: Pipeline) -> dict[str, dict]:
-    """Compacts the append-only engine tables and vacuums every engine table and the sink with the
-    pipeline's retention, and removes the generations a redeploy retired longer than that ago
-    (:func:`phases.storage.generations.remove_retired`; under the key ``retired_generations``). Returns, per table,
-    the files ``OPTIMIZE`` removed and whether it was vacuumed."""
-    removed = generations.remove_retired(spark, pipeline) if pipeline.locations.generation is None else []
-    pipeline = generations.resolve(spark, pipeline, strict=False)
+def maintain_tables(spark: SparkSession, pipeline: Pipeline) -> dict[str, dict]:
+    """Compacts the append-only engine tables and vacuums every engine table and the sink of ``pipeline`` (a
+    deployment's, :attr:`phases.deployment.Deployment.pipeline`) with its retention. Returns, per table, the files
+    ``OPTIMIZE`` removed and whether it was vacuumed."""
     loc = pipeline.locations
     append_only = [loc.quarantine, loc.manifests, *_live_tables(spark, pipeline)]
     state_tables = [f"{loc.state_root.rstrip('/')}/{n}" for n in fs.list_names(spark, loc.state_root)]
@@ -104,6 +104,4 @@ def maintain(spark: SparkSession, pipeline: Pipeline) -> dict[str, dict]:
         entry["vacuumed"] = True
         entry["files"] = int(spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select(F.col("numFiles")).collect()[0][0])
         report[path] = entry
-    if removed:
-        report["retired_generations"] = {"removed": removed}
     return report

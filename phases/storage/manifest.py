@@ -18,7 +18,7 @@ from pyspark.sql import types as T
 from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.definition.changes import DefinitionChanges
 from phases.errors import ManifestError
-from phases.storage import generations, progress_log, table_stats, tables
+from phases.storage import progress_log, table_stats, tables
 
 
 class HandoffManifest(BaseModel):
@@ -160,8 +160,15 @@ def _newest_row(spark: SparkSession, path: str, pipeline: str) -> dict | None:
     return rows[0].asDict() if rows else None
 
 
-def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> None:
-    """Raises ManifestError saying what differs between the manifest and the pipeline (or its state)."""
+def check_matches(
+    spark: SparkSession,
+    manifest: HandoffManifest,
+    pipeline: Pipeline,
+    amended: frozenset[tuple[str, str]] = frozenset(),
+) -> None:
+    """Raises ManifestError saying what differs between the manifest and the pipeline (or its state). ``amended``:
+    the (manifest id, fingerprint) pairs the redeploy log accepts for a handoff
+    (:attr:`phases.storage.generations.Generations.amended`)."""
     problems: list[str] = []
     if manifest.state_schema_version != STATE_SCHEMA_VERSION:
         problems.append(
@@ -171,7 +178,7 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
         problems.append(f"operator version: manifest {manifest.operator_version}, engine {OPERATOR_VERSION}")
     if manifest.fingerprint != pipeline.fingerprint():
         changes = DefinitionChanges.between(manifest.state_spec, pipeline.state_spec())
-        if changes.way == "forward" and _amended(spark, manifest, pipeline):
+        if changes.way == "forward" and (manifest.manifest_id, pipeline.fingerprint()) in amended:
             pass  # a redeploy recorded the change: the live phase goes on from the handoff's state
         elif changes.way == "forward":
             problems += [d.describe("manifest", "pipeline") for d in changes.differences]
@@ -199,12 +206,6 @@ def check_matches(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipe
         raise ManifestError(
             f"handoff manifest {manifest.manifest_id} does not match pipeline {pipeline.name!r}: " + "; ".join(problems)
         )
-
-
-def _amended(spark: SparkSession, manifest: HandoffManifest, pipeline: Pipeline) -> bool:
-    """Whether a redeploy recorded the pipeline's definition as an amendment of the manifest's (changes that apply
-    to records from now on, :mod:`phases.definition.changes`)."""
-    return (manifest.manifest_id, pipeline.fingerprint()) in generations.read(spark, pipeline).amended
 
 
 def _version_and_rows(spark: SparkSession, path: str) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from phases import Pipeline, inspect
+from phases import Deployment, Pipeline, deploy
 
 
 def default_root() -> str:
@@ -31,12 +31,16 @@ class StorageResource(dg.ConfigurableResource):
         "address in their definition. Default: PHASES_KAFKA_BOOTSTRAP_SERVERS, else the definition's own.",
     )
 
-    def declared(self, pipeline: Pipeline) -> Pipeline:
-        """The pipeline with its paths under ``root``, as declared (a redeploy binds its generations itself)."""
-        return inspect.resolve_paths(pipeline, self.root, self.kafka_bootstrap_servers)
+    def deployment(self, pipeline: Pipeline) -> Deployment:
+        """The pipeline bound once to where it runs (:func:`phases.deploy`): its paths under ``root``, its Kafka
+        sources at the deployment's brokers, the generation that serves it (the one a swap under way started from:
+        what the sensors, checks and the catalog show). Reads the redeploy log with delta-rs. The engine's runners
+        take it as it is, and refuse at their start to write the sink during a swap."""
+        return deploy(
+            None, pipeline, root=self.root, kafka_bootstrap_servers=self.kafka_bootstrap_servers, strict=False
+        )
 
-    def resolve(self, pipeline: Pipeline) -> Pipeline:
-        """The pipeline with its paths under ``root``, bound to the generation that serves it (the one a swap under
-        way started from, :func:`phases.inspect.serving`): what the sensors, checks and the catalog
-        show. The engine's runners refuse to write the sink during a swap on their own."""
-        return inspect.serving(None, self.declared(pipeline), strict=False)
+    def declared(self, pipeline: Pipeline) -> Pipeline:
+        """The definition with its paths where it runs, bound to no generation (a redeploy binds its generations
+        itself)."""
+        return self.deployment(pipeline).definition

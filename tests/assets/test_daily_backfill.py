@@ -139,7 +139,7 @@ def test_the_demos_daily_data_lands_on_its_days_and_a_day_without_data_warns(spa
     from tests.assets.conftest import definitions
 
     daily_source(spark, tmp_path, days=3, rows=40)
-    p = StorageResource(root=str(tmp_path)).resolve(DEMO_DAILY)
+    p = StorageResource(root=str(tmp_path)).deployment(DEMO_DAILY).pipeline
     today = datetime.now(UTC).date()
     runner = SliceRunner(spark, p, DAILY_SETTINGS.backfill.start_date)
     assert [runner.day_versions(today - timedelta(days=d)) for d in (3, 2, 1)] == [(1, 1), (2, 2), (3, 3)]

@@ -55,7 +55,7 @@ def test_a_topic_of_events_joined_to_a_table_through_backlog_increment_switch_li
         checks=CheckPolicy(max_quarantine_fraction=0.5), switch=SwitchPolicy(lag_threshold=timedelta(0))
     )
     names, defs = Names(p), definitions(spark, root, p, settings)
-    resolved = StorageResource(root=root).resolve(p)
+    resolved = StorageResource(root=root).deployment(p).pipeline
     with dg.instance_for_test() as instance:
         result = defs.resolve_job_def(names.backlog_job).execute_in_process(instance=instance)
         assert result.success and all(e.passed for e in result.get_asset_check_evaluations())

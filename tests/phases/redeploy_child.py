@@ -55,7 +55,7 @@ def main() -> None:
 
         def prepare(self):
             real_prepare(self)
-            if self.pipeline.locations.generation:
+            if self.deployment.generation:
                 _die()
 
         micro_batch.IncrementalLive.prepare = prepare

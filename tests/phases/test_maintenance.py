@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import uuid
 
+from phases import maintain
 from phases.backlog.runner import BacklogRunner
 from phases.live.runner import LiveRunner
-from phases.storage import maintenance
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
@@ -45,7 +45,7 @@ def test_maintenance_compacts_and_vacuums_and_the_live_phase_goes_on(spark, tmp_
     append_version(spark, source, LIVE[3])
     LiveRunner.from_manifest(spark, p).start(available_now=True)
 
-    report = maintenance.maintain(spark, p)
+    report = maintain(spark, p)
     assert {p.locations.quarantine, p.locations.manifests, live.state_path, p.sink.path} <= set(report)
     assert all(entry["vacuumed"] for entry in report.values())
 

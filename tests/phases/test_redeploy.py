@@ -14,6 +14,7 @@ from phases import Redeploy
 from phases.backlog.runner import BacklogRunner
 from phases.definition import KeyedAggregate
 from phases.definition.changes import DefinitionChanges
+from phases.deployment import bind
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases.live.runner import LiveRunner
 from phases.redeploy.runner import STEPS
@@ -152,7 +153,7 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
     # The new definition's live phase resumes on the consumer-facing table from its generation's progress log.
     append_version(spark, source, versions[7])
     live = LiveRunner.from_manifest(spark, new)
-    assert live.pipeline.locations.generation == 1 and live.pipeline.sink.path == new.sink.path
+    assert live.deployment.generation == 1 and live.pipeline.sink.path == new.sink.path
     live.start(available_now=True)
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(versions, 7)))
     # The old definition's pipeline now binds to generation 1, whose handoff it does not match.
@@ -273,7 +274,7 @@ def test_a_generation_whose_checks_fail_is_never_swapped_in(spark, tmp_path):
     LiveRunner.from_manifest(spark, old).start(available_now=True)
 
     def refuse(spark, generation, handoff):
-        return [f"generation {generation.locations.generation}: refused by the test"]
+        return [f"{generation.locations.root}: refused by the test"]
 
     with pytest.raises(PhaseStateError, match="refused by the test"):
         Redeploy(spark, new, checks=[refuse]).run()
@@ -372,7 +373,7 @@ def test_a_redeploy_killed_at_each_step_in_turn_leaves_the_old_definition_servin
         LiveRunner.from_manifest(spark, new, take_over=True).start(available_now=True)
         assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(versions))
         assert generations.read(spark, old).serving == 1
-        built = generations.bind(new, 1, serving=False).locations.manifests
+        built = bind(new, 1, serving=False).pipeline.locations.manifests
         kinds = [r.kind for r in spark.read.format("delta").load(built).collect()]
         assert kinds.count("full") == 1 and "increment" in kinds, kinds
     finally:
