@@ -11,7 +11,7 @@ live rows):
 - **drain**: rows appended while the live phase is stopped, then applied by a restart; rows per second of
   that catch-up is the most the live path sustains (micro-batches grow under load, so a steady input below
   this rate is kept up with). Its largest state store update's profile (task time in the rows, the store's
-  load, gets, puts and commit; :meth:`phases.storage.keyed_store.StoreUpdate.profile_summary`) goes with it.
+  load, gets, puts and commit; :meth:`phases.state.keyed_store.StoreUpdate.profile_summary`) goes with it.
 
 The source holds exactly ``state_keys`` keys (one record per key) before the handoff, so the state table
 the live micro-batches merge into has that many rows.
@@ -260,7 +260,7 @@ def running_rows(runner, feed: _Feed, sink: str, load: Load, label: str) -> dict
 
 
 class _StoreProfiles(logging.Handler):
-    """The profiles of the state store updates logged while it is attached (``phases.storage.keyed_store``)."""
+    """The profiles of the state store updates logged while it is attached (``phases.state.keyed_store``)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -275,7 +275,7 @@ class _StoreProfiles(logging.Handler):
 @contextmanager
 def store_profiles() -> Iterator[list[dict[str, int]]]:
     """The state store updates' profiles while in the block (the store logs them at DEBUG level)."""
-    logger = logging.getLogger("phases.storage.keyed_store")
+    logger = logging.getLogger("phases.state.keyed_store")
     handler, level = _StoreProfiles(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)

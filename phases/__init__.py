@@ -21,7 +21,10 @@ The wings, one folder each:
 * ``lateness.py`` (the W(v) rule) and ``tagging.py`` (records tagged by it, in both phases);
 * ``backlog/`` and ``live/``: the two phases' drivers; ``redeploy/``: a changed definition built beside the serving
   one and swapped in;
-* ``storage/``: the engine's own tables and files: manifest, quarantine, leases, progress log, maintenance, URIs;
+* ``storage/``: Delta table and file I/O (tables, their figures, quarantine, the changelog sink, maintenance);
+  ``coordination/``: leases and the live progress log; ``state/``: the state store; ``handoff/``: the manifest, the
+  live run's layout and increments' intents, which both phases build on; ``deployment/``: a definition bound once
+  to where it runs, and its generations;
 * ``runtime/``: the SparkSession, the JVM jars, shipping code to a cluster, the local broker and cluster.
 """
 
@@ -66,7 +69,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases.redeploy.runner": ("Redeploy", "RedeployPlan", "RedeployResult"),
     "phases.definition.changes": ("DefinitionChanges",),
     "phases.definition.model": ("SettingsModel",),
-    "phases.storage.manifest": ("HandoffManifest",),
+    "phases.handoff.manifest": ("HandoffManifest",),
     "phases.deployment": ("Deployment", "deploy", "maintain"),
     "phases.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
     "phases.runtime.session": ("SparkSettings", "build_session"),
@@ -221,6 +224,7 @@ if TYPE_CHECKING:
         SparkInternalsChanged,
         StateStoreError,
     )
+    from phases.handoff.manifest import HandoffManifest
     from phases.live.runner import LiveRunner, LiveStart
     from phases.operators.process_function import KeyedProcessFunction, ProcessContext
     from phases.redeploy.runner import Redeploy, RedeployPlan, RedeployResult
@@ -228,5 +232,4 @@ if TYPE_CHECKING:
     from phases.runtime.shipping import package_archive
     from phases.sources.lag import InputLag
     from phases.storage.changelog import Compaction, compact_changelog, read_current
-    from phases.storage.manifest import HandoffManifest
     from phases.testing import assert_equivalent, event_versions, run_streaming, run_two_phase

@@ -34,7 +34,7 @@ class PhaseStateError(PhasesError):
 
 
 class LeaseHeld(PhaseStateError):
-    """Another run holds the pipeline's backlog or live lease (:mod:`phases.storage.leases`): the message names the
+    """Another run holds the pipeline's backlog or live lease (:mod:`phases.coordination.leases`): the message names the
     holder, and whether taking the lease over (``take_over=True``) is safe."""
 
 
@@ -66,5 +66,5 @@ class ProgressRecordDamaged(PhaseStateError):
 
 
 class StateStoreError(PhaseStateError):
-    """A version of the live phase's state store (Spark's state store, :mod:`phases.storage.keyed_store`) could not
+    """A version of the live phase's state store (Spark's state store, :mod:`phases.state.keyed_store`) could not
     be read or written."""

@@ -31,8 +31,11 @@ from pyspark.sql import SparkSession
 from phases.backlog.progress import Snapshot as BacklogProgress
 from phases.backlog.progress import reported as reporting_progress
 from phases.backlog.slices import SliceRecord
+from phases.coordination import progress_log
 from phases.definition import Pipeline
 from phases.deployment import Deployment
+from phases.handoff import live_layout, manifest
+from phases.handoff.manifest import HandoffManifest
 from phases.lateness import watermark_after
 from phases.live.report import LiveMeter, LiveReport
 from phases.operators.registry import kind_of
@@ -40,9 +43,8 @@ from phases.sources.head import SourceHead, source_heads
 from phases.sources.kafka import ChunkPlan
 from phases.sources.lag import InputLag, Unapplied, input_lags
 from phases.sources.lag import unapplied as _unapplied
-from phases.storage import fs, live_layout, manifest, progress_log, quarantine, tables
+from phases.storage import fs, quarantine, tables
 from phases.storage import table_stats as _table_stats
-from phases.storage.manifest import HandoffManifest
 from phases.storage.table_stats import Column, TableStats
 
 __all__ = [

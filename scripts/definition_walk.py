@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("phases", "phases_dagster")
 BINDS = {"deploy", "bind", "resolve", "resolve_paths"}
-BIND_MODULES = {"phases.deployment", "phases.storage.generations", "phases.storage.resolve"}
+BIND_MODULES = {"phases.deployment", "phases.deployment.generations", "phases.deployment.paths"}
 
 
 @dataclass

@@ -130,7 +130,7 @@ def crash_on_state_write(monkeypatch, message: str) -> None:
     """Makes the live phase's next replacement of its keys' rows in the state store (a process function's, an interval
     join's) raise ``RuntimeError(message)``; everything written before it in the micro-batch is committed.
     ``monkeypatch.undo()`` ends it."""
-    from phases.storage.keyed_store import RowStore
+    from phases.state.keyed_store import RowStore
 
     def crash_before_store_write(self, rows, version):
         raise RuntimeError(message)

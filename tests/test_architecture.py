@@ -228,6 +228,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phases.definition",),
     ("phases.records", "phases.lateness", "phases.runtime"),
     ("phases.storage",),
+    ("phases.coordination",),
+    ("phases.state",),
+    ("phases.handoff",),
     ("phases.deployment",),
     ("phases.sources",),
     ("phases.steps",),
@@ -270,7 +273,7 @@ def test_the_layer_check_finds_an_import_that_runs_back_up():
     """The three back-arrows the layers replaced would each be found."""
     graph = {
         "phases.steps.partition_ops": {"phases.operators.aggregation": 29},
-        "phases.storage.manifest": {"phases.live.resume": 21},
+        "phases.handoff.manifest": {"phases.live.resume": 21},
         "phases.definition.pipeline": {"phases.storage": 29},
         "phases.operators.aggregation": {"phases.reduce_fold": 34},
     }
@@ -390,3 +393,17 @@ def test_the_wheel_carries_every_source_of_the_jvm_helper():
     shipped = {Path(f) for patterns in data_files.values() for p in patterns for f in glob.glob(str(ROOT / p))}
     sources = {p for p in (ROOT / "jvm").rglob("*") if p.is_file() and "target" not in p.relative_to(ROOT).parts}
     assert sources and sources <= shipped, sorted(str(p.relative_to(ROOT)) for p in sources - shipped)
+
+
+def test_neither_phase_imports_the_other():
+    """The backlog and the live phase are peers: what both need (the handoff, increments' intents, the deployment)
+    sits below both."""
+    graph = import_graph()
+    found = [
+        f"{a} imports {b} at line {line}"
+        for a, targets in sorted(graph.items())
+        for b, line in sorted(targets.items())
+        for mine, other in (("phases.backlog", "phases.live"), ("phases.live", "phases.backlog"))
+        if (a == mine or a.startswith(mine + ".")) and (b == other or b.startswith(other + "."))
+    ]
+    assert not found, "\n".join(found)

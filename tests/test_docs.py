@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
-# Folders of the repository a page names paths under ("`phases/storage/manifest.py`", "`tests/phases/`").
+# Folders of the repository a page names paths under ("`phases/handoff/manifest.py`", "`tests/phases/`").
 REPOSITORY_FOLDERS = (
     "phases",
     "phases_dagster",

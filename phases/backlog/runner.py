@@ -34,18 +34,20 @@ from pyspark.sql import DataFrame, SparkSession
 
 from phases import uris
 from phases.backlog import increments, progress
+from phases.coordination import leases
 from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.deployment import Deployment, deploy, require_serving
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
+from phases.handoff import intents, manifest
+from phases.handoff.live_layout import live_checkpoint_root, live_started, state_store_root
 from phases.lateness import watermark_after
 from phases.operators.base import HandoffWrite, Pieces
 from phases.operators.registry import kind_of
 from phases.sources.kafka import KafkaTopicSource
 from phases.sources.reader import SourceReader, continue_inputs, open_inputs
+from phases.state.keyed_store import StatePosition
 from phases.steps.end_of_stream import EndOfStreamRunner
-from phases.storage import fs, leases, maintenance, manifest, quarantine, table_stats, tables
-from phases.storage.keyed_store import StatePosition
-from phases.storage.live_layout import live_checkpoint_root, live_started, state_store_root
+from phases.storage import fs, maintenance, quarantine, table_stats, tables
 from phases.tagging import tag_version_range
 
 log = logging.getLogger(__name__)
@@ -378,10 +380,10 @@ class BacklogRunner:
             ends[RIGHT_LABEL] = self.readers[RIGHT_LABEL].head_version()
         right_base = base.right_source_version if base.right_source_version is not None else -1
         fresh = v > base.source_version or (p.inputs.two and ends[RIGHT_LABEL] > right_base)
-        if not fresh and increments.open_intent(self.spark, p, base.manifest_id) is None:
+        if not fresh and intents.open_intent(self.spark, p, base.manifest_id) is None:
             return base
         plans = {label: r.plan().to_json() for label, r in self.readers.items() if isinstance(r, KafkaTopicSource)}
-        intent = increments.Intent.fix(self.spark, p, base.manifest_id, ends, plans)
+        intent = intents.Intent.fix(self.spark, p, base.manifest_id, ends, plans)
         if intent.plans != plans:  # an earlier attempt's range: the same offsets, whatever the topic holds now
             self._continue_topics(base, intent.plans)
         logic = self.logic()

@@ -31,9 +31,9 @@ from phases.backlog.runner import BacklogRunner, version_range_partial
 from phases.definition import Pipeline
 from phases.deployment import Deployment
 from phases.errors import PhaseStateError
+from phases.handoff.manifest import HandoffManifest
 from phases.records import split_invalid
 from phases.storage import fs, quarantine, tables
-from phases.storage.manifest import HandoffManifest
 
 SLICE = "_slice"
 
@@ -88,7 +88,7 @@ class SliceRunner:
         self, spark: SparkSession, pipeline: Pipeline | Deployment, start_date: date, *, take_over: bool = False
     ):
         """``take_over``: take the backlog lease over from a run whose process is gone (see
-        :mod:`phases.storage.leases`)."""
+        :mod:`phases.coordination.leases`)."""
         self.spark = spark
         self.backlog = BacklogRunner(spark, pipeline, take_over=take_over)
         self.pipeline = pipeline = self.backlog.pipeline  # the generation that serves

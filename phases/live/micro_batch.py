@@ -15,13 +15,13 @@ after the handoff version (a two-input operator's both sources, in one query); e
 2. validation and lateness by W(v), continuing from the progress of the previous batch; invalid and late
    records to the quarantine (only when there are any);
 3. the operator's step (its kind's): every kind advances its state in the run's state store
-   (:mod:`phases.storage.keyed_store`) by one version; version 1 is the backlog's handed-over state, so the
+   (:mod:`phases.state.keyed_store`) by one version; version 1 is the backlog's handed-over state, so the
    switch replays nothing;
 4. the sink: changed keys upserted or appended as a changelog (keyed aggregation), the windows/sessions the
    watermark closed appended (removed from the state in the same store commit), or the process function's and
    the joins' output rows appended;
 5. last, one progress record (running maximum event time, closed watermark, held version): a file in the
-   run's progress log (:mod:`phases.storage.progress_log`), not a Delta commit.
+   run's progress log (:mod:`phases.coordination.progress_log`), not a Delta commit.
 
 Every write is idempotent per micro-batch (the sink's and the pending tables' commits carry the run and batch
 id, the quarantine's Delta ``txnAppId``/``txnVersion``; a state store version is loaded by the number the previous
@@ -46,14 +46,14 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from phases import spark_internals
-from phases.deployment import Deployment, bind
+from phases.coordination.progress_log import ProgressLog
+from phases.deployment import Deployment, bind, generations
 from phases.errors import LiveResumeError, PhasesError, PhaseStateError, ProgressRecordDamaged
 from phases.lateness import VERSION, watermark_after
 from phases.live import resume as live_resume
 from phases.live import start_checks
 from phases.live.plan import InputProgress, LiveInput, LivePlan, Progress
-from phases.storage import changelog, fs, generations, live_writes, maintenance, quarantine, table_stats, tables
-from phases.storage.progress_log import ProgressLog
+from phases.storage import changelog, fs, live_writes, maintenance, quarantine, table_stats, tables
 from phases.tagging import tag_changes
 
 log = logging.getLogger(__name__)

@@ -13,17 +13,18 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from phases import uris
+from phases.coordination import progress_log
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, DeltaSource, Pipeline
 from phases.errors import DefinitionError, PhaseStateError, SchemaChangeError
+from phases.handoff.live_layout import live_checkpoint_root, state_store_root
+from phases.handoff.manifest import HandoffManifest
 from phases.lateness import watermark_after
 from phases.operators.base import OperatorKind
 from phases.operators.registry import kind_of
 from phases.schema_changes import way_out as schema_way_out
 from phases.sources.reader import SourceReader, open_inputs
-from phases.storage import progress_log, table_stats
-from phases.storage.keyed_store import StatePosition
-from phases.storage.live_layout import live_checkpoint_root, state_store_root
-from phases.storage.manifest import HandoffManifest
+from phases.state.keyed_store import StatePosition
+from phases.storage import table_stats
 
 STREAMING_ONLY = "streaming-only"  # the run name of one streaming job over all versions (no handoff)
 
@@ -59,7 +60,7 @@ class Progress:
     # (:mod:`phases.live.resume`; a new one starts when the checkpoint was lost).
     query_base: int = 0
     # The operator's state in the run's state store after this batch: the store layout and its version
-    # (:mod:`phases.storage.keyed_store`; None: the state is still the handoff's, not yet in a store).
+    # (:mod:`phases.state.keyed_store`; None: the state is still the handoff's, not yet in a store).
     state_layout: str | None = None
     state_version: int | None = None
     # The newest micro-batch whose write each of the run's tables holds, by write (``what`` of
@@ -150,7 +151,7 @@ class LivePaths:
     sink: str
     checkpoints: str  # the run's streaming checkpoints: one folder per query generation
     run_root: str  # the run's folder: its progress log and the inputs' held-back rows
-    state_store: str  # the run's state stores (:func:`phases.storage.live_layout.state_store_root`)
+    state_store: str  # the run's state stores (:func:`phases.handoff.live_layout.state_store_root`)
 
     @property
     def progress_log(self) -> str:

@@ -3,7 +3,7 @@
 A live run keeps three records of how far it got:
 
 - Spark's checkpoint of its query (``offsets/N`` is written before micro-batch N runs, ``commits/N`` after);
-- its progress log (:mod:`phases.storage.progress_log`): what micro-batch N applied, as source positions;
+- its progress log (:mod:`phases.coordination.progress_log`): what micro-batch N applied, as source positions;
 - the idempotent-write ids its tables keep (``txnAppId`` / ``txnVersion``, or a marked write's commit metadata, =
   the progress-log batch id: :mod:`phases.storage.live_writes`).
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from phases import spark_internals
+from phases.coordination.progress_log import ProgressLog
 from phases.errors import LiveResumeError, ProgressRecordDamaged
-from phases.storage.progress_log import ProgressLog
 
 QUERY = "increment"  # the first generation's checkpoint sub-folder
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Every operator kind runs as a continuous increment (:mod:`phases.live.micro_batch`): one streaming query over
 the live inputs (a two-input operator reads both sources in that one query), no staging table, the keyed state
-in the run's state store (:mod:`phases.storage.keyed_store`), exact under any split of versions into
+in the run's state store (:mod:`phases.state.keyed_store`), exact under any split of versions into
 micro-batches. The switch replays nothing: the backlog wrote the store's version 1 from the handoff's state, and
 the live phase's immediate checkpoint is its first progress record.
 
@@ -22,7 +22,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from phases.backlog import increments
+from phases.coordination import leases
 from phases.definition import SOURCE_LABEL, Pipeline
 from phases.deployment import Deployment, bind, deploy, require_serving
 from phases.errors import (
@@ -33,6 +33,7 @@ from phases.errors import (
     SchemaChangeError,
     StateStoreError,
 )
+from phases.handoff import intents, manifest
 from phases.lateness import watermark_after
 from phases.live.compactor import Compactor
 from phases.live.micro_batch import IncrementalLive
@@ -40,7 +41,7 @@ from phases.live.plan import LivePlan, Progress
 from phases.schema_changes import is_schema_change_stop, take_up
 from phases.sources.reader import open_source
 from phases.steps.end_of_stream import EndOfStreamRunner, prepared_schema
-from phases.storage import changelog, leases, manifest, tables
+from phases.storage import changelog, tables
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +111,8 @@ class LiveRunner:
         self.incremental = IncrementalLive(spark, self.plan)
         self.incremental.deployment = self.deployment
         self.compactor: Compactor | None = None
-        # Why the running query was stopped on request (a redeploy's swap, :func:`phases.storage.leases.request_stop`);
-        # None while it runs or when it stopped otherwise.
+        # Why the running query was stopped on request (a redeploy's swap,
+        # :func:`phases.coordination.leases.request_stop`); None while it runs or when it stopped otherwise.
         self.stopped_for: str | None = None
         self._watcher: threading.Event | None = None
 
@@ -156,7 +157,7 @@ class LiveRunner:
         except ManifestError as exc:
             raise _after_a_swap(deployment, exc) from exc
         EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version, handoff.fingerprint)
-        increments.refuse_open(spark, pipeline, handoff.manifest_id)
+        intents.refuse_open(spark, pipeline, handoff.manifest_id)
         return cls(spark, deployment, handoff, **kwargs)
 
     @classmethod
@@ -219,7 +220,7 @@ class LiveRunner:
         return started
 
     def _watch_for_stop_requests(self) -> None:
-        """Polls for a request to stop this live phase (:func:`phases.storage.leases.request_stop`, made after the
+        """Polls for a request to stop this live phase (:func:`phases.coordination.leases.request_stop`, made after the
         query started) and stops it at a micro-batch boundary: the query is stopped while no trigger is active, then
         the run's lease is released, as :meth:`stop` does."""
         done = threading.Event()
@@ -454,7 +455,7 @@ class LiveRunner:
     def arrival_chunks(self, label: str = SOURCE_LABEL) -> dict[int, dict[int, tuple[int, int]]]:
         """A Kafka input's arrival-chunk log (``label``: the source's, or a two-input operator's right input's):
         chunk -> {partition: (from offset, until offset)}, for the backlog's chunks (the manifest's plan) and the
-        live micro-batches still in the progress log (the newest :data:`phases.storage.progress_log.RETAIN`). What
+        live micro-batches still in the progress log (the newest :data:`phases.coordination.progress_log.RETAIN`). What
         W(chunk) was computed over: a reference replays exactly these."""
         from phases.sources.kafka import ChunkPlan
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from phases.definition import Pipeline
-from phases.deployment import Deployment
+from phases.deployment import Deployment, generations
 from phases.errors import LiveResumeError
-from phases.storage import generations, live_writes, table_stats, tables
-from phases.storage.manifest import HandoffManifest
+from phases.handoff.manifest import HandoffManifest
+from phases.storage import live_writes, table_stats, tables
 
 # Commits a walk down the table's history reads at most past the first one it cannot explain, looking for a swap the
 # redeploy log does not record (which names a better way out).
@@ -95,7 +95,7 @@ def refuse_sink_not_as_handed_off(
     """Walks the sink's history from its newest commit down to what this start may build on: this live run's newest
     write, the swap's copy that made this generation serve (or the copy of its kept results), or, before its first
     live write, the handoff's sink commit. A commit on the way that is none of these refuses the start; so does a
-    swap the redeploy log does not record (:func:`phases.storage.generations.log_behind_error`)."""
+    swap the redeploy log does not record (:func:`phases.deployment.generations.log_behind_error`)."""
     if handoff is None:
         return
     pipeline = deployment.pipeline

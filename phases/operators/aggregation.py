@@ -8,7 +8,7 @@ Every aggregation is a commutative monoid over *buffers*:
 
 The backlog phase lifts the sorted backlog records and merges them per key; the state it hands over is
 exactly the merged buffers. The live phase combines each micro-batch's lifted records with its keys' stored
-buffers by the *same* merge expressions, in the run's state store (:mod:`phases.storage.keyed_store`). Only
+buffers by the *same* merge expressions, in the run's state store (:mod:`phases.state.keyed_store`). Only
 state access differs between the phases.
 """
 

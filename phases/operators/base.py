@@ -22,13 +22,13 @@ from phases import spark_internals
 from phases.definition import SOURCE_LABEL
 from phases.errors import PhaseStateError
 from phases.sources.reader import SourceReader
+from phases.state.keyed_store import LiveStateStore, StatePosition
 from phases.steps.end_of_stream import prepared_schema
-from phases.storage.keyed_store import LiveStateStore, StatePosition
 
 if TYPE_CHECKING:
     from phases.definition import OperatorModel, Pipeline
+    from phases.handoff.manifest import HandoffManifest
     from phases.storage.live_writes import BatchWrites
-    from phases.storage.manifest import HandoffManifest
     from phases.tagging import TaggedRange
 
 Watermarks = dict[str, int | None]  # per live input label (``Input.label``: the source, the right source)
@@ -248,7 +248,7 @@ class StoreStep:
         return rows
 
     def release(self) -> int:
-        """Unloads the store this step opened, if any (:meth:`phases.storage.keyed_store.KeyedStore.unload`); the
+        """Unloads the store this step opened, if any (:meth:`phases.state.keyed_store.KeyedStore.unload`); the
         next micro-batch opens it again."""
         store, self._store = self._store, None
         return store.store.unload() if store is not None else 0

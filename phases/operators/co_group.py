@@ -16,7 +16,7 @@ from phases.definition import RIGHT_LABEL, SOURCE_LABEL, WINDOW_END, CoGroup
 from phases.operators.base import ClosingStoreStep
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, CoGroupLogic
 from phases.operators.two_input import TwoInputKind
-from phases.storage.keyed_store import LiveStateStore, OrderedLayout
+from phases.state.keyed_store import LiveStateStore, OrderedLayout
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 

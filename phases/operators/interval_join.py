@@ -15,7 +15,7 @@ from phases.operators.aggregation import MAX_TS
 from phases.operators.base import StoreStep
 from phases.operators.join_logic import LEFT, LEFT_ROWS, RIGHT, RIGHT_ROWS, IntervalJoinLogic
 from phases.operators.two_input import TwoInputKind
-from phases.storage.keyed_store import LiveStateStore, RowLayout
+from phases.state.keyed_store import LiveStateStore, RowLayout
 
 
 class IntervalJoinStoreStep(StoreStep):

@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 
 from phases.definition import SOURCE_LABEL, WINDOW_END, KeyedAggregate, Pipeline
 from phases.errors import DefinitionError, SchemaChangeError
+from phases.handoff.manifest import HandoffManifest
 from phases.lateness import VERSION, watermark_after
 from phases.operators.aggregation import MAX_TS, ROWS, KeyedAggregationLogic, WindowedAggregationLogic
 from phases.operators.base import (
@@ -28,9 +29,8 @@ from phases.operators.base import (
 )
 from phases.runtime.session import adaptive_execution_off
 from phases.schema_changes import changes, way_out
+from phases.state.keyed_store import CombinedLayout, LiveStateStore
 from phases.storage import changelog, tables
-from phases.storage.keyed_store import CombinedLayout, LiveStateStore
-from phases.storage.manifest import HandoffManifest
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class AggregationStoreStep(StoreStep):
 
 
 class KeyedStoreStep(AggregationStoreStep):
-    """Keyed aggregation with its live state in the run's state store (:mod:`phases.storage.keyed_store`): the
+    """Keyed aggregation with its live state in the run's state store (:mod:`phases.state.keyed_store`): the
     batch's buffers merged per key, combined with each key's stored buffers by point lookups (the same SQL the
     backlog's merge and a MERGE's update use, run in the JVM), the store committed at the next version, then the
     changed keys, finalized, upserted into the sink (one MERGE, marked with the batch id).

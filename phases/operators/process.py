@@ -27,7 +27,7 @@ from phases.operators.base import (
     table_counts,
 )
 from phases.operators.process_pass import ROWS, STATE, TIMERS, ProcessLogic
-from phases.storage.keyed_store import LiveStateStore, RowLayout
+from phases.state.keyed_store import LiveStateStore, RowLayout
 
 
 class ProcessHandoff:

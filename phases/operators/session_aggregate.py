@@ -16,7 +16,7 @@ from phases.operators.aggregation import TS, SessionAggregationLogic
 from phases.operators.base import ClosingStoreStep
 from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep
 from phases.operators.window_aggregate import WindowAggregateKind
-from phases.storage.keyed_store import LiveStateStore, SessionLayout
+from phases.state.keyed_store import LiveStateStore, SessionLayout
 
 START_US, END_US = "_session_start_us", "_session_end_us"  # the store's session bounds, in microseconds
 

@@ -18,7 +18,7 @@ from phases.definition import SOURCE_LABEL, WINDOW_END, WindowedAggregate
 from phases.operators.aggregation import WindowedAggregationLogic
 from phases.operators.base import ClosingStoreStep
 from phases.operators.keyed_aggregate import ROWS_PER_FILE, AggregationStoreStep, KeyedAggregateKind
-from phases.storage.keyed_store import LiveStateStore, OrderedLayout
+from phases.state.keyed_store import LiveStateStore, OrderedLayout
 
 END_US = "_window_end_us"  # the store's order column: a window's end, in microseconds
 

@@ -6,7 +6,7 @@ and takes the way the differences need:
 * **none**: nothing to rebuild;
 * **forward** (``max_future``, ``min_event_time``): an amendment of the serving handoff is recorded in the redeploy
   log; the live phase, restarted with the new definition, goes on from its state;
-* **backfill** (anything that shapes the state): a new generation (:mod:`phases.storage.generations`) beside the one
+* **backfill** (anything that shapes the state): a new generation (:mod:`phases.deployment.generations`) beside the one
   that serves, which keeps serving and keeps its live lease meanwhile:
 
   1. the new generation's backlog into its own state, sink and quarantine, up to the head now, then catch-up
@@ -16,7 +16,7 @@ and takes the way the differences need:
   3. its checks: the handoff matches the definition, and the ``checks`` the caller gives (a Dagster job passes its
      blocking asset checks); a generation whose checks fail is never swapped in;
   4. the swap: the serving generation's live phase is asked to stop at a micro-batch boundary
-     (:func:`phases.storage.leases.request_stop`), and the redeploy holds its live lease from then on. A
+     (:func:`phases.coordination.leases.request_stop`), and the redeploy holds its live lease from then on. A
      ``swapping`` row goes into the redeploy log; the consumer-facing table is overwritten with the new generation's
      rows as its last catch-up round left them (one commit, :mod:`phases.redeploy.swap`); the table's version
      before that commit is kept as the old generation's own sink; a ``swapped`` row says the new generation serves.
@@ -45,15 +45,16 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from phases.backlog.runner import BacklogRunner
+from phases.coordination import leases
 from phases.definition import Pipeline
 from phases.definition.changes import DefinitionChanges, Way
-from phases.deployment import Deployment, bind
+from phases.deployment import Deployment, bind, generations
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError
+from phases.handoff import manifest
+from phases.handoff.live_layout import live_started
 from phases.live.runner import LiveRunner
 from phases.redeploy import swap
 from phases.sources.reader import open_inputs
-from phases.storage import generations, leases, manifest
-from phases.storage.live_layout import live_started
 
 log = logging.getLogger(__name__)
 

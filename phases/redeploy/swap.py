@@ -11,7 +11,7 @@ The copy carries the write mark of the source's newest micro-batch write (:mod:`
 there and goes on from it; a replay of that micro-batch is skipped. Beside it, the swap's own mark names the redeploy,
 the generations and the handoff, so that a rerun after a crash, or a redeploy that finds the redeploy log behind the
 table, can tell from the table's history whether the swap's commit was made
-(:func:`phases.storage.generations.newest_swap`; never from the newest commit alone: the new live phase writes after
+(:func:`phases.deployment.generations.newest_swap`; never from the newest commit alone: the new live phase writes after
 it).
 """
 
@@ -21,7 +21,8 @@ import json
 
 from pyspark.sql import SparkSession
 
-from phases.storage import fs, generations, table_stats, tables
+from phases.deployment import generations
+from phases.storage import fs, table_stats, tables
 
 SWAP_MARK = generations.SWAP_MARK
 

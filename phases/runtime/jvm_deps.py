@@ -10,7 +10,7 @@ The bundles:
   (:mod:`phases.runtime.local_kafka`) for the demo and the tests; it never shares a classpath with Spark.
 
 The helper (``jvm/``, Scala 2.13, Spark provided): Spark's state store used as a library by the live phase
-(:mod:`phases.storage.keyed_store`). ``mvn package`` builds it into ``.jars/helper/``; a stamp of its sources' hash
+(:mod:`phases.state.keyed_store`). ``mvn package`` builds it into ``.jars/helper/``; a stamp of its sources' hash
 says whether the cached jar is current.
 
 Spark's own ``spark.jars.packages`` resolution (Ivy) does not work through this kind of machine's network

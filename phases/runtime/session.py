@@ -23,7 +23,7 @@ STATE_STORE_PROVIDERS = {
 
 
 LOOPBACK = "127.0.0.1"
-LIVE_STATE_PARTITIONS = "spark.phases.liveStatePartitions"  # read by phases.storage.keyed_store
+LIVE_STATE_PARTITIONS = "spark.phases.liveStatePartitions"  # read by phases.state.keyed_store
 # The file systems (FileSystem and FileContext APIs) of `file:` paths: the helper's, which a local session uses, and
 # Hadoop's own.
 LOCAL_FILE_SYSTEM = "org.apache.spark.sql.phases.LocalFileSystemWithoutShell"

@@ -1,2 +1,3 @@
-"""The engine's own tables and files: the handoff manifest, the quarantine, leases, the live progress log and the
-live run's layout, maintenance, and the Delta, file-system and URI helpers under them."""
+"""Delta table and file I/O under everything else: tables (create, append, write marks), their figures read with
+delta-rs (``table_stats``), the file systems (``fs``), the quarantine, the changelog sink, a live micro-batch's
+idempotent writes (``live_writes``) and maintenance (compaction, vacuum)."""

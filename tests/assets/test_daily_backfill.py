@@ -15,7 +15,8 @@ from pathlib import Path
 import dagster as dg
 from pyspark.sql import functions as F
 
-from phases.storage import manifest, tables
+from phases.handoff import manifest
+from phases.storage import tables
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.settings import Names
 from tests import reference

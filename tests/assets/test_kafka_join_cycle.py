@@ -13,8 +13,8 @@ from datetime import timedelta
 import dagster as dg
 
 from phases.definition import DeltaSource, IntervalJoin, KafkaSource
+from phases.handoff import manifest
 from phases.live.runner import LiveRunner
-from phases.storage import manifest
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from tests import reference

@@ -10,7 +10,7 @@ import time
 
 import dagster as dg
 
-from phases.storage import manifest
+from phases.handoff import manifest
 from phases_dagster.settings import CheckPolicy, Names, Orchestration
 from tests import reference
 from tests.assets.conftest import definitions, relative_pipeline

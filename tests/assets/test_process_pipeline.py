@@ -9,7 +9,7 @@ from datetime import timedelta
 import dagster as dg
 
 from phases.definition import ProcessOperator
-from phases.storage import manifest
+from phases.handoff import manifest
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from tests import reference

@@ -11,8 +11,8 @@ import dagster as dg
 import pytest
 
 from phases.backlog.runner import BacklogRunner
+from phases.deployment import generations
 from phases.live.runner import STOP_POLL_S, LiveRunner
-from phases.storage import generations
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
 from phases_dagster.resources.storage import StorageResource

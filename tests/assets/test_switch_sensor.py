@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
+from phases.handoff import manifest
 from phases.sources.lag import InputLag
-from phases.storage import manifest
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy

@@ -9,7 +9,7 @@ import dagster as dg
 
 from phases.backlog.runner import BacklogRunner
 from phases.definition import Window, WindowedAggregate
-from phases.storage import manifest
+from phases.handoff import manifest
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration
 from tests import reference

@@ -23,7 +23,7 @@ import dagster as dg
 
 from phases import uris
 from phases.definition import ProcessOperator
-from phases.storage import manifest
+from phases.handoff import manifest
 from phases_dagster.factory import pipeline_definitions
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource

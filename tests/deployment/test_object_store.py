@@ -10,7 +10,9 @@ import uuid
 
 import pytest
 
-from phases.storage import leases, manifest, progress_log, table_stats, tables
+from phases.coordination import leases, progress_log
+from phases.handoff import manifest
+from phases.storage import table_stats, tables
 from phases_dagster.resources.spark import SparkResource
 from tests.deployment import flows
 from tests.deployment.local_s3 import LocalS3

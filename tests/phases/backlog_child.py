@@ -11,7 +11,7 @@ import sys
 from phases.backlog.runner import BacklogRunner
 from phases.definition import Pipeline
 from phases.runtime.session import SparkSettings, build_session
-from phases.storage import keyed_store
+from phases.state import keyed_store
 from tests.helpers import SHORT_LIVED_JVM_CONF
 
 

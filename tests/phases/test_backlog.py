@@ -10,10 +10,10 @@ from pyspark.sql import functions as F
 from phases.backlog.runner import BacklogRunner
 from phases.definition import Aggregation, KeyedAggregate
 from phases.errors import DefinitionError, ManifestError, PhaseStateError, SourceError
+from phases.handoff import manifest
 from phases.live.runner import LiveRunner
 from phases.runtime.session import ADAPTIVE_EXECUTION, adaptive_execution_off
 from phases.sources import synthetic
-from phases.storage import manifest
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import (

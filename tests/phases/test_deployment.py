@@ -11,9 +11,8 @@ import pytest
 from phases import deploy
 from phases.backlog.runner import BacklogRunner
 from phases.definition import Locations, Pipeline
-from phases.deployment import bind
+from phases.deployment import bind, generations
 from phases.live.runner import LiveRunner
-from phases.storage import generations
 from tests.conftest import make_pipeline
 from tests.helpers import write_source
 from tests.phases.test_backlog import VERSIONS
@@ -64,7 +63,7 @@ def test_a_runner_given_a_deployment_binds_and_reads_the_log_no_more_until_its_s
         return real_bind(*args, **kwargs)
 
     monkeypatch.setattr(generations, "read", counting_read)
-    monkeypatch.setattr("phases.deployment.bind", counting_bind)
+    monkeypatch.setattr("phases.deployment.binding.bind", counting_bind)
     runner = LiveRunner.from_manifest(spark, d)
     assert runner.deployment is d and (reads, binds) == ([], [])
     BacklogRunner(spark, d)

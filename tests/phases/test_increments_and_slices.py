@@ -9,8 +9,8 @@ import pytest
 from phases.backlog.runner import BacklogRunner
 from phases.backlog.slices import SliceRunner
 from phases.errors import DefinitionError, PhaseStateError
+from phases.handoff import manifest
 from phases.live.runner import LiveRunner
-from phases.storage import manifest
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import (

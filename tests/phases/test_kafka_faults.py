@@ -9,11 +9,11 @@ import uuid
 import pytest
 
 from phases.backlog.runner import BacklogRunner
+from phases.coordination.progress_log import ProgressLog
 from phases.errors import PhaseStateError, SourceError
 from phases.live.runner import LiveRunner
 from phases.runtime.local_kafka import LocalKafka
-from phases.storage.keyed_store import CombiningStore
-from phases.storage.progress_log import ProgressLog
+from phases.state.keyed_store import CombiningStore
 from tests import reference
 from tests.helpers import assert_results_equal, produce, sink_rows
 from tests.phases.test_kafka_source import DELAY_S, SECOND, chunk_versions, kafka_pipeline, kafka_quarantine

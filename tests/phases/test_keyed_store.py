@@ -1,4 +1,4 @@
-"""Spark's state store as the live phase's keyed state (phases.storage.keyed_store, the JVM helper in jvm/).
+"""Spark's state store as the live phase's keyed state (phases.state.keyed_store, the JVM helper in jvm/).
 
 The first test pins every Spark-internal class and signature the helper uses: when a Spark release changes one, it
 fails naming it, before anything runs into a NoSuchMethodError in a micro-batch."""
@@ -15,7 +15,7 @@ from pyspark.sql import types as T
 
 from phases.errors import StateStoreError
 from phases.runtime import jvm_deps
-from phases.storage.keyed_store import (
+from phases.state.keyed_store import (
     CombinedLayout,
     LiveStateStore,
     OrderedLayout,
@@ -753,8 +753,8 @@ def test_kill_9_during_the_backlogs_store_write_then_a_rerun_and_the_live_phase_
     import sys
 
     from phases.backlog.runner import BacklogRunner
+    from phases.coordination import leases
     from phases.live.runner import LiveRunner
-    from phases.storage import leases
     from tests.helpers import append_version, write_source
     from tests.phases.test_live_splits import _assert_sink, _expected, _pipeline
 

@@ -140,7 +140,7 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
     Windows and sessions: after the store committed the version that removed the closed ones, before their sink
     append."""
     import phases.live.micro_batch as engine
-    from phases.storage.progress_log import ProgressLog
+    from phases.coordination.progress_log import ProgressLog
 
     source = str(tmp_path / "source")
     backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}
@@ -189,7 +189,7 @@ def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_
     import subprocess
     import sys
 
-    from phases.storage import leases
+    from phases.coordination import leases
 
     source = str(tmp_path / "source")
     backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}

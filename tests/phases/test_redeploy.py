@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from phases import Redeploy
 from phases.backlog.runner import BacklogRunner
+from phases.coordination import leases
 from phases.definition import KeyedAggregate
 from phases.definition.changes import DefinitionChanges
-from phases.deployment import bind
+from phases.deployment import bind, generations
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases.live.runner import LiveRunner
 from phases.redeploy.runner import STEPS
-from phases.storage import generations, leases
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
 from tests.helpers import (

@@ -12,9 +12,9 @@ from delta.tables import DeltaTable
 
 from phases import Redeploy
 from phases.backlog.runner import BacklogRunner
+from phases.deployment import generations
 from phases.errors import LiveResumeError, ManifestError, PhasesError, PhaseStateError
 from phases.live.runner import LiveRunner
-from phases.storage import generations
 from tests.helpers import append_version, assert_results_equal, remove_newest_commits, sink_rows, write_source
 from tests.phases.test_redeploy import _expected_new, _expected_old, _handed_off, _old, _upto, _version
 
@@ -168,7 +168,7 @@ def test_a_stop_a_redeploy_requests_is_recorded_before_the_query_stops(spark, tm
     between is held open here: the reason must be there before the query stops."""
     import time
 
-    from phases.storage import leases
+    from phases.coordination import leases
 
     root, source, old, new = _handed_off(spark, tmp_path, VERSIONS, 3)
     runner = LiveRunner.from_manifest(spark, old)

@@ -227,8 +227,8 @@ def test_a_join_of_two_topics_crashed_at_any_write_of_a_micro_batch_resumes_exac
     """One micro-batch per crash point, each with late records on both sides and new pairs, dies after that write;
     the restart replays it (the same offsets from Spark's offset log, the same chunk, the same store version): nothing
     is lost or written twice, and the results equal the reference over the recorded chunks."""
+    from phases.coordination.progress_log import ProgressLog
     from phases.storage.live_writes import BatchWrites
-    from phases.storage.progress_log import ProgressLog
     from tests.helpers import crash_on_state_write
 
     rounds = len(CRASH_POINTS) + 1

@@ -4,8 +4,8 @@ A :class:`phases.Pipeline` is the user's definition and nothing else. Where it r
 point (a runner's constructor, an orchestrator's resource), by :func:`deploy`:
 
 * its relative paths under the deployment's storage root, and its Kafka sources pointed at the environment's brokers
-  (:func:`phases.storage.resolve.resolve_paths`), when a root or brokers are given;
-* its **generation** (:mod:`phases.storage.generations`): the redeploy log is read once and names the generation that
+  (:func:`phases.deployment.paths.resolve_paths`), when a root or brokers are given;
+* its **generation** (:mod:`phases.deployment.generations`): the redeploy log is read once and names the generation that
   serves the table consumers read; the deployment's tables are that generation's (its folder under
   ``<root>/generations/<n>`` for n > 0) and it writes the consumer-facing sink.
 
@@ -25,9 +25,10 @@ from pyspark.sql import SparkSession
 
 from phases import uris
 from phases.definition import Pipeline
+from phases.deployment import generations
+from phases.deployment.paths import resolve_paths
 from phases.errors import PhaseStateError
-from phases.storage import generations, maintenance
-from phases.storage.resolve import resolve_paths
+from phases.storage import maintenance
 
 __all__ = ["Deployment", "bind", "deploy", "maintain", "require_serving"]
 
@@ -153,7 +154,7 @@ def under_way_error(definition: Pipeline, under_way: generations.Step) -> PhaseS
 def maintain(spark: SparkSession, pipeline: Pipeline | Deployment) -> dict[str, dict]:
     """Compacts the append-only engine tables and vacuums every engine table and the sink with the pipeline's
     retention (:func:`phases.storage.maintenance.maintain_tables`). For a definition, first removes the generations a
-    redeploy retired longer than that ago (:func:`phases.storage.generations.remove_retired`; under the key
+    redeploy retired longer than that ago (:func:`phases.deployment.generations.remove_retired`; under the key
     ``retired_generations``), then binds it to the generation that serves; a :class:`Deployment` is maintained as
     bound (no generation removed). Returns, per table, the files ``OPTIMIZE`` removed and whether it was vacuumed."""
     removed = generations.remove_retired(spark, pipeline) if isinstance(pipeline, Pipeline) else []

@@ -334,7 +334,8 @@ def remove_retired(spark: SparkSession, definition: Pipeline, *, now_us: int | N
     """Removes the tables of the generations that stopped serving longer than ``maintenance.retain`` ago (a
     rollback to them then needs a backlog again); returns their numbers. Holds the pipeline's redeploy lease, so
     no redeploy runs meanwhile; a ``removed`` row goes into the redeploy log before the files go."""
-    from phases.storage import fs, leases
+    from phases.coordination import leases
+    from phases.storage import fs
 
     pipeline = definition
     now_us = now_us if now_us is not None else time.time_ns() // 1000

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from phases import uris
+from phases.coordination import progress_log
 from phases.definition import Pipeline
-from phases.storage import progress_log
 
 
 def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
@@ -16,7 +16,7 @@ def live_checkpoint_root(pipeline: Pipeline, run_name: str) -> str:
 
 
 def state_store_root(pipeline: Pipeline, run_name: str) -> str:
-    """The live run's state stores (one folder per layout, :mod:`phases.storage.keyed_store`). The backlog writes
+    """The live run's state stores (one folder per layout, :mod:`phases.state.keyed_store`). The backlog writes
     the handoff's version 1 there before the manifest names the run."""
     return f"{pipeline.locations.live_run(run_name)}/state-store"
 

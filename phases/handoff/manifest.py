@@ -15,10 +15,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases.coordination import progress_log
 from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases.definition.changes import DefinitionChanges
 from phases.errors import ManifestError
-from phases.storage import progress_log, table_stats, tables
+from phases.storage import table_stats, tables
 
 
 class HandoffManifest(BaseModel):
@@ -168,7 +169,7 @@ def check_matches(
 ) -> None:
     """Raises ManifestError saying what differs between the manifest and the pipeline (or its state). ``amended``:
     the (manifest id, fingerprint) pairs the redeploy log accepts for a handoff
-    (:attr:`phases.storage.generations.Generations.amended`)."""
+    (:attr:`phases.deployment.generations.Generations.amended`)."""
     problems: list[str] = []
     if manifest.state_schema_version != STATE_SCHEMA_VERSION:
         problems.append(
