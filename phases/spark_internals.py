@@ -3,11 +3,11 @@
 store, Delta's ``DeltaLog``, Hadoop's ``FileSystem`` through the JVM, and the files of a streaming checkpoint that
 Spark writes and the engine reads or deletes (``offsets/N``, ``commits/N``).
 
-Each holds for pyspark 4.2.0 and delta-spark 4.4.0 (the pins). ``tests/phases/test_spark_internals.py`` pins every
-function here against a real session and real checkpoint files, and feeds the parsers changed files: when a new
+Each holds for pyspark 4.2.0 and delta-spark 4.4.0 (the pins). ``tests/phases/runtime/test_spark_internals.py`` pins
+every function here against a real session and real checkpoint files, and feeds the parsers changed files: when a new
 Spark or Delta release changes one of them, that test names it. (The JVM helper's own use of Spark internals is
-pinned by ``tests/phases/test_keyed_store.py``, its local file systems by
-``tests/phases/test_local_file_systems.py``.) A file format that is not what this module knows raises
+pinned by ``tests/phases/state/test_keyed_store.py``, its local file systems by
+``tests/phases/storage/test_local_file_systems.py``.) A file format that is not what this module knows raises
 :class:`~phases.errors.SparkInternalsChanged`.
 
 A leaf of the package: it imports nothing of the engine but its errors and its URI helpers.

@@ -83,7 +83,7 @@ def relocate(pipeline: Pipeline, root: str | Path, source: str) -> Pipeline:
     if pipeline.inputs.two:
         raise DefinitionError(
             f"pipeline {pipeline.name!r} has two inputs; phases.testing runs one-input pipelines (give the right "
-            "source's versions to your own test, as tests/phases/test_two_input.py does)"
+            "source's versions to your own test, as tests/phases/operators/test_two_input.py does)"
         )
     root = str(root).rstrip("/")
     return pipeline.model_copy(

@@ -46,7 +46,7 @@ def _prose(page: Path) -> str:
 
 def _named_paths(text: str) -> list[str]:
     """Inline-code spans that name a file or folder of the repository (``phases/live/runner.py``,
-    ``tests/phases/test_live.py::test_x``), without a test id or line suffix."""
+    ``tests/phases/live/test_live.py::test_x``), without a test id or line suffix."""
     named = []
     for span in _CODE.findall(text):
         candidate = span.split("::")[0].split(" ")[0].rstrip(".,:;")

@@ -209,7 +209,7 @@ def adaptive_execution_off(spark: SparkSession) -> Iterator[None]:
 # Spark's streaming drivers log an ERROR line and the whole JVM stack when a query stops with an exception. The engine
 # reports such a stop itself (LiveQueryStopped with the query's error), and a source schema change stops the query
 # on purpose before the live phase takes it up and resumes: Spark's line on the console would report a failure where
-# there is none. Both loggers are named after Spark 4.2's classes (tests/phases/test_live_schema.py pins them).
+# there is none. Both loggers are named after Spark 4.2's classes (tests/phases/live/test_live_schema.py pins them).
 STREAM_EXECUTION_LOGGERS = (
     "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
     "org.apache.spark.sql.execution.streaming.runtime.StreamExecution",

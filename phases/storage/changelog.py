@@ -103,7 +103,7 @@ def tidy(spark: SparkSession, pipeline: Pipeline) -> None:
     """The changelog's upkeep beside the live phase (its background compaction, :mod:`phases.live.compactor`): its
     small files bin-packed (``OPTIMIZE``, when ``maintenance.auto_compact``; it changes no row and does not conflict
     with the micro-batches' appends) and a checkpoint of its Delta log written (through Delta's ``DeltaLog``:
-    internal API, pinned by ``tests/phases/test_changelog_sink.py``)."""
+    internal API, pinned by ``tests/phases/live/test_changelog_sink.py``)."""
     path = pipeline.sink.path
     if pipeline.maintenance.auto_compact:
         spark.sql(f"OPTIMIZE delta.`{path}`")

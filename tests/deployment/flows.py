@@ -89,15 +89,15 @@ def keyed(spark_resource: SparkResource, root: str) -> None:
 
 
 def process(spark_resource: SparkResource, root: str) -> None:
-    from tests.phases.process_functions import Sessions
-    from tests.phases.test_process_function import _outputs, _sink
+    from tests.phases.operators.process_functions import Sessions
+    from tests.phases.operators.test_process_function import _outputs, _sink
 
     pipeline = make_pipeline(
         "src",
         "engine",
         delay_s=PROCESS_DELAY_S,
         name=NAMES["process"],
-        operator=ProcessOperator(function="tests.phases.process_functions:Sessions"),
+        operator=ProcessOperator(function="tests.phases.operators.process_functions:Sessions"),
     )
     sink = _flow(spark_resource, root, pipeline, PROCESS_VERSIONS, PROCESS_LIVE)
     expected = reference.run_process({**PROCESS_VERSIONS, 3: PROCESS_LIVE}, PROCESS_DELAY_S * S, Sessions(), ts)
