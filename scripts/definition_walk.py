@@ -2,13 +2,15 @@
 
 Static, with :mod:`ast` only (nothing is imported or run). From the entry function and its parameter (by default the
 ``pipeline`` of ``phases_dagster/live.py:build_live_asset``), the walk follows every call that passes the definition
-on, or something made from it: a name assigned from an expression that holds it (``p = storage.deployment(pipeline)``,
-``runner = LiveRunner.from_manifest(session, p)``), and, within a function, an attribute of ``self`` it set from it
-(``self.pipeline``). A call is followed when the callee can be found in the project's
-own modules: a function or class imported by name, ``module.function`` of an imported module, ``Class.method``,
-``self.method``, and ``x.method`` where ``x`` was made by a call to a known class or classmethod, when the call
-passes the definition as an argument (a method that reads it from ``self`` is not followed). Each function reached
-is a **stop** (each once, depth first, in source order). Along the sequence of stops:
+on: a name assigned from it or from a call given it (``p = storage.deployment(pipeline)``,
+``runner = LiveRunner.from_manifest(session, p)``), its carriers (``d.pipeline``, ``d.definition``), and, within a
+function, an attribute of ``self`` set from it (``self.pipeline``). Values read from it (``p.sink.path``), or returned
+as a plain value by a helper given it (a path: ``-> str``), are not followed. A call is followed when the callee can
+be found in the project's own modules: a function or class imported by name, ``module.function`` of an imported
+module, ``Class.method``, ``self.method``, ``x.method`` where ``x`` was made by a call to a known class or classmethod
+or is a parameter annotated with one (``storage: StorageResource``), when the call passes the definition as an
+argument (a method that reads it from ``self`` is not followed). Each function reached is a **stop** (each once,
+depth first, in source order). Along the sequence of stops:
 
 * a **return** is a stop in a module the walk left before (it comes back to a module it had left);
 * a **climb** is a stop in a module of a higher layer than the stop it was reached from, or of the same layer but
@@ -16,7 +18,8 @@ is a **stop** (each once, depth first, in source order). Along the sequence of s
   ``LAYERS``, with ``phases_dagster`` above them all;
 * a **bind** is a call, from outside the binding modules, to :func:`phases.deployment.deploy` or
   :func:`phases.deployment.bind` (before that module existed: ``generations.resolve``, ``generations.bind``,
-  ``resolve_paths``) on the way.
+  ``resolve_paths``) on the way. It counts call sites: ``deploy`` returns a :class:`~phases.deployment.Deployment` it is
+  given as it is, which only running shows (``tests/phases/deployment/test_deployment.py``).
 
 Run: ``.venv/bin/python -m scripts.definition_walk`` (``--entry phases_dagster/live.py:build_live_asset:pipeline``,
 ``--stops`` lists them).
@@ -33,7 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("phases", "phases_dagster")
 BINDS = {"deploy", "bind", "resolve", "resolve_paths"}
-BIND_MODULES = {"phases.deployment", "phases.deployment.generations", "phases.deployment.paths"}
+PLAIN = {"str", "int", "float", "bool", "dict", "list", "tuple", "set", "None"}
+CARRIERS = {"pipeline", "definition", "deployment"}  # attributes that hold the definition (d.pipeline)
+BIND_MODULES = {
+    "phases.deployment.binding",
+    "phases.deployment.paths",
+    "phases.storage.generations",
+    "phases.storage.resolve",
+}
 
 
 @dataclass
@@ -206,22 +216,33 @@ class Walk:
         self_attrs = set(attrs)
 
         def holds(expr: ast.AST) -> bool:
-            for n in ast.walk(expr):
-                if isinstance(n, ast.Name) and n.id in names:
-                    return True
-                if (
-                    isinstance(n, ast.Attribute)
-                    and isinstance(n.value, ast.Name)
-                    and n.value.id == "self"
-                    and n.attr in self_attrs
-                ):
-                    return True
+            """Whether ``expr`` is the definition itself (or what carries it), not a value read from it."""
+            if isinstance(expr, ast.Name):
+                return expr.id in names
+            if isinstance(expr, ast.Attribute):
+                if isinstance(expr.value, ast.Name) and expr.value.id == "self":
+                    return expr.attr in self_attrs
+                return expr.attr in CARRIERS and holds(expr.value)
+            return False
+
+        def made_from(expr: ast.AST) -> bool:
+            """Whether ``expr`` holds the definition or is made by a call given it."""
+            if holds(expr):
+                return True
+            if isinstance(expr, ast.Call):
+                if not any(holds(a) for a in [*expr.args, *(k.value for k in expr.keywords)]):
+                    return False
+                made = self.callee(fn, expr, instances)  # a helper that returns a plain value (a path) does not
+                returns = made.node.returns if made is not None else None
+                return made is not None and not (isinstance(returns, ast.Name) and returns.id in PLAIN)
+            if isinstance(expr, ast.IfExp):
+                return made_from(expr.body) or made_from(expr.orelse)
             return False
 
         body = list(ast.walk(fn.node))
         body.sort(key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0)))
         for node in body:
-            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None and holds(node.value):
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None and made_from(node.value):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
                     for n in ast.walk(t):
@@ -231,7 +252,7 @@ class Walk:
                                 instances[n.id] = made
                         elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
                             self_attrs.add(n.attr)
-            if isinstance(node, ast.NamedExpr) and holds(node.value):
+            if isinstance(node, ast.NamedExpr) and made_from(node.value):
                 names.add(node.target.id)
         for node in body:
             if not isinstance(node, ast.Call):
@@ -275,11 +296,17 @@ def layer_of(module: str, table: list[tuple[str, ...]]) -> tuple[int, str]:
 
 
 def measure(entry: str) -> dict:
+    """The walk from ``entry`` (``path:function:parameter``) with its counts."""
     path, func, param = entry.split(":")
     modules = load()
     walk = Walk(modules)
     fn = modules[module_name(ROOT / path)].functions[func]
     walk.visit(fn, {param}, None)
+    return summarize(walk)
+
+
+def summarize(walk: Walk) -> dict:
+    """Stops, modules, returns, climbs and binds of a walk, and its stops as rows (marked)."""
     table = layers()
     left: set[str] = set()
     returns = climbs = 0
