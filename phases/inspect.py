@@ -34,7 +34,7 @@ from phases.backlog.slices import SliceRecord
 from phases.coordination import progress_log
 from phases.definition import Pipeline
 from phases.deployment import Deployment
-from phases.handoff import live_layout, manifest
+from phases.handoff import live_folders, manifest
 from phases.handoff.manifest import HandoffManifest
 from phases.lateness import watermark_after
 from phases.live.report import LiveMeter, LiveReport
@@ -121,7 +121,7 @@ class AppliedPosition:
 
 def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
     """True once the live phase of ``manifest_id`` has recorded its switch (its first progress record)."""
-    return live_layout.live_started(spark, pipeline, manifest_id)
+    return live_folders.live_started(spark, pipeline, manifest_id)
 
 
 def latest_live_progress(pipeline: Pipeline, manifest_id: str) -> tuple[int, dict] | None:
@@ -160,7 +160,7 @@ def unapplied(pipeline: Pipeline, applied: AppliedPosition) -> Unapplied:
 
 def state_store_folder(pipeline: Pipeline, manifest_id: str, layout: str) -> str:
     """The folder of the live phase's state store of ``layout`` (one per state layout of the run)."""
-    return f"{live_layout.state_store_root(pipeline, manifest_id)}/{layout}"
+    return f"{live_folders.state_store_root(pipeline, manifest_id)}/{layout}"
 
 
 # --- tables ---------------------------------------------------------------------------------------------------------

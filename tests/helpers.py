@@ -130,12 +130,12 @@ def crash_on_state_write(monkeypatch, message: str) -> None:
     """Makes the live phase's next replacement of its keys' rows in the state store (a process function's, an interval
     join's) raise ``RuntimeError(message)``; everything written before it in the micro-batch is committed.
     ``monkeypatch.undo()`` ends it."""
-    from phases.state.keyed_store import RowStore
+    from phases.state.keyed_store import RowStateStore
 
     def crash_before_store_write(self, rows, version):
         raise RuntimeError(message)
 
-    monkeypatch.setattr(RowStore, "replace", crash_before_store_write)
+    monkeypatch.setattr(RowStateStore, "replace", crash_before_store_write)
 
 
 def produce(bootstrap_servers: str, topic: str, records: list[tuple[int, Row | bytes | None]]) -> list[tuple[int, int]]:

@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from phases.definition import SOURCE_LABEL, Pipeline
 from phases.handoff.intents import Intent, write_run_name
-from phases.handoff.live_layout import state_store_root
+from phases.handoff.live_folders import state_store_root
 from phases.handoff.manifest import HandoffManifest
 from phases.lateness import watermark_after
 from phases.operators.base import HandoffCounts, OperatorKind, table_counts

@@ -39,7 +39,7 @@ from phases.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE
 from phases.deployment import Deployment, deploy, require_serving
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases.handoff import intents, manifest
-from phases.handoff.live_layout import live_checkpoint_root, live_started, state_store_root
+from phases.handoff.live_folders import live_checkpoint_root, live_started, state_store_root
 from phases.lateness import watermark_after
 from phases.operators.base import HandoffWrite, Pieces
 from phases.operators.registry import kind_of

@@ -56,7 +56,7 @@ class Deployment:
     @property
     def redeployed(self) -> bool:
         """Whether a redeploy ever ran for the pipeline (its log has rows)."""
-        return bool(self.redeploys.steps)
+        return bool(self.redeploys.rows)
 
     @property
     def redeploy_log(self) -> str:
@@ -130,7 +130,7 @@ def require_serving(spark: SparkSession | None, deployment: Deployment) -> gener
     if under_way is not None:
         raise under_way_error(deployment.definition, under_way)
     if gens.serving != bound:
-        swapped = [s for s in gens.steps if s.step == "swapped" and s.generation == gens.serving]
+        swapped = [s for s in gens.rows if s.step == "swapped" and s.generation == gens.serving]
         by = f" (swapped in by redeploy {swapped[-1].redeploy_id})" if swapped else ""
         raise PhaseStateError(
             f"pipeline {name!r}: generation {gens.serving} serves the table consumers read"
@@ -142,7 +142,7 @@ def require_serving(spark: SparkSession | None, deployment: Deployment) -> gener
     return gens
 
 
-def under_way_error(definition: Pipeline, under_way: generations.Step) -> PhaseStateError:
+def under_way_error(definition: Pipeline, under_way: generations.LogRow) -> PhaseStateError:
     return PhaseStateError(
         f"pipeline {definition.name!r}: a swap of its sink from generation {under_way.from_generation} to generation "
         f"{under_way.generation} is under way (redeploy {under_way.redeploy_id}), or was cut short: no live phase "

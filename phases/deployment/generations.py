@@ -38,13 +38,13 @@ from phases.storage import table_stats, tables
 SWAP_MARK = "phases_swap"
 KEPT_MARK = "phases_kept"
 
-STEPS = ("started", "amended", "swapping", "swapped", "abandoned", "removed")
+ROW_KINDS = ("started", "amended", "swapping", "swapped", "abandoned", "removed")
 
 SCHEMA = T.StructType(
     [
         T.StructField("pipeline", T.StringType(), False),
         T.StructField("redeploy_id", T.StringType(), False),
-        T.StructField("step", T.StringType(), False),  # one of STEPS
+        T.StructField("step", T.StringType(), False),  # one of ROW_KINDS
         T.StructField("generation", T.LongType(), False),  # the generation the step is about (a swap's target)
         T.StructField("from_generation", T.LongType(), True),  # a swap's previous serving generation
         T.StructField("fingerprint", T.StringType(), True),  # the generation's definition (amended: the new one)
@@ -74,7 +74,7 @@ def own_sink(root: str, n: int) -> str:
 
 
 @dataclass(frozen=True)
-class Step:
+class LogRow:
     """One row of the redeploy log."""
 
     pipeline: str
@@ -95,9 +95,9 @@ class Step:
 class Generations:
     """What the redeploy log says of a pipeline's generations."""
 
-    steps: tuple[Step, ...] = ()
+    rows: tuple[LogRow, ...] = ()
     serving: int = 0
-    swap_under_way: Step | None = None  # a ``swapping`` row not followed by its ``swapped`` row
+    swap_under_way: LogRow | None = None  # a ``swapping`` row not followed by its ``swapped`` row
     fingerprints: dict[int, str] = field(default_factory=dict)  # generation -> its definition's fingerprint
     specs: dict[int, str] = field(default_factory=dict)  # generation -> its state spec (JSON)
     gone: frozenset[int] = frozenset()  # abandoned or removed generations
@@ -105,8 +105,8 @@ class Generations:
     previous: dict[int, int] = field(default_factory=dict)  # generation -> the one it replaced at its last swap
 
     @classmethod
-    def of(cls, steps: list[Step]) -> Generations:
-        ordered = tuple(sorted(steps, key=lambda s: s.at_us))
+    def of(cls, rows: list[LogRow]) -> Generations:
+        ordered = tuple(sorted(rows, key=lambda s: s.at_us))
         serving, under_way, previous = 0, None, {}
         fingerprints, specs, gone, amended = {}, {}, set(), set()
         for s in ordered:
@@ -131,11 +131,11 @@ class Generations:
     @property
     def numbers(self) -> list[int]:
         """Every generation the log knows (0 included), oldest first."""
-        return sorted({0, *self.fingerprints, *(s.generation for s in self.steps)})
+        return sorted({0, *self.fingerprints, *(s.generation for s in self.rows)})
 
     def served(self, n: int) -> bool:
         """Whether generation ``n`` has served (generation 0 served first; another after a swap to it)."""
-        return n == 0 or any(s.step == "swapped" and s.generation == n for s in self.steps)
+        return n == 0 or any(s.step == "swapped" and s.generation == n for s in self.rows)
 
     def retained(self) -> list[int]:
         """The generations whose tables are kept, serving or not (not abandoned or removed)."""
@@ -175,7 +175,7 @@ def kept_of(commit: dict | None) -> int | None:
 
 def recorded(gens: Generations, swap: SwapCommit) -> bool:
     """Whether the redeploy log records the swap's commit as made (its ``swapped`` row)."""
-    return any(s.step == "swapped" and s.redeploy_id == swap.redeploy_id for s in gens.steps)
+    return any(s.step == "swapped" and s.redeploy_id == swap.redeploy_id for s in gens.rows)
 
 
 def newest_swap(spark: SparkSession | None, path: str, *, redeploy_id: str | None = None) -> SwapCommit | None:
@@ -194,7 +194,7 @@ def unrecorded_swap(spark: SparkSession | None, definition: Pipeline, gens: Gene
     """The consumer-facing table's newest swap when the redeploy log does not record it (the log is behind the
     table: its newest commits were removed, or it was restored from an older backup); None when the log is whole.
     The table's history is read only when a redeploy ever ran (a log with steps, or a generation's folder)."""
-    if not gens.steps and not _has_generations(spark, definition.locations.root):
+    if not gens.rows and not _has_generations(spark, definition.locations.root):
         return None
     found = newest_swap(spark, definition.sink.path)  # the declared pipeline's sink: the consumers'
     return found if found is not None and not recorded(gens, found) else None
@@ -249,7 +249,7 @@ def read(spark: SparkSession | None, definition: Pipeline) -> Generations:
             ]
         except Exception as err:  # noqa: BLE001 - Spark's own error, named with the way out
             raise damaged_log_error(path, str(err).splitlines()[0]) from err
-    return Generations.of([Step(**{f.name: row.get(f.name) for f in SCHEMA.fields}) for row in found])
+    return Generations.of([LogRow(**{f.name: row.get(f.name) for f in SCHEMA.fields}) for row in found])
 
 
 def damaged_log_error(path: str, what: str) -> PhaseStateError:
@@ -288,10 +288,10 @@ def _refuse_gaps(path: str) -> None:
         )
 
 
-def write(spark: SparkSession, definition: Pipeline, step: str, generation: int, redeploy_id: str, **values) -> Step:
+def write(spark: SparkSession, definition: Pipeline, step: str, generation: int, redeploy_id: str, **values) -> LogRow:
     """Appends one step to the pipeline's redeploy log (one commit)."""
-    if step not in STEPS:
-        raise ValueError(f"redeploy step {step!r} is not one of {STEPS}")
+    if step not in ROW_KINDS:
+        raise ValueError(f"redeploy step {step!r} is not one of {ROW_KINDS}")
     pipeline = definition
     _refuse_gaps(log_path(pipeline))
     row = {f.name: None for f in SCHEMA.fields}
@@ -304,7 +304,7 @@ def write(spark: SparkSession, definition: Pipeline, step: str, generation: int,
         at_us=time.time_ns() // 1000,
     )
     tables.append_row(spark, log_path(pipeline), SCHEMA, row)
-    return Step(**row)
+    return LogRow(**row)
 
 
 def retired_since(gens: Generations, n: int) -> int | None:
@@ -312,11 +312,11 @@ def retired_since(gens: Generations, n: int) -> int | None:
     it never served and nothing replaced it."""
     if n == gens.serving or n in gens.gone:
         return None
-    away = [s.at_us for s in gens.steps if s.step == "swapped" and s.from_generation == n]
+    away = [s.at_us for s in gens.rows if s.step == "swapped" and s.from_generation == n]
     if away:
         return max(away)
-    newer = [s.at_us for s in gens.steps if s.step == "started" and s.generation > n]  # built, never swapped in
-    built = [s.at_us for s in gens.steps if s.step == "started" and s.generation == n]
+    newer = [s.at_us for s in gens.rows if s.step == "started" and s.generation > n]  # built, never swapped in
+    built = [s.at_us for s in gens.rows if s.step == "started" and s.generation == n]
     return max(newer) if newer and built and max(newer) > max(built) else None
 
 

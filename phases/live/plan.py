@@ -16,7 +16,7 @@ from phases import uris
 from phases.coordination import progress_log
 from phases.definition import RIGHT_LABEL, SOURCE_LABEL, DeltaSource, Pipeline
 from phases.errors import DefinitionError, PhaseStateError, SchemaChangeError
-from phases.handoff.live_layout import live_checkpoint_root, state_store_root
+from phases.handoff.live_folders import live_checkpoint_root, state_store_root
 from phases.handoff.manifest import HandoffManifest
 from phases.lateness import watermark_after
 from phases.operators.base import OperatorKind
@@ -151,7 +151,7 @@ class LivePaths:
     sink: str
     checkpoints: str  # the run's streaming checkpoints: one folder per query generation
     run_root: str  # the run's folder: its progress log and the inputs' held-back rows
-    state_store: str  # the run's state stores (:func:`phases.handoff.live_layout.state_store_root`)
+    state_store: str  # the run's state stores (:func:`phases.handoff.live_folders.state_store_root`)
 
     @property
     def progress_log(self) -> str:

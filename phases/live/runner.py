@@ -68,7 +68,7 @@ def _after_a_swap(deployment: Deployment, exc: ManifestError) -> ManifestError:
     """A definition that does not match the serving generation's handoff: when a redeploy swapped another
     definition in, the refusal says so and names the rollback."""
     declared, gens = deployment.definition, deployment.redeploys
-    swapped = [s for s in gens.steps if s.step == "swapped"]
+    swapped = [s for s in gens.rows if s.step == "swapped"]
     if not swapped:
         return exc
     last = swapped[-1]

@@ -51,7 +51,7 @@ from phases.definition.changes import DefinitionChanges, Way
 from phases.deployment import Deployment, bind, generations
 from phases.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases.handoff import manifest
-from phases.handoff.live_layout import live_started
+from phases.handoff.live_folders import live_started
 from phases.live.runner import LiveRunner
 from phases.redeploy import swap
 from phases.sources.reader import open_inputs
@@ -183,7 +183,7 @@ class Redeploy:
                 "is nothing running to redeploy beside; run its backlog (BacklogRunner(spark, pipeline).run())"
             )
         spec = handoff.state_spec
-        for step in gens.steps:  # the newest amendment of the serving handoff is what serves
+        for step in gens.rows:  # the newest amendment of the serving handoff is what serves
             if step.step == "amended" and step.manifest_id == handoff.manifest_id and step.state_spec:
                 spec = step.state_spec
         changes = DefinitionChanges.between(spec, self.pipeline.state_spec())
@@ -419,7 +419,7 @@ class Redeploy:
         finally:
             self._release_serving_lease()
 
-    def _finish_swap(self, step: generations.Step, reason: str) -> RedeployResult:
+    def _finish_swap(self, step: generations.LogRow, reason: str) -> RedeployResult:
         """A rerun after a crash past the ``swapping`` row: the swap is made (again) unless its commit is there."""
         log.warning(
             "redeploy of %r: finishing the swap from generation %s to %s of redeploy %s",
@@ -435,7 +435,7 @@ class Redeploy:
             self._release_serving_lease()
 
     def _make_swap(
-        self, step: generations.Step, reason: str, timings: dict[str, float], stopped_at: int
+        self, step: generations.LogRow, reason: str, timings: dict[str, float], stopped_at: int
     ) -> RedeployResult:
         old, new, spark = step.from_generation, step.generation, self.spark
         target = bind(self.pipeline, new, serving=False).pipeline

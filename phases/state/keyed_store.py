@@ -4,18 +4,18 @@ The live phase's keyed state lives in one such store per run instead of a Delta 
 would scan. The JVM side is the engine's helper (``jvm/``, package ``org.apache.spark.sql.phases``). A store's
 :class:`StoreLayout` says what it keeps and opens its own store type, with only the operations it supports:
 
-- :class:`CombinedLayout` -> :class:`CombiningStore` (``update``: the changed keys) for keyed aggregations;
-- :class:`OrderedLayout` -> :class:`OrderedStore` (``update_and_close``: rows closed at a bound) for windows and
+- :class:`CombinedLayout` -> :class:`KeyedStateStore` (``update``: the changed keys) for keyed aggregations;
+- :class:`OrderedLayout` -> :class:`OrderedStateStore` (``update_and_close``: rows closed at a bound) for windows and
   co-groups;
-- :class:`SessionLayout` -> :class:`SessionStore` (``update_and_close`` by Spark's session rule) for sessions;
-- :class:`RowLayout` -> :class:`RowStore` (``lookup``, ``replace``; timers indexed) for process functions and
+- :class:`SessionLayout` -> :class:`SessionStateStore` (``update_and_close`` by Spark's session rule) for sessions;
+- :class:`RowLayout` -> :class:`RowStateStore` (``lookup``, ``replace``; timers indexed) for process functions and
   interval joins.
 
 Every store: rows are its layout's columns; ``partitions`` store partitions, a key in the one
 ``repartition(partitions, keys)`` sends it to (the same every micro-batch, so a key always meets its own state);
 version ``v`` is the state after ``v`` updates: an update at ``v`` loads ``v`` and commits ``v + 1`` (a replayed
 update loads the same ``v`` again, so it writes what the first attempt wrote); version 1 is written from the
-handoff's state (:meth:`KeyedStore.write`), version 0 is the empty store. Combining happens in the JVM by SQL
+handoff's state (:meth:`HelperStore.write`), version 0 is the empty store. Combining happens in the JVM by SQL
 expressions bound there: no Python runs per record.
 
 Spark's own watermark is not involved: the caller tags records by the version watermark before they get here.
@@ -126,7 +126,7 @@ class StoreLayout:
     def described(self) -> dict:
         return {"keys": list(self.keys), "values": list(self.values)}
 
-    def open(self, spark: SparkSession, path: str, schema: T.StructType, partitions: int, run_id: str) -> KeyedStore:
+    def open(self, spark: SparkSession, path: str, schema: T.StructType, partitions: int, run_id: str) -> HelperStore:
         raise NotImplementedError
 
     @staticmethod
@@ -147,8 +147,8 @@ class StoreLayout:
 class CombinedLayout(StoreLayout):
     """Key -> values combined by SQL; an update returns the changed keys (keyed aggregations)."""
 
-    def open(self, spark, path, schema, partitions, run_id) -> CombiningStore:
-        return CombiningStore(spark, path, self, schema, partitions, run_id)
+    def open(self, spark, path, schema, partitions, run_id) -> KeyedStateStore:
+        return KeyedStateStore(spark, path, self, schema, partitions, run_id)
 
 
 @dataclass(frozen=True)
@@ -162,8 +162,8 @@ class OrderedLayout(StoreLayout):
     def described(self) -> dict:
         return {**super().described(), "order": self.order}
 
-    def open(self, spark, path, schema, partitions, run_id) -> OrderedStore:
-        return OrderedStore(spark, path, self, schema, partitions, run_id)
+    def open(self, spark, path, schema, partitions, run_id) -> OrderedStateStore:
+        return OrderedStateStore(spark, path, self, schema, partitions, run_id)
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,8 @@ class SessionLayout(StoreLayout):
     def described(self) -> dict:
         return {**super().described(), "sessions": [self.start, self.end]}
 
-    def open(self, spark, path, schema, partitions, run_id) -> SessionStore:
-        return SessionStore(spark, path, self, schema, partitions, run_id)
+    def open(self, spark, path, schema, partitions, run_id) -> SessionStateStore:
+        return SessionStateStore(spark, path, self, schema, partitions, run_id)
 
 
 @dataclass(frozen=True)
@@ -199,11 +199,11 @@ class RowLayout(StoreLayout):
             described["timers"] = self.timers
         return described
 
-    def open(self, spark, path, schema, partitions, run_id) -> RowStore:
-        return RowStore(spark, path, self, schema, partitions, run_id)
+    def open(self, spark, path, schema, partitions, run_id) -> RowStateStore:
+        return RowStateStore(spark, path, self, schema, partitions, run_id)
 
 
-class KeyedStore:
+class HelperStore:
     """The store at ``path`` of a :class:`StoreLayout` (rows of the layout's columns, typed by ``schema``), in
     ``partitions`` partitions: what every layout's store does (write version 1, read a version, unload). Open one with
     ``layout.open(...)``; each layout's own operations are on its subclass."""
@@ -284,7 +284,7 @@ class KeyedStore:
         )
 
 
-class CombiningStore(KeyedStore):
+class KeyedStateStore(HelperStore):
     """:class:`CombinedLayout`'s store (the helper's ``KeyedStateStore``)."""
 
     _helper_class = "KeyedStateStore"
@@ -296,19 +296,19 @@ class CombiningStore(KeyedStore):
         return self._call("update", version, spark_internals.java_frame(partials), combine, version)
 
 
-class ClosingStore(KeyedStore):
+class ClosingStore(HelperStore):
     """A store whose update also closes: the batch's rows combined in, then the rows at or below a bound removed and
-    returned, in one commit (:class:`OrderedStore`, :class:`SessionStore`)."""
+    returned, in one commit (:class:`OrderedStateStore`, :class:`SessionStateStore`)."""
 
     def update_and_close(self, rows: DataFrame, combine: list[str], version: int, close_at: int | None) -> StoreUpdate:
-        """Combines ``rows`` into version ``version`` (an ordered store: by key, as :meth:`CombiningStore.update`
+        """Combines ``rows`` into version ``version`` (an ordered store: by key, as :meth:`KeyedStateStore.update`
         does; a session store: each record's own session merged with its key's open sessions by Spark's session
         rule), then removes the rows (sessions) whose order column (end) is at or below ``close_at`` (None: none);
         commits ``version + 1`` and returns the rows it removed, with this update's values combined in."""
         return self._call("updateAndClose", version, spark_internals.java_frame(rows), combine, version, close_at)
 
 
-class OrderedStore(ClosingStore):
+class OrderedStateStore(ClosingStore):
     """:class:`OrderedLayout`'s store (the helper's ``OrderedStateStore``)."""
 
     _helper_class = "OrderedStateStore"
@@ -318,7 +318,7 @@ class OrderedStore(ClosingStore):
         return [*super()._open_arguments(schema), self.layout.order]
 
 
-class SessionStore(ClosingStore):
+class SessionStateStore(ClosingStore):
     """:class:`SessionLayout`'s store (the helper's ``SessionStateStore``)."""
 
     _helper_class = "SessionStateStore"
@@ -328,7 +328,7 @@ class SessionStore(ClosingStore):
         return [self.keys, self.layout.start, self.layout.end, self.values, schema.json(), self.partitions, self.run_id]
 
 
-class RowStore(KeyedStore):
+class RowStateStore(HelperStore):
     """:class:`RowLayout`'s store (the helper's ``RowStateStore``)."""
 
     _helper_class = "RowStateStore"

@@ -224,6 +224,6 @@ def test_materialize_all_of_either_group_leaves_a_healthy_live_phase_running(spa
         assert serving.stopped_for is None and serving.query.isActive
         serving.process_available()
         assert_results_equal(sink_rows(spark, storage.declared(old).sink.path), _expected_old(versions))
-        assert generations.read(spark, storage.declared(old)).steps == ()
+        assert generations.read(spark, storage.declared(old)).rows == ()
     finally:
         serving.stop()

@@ -402,7 +402,7 @@ def test_a_kafka_source_whose_retention_dropped_its_start_is_refused_before_anyt
     before = sink_rows(spark, old.sink.path)
     with pytest.raises(SourceError, match=r"partition 1 from offset 0.*offsets 0\.\.2 were deleted by retention"):
         Redeploy(spark, new).run()
-    assert generations.read(spark, old).steps == ()  # nothing was recorded, nothing ran
+    assert generations.read(spark, old).rows == ()  # nothing was recorded, nothing ran
     assert not (tmp_path / "run" / "generations").exists()
     assert sink_rows(spark, old.sink.path) == before
 

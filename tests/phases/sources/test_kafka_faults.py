@@ -13,7 +13,7 @@ from phases.coordination.progress_log import ProgressLog
 from phases.errors import PhaseStateError, SourceError
 from phases.live.runner import LiveRunner
 from phases.runtime.local_kafka import LocalKafka
-from phases.state.keyed_store import CombiningStore
+from phases.state.keyed_store import KeyedStateStore
 from tests import reference
 from tests.helpers import assert_results_equal, produce, sink_rows
 from tests.phases.sources.test_kafka_source import DELAY_S, SECOND, chunk_versions, kafka_pipeline, kafka_quarantine
@@ -58,7 +58,7 @@ def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_onc
     BacklogRunner(spark, p).run()
     _produce(kafka, topic, _rows(2, 200, 12, late_every=4), produced)
     real_append, real_upsert, real_write = engine.tables.append_once, engine.tables.upsert_marked, ProgressLog.write
-    real_update = CombiningStore.update
+    real_update = KeyedStateStore.update
 
     for point in ("quarantine", "state", "sink", "progress"):
 
@@ -78,7 +78,7 @@ def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_onc
             return crash() if point == "progress" and batch >= 0 else real_write(self, batch, record)
 
         monkeypatch.setattr(engine.tables, "append_once", append)
-        monkeypatch.setattr(CombiningStore, "update", update)
+        monkeypatch.setattr(KeyedStateStore, "update", update)
         monkeypatch.setattr(engine.tables, "upsert_marked", upsert)
         monkeypatch.setattr(ProgressLog, "write", write)
         with pytest.raises(Exception, match=f"simulated crash at the {point} write"):
