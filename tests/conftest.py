@@ -97,7 +97,9 @@ def _forget_tables_between_modules():
 @pytest.fixture(scope="session")
 def phases_spark():
     """The kit's session (:mod:`phases.pytest_plugin`) with a 3 GiB driver: the project's suite runs ~150 tests in one
-    JVM (a user's suite keeps the kit's 2 GiB). With the S3A connector, for the object-store tier."""
+    JVM (a user's suite keeps the kit's 2 GiB). With the S3A connector, for the object-store tier.
+    ``PHASES_TEST_CONF="key=value,key=value"`` adds Spark settings to it, to measure what a setting does to the suite's
+    time (how the last ones were measured: benchmarks/profiles/suite-settings-2026-12-02.txt)."""
     from phases.runtime.session import SparkSettings, build_session
 
     session = build_session(
