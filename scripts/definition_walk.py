@@ -134,9 +134,7 @@ class Walk:
             return m.functions[qual]
         if qual in m.classes:
             return m.functions.get(f"{qual}.__init__")
-        if "." in qual:  # Class.method inherited: look in the bases declared in the same module only
-            return None
-        return None
+        return None  # an inherited method is not followed
 
     def callee(self, fn: Function, call: ast.Call, instances: dict[str, tuple[str, str]]) -> Function | None:
         m = self.modules[fn.module]
@@ -188,19 +186,10 @@ class Walk:
             if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
             else None
         )
-        if name is None:
-            return None
-        m = self.modules[fn.module]
-        if name in m.classes:
-            return (fn.module, name)
-        ref = m.imports.get(name)
-        target = self._target(ref) if ref else None
-        if target and target[1] and target[1] in self.modules[target[0]].classes:
-            return target
-        return None
+        return self._class_named(fn, name) if name is not None else None
 
     # --- the walk -----------------------------------------------------------------------------------------------
-    def visit(self, fn: Function, tainted: set[str], came_from: Function | None, attrs: frozenset[str] = frozenset()):
+    def visit(self, fn: Function, tainted: set[str], came_from: Function | None) -> None:
         key = (fn.module, fn.qualname)
         if key in self.seen:
             return
@@ -213,7 +202,7 @@ class Walk:
                 made = self._class_named(fn, node.annotation.id)
                 if made is not None:
                     instances[node.arg] = made
-        self_attrs = set(attrs)
+        self_attrs: set[str] = set()
 
         def holds(expr: ast.AST) -> bool:
             """Whether ``expr`` is the definition itself (or what carries it), not a value read from it."""
@@ -257,10 +246,9 @@ class Walk:
         for node in body:
             if not isinstance(node, ast.Call):
                 continue
-            args = [*node.args, *(k.value for k in node.keywords)]
             passes = [holds(a) for a in node.args]
             kw = {k.arg: holds(k.value) for k in node.keywords if k.arg}
-            if not any(holds(a) for a in args):
+            if not any(passes) and not any(holds(k.value) for k in node.keywords):
                 continue
             target = self.callee(fn, node, instances)
             if target is None:

@@ -58,10 +58,6 @@ class Deployment:
         """Whether a redeploy ever ran for the pipeline (its log has rows)."""
         return bool(self.redeploys.rows)
 
-    @property
-    def redeploy_log(self) -> str:
-        return generations.log_path(self.definition)
-
 
 def bind(
     definition: Pipeline, generation: int, *, serving: bool, redeploys: generations.Generations | None = None
