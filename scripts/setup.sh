@@ -66,3 +66,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 .venv/bin/python -m phases.runtime.jvm_deps
+.venv/bin/python -m phases.build_class_archive

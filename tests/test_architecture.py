@@ -238,7 +238,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phases.operators",),
     ("phases.backlog", "phases.live"),
     ("phases.redeploy",),
-    ("phases.testing", "phases.pytest_plugin", "phases.inspect", "phases"),
+    ("phases.testing", "phases.pytest_plugin", "phases.inspect", "phases.build_class_archive", "phases"),
 )
 
 

@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from phases import spark_internals
 from phases.definition.model import SettingsModel
-from phases.runtime import jvm_deps
+from phases.runtime import class_archive, jvm_deps
 
 STATE_STORE_PROVIDERS = {
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -79,6 +79,12 @@ class SparkSettings(SettingsModel):
         "replay) evict each other, and every micro-batch compiled ~40 of them again, in Janino and then in the JIT.",
     )
     ui_enabled: bool = False
+    class_archive: bool = Field(
+        True,
+        description="A local session's driver JVM maps the setup's class archive (phases.runtime.class_archive) "
+        "when one is built for this JDK and these jars: it starts and runs its first queries sooner. Off, or with "
+        "no current archive, the JVM loads every class from its jar as usual.",
+    )
     listing_parallelism: int | None = Field(
         None,
         gt=0,
@@ -137,6 +143,11 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         # (the helper's LocalFileSystems.scala). extra_conf can set Hadoop's own classes back (HADOOP_FILE_SYSTEMS).
         for key, value in LOCAL_FILE_SYSTEMS.items():
             conf.setdefault(key, value)
+        archive = class_archive.java_options() if s.class_archive and not s3a else ""
+        if archive:
+            # The archive was written by a driver with this class path (the S3A jars change it: not mapped then).
+            key = "spark.driver.extraJavaOptions"
+            conf[key] = " ".join(filter(None, [conf.get(key), archive]))
     else:
         jars += [*s3a, helper]  # shipped to every executor, as Delta's jars are
     builder = (
