@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 
 from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA
-from phases.definition import Pipeline
+from phases import Pipeline
 from phases_dagster import DailyBackfill, LiveHealth, Orchestration, SwitchPolicy, pipeline_definitions
 from resources import RESOURCES
 

@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 
-from phases.definition import Aggregation, DeltaSink, DeltaSource, KafkaSource, KeyedAggregate, Locations, Pipeline
+from phases import Aggregation, DeltaSink, DeltaSource, KafkaSource, KeyedAggregate, Locations, Pipeline
 
 DEMO = Pipeline(
     name="demo_events",

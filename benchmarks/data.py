@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases.sources import synthetic
+from phases._internal.sources import synthetic
 
 
 def keyed_reduce_batch(spark: SparkSession, rows: int, keys: int, index: int) -> DataFrame:

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from benchmarks import operator_variants
 from benchmarks.variants import Timing
-from phases.definition import DeltaSink, DeltaSource, IntervalJoin, Locations, Pipeline
+from phases._internal.definition import DeltaSink, DeltaSource, IntervalJoin, Locations, Pipeline
 
 COLUMNS = ["key", "ts", "value", "right_ts", "right_value"]
 DELAY = timedelta(minutes=1)

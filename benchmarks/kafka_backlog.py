@@ -1,12 +1,12 @@
 """The backlog from a Kafka topic beside the backlog from a Delta table, on the same rows.
 
-The rows are written once to a Delta table (``versions`` versions, the change data feed on) and then, read back
-from that table, to a 3-partition topic on a local KRaft broker (:mod:`phases.runtime.local_kafka`) as JSON values: the
-two sources hold the same records. Each backlog (the keyed reduce of :func:`benchmarks.variants.pipeline`) runs
-``runs`` times in one JVM, alternating; the rows per second of each run and the Kafka ÷ Delta ratio of the
-fastest runs are reported, with the backlog's own step timings (where the time goes). The target (:data:`TARGET`):
-the Kafka backlog at 0.6 of the Delta backlog's rows per second or more. The topic is read with the default arrival
-chunks and with chunks of about one version's records per partition.
+The rows are written once to a Delta table (``versions`` versions, the change data feed on) and then, read back from
+that table, to a 3-partition topic on a local KRaft broker (:mod:`phases._internal.runtime.local_kafka`) as JSON values:
+the two sources hold the same records. Each backlog (the keyed reduce of :func:`benchmarks.variants.pipeline`) runs
+``runs`` times in one JVM, alternating; the rows per second of each run and the Kafka ÷ Delta ratio of the fastest runs
+are reported, with the backlog's own step timings (where the time goes). The target (:data:`TARGET`): the Kafka backlog
+at 0.6 of the Delta backlog's rows per second or more. The topic is read with the default arrival chunks and with chunks
+of about one version's records per partition.
 
 Arrival order differs by nature: a Delta table's versions, a topic's arrival chunks (``backlog_chunk_records``
 offsets per partition), so the late records, hence the quarantine's rows, may differ between the two.
@@ -22,10 +22,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import variants
-from phases.backlog.runner import BacklogRunner
-from phases.definition import KafkaSource
-from phases.runtime.local_kafka import LocalKafka
-from phases.sources import synthetic
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import KafkaSource
+from phases._internal.runtime.local_kafka import LocalKafka
+from phases._internal.sources import synthetic
 
 TOPIC = "events"
 TARGET = 0.6  # Kafka ÷ Delta rows per second

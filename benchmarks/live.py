@@ -11,14 +11,15 @@ live rows):
 - **drain**: rows appended while the live phase is stopped, then applied by a restart; rows per second of
   that catch-up is the most the live path sustains (micro-batches grow under load, so a steady input below
   this rate is kept up with). Its largest state store update's profile (task time in the rows, the store's
-  load, gets, puts and commit; :meth:`phases.state.keyed_store.StoreUpdate.profile_summary`) goes with it.
+  load, gets, puts and commit; :meth:`phases._internal.state.keyed_store.StoreUpdate.profile_summary`) goes with it.
 
 The source holds exactly ``state_keys`` keys (one record per key) before the handoff, so the state table
 the live micro-batches merge into has that many rows.
 
 ``source="kafka"`` runs the same with the input on a Kafka topic (3 partitions, JSON values) on a local broker
-(:mod:`phases.runtime.local_kafka`): rows are produced through Spark's Kafka writer, each probe by the confluent-kafka
-producer, and a probe's latency runs from its Kafka timestamp (set when it was produced) to the sink commit.
+(:mod:`phases._internal.runtime.local_kafka`): rows are produced through Spark's Kafka writer, each probe by the
+confluent-kafka producer, and a probe's latency runs from its Kafka timestamp (set when it was produced) to the sink
+commit.
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import data, variants
-from phases.backlog.runner import BacklogRunner
-from phases.definition import KafkaSource
-from phases.live.runner import LiveRunner
-from phases.runtime.local_kafka import LocalKafka
-from phases.sources import synthetic
-from phases.storage import tables
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import KafkaSource
+from phases._internal.live.runner import LiveRunner
+from phases._internal.runtime.local_kafka import LocalKafka
+from phases._internal.sources import synthetic
+from phases._internal.storage import tables
 
 PROBE = "~probe-"  # sorts after every "k…" key: the sink files that can hold a probe are told by their stats
 SEED_VERSIONS = 4
@@ -260,7 +261,7 @@ def running_rows(runner, feed: _Feed, sink: str, load: Load, label: str) -> dict
 
 
 class _StoreProfiles(logging.Handler):
-    """The profiles of the state store updates logged while it is attached (``phases.state.keyed_store``)."""
+    """The profiles of the state store updates logged while it is attached (``phases._internal.state.keyed_store``)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -275,7 +276,7 @@ class _StoreProfiles(logging.Handler):
 @contextmanager
 def store_profiles() -> Iterator[list[dict[str, int]]]:
     """The state store updates' profiles while in the block (the store logs them at DEBUG level)."""
-    logger = logging.getLogger("phases.state.keyed_store")
+    logger = logging.getLogger("phases._internal.state.keyed_store")
     handler, level = _StoreProfiles(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)

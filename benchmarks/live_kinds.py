@@ -26,8 +26,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import data
-from phases.backlog.runner import BacklogRunner
-from phases.definition import (
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import (
     Aggregation,
     CoGroup,
     DeltaSink,
@@ -40,8 +40,8 @@ from phases.definition import (
     Window,
     WindowedAggregate,
 )
-from phases.live.runner import LiveRunner
-from phases.sources import synthetic
+from phases._internal.live.runner import LiveRunner
+from phases._internal.sources import synthetic
 
 KINDS = ("tumbling", "session", "process", "interval_join", "co_group")
 AGGS = [Aggregation(name="n", kind="count"), Aggregation(name="total", kind="sum", column="value")]
@@ -175,7 +175,7 @@ def main() -> None:
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown:
         raise SystemExit(f"unknown kinds {unknown}; valid: {list(KINDS)}")
-    from phases.runtime.session import SparkSettings, build_session
+    from phases._internal.runtime.session import SparkSettings, build_session
 
     spark = build_session(SparkSettings(shuffle_partitions=8, driver_memory="4g", app_name="live-kinds"))
     results = measure(spark, Path(args.work), kinds, args.keys, args.batches, args.rows)

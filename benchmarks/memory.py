@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from phases import spark_internals
+from phases._internal import spark_internals
 
 
 def jvm_pid(spark: SparkSession) -> int:

@@ -9,9 +9,9 @@ import time
 from pyspark.sql import DataFrame, SparkSession
 
 from benchmarks.variants import Timing
-from phases.backlog.runner import BacklogRunner
-from phases.definition import Pipeline
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Pipeline
+from phases._internal.live.runner import LiveRunner
 
 
 def stream(spark: SparkSession, p: Pipeline, files_per_trigger: int | None) -> Timing:

@@ -23,9 +23,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import data, report, variants
-from phases.errors import SetupError
-from phases.runtime import jvm_deps
-from phases.runtime.session import SparkSettings, build_session
+from phases._internal.errors import SetupError
+from phases._internal.runtime import jvm_deps
+from phases._internal.runtime.session import SparkSettings, build_session
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"

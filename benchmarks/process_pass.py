@@ -26,9 +26,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases.definition import DeltaSink, DeltaSource, Locations, Pipeline, ProcessOperator
-from phases.lateness import VERSION, WATERMARK_US
-from phases.operators.process_pass import ProcessLogic
+from phases._internal.definition import DeltaSink, DeltaSource, Locations, Pipeline, ProcessOperator
+from phases._internal.lateness import VERSION, WATERMARK_US
+from phases._internal.operators.process_pass import ProcessLogic
 
 _START_S = 1_767_225_600  # 2026-01-01 UTC, the first record's event time
 FUNCTIONS = {
@@ -134,7 +134,7 @@ def lines(result: dict) -> list[str]:
 
 
 def main() -> None:
-    from phases.runtime.session import SparkSettings, build_session
+    from phases._internal.runtime.session import SparkSettings, build_session
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)

@@ -28,7 +28,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from benchmarks import operator_variants
 from benchmarks.functions import IDLE
 from benchmarks.variants import Timing
-from phases.definition import DeltaSink, DeltaSource, Locations, Pipeline, ProcessOperator
+from phases._internal.definition import DeltaSink, DeltaSource, Locations, Pipeline, ProcessOperator
 
 FUNCTION = "benchmarks.functions:IdleTotals"
 DELAY = timedelta(minutes=1)

@@ -32,7 +32,7 @@ from benchmarks import (
     seeding,
     variants,
 )
-from phases.runtime.session import SparkSettings, build_session
+from phases._internal.runtime.session import SparkSettings, build_session
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,7 +106,7 @@ def run_workload(
         record(lambda: variants.stream(spark, source, out_one, str(base / "stream_one_ckpt"), None), out_one)
     result = {"rows": rows, "keys": keys, "versions": versions, "files": files, "timings": timings}
     if seed:
-        from phases.handoff import manifest
+        from phases._internal.handoff import manifest
 
         handoff = manifest.latest(spark, p.locations.manifests, p.name)
         state = spark.read.format("delta").load(handoff.state_path)

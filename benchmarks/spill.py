@@ -13,9 +13,9 @@ import time
 import urllib.request
 
 from benchmarks import process_variants
-from phases import spark_internals
-from phases.backlog.runner import BacklogRunner
-from phases.runtime.session import SparkSettings, build_session
+from phases._internal import spark_internals
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.runtime.session import SparkSettings, build_session
 
 
 def _stages(spark) -> list[dict]:

@@ -9,8 +9,8 @@ warm session: a source of 20 rows in one version, the backlog, the first live st
 record), then one new version and a restart that applies it in one micro-batch. Each is run ``repeats`` times on
 fresh folders; the first run warms the JVM and is left out of the medians.
 
-It uses only the engine's public API and :func:`phases.spark_internals.jobs_submitted`, so the same script measures
-another checkout: ``PYTHONPATH=<that tree> python -m benchmarks.start_costs``."""
+It uses only the engine's public API and :func:`phases._internal.spark_internals.jobs_submitted`, so the same script
+measures another checkout: ``PYTHONPATH=<that tree> python -m benchmarks.start_costs``."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from benchmarks import data
-from phases import spark_internals
-from phases.backlog.runner import BacklogRunner
-from phases.definition import (
+from phases._internal import spark_internals
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import (
     Aggregation,
     DeltaSink,
     DeltaSource,
@@ -38,8 +38,8 @@ from phases.definition import (
     Window,
     WindowedAggregate,
 )
-from phases.live.runner import LiveRunner
-from phases.sources import synthetic
+from phases._internal.live.runner import LiveRunner
+from phases._internal.sources import synthetic
 
 KINDS = ("keyed", "keyed_changelog", "tumbling")
 # What Hadoop's local file system runs without its native library (permissions, link status, file status).
@@ -123,7 +123,7 @@ def lines(results: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    from phases.runtime.session import HADOOP_FILE_SYSTEMS, SparkSettings, build_session
+    from phases._internal.runtime.session import HADOOP_FILE_SYSTEMS, SparkSettings, build_session
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=4)

@@ -14,9 +14,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
+from phases._internal.live.runner import LiveRunner
 
 
 @dataclass

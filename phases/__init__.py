@@ -12,7 +12,10 @@ in its sources, figures of its tables) is in :mod:`phases.inspect`; the Dagster 
 The names load on first use (PEP 562), so that a light entry point (a sensor, a watchdog, a Spark worker) that
 imports one module of the engine does not load all of it.
 
-The wings, one folder each:
+The other public modules: :mod:`phases.testing` and :mod:`phases.pytest_plugin` (testing your own pipelines),
+:mod:`phases.feed` (a demo source table), :mod:`phases.setup` (the jars, the JVM helper and the class archive, once
+per machine). Everything else is private, under ``phases/_internal/`` (no API; it changes without notice), in
+wings, one folder each:
 
 * ``definition/``: the pipeline model (operators, steps, sources, the pipeline), validated at construction;
 * ``sources/``: the Delta, Kafka, hybrid and file readers behind one reader protocol, heads, lag, log bounds;
@@ -36,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "phases.definition": (
+    "phases._internal.definition": (
         "Pipeline",
         "Aggregation",
         "KeyedAggregate",
@@ -63,21 +66,21 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Locations",
         "Maintenance",
     ),
-    "phases.backlog.runner": ("BacklogRunner",),
-    "phases.backlog.slices": ("SliceRunner",),
-    "phases.live.runner": ("LiveRunner", "LiveStart"),
-    "phases.redeploy.runner": ("Redeploy", "RedeployPlan", "RedeployResult"),
-    "phases.definition.changes": ("DefinitionChanges",),
-    "phases.definition.model": ("SettingsModel",),
-    "phases.handoff.manifest": ("HandoffManifest",),
-    "phases.deployment": ("Deployment", "deploy", "maintain"),
-    "phases.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
-    "phases.runtime.session": ("SparkSettings", "build_session"),
-    "phases.runtime.shipping": ("package_archive",),
-    "phases.sources.lag": ("InputLag",),
-    "phases.operators.process_function": ("KeyedProcessFunction", "ProcessContext"),
+    "phases._internal.backlog.runner": ("BacklogRunner",),
+    "phases._internal.backlog.slices": ("SliceRunner",),
+    "phases._internal.live.runner": ("LiveRunner", "LiveStart"),
+    "phases._internal.redeploy.runner": ("Redeploy", "RedeployPlan", "RedeployResult"),
+    "phases._internal.definition.changes": ("DefinitionChanges",),
+    "phases._internal.definition.model": ("SettingsModel",),
+    "phases._internal.handoff.manifest": ("HandoffManifest",),
+    "phases._internal.deployment": ("Deployment", "deploy", "maintain"),
+    "phases._internal.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
+    "phases._internal.runtime.session": ("SparkSettings", "build_session"),
+    "phases._internal.runtime.shipping": ("package_archive",),
+    "phases._internal.sources.lag": ("InputLag",),
+    "phases._internal.operators.process_function": ("KeyedProcessFunction", "ProcessContext"),
     "phases.testing": ("assert_equivalent", "event_versions", "run_streaming", "run_two_phase"),
-    "phases.errors": (
+    "phases._internal.errors": (
         "PhasesError",
         "SetupError",
         "SparkInternalsChanged",
@@ -177,9 +180,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from phases.backlog.runner import BacklogRunner
-    from phases.backlog.slices import SliceRunner
-    from phases.definition import (
+    from phases._internal.backlog.runner import BacklogRunner
+    from phases._internal.backlog.slices import SliceRunner
+    from phases._internal.definition import (
         AggregatePartition,
         Aggregation,
         CoGroup,
@@ -206,10 +209,10 @@ if TYPE_CHECKING:
         Window,
         WindowedAggregate,
     )
-    from phases.definition.changes import DefinitionChanges
-    from phases.definition.model import SettingsModel
-    from phases.deployment import Deployment, deploy, maintain
-    from phases.errors import (
+    from phases._internal.definition.changes import DefinitionChanges
+    from phases._internal.definition.model import SettingsModel
+    from phases._internal.deployment import Deployment, deploy, maintain
+    from phases._internal.errors import (
         DefinitionError,
         LeaseHeld,
         LiveQueryStopped,
@@ -224,12 +227,12 @@ if TYPE_CHECKING:
         SparkInternalsChanged,
         StateStoreError,
     )
-    from phases.handoff.manifest import HandoffManifest
-    from phases.live.runner import LiveRunner, LiveStart
-    from phases.operators.process_function import KeyedProcessFunction, ProcessContext
-    from phases.redeploy.runner import Redeploy, RedeployPlan, RedeployResult
-    from phases.runtime.session import SparkSettings, build_session
-    from phases.runtime.shipping import package_archive
-    from phases.sources.lag import InputLag
-    from phases.storage.changelog import Compaction, compact_changelog, read_current
+    from phases._internal.handoff.manifest import HandoffManifest
+    from phases._internal.live.runner import LiveRunner, LiveStart
+    from phases._internal.operators.process_function import KeyedProcessFunction, ProcessContext
+    from phases._internal.redeploy.runner import Redeploy, RedeployPlan, RedeployResult
+    from phases._internal.runtime.session import SparkSettings, build_session
+    from phases._internal.runtime.shipping import package_archive
+    from phases._internal.sources.lag import InputLag
+    from phases._internal.storage.changelog import Compaction, compact_changelog, read_current
     from phases.testing import assert_equivalent, event_versions, run_streaming, run_two_phase

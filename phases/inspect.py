@@ -28,24 +28,24 @@ from typing import Protocol
 
 from pyspark.sql import SparkSession
 
-from phases.backlog.progress import Snapshot as BacklogProgress
-from phases.backlog.progress import reported as reporting_progress
-from phases.backlog.slices import SliceRecord
-from phases.coordination import progress_log
-from phases.definition import Pipeline
-from phases.deployment import Deployment
-from phases.handoff import live_folders, manifest
-from phases.handoff.manifest import HandoffManifest
-from phases.lateness import watermark_after
-from phases.live.report import LiveMeter, LiveReport
-from phases.operators.registry import kind_of
-from phases.sources.head import SourceHead, source_heads
-from phases.sources.kafka import ChunkPlan
-from phases.sources.lag import InputLag, Unapplied, input_lags
-from phases.sources.lag import unapplied as _unapplied
-from phases.storage import fs, quarantine, tables
-from phases.storage import table_stats as _table_stats
-from phases.storage.table_stats import Column, TableStats
+from phases._internal.backlog.progress import Snapshot as BacklogProgress
+from phases._internal.backlog.progress import reported as reporting_progress
+from phases._internal.backlog.slices import SliceRecord
+from phases._internal.coordination import progress_log
+from phases._internal.definition import Pipeline
+from phases._internal.deployment import Deployment
+from phases._internal.handoff import live_folders, manifest
+from phases._internal.handoff.manifest import HandoffManifest
+from phases._internal.lateness import watermark_after
+from phases._internal.live.report import LiveMeter, LiveReport
+from phases._internal.operators.registry import kind_of
+from phases._internal.sources.head import SourceHead, source_heads
+from phases._internal.sources.kafka import ChunkPlan
+from phases._internal.sources.lag import InputLag, Unapplied, input_lags
+from phases._internal.sources.lag import unapplied as _unapplied
+from phases._internal.storage import fs, quarantine, tables
+from phases._internal.storage import table_stats as _table_stats
+from phases._internal.storage.table_stats import Column, TableStats
 
 __all__ = [
     "AppliedPosition",
@@ -87,7 +87,7 @@ __all__ = [
 
 def latest_handoff(spark: SparkSession, pipeline: Pipeline, manifest_id: str | None = None) -> HandoffManifest:
     """The pipeline's newest handoff manifest (or the one with ``manifest_id``). Raises
-    :class:`phases.errors.ManifestError` when there is none, it is partial, or a newer one superseded it."""
+    :class:`phases._internal.errors.ManifestError` when there is none, it is partial, or a newer one superseded it."""
     return manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
 
 
@@ -99,9 +99,9 @@ def newest_handoff_row(pipeline: Pipeline) -> dict | None:
 
 
 def check_handoff_matches(spark: SparkSession, handoff: HandoffManifest, deployment: Deployment) -> None:
-    """Raises :class:`phases.errors.ManifestError` saying what differs between the handoff and the deployment's
-    definition (its fingerprint, unless the redeploy log records the change as an amendment of the handoff; the
-    state's schema; the state table)."""
+    """Raises :class:`phases._internal.errors.ManifestError` saying what differs between the handoff and the
+    deployment's definition (its fingerprint, unless the redeploy log records the change as an amendment of the handoff;
+    the state's schema; the state table)."""
     manifest.check_matches(spark, handoff, deployment.pipeline, deployment.redeploys.amended)
 
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from phases.errors import SetupError
+from phases._internal.errors import SetupError
 
 try:
     import pytest
@@ -28,7 +28,7 @@ except ImportError as exc:  # imported by hand without the extra; pytest itself 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from phases.sources import feed as sources
+from phases._internal.sources import feed as sources
 from phases.testing import Version, write_versions
 
 
@@ -36,7 +36,7 @@ from phases.testing import Version, write_versions
 def phases_spark() -> Iterator[SparkSession]:
     """One local SparkSession with Delta for the test session (2 shuffle partitions). A session that was already
     running when the fixture started (your own code made it) is used and left running for its owner to stop."""
-    from phases.runtime.session import SparkSettings, build_session
+    from phases._internal.runtime.session import SparkSettings, build_session
 
     running = SparkSession.getActiveSession() is not None
     session = build_session(SparkSettings(shuffle_partitions=2, app_name="phases-tests"))
@@ -47,9 +47,10 @@ def phases_spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def phases_kafka(tmp_path_factory: pytest.TempPathFactory):
-    """One real Kafka broker (KRaft, :class:`phases.runtime.local_kafka.LocalKafka`) on 127.0.0.1 for the test session,
-    with a fresh data folder: ``phases_kafka.bootstrap_servers``, ``phases_kafka.create_topic(name, partitions)``."""
-    from phases.runtime.local_kafka import LocalKafka
+    """One real Kafka broker (KRaft, :class:`phases._internal.runtime.local_kafka.LocalKafka`) on 127.0.0.1 for the test
+    session, with a fresh data folder: ``phases_kafka.bootstrap_servers``,
+    ``phases_kafka.create_topic(name, partitions)``."""
+    from phases._internal.runtime.local_kafka import LocalKafka
 
     broker = LocalKafka(tmp_path_factory.mktemp("kafka-broker")).start()
     yield broker

@@ -11,7 +11,7 @@ is installed with its ``testing`` extra (``pip install "two-phase-pipelines[test
 - :func:`assert_equivalent`: both, for every cut-off (or the ones you name), with a readable diff of the rows
   that differ;
 - :func:`event_versions`: a hypothesis strategy of versions of ``(key, ts, value)`` rows (the shape of
-  :data:`phases.sources.feed.EVENT_SCHEMA`), for property tests (needs ``hypothesis``).
+  :data:`phases._internal.sources.feed.EVENT_SCHEMA`), for property tests (needs ``hypothesis``).
 
 A Dagster-level helper (materialize a pipeline's assets and run their checks in pytest) is in
 :mod:`phases_dagster.testing` (this module never imports Dagster).
@@ -31,10 +31,10 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from phases.definition import Pipeline
-from phases.errors import DefinitionError, SetupError
-from phases.sources import feed as sources
-from phases.storage import tables
+from phases._internal.definition import Pipeline
+from phases._internal.errors import DefinitionError, SetupError
+from phases._internal.sources import feed as sources
+from phases._internal.storage import tables
 
 Version = Sequence[tuple] | Sequence[dict] | pd.DataFrame
 
@@ -46,6 +46,20 @@ class RunResult:
 
     sink: pd.DataFrame
     quarantine: pd.DataFrame
+
+
+__all__ = [
+    "EPOCH",
+    "RunResult",
+    "append_versions",
+    "assert_equivalent",
+    "event_versions",
+    "frame_diff",
+    "relocate",
+    "run_streaming",
+    "run_two_phase",
+    "write_versions",
+]
 
 
 # --- sources -------------------------------------------------------------------------------------------
@@ -124,8 +138,8 @@ def run_two_phase(
 ) -> RunResult:
     """Versions ``1..cutoff`` through the backlog, the switch, then the rest through the live phase (one
     ``availableNow`` run), all under ``work``; returns the sink and the quarantine."""
-    from phases.backlog.runner import BacklogRunner
-    from phases.live.runner import LiveRunner
+    from phases._internal.backlog.runner import BacklogRunner
+    from phases._internal.live.runner import LiveRunner
 
     if not 0 <= cutoff <= len(versions):
         raise ValueError(f"cutoff {cutoff} is not in 0..{len(versions)} (the number of versions)")
@@ -148,7 +162,7 @@ def run_streaming(
     schema: T.StructType | str = sources.EVENT_SCHEMA,
 ) -> RunResult:
     """One streaming job over every version from the first (no backlog), under ``work``."""
-    from phases.live.runner import LiveRunner
+    from phases._internal.live.runner import LiveRunner
 
     work = str(work).rstrip("/")
     source = f"{work}/source"

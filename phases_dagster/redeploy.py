@@ -7,13 +7,13 @@ nothing and say why (no materialization: nothing is shown as built or swapped):
 
 * ``<name>_next_generation``: the diff against the serving definition (in the run's log and the materialization),
   then for a change of the state's shape the new generation's backlog, catch-up increments and live rounds on its
-  own sink (:meth:`phases.redeploy.runner.Redeploy.prepare`); each step is an observation of the asset as it
+  own sink (:meth:`phases.Redeploy.prepare`); each step is an observation of the asset as it
   happens. Its blocking checks are the backlog's, on the new generation's handoff: a generation that fails them is
   never swapped in (the swap step does not run);
 * ``<name>_swap`` (one step with the live asset, :mod:`phases_dagster.live`, so that the live asset depends on no
   asset that only a redeploy materializes: its own "Materialize" opens no warning): asks the serving live phase to
   stop (its run ends cleanly, saying why), makes the swap's commit on the consumer-facing sink and records it
-  (:meth:`~phases.redeploy.runner.Redeploy.run`); a materialization of the sink says which generation it holds now.
+  (:meth:`~phases.Redeploy.run`); a materialization of the sink says which generation it holds now.
   For a forward change it records the amendment and stops the serving live phase instead, and with no change to the
   state spec it only stops it (a restart takes the new code up);
 * ``<name>_live``: the live phase of the definition, now the serving generation's, in this same run.

@@ -4,7 +4,7 @@ Reads only Dagster's event log and each input's position (no Spark, answers in m
 
 * the latest materialization of ``<name>_backlog`` and its manifest metadata;
 * the blocking checks of that materialization (all must have passed in the same run);
-* how far every input is after the handoff (:mod:`phases.sources.lag`): a Delta table's head version from its
+* how far every input is after the handoff (:func:`phases.inspect.input_lags`): a Delta table's head version from its
   log folder, a Kafka topic's end offsets from the broker.
 
 FLIP-309: the pipeline is in backlog while **any** input is. An input is caught up when it has nothing after

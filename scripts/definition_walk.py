@@ -14,12 +14,14 @@ depth first, in source order). Along the sequence of stops:
 
 * a **return** is a stop in a module the walk left before (it comes back to a module it had left);
 * a **climb** is a stop in a module of a higher layer than the stop it was reached from, or of the same layer but
-  another package (``phases.live`` calling into ``phases.backlog``): the layers are ``tests/test_architecture.py``'s
+  another package (``phases._internal.live`` calling into ``phases._internal.backlog``): the layers are
+  ``tests/test_architecture.py``'s
   ``LAYERS``, with ``phases_dagster`` above them all;
-* a **bind** is a call, from outside the binding modules, to :func:`phases.deployment.deploy` or
-  :func:`phases.deployment.bind` (before that module existed: ``generations.resolve``, ``generations.bind``,
-  ``resolve_paths``) on the way. It counts call sites: ``deploy`` returns a :class:`~phases.deployment.Deployment` it is
-  given as it is, which only running shows (``tests/phases/deployment/test_deployment.py``).
+* a **bind** is a call, from outside the binding modules, to :func:`phases._internal.deployment.deploy` or
+  :func:`phases._internal.deployment.bind` (before that module existed: ``generations.resolve``, ``generations.bind``,
+  ``resolve_paths``) on the way. It counts call sites: ``deploy`` returns a
+  :class:`~phases._internal.deployment.Deployment` it is given as it is, which only running shows
+  (``tests/phases/deployment/test_deployment.py``).
 
 Run: ``.venv/bin/python -m scripts.definition_walk`` (``--entry phases_dagster/live.py:build_live_asset:pipeline``,
 ``--stops`` lists them).
@@ -39,10 +41,10 @@ BINDS = {"deploy", "bind", "resolve", "resolve_paths"}
 PLAIN = {"str", "int", "float", "bool", "dict", "list", "tuple", "set", "None"}
 CARRIERS = {"pipeline", "definition", "deployment"}  # attributes that hold the definition (d.pipeline)
 BIND_MODULES = {
-    "phases.deployment.binding",
-    "phases.deployment.paths",
-    "phases.storage.generations",
-    "phases.storage.resolve",
+    "phases._internal.deployment.binding",
+    "phases._internal.deployment.paths",
+    "phases._internal.storage.generations",
+    "phases._internal.storage.resolve",
 }
 
 

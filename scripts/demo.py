@@ -22,13 +22,13 @@ import pandas as pd
 from pyspark.sql import functions as F
 
 from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_REVISED
-from phases.definition import Pipeline
-from phases.deployment import deploy
-from phases.live.runner import LiveRunner
-from phases.runtime.local_kafka import LocalKafka
-from phases.runtime.session import SparkSettings, build_session
-from phases.sources import synthetic
-from phases.storage import quarantine
+from phases._internal.definition import Pipeline
+from phases._internal.deployment import deploy
+from phases._internal.live.runner import LiveRunner
+from phases._internal.runtime.local_kafka import LocalKafka
+from phases._internal.runtime.session import SparkSettings, build_session
+from phases._internal.sources import synthetic
+from phases._internal.storage import quarantine
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
 from scripts.browser import BrowserError, screenshot

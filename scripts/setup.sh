@@ -65,5 +65,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
-.venv/bin/python -m phases.runtime.jvm_deps
-.venv/bin/python -m phases.build_class_archive
+.venv/bin/python -m phases.setup

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from pyspark.sql import SparkSession
 
-from phases.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
+from phases._internal.definition import Aggregation, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
 
 AGGREGATIONS = [
     Aggregation(name="n", kind="count"),
@@ -100,7 +100,7 @@ def phases_spark():
     JVM (a user's suite keeps the kit's 2 GiB). With the S3A connector, for the object-store tier.
     ``PHASES_TEST_CONF="key=value,key=value"`` adds Spark settings to it, to measure what a setting does to the suite's
     time (how the last ones were measured: benchmarks/profiles/suite-settings-2026-12-02.txt)."""
-    from phases.runtime.session import SparkSettings, build_session
+    from phases._internal.runtime.session import SparkSettings, build_session
 
     session = build_session(
         SparkSettings(

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
-from phases.sources import synthetic
+from phases._internal.sources import synthetic
 from tests.reference import FAR_FUTURE_US, Row
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -60,8 +60,8 @@ def sink_rows(spark: SparkSession, path: str) -> dict[str, dict]:
 
 
 def current_rows(spark: SparkSession, pipeline) -> dict[str, dict]:
-    """A changelog sink's latest row per key (:func:`phases.storage.changelog.read_current`), by key."""
-    from phases.storage.changelog import read_current
+    """A changelog sink's latest row per key (:func:`phases._internal.storage.changelog.read_current`), by key."""
+    from phases._internal.storage.changelog import read_current
 
     out = {}
     for r in read_current(spark, pipeline).collect():
@@ -73,7 +73,7 @@ def current_rows(spark: SparkSession, pipeline) -> dict[str, dict]:
 def quarantine_rows(spark: SparkSession, root: str) -> list[tuple[int, Row, str]]:
     """(source version, (key, ts µs, value), reason) of every quarantined record, sorted (none when no
     record was ever quarantined: the backlog creates the table with its first row)."""
-    from phases.storage import tables
+    from phases._internal.storage import tables
 
     rows = []
     if not tables.exists(spark, f"{root}/quarantine"):
@@ -130,7 +130,7 @@ def crash_on_state_write(monkeypatch, message: str) -> None:
     """Makes the live phase's next replacement of its keys' rows in the state store (a process function's, an interval
     join's) raise ``RuntimeError(message)``; everything written before it in the micro-batch is committed.
     ``monkeypatch.undo()`` ends it."""
-    from phases.state.keyed_store import RowStateStore
+    from phases._internal.state.keyed_store import RowStateStore
 
     def crash_before_store_write(self, rows, version):
         raise RuntimeError(message)

@@ -121,7 +121,7 @@ def run_process(versions: dict[int, list[Row]], delay_us: int, function, to_date
     """
     import json
 
-    from phases.operators.process_function import ProcessContext, from_us, to_us
+    from phases._internal.operators.process_function import ProcessContext, from_us, to_us
 
     contexts: dict[str, ProcessContext] = {}
     out: list[dict] = []

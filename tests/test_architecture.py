@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "phases"
+INTERNAL = "phases._internal"  # everything but the public modules: private
 
 
 def _modules(package: str = PACKAGE) -> dict[str, Path]:
@@ -105,13 +106,13 @@ def test_the_graph_reader_sees_function_level_and_type_checking_imports(tmp_path
     """The scan must see the imports that closed the old circle: one inside a function, one under
     ``TYPE_CHECKING``; a scan that missed them would pass on any tree."""
     source = (
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from phases.backlog import runner\n"
-        "def f():\n    from phases import operators\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from phases._internal.backlog import runner\n"
+        "def f():\n    from phases._internal import operators\n"
     )
     path = tmp_path / "mod.py"
     path.write_text(source)
     names = {module for module, _ in _imported("phases.example", path)}
-    assert {"phases.backlog.runner", "phases.operators"} <= names
+    assert {"phases._internal.backlog.runner", "phases._internal.operators"} <= names
 
 
 def test_a_circle_through_a_package_init_is_found(tmp_path, monkeypatch):
@@ -163,16 +164,18 @@ def test_the_definition_imports_no_operator_kind():
     """The definition models carry the flags their validation needs; the kinds import the definition, never
     the other way round."""
     graph = import_graph()
-    definition = [m for m in graph if m == "phases.definition" or m.startswith("phases.definition.")]
+    definition = [
+        m for m in graph if m == "phases._internal.definition" or m.startswith("phases._internal.definition.")
+    ]
     assert definition
-    wrong = {m: sorted(t for t in graph[m] if t.startswith("phases.operators")) for m in definition}
+    wrong = {m: sorted(t for t in graph[m] if t.startswith("phases._internal.operators")) for m in definition}
     assert not any(wrong.values()), wrong
 
 
 def test_every_engine_error_is_declared_in_errors():
     """One error family, in one module: a class anywhere else in ``phases/`` that derives from an exception is
     misfiled."""
-    errors = ROOT / PACKAGE / "errors.py"
+    errors = ROOT / PACKAGE / "_internal" / "errors.py"
     family = {"Exception", "BaseException", "ValueError", "RuntimeError", "TypeError", "KeyError", "OSError"}
     family |= {n.name for n in ast.walk(ast.parse(errors.read_text())) if isinstance(n, ast.ClassDef)}
     assert "PhasesError" in family
@@ -224,21 +227,27 @@ def test_the_longest_modules_named_for_scheduling_exist():
 # a leaf helper that a lower layer needs lives in that layer or below it. (Within a layer the cycle test above
 # keeps the imports acyclic.) ``phases`` itself (the public names) and the testing kit sit on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("phases.errors", "phases.uris", "phases.reduce_fold", "phases.spark_internals"),
-    ("phases.definition",),
-    ("phases.records", "phases.lateness", "phases.runtime"),
-    ("phases.storage",),
-    ("phases.coordination",),
-    ("phases.state",),
-    ("phases.handoff",),
-    ("phases.deployment",),
-    ("phases.sources",),
-    ("phases.steps",),
-    ("phases.tagging", "phases.schema_changes"),
-    ("phases.operators",),
-    ("phases.backlog", "phases.live"),
-    ("phases.redeploy",),
-    ("phases.testing", "phases.pytest_plugin", "phases.inspect", "phases.build_class_archive", "phases"),
+    (
+        "phases._internal",
+        "phases._internal.errors",
+        "phases._internal.uris",
+        "phases._internal.reduce_fold",
+        "phases._internal.spark_internals",
+    ),
+    ("phases._internal.definition",),
+    ("phases._internal.records", "phases._internal.lateness", "phases._internal.runtime"),
+    ("phases._internal.storage",),
+    ("phases._internal.coordination",),
+    ("phases._internal.state",),
+    ("phases._internal.handoff",),
+    ("phases._internal.deployment",),
+    ("phases._internal.sources",),
+    ("phases._internal.steps",),
+    ("phases._internal.tagging", "phases._internal.schema_changes"),
+    ("phases._internal.operators",),
+    ("phases._internal.backlog", "phases._internal.live"),
+    ("phases._internal.redeploy",),
+    ("phases.testing", "phases.pytest_plugin", "phases.inspect", "phases.feed", "phases.setup", "phases"),
 )
 
 
@@ -247,7 +256,8 @@ def layer_of(module: str) -> int:
     best, rank = "", None
     for i, units in enumerate(LAYERS):
         for unit in units:
-            under = module.startswith(unit + ".") and unit != PACKAGE  # the package itself: its __init__ only
+            # The two packages themselves: their __init__ only.
+            under = module.startswith(unit + ".") and unit not in (PACKAGE, INTERNAL)
             if (module == unit or under) and len(unit) > len(best):
                 best, rank = unit, i
     if rank is None:
@@ -272,10 +282,10 @@ def test_every_module_of_the_engine_has_a_layer():
 def test_the_layer_check_finds_an_import_that_runs_back_up():
     """The three back-arrows the layers replaced would each be found."""
     graph = {
-        "phases.steps.partition_ops": {"phases.operators.aggregation": 29},
-        "phases.handoff.manifest": {"phases.live.resume": 21},
-        "phases.definition.pipeline": {"phases.storage": 29},
-        "phases.operators.aggregation": {"phases.reduce_fold": 34},
+        "phases._internal.steps.partition_ops": {"phases._internal.operators.aggregation": 29},
+        "phases._internal.handoff.manifest": {"phases._internal.live.resume": 21},
+        "phases._internal.definition.pipeline": {"phases._internal.storage": 29},
+        "phases._internal.operators.aggregation": {"phases._internal.reduce_fold": 34},
     }
     assert len(back_arrows(graph)) == 3
 
@@ -297,31 +307,53 @@ def test_the_dagster_resources_use_the_engine_not_the_assets():
     assert not offenders, offenders
 
 
-def non_public_engine_names(imports: list[tuple[str, int]]) -> list[str]:
-    """The engine names among ``imports`` ((module.name, line) pairs) that are not public: public are the names of
-    ``phases.__all__`` and of ``phases.inspect.__all__`` (and those two modules)."""
-    import phases
-    from phases import inspect
+# The engine's public modules; everything else is under phases._internal (private by its name).
+PUBLIC_MODULES = ("phases", "phases.inspect", "phases.testing", "phases.feed", "phases.setup", "phases.pytest_plugin")
 
-    public = {"phases", "phases.inspect"}
-    public |= {f"phases.{name}" for name in phases.__all__} | {f"phases.inspect.{name}" for name in inspect.__all__}
+
+def public_engine_names() -> set[str]:
+    """The public modules and the names in their ``__all__``."""
+    import importlib
+
+    names = set(PUBLIC_MODULES)
+    for module in PUBLIC_MODULES:
+        names |= {f"{module}.{name}" for name in getattr(importlib.import_module(module), "__all__", ())}
+    return names
+
+
+def non_public_engine_names(imports: list[tuple[str, int]]) -> list[str]:
+    """The engine names among ``imports`` ((module.name, line) pairs) that are not public (a private one, a part of
+    its path starting with ``_``, says so)."""
+    public = public_engine_names()
     return [
-        f"line {line}: {module}"
+        f"line {line}: {module}" + (" (private)" if any(p.startswith("_") for p in module.split(".")) else "")
         for module, line in imports
         if (module == "phases" or module.startswith("phases.")) and module not in public
     ]
 
 
+def test_every_engine_module_but_the_public_ones_is_private():
+    """A module of ``phases/`` is one of :data:`PUBLIC_MODULES` or lies under ``phases._internal``."""
+    stray = [m for m in _modules() if m not in PUBLIC_MODULES and not (m == INTERNAL or m.startswith(INTERNAL + "."))]
+    assert not stray, f"engine modules neither public nor under {INTERNAL}: {stray}"
+
+
 def test_the_public_name_check_finds_an_engine_module_and_a_private_name():
     found = non_public_engine_names(
-        [("phases.Pipeline", 1), ("phases.inspect.table_stats", 2), ("phases.storage.fs", 3), ("phases.inspect.fs", 4)]
+        [
+            ("phases.Pipeline", 1),
+            ("phases.inspect.table_stats", 2),
+            ("phases._internal.storage.fs", 3),
+            ("phases.inspect.fs", 4),
+        ]
     )
-    assert found == ["line 3: phases.storage.fs", "line 4: phases.inspect.fs"]
+    assert found == ["line 3: phases._internal.storage.fs (private)", "line 4: phases.inspect.fs"]
 
 
-def test_the_dagster_layer_uses_only_the_engines_public_names():
-    """``phases_dagster`` stands on what any orchestrator may use: the names of ``phases`` and ``phases.inspect``."""
-    modules = _modules("phases_dagster")
+def test_the_dagster_layer_and_the_demos_code_location_use_only_the_engines_public_names():
+    """``phases_dagster`` stands on what any orchestrator may use (the names of ``phases``, ``phases.inspect``, ...),
+    and so does the demo's code location (``assets/``), as a user's would."""
+    modules = {**_modules("phases_dagster"), **_modules("assets")}
     assert len(modules) > 10, "the scan found no Dagster module"
     offenders = [
         f"{name} {found}" for name, path in modules.items() for found in non_public_engine_names(_imported(name, path))
@@ -329,10 +361,10 @@ def test_the_dagster_layer_uses_only_the_engines_public_names():
     assert not offenders, "the Dagster layer imports engine internals:\n" + "\n".join(offenders)
 
 
-# PySpark's private handles: reached only from phases/spark_internals.py, so that one module (and its pin tests) is
-# the whole list of what to check when Spark or Delta changes.
+# PySpark's private handles: reached only from phases/_internal/spark_internals.py, so that one module (and its pin
+# tests) is the whole list of what to check when Spark or Delta changes.
 PRIVATE_HANDLES = {"_jvm", "_jsc", "_jdf", "_jsparkSession", "_jo", "_gateway", "_jconf", "_jcol", "_jreader"}
-INTERNALS_HOME = "phases/spark_internals.py"
+INTERNALS_HOME = "phases/_internal/spark_internals.py"
 
 
 def private_handle_uses(path: Path) -> list[tuple[int, str]]:
@@ -403,7 +435,10 @@ def test_neither_phase_imports_the_other():
         f"{a} imports {b} at line {line}"
         for a, targets in sorted(graph.items())
         for b, line in sorted(targets.items())
-        for mine, other in (("phases.backlog", "phases.live"), ("phases.live", "phases.backlog"))
+        for mine, other in (
+            ("phases._internal.backlog", "phases._internal.live"),
+            ("phases._internal.live", "phases._internal.backlog"),
+        )
         if (a == mine or a.startswith(mine + ".")) and (b == other or b.startswith(other + "."))
     ]
     assert not found, "\n".join(found)

@@ -10,13 +10,13 @@ def test_the_definition_walks_from_the_live_asset_down_without_a_climb():
     walk = measure("phases_dagster/live.py:build_live_asset:pipeline")
     stops = [row.split()[0] for row in walk["rows"]]
     assert "phases_dagster.resources.storage.StorageResource.deployment" in stops
-    assert "phases.live.runner.LiveRunner.from_manifest" in stops
+    assert "phases._internal.live.runner.LiveRunner.from_manifest" in stops
     assert walk["climbs"] == 0, [r for r in walk["rows"] if "climb" in r]
     assert walk["returns"] <= 10, [r for r in walk["rows"] if "return" in r]
     # The storage resource binds; the live runner's deploy() takes the Deployment as it is (a call site only).
     assert [b.split(" (from ")[1].rstrip(")") for b in walk["binds"]] == [
         "phases_dagster.resources.storage.StorageResource.deployment",
-        "phases.live.runner.LiveRunner.from_manifest",
+        "phases._internal.live.runner.LiveRunner.from_manifest",
     ]
 
 
@@ -28,12 +28,12 @@ def test_a_call_into_a_peer_phase_is_a_climb():
     from scripts.definition_walk import Function, Walk, load, summarize
 
     modules = load()
-    runner = modules["phases.live.runner"]
-    runner.imports["increments"] = "phases.backlog.increments"
+    runner = modules["phases._internal.live.runner"]
+    runner.imports["increments"] = "phases._internal.backlog.increments"
     source = "def start_checks(pipeline):\n    increments.run_through_step(None, pipeline)\n"
-    fn = Function("phases.live.runner", "start_checks", ast.parse(source).body[0])
+    fn = Function("phases._internal.live.runner", "start_checks", ast.parse(source).body[0])
     runner.functions["start_checks"] = fn
     walk = Walk(modules)
     walk.visit(fn, {"pipeline"}, None)
     found = summarize(walk)
-    assert found["rows"][1] == "phases.backlog.increments.run_through_step  [climb]" and found["climbs"] >= 1
+    assert found["rows"][1] == "phases._internal.backlog.increments.run_through_step  [climb]" and found["climbs"] >= 1

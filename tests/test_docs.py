@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
-# Folders of the repository a page names paths under ("`phases/handoff/manifest.py`", "`tests/phases/`").
+# Folders of the repository a page names paths under ("`phases/_internal/handoff/manifest.py`", "`tests/phases/`").
 REPOSITORY_FOLDERS = (
     "phases",
     "phases_dagster",
@@ -45,7 +45,7 @@ def _prose(page: Path) -> str:
 
 
 def _named_paths(text: str) -> list[str]:
-    """Inline-code spans that name a file or folder of the repository (``phases/live/runner.py``,
+    """Inline-code spans that name a file or folder of the repository (``phases/_internal/live/runner.py``,
     ``tests/phases/live/test_live.py::test_x``), without a test id or line suffix."""
     named = []
     for span in _CODE.findall(text):
@@ -114,8 +114,8 @@ def test_paths_named_in_docstrings_and_comments_exist() -> None:
 
 def test_the_checks_find_what_they_look_for() -> None:
     """The patterns above catch what they are for (so a passing run means something)."""
-    assert _named_paths("see `phases/live/runner.py` and `tests/x.py::test_y`") == [
-        "phases/live/runner.py",
+    assert _named_paths("see `phases/_internal/live/runner.py` and `tests/x.py::test_y`") == [
+        "phases/_internal/live/runner.py",
         "tests/x.py",
     ]
     assert _SESSION.search("measured in session 18") and not _SESSION.search("the Spark session's 8 partitions")

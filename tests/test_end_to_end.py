@@ -25,8 +25,8 @@ import zlib
 from pathlib import Path
 
 from assets.pipelines import DEMO
-from phases.sources import synthetic
-from phases.storage import table_stats
+from phases._internal.sources import synthetic
+from phases._internal.storage import table_stats
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names

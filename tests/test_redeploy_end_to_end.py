@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 
 from assets.pipelines import DEMO, DEMO_REVISED
-from phases.sources import synthetic
-from phases.storage import table_stats
+from phases._internal.sources import synthetic
+from phases._internal.storage import table_stats
 from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names

@@ -23,7 +23,7 @@ class SparkResource(dg.ConfigurableResource):
     py_files: list[str] = Field(
         default_factory=list,
         description="Archives shipped to the executors' Python path (see SparkSettings.py_files; "
-        "phases.runtime.shipping.package_archive builds one).",
+        "phases.package_archive builds one).",
     )
     s3a: bool = Field(False, description="Load the S3A connector for s3a:// tables (see SparkSettings.s3a).")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")

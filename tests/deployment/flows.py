@@ -21,9 +21,9 @@ from datetime import timedelta
 
 import dagster as dg
 
-from phases import uris
-from phases.definition import ProcessOperator
-from phases.handoff import manifest
+from phases._internal import uris
+from phases._internal.definition import ProcessOperator
+from phases._internal.handoff import manifest
 from phases_dagster.factory import pipeline_definitions
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource

@@ -12,8 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from phases.errors import SetupError
-from phases.runtime.local_kafka import free_port
+from phases._internal.errors import SetupError
+from phases._internal.runtime.local_kafka import free_port
 
 ACCESS_KEY = "phases-test"
 SECRET_KEY = "phases-test-secret"

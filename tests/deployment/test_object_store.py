@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
-from phases.coordination import leases, progress_log
-from phases.handoff import manifest
-from phases.storage import table_stats, tables
+from phases._internal.coordination import leases, progress_log
+from phases._internal.handoff import manifest
+from phases._internal.storage import table_stats, tables
 from phases_dagster.resources.spark import SparkResource
 from tests.deployment import flows
 from tests.deployment.local_s3 import LocalS3

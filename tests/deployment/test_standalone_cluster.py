@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from phases.runtime import shipping
-from phases.runtime.local_cluster import LocalSparkCluster
+from phases._internal.runtime import shipping
+from phases._internal.runtime.local_cluster import LocalSparkCluster
 from tests.helpers import SHORT_LIVED_JVM_OPTIONS
 
 

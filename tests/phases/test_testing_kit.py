@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from phases import testing
-from phases.errors import DefinitionError
+from phases._internal.errors import DefinitionError
 from tests.conftest import make_pipeline
 from tests.helpers import EPOCH
 
@@ -52,7 +52,7 @@ def test_the_diff_lists_the_rows_only_one_side_has():
 
 
 def test_a_two_input_pipeline_is_refused_with_what_to_do(tmp_path):
-    from phases.definition import DeltaSource, IntervalJoin
+    from phases._internal.definition import DeltaSource, IntervalJoin
 
     join = IntervalJoin(right=DeltaSource(path="right"), lower=timedelta(seconds=-1), upper=timedelta(seconds=1))
     p = make_pipeline("src", str(tmp_path), operator=join)

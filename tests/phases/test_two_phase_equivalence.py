@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import DeltaSink
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import DeltaSink
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (

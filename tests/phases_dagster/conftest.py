@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
-from phases.definition import Pipeline
+from phases._internal.definition import Pipeline
 from phases_dagster.factory import pipeline_definitions
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource

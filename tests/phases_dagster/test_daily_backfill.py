@@ -15,8 +15,8 @@ from pathlib import Path
 import dagster as dg
 from pyspark.sql import functions as F
 
-from phases.handoff import manifest
-from phases.storage import tables
+from phases._internal.handoff import manifest
+from phases._internal.storage import tables
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.settings import Names
 from tests import reference
@@ -134,7 +134,7 @@ def test_the_demos_daily_data_lands_on_its_days_and_a_day_without_data_warns(spa
     version counted as today, and a backfill of the days it claims found nothing, yet went green with keys=0."""
     from assets.definitions import DAILY_SETTINGS
     from assets.pipelines import DEMO_DAILY
-    from phases.backlog.slices import SliceRunner
+    from phases._internal.backlog.slices import SliceRunner
     from phases_dagster.resources.storage import StorageResource
     from scripts.demo import daily_source
     from tests.phases_dagster.conftest import definitions

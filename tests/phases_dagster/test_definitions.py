@@ -9,7 +9,7 @@ import pytest
 
 from assets.definitions import defs
 from assets.pipelines import DEMO
-from phases.errors import DefinitionError
+from phases._internal.errors import DefinitionError
 from phases_dagster.checks import CHECK_NAMES
 from phases_dagster.factory import default_resources, pipeline_definitions
 from phases_dagster.resources.storage import StorageResource

@@ -104,7 +104,7 @@ def test_the_freshness_check_is_not_green_while_the_live_phase_is_down_even_with
 
 def test_the_freshness_words_count_one_as_one():
     """The check said "1 versions wait"."""
-    from phases.sources.lag import Unapplied
+    from phases._internal.sources.lag import Unapplied
 
     one, three = Unapplied("source", 1, "versions", None), Unapplied("topic t", 3, "records", None)
     assert (one.amount, one.verb) == ("1 version", "waits")

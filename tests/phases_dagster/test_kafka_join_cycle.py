@@ -12,9 +12,9 @@ from datetime import timedelta
 
 import dagster as dg
 
-from phases.definition import DeltaSource, IntervalJoin, KafkaSource
-from phases.handoff import manifest
-from phases.live.runner import LiveRunner
+from phases._internal.definition import DeltaSource, IntervalJoin, KafkaSource
+from phases._internal.handoff import manifest
+from phases._internal.live.runner import LiveRunner
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from tests import reference

@@ -10,7 +10,7 @@ import time
 
 import dagster as dg
 
-from phases.handoff import manifest
+from phases._internal.handoff import manifest
 from phases_dagster.settings import CheckPolicy, Names, Orchestration
 from tests import reference
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source

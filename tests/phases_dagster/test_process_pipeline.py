@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import dagster as dg
 
-from phases.definition import ProcessOperator
-from phases.handoff import manifest
+from phases._internal.definition import ProcessOperator
+from phases._internal.handoff import manifest
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
 from tests import reference
@@ -76,7 +76,7 @@ def test_process_pipeline_backlog_checks_switch_and_live_close_open_sessions(spa
 
 
 def test_two_input_pipelines_hand_off_through_dagster_with_passing_checks(spark, tmp_path):
-    from phases.definition import DeltaSource
+    from phases._internal.definition import DeltaSource
     from tests.phases.operators.test_two_input import _co_group, _join
 
     root = str(tmp_path)

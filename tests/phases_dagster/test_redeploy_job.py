@@ -10,9 +10,9 @@ from datetime import timedelta
 import dagster as dg
 import pytest
 
-from phases.backlog.runner import BacklogRunner
-from phases.deployment import generations
-from phases.live.runner import STOP_POLL_S, LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.deployment import generations
+from phases._internal.live.runner import STOP_POLL_S, LiveRunner
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
 from phases_dagster.resources.storage import StorageResource
@@ -26,7 +26,7 @@ LENIENT = Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.5))
 
 
 def _old():
-    from phases.definition import KeyedAggregate
+    from phases._internal.definition import KeyedAggregate
     from tests.conftest import AGGREGATIONS
 
     aggregations = [a for a in AGGREGATIONS if a.name in OLD_COLUMNS]

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
-from phases.handoff import manifest
-from phases.sources.lag import InputLag
+from phases._internal.handoff import manifest
+from phases._internal.sources.lag import InputLag
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration, SwitchPolicy
@@ -201,7 +201,7 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
     sensor measures the records after them on the broker (no Spark)."""
     import uuid
 
-    from phases.definition import KafkaSource
+    from phases._internal.definition import KafkaSource
     from tests.conftest import make_pipeline
     from tests.helpers import produce
 
@@ -229,7 +229,7 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
     # and the sink's freshness from Kafka record timestamps. Nothing is applied yet: 3 records wait.
     from datetime import UTC, datetime, timedelta
 
-    from phases.sources.head import source_heads
+    from phases._internal.sources.head import source_heads
     from phases_dagster.handoff_events import read_handoff
     from phases_dagster.health import sink_freshness
     from tests.helpers import ts

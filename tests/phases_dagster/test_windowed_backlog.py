@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import dagster as dg
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import Window, WindowedAggregate
-from phases.handoff import manifest
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Window, WindowedAggregate
+from phases._internal.handoff import manifest
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration
 from tests import reference

@@ -8,10 +8,10 @@ import os
 import signal
 import sys
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import Pipeline
-from phases.runtime.session import SparkSettings, build_session
-from phases.state import keyed_store
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Pipeline
+from phases._internal.runtime.session import SparkSettings, build_session
+from phases._internal.state import keyed_store
 from tests.helpers import SHORT_LIVED_JVM_CONF
 
 

@@ -7,13 +7,13 @@ import os
 import pytest
 from pyspark.sql import functions as F
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import Aggregation, KeyedAggregate
-from phases.errors import DefinitionError, ManifestError, PhaseStateError, SourceError
-from phases.handoff import manifest
-from phases.live.runner import LiveRunner
-from phases.runtime.session import ADAPTIVE_EXECUTION, adaptive_execution_off
-from phases.sources import synthetic
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Aggregation, KeyedAggregate
+from phases._internal.errors import DefinitionError, ManifestError, PhaseStateError, SourceError
+from phases._internal.handoff import manifest
+from phases._internal.live.runner import LiveRunner
+from phases._internal.runtime.session import ADAPTIVE_EXECUTION, adaptive_execution_off
+from phases._internal.sources import synthetic
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import (
@@ -149,7 +149,7 @@ ORDERED = {
 def test_backlog_of_versions_the_log_proves_on_time_skips_the_scan_and_hands_off_the_exact_maximum(
     spark, tmp_path, monkeypatch
 ):
-    from phases.sources.delta import DeltaTableSource
+    from phases._internal.sources.delta import DeltaTableSource
 
     path = str(tmp_path / "source")
     write_source(spark, path, ORDERED)

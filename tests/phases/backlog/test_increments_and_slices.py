@@ -6,11 +6,11 @@ from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
-from phases.backlog.runner import BacklogRunner
-from phases.backlog.slices import SliceRunner
-from phases.errors import DefinitionError, PhaseStateError
-from phases.handoff import manifest
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.backlog.slices import SliceRunner
+from phases._internal.errors import DefinitionError, PhaseStateError
+from phases._internal.handoff import manifest
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import (
@@ -136,7 +136,7 @@ def test_a_checkpoint_interval_during_backlog_commits_increments_and_a_crash_rer
 
 
 def test_a_checkpoint_interval_during_backlog_is_refused_where_increments_cannot_be_built():
-    from phases.definition import EndOfStreamStep, KafkaSource, MapPartition
+    from phases._internal.definition import EndOfStreamStep, KafkaSource, MapPartition
 
     with pytest.raises(DefinitionError, match="end_of_stream steps \\['tiers'\\] consume the whole backlog"):
         make_pipeline(

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.backlog.slices import SliceRunner
-from phases.definition import ProcessOperator, SessionAggregate, Window, WindowedAggregate
-from phases.errors import PhaseStateError
-from phases.live.runner import LiveRunner
-from phases.sources.kafka import ChunkPlan
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.backlog.slices import SliceRunner
+from phases._internal.definition import ProcessOperator, SessionAggregate, Window, WindowedAggregate
+from phases._internal.errors import PhaseStateError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.sources.kafka import ChunkPlan
 from tests import reference
 from tests.conftest import examples
 from tests.helpers import assert_results_equal, produce, sink_rows, ts, write_source
@@ -140,7 +140,7 @@ def test_increments_of_a_topic_equal_the_one_pass_backlog_for_every_kind(spark, 
 def test_a_topic_takes_increments_but_no_daily_slices_and_no_backlog_checkpoint_interval(spark, kafka, tmp_path):
     from datetime import date
 
-    from phases.errors import DefinitionError
+    from phases._internal.errors import DefinitionError
 
     topic = f"events-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)

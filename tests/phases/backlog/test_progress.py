@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import sys
 
-from phases.backlog import progress
+from phases._internal.backlog import progress
 from tests.helpers import append_version
 from tests.phases.backlog.test_backlog import S
 

@@ -1,5 +1,5 @@
 """Catch-up increments of the kinds whose state does not merge (process functions, interval joins, co-groups): the
-live step over each increment's range, committed with a new manifest (:mod:`phases.backlog.increments`).
+live step over each increment's range, committed with a new manifest (:mod:`phases._internal.backlog.increments`).
 
 The promise: a backlog at any first cut-off followed by increments at any later points equals the one-pass backlog
 over the same versions (sink, state and quarantine), and with the live phase after it, the plain reference over every
@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import ProcessOperator
-from phases.errors import PhaseStateError
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import ProcessOperator
+from phases._internal.errors import PhaseStateError
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import EVENT_VERSIONS, append_version, materialize, quarantine_rows, ts, write_source
@@ -138,7 +138,7 @@ def test_an_increment_cut_short_after_its_output_is_refused_live_and_finished_by
     """The increment appended its output, then died before its manifest: a live phase from the base would append
     that output again, so it is refused; the rerun finishes the same range (its append is skipped) and the results
     are the reference's."""
-    from phases.backlog.runner import BacklogRunner as Runner
+    from phases._internal.backlog.runner import BacklogRunner as Runner
 
     left = {1: [("a", 10 * SECOND, 1), ("b", 12 * SECOND, 2)], 2: [("a", 40 * SECOND, 3), ("a", 1 * SECOND, 4)]}
     right = {1: [("a", 15 * SECOND, 5), ("b", 45 * SECOND, 6)]}

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from phases.backlog.runner import BacklogRunner
-from phases.coordination import leases
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.coordination import leases
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source

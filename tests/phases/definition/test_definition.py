@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from phases.definition import Aggregation, DeltaSink, KeyedAggregate, Pipeline, ddl_field_names
-from phases.errors import DefinitionError
+from phases._internal.definition import Aggregation, DeltaSink, KeyedAggregate, Pipeline, ddl_field_names
+from phases._internal.errors import DefinitionError
 from tests.conftest import make_pipeline
 
 
@@ -85,8 +85,8 @@ def test_fingerprint_changes_with_state_shape_only():
 def test_every_definition_error_is_a_phases_error_with_the_field_paths(tmp_path):
     """Invalid definitions raise DefinitionError (a PhasesError), not pydantic's ValidationError, and keep
     pydantic's field paths: in the message and in ``errors``."""
-    from phases.errors import PhasesError
-    from phases.runtime.session import SparkSettings
+    from phases._internal.errors import PhasesError
+    from phases._internal.runtime.session import SparkSettings
 
     spec = make_pipeline(str(tmp_path / "s"), str(tmp_path / "r")).model_dump()
     spec["operator"]["aggregations"][0]["kind"] = "median"
@@ -108,7 +108,7 @@ def test_every_definition_error_is_a_phases_error_with_the_field_paths(tmp_path)
 def test_kafka_and_hybrid_sources_are_validated_with_messages_that_name_the_rule():
     from datetime import datetime
 
-    from phases.definition import HybridSource, KafkaHandoff, KafkaSource
+    from phases._internal.definition import HybridSource, KafkaHandoff, KafkaSource
 
     schema = "key string, ts timestamp, value bigint"
     ok = KafkaSource(topic="events", bootstrap_servers="b:9092", value_schema=schema)
@@ -144,7 +144,7 @@ def test_kafka_and_hybrid_sources_are_validated_with_messages_that_name_the_rule
 
 
 def test_the_kafka_broker_address_and_client_settings_are_not_part_of_the_fingerprint(tmp_path):
-    from phases.definition import KafkaSource
+    from phases._internal.definition import KafkaSource
 
     def pipeline(**source):
         fields = {
@@ -164,8 +164,8 @@ def test_the_kafka_broker_address_and_client_settings_are_not_part_of_the_finger
 def test_an_invalid_reduce_expression_is_refused_when_the_pipeline_is_defined(spark):
     """``acc +* x`` used to pass the definition; the backlog then raised pyspark's ParseException, outside the
     engine's errors. With a session active, Spark's SQL parser checks it as the model is built (no job runs)."""
-    from phases.definition import Aggregation
-    from phases.errors import DefinitionError
+    from phases._internal.definition import Aggregation
+    from phases._internal.errors import DefinitionError
 
     with pytest.raises(DefinitionError, match=r"aggregation 'x': reduce 'acc \+\* x' is not a Spark SQL expression"):
         Aggregation(name="x", kind="reduce", column="value", reduce="acc +* x")
@@ -175,7 +175,7 @@ def test_an_invalid_reduce_expression_is_refused_when_the_pipeline_is_defined(sp
 def test_every_way_to_change_a_definition_validates_it(tmp_path):
     """``model_copy(update=...)``, the way the guide changes settings, skipped pydantic's validation: a windowed
     pipeline given a changelog sink that way ran both phases and wrote three all-null columns."""
-    from phases.definition import Window, WindowedAggregate
+    from phases._internal.definition import Window, WindowedAggregate
 
     windowed = make_pipeline(
         str(tmp_path / "src"),
@@ -216,9 +216,9 @@ def test_a_reduce_that_parses_but_cannot_fold_is_refused_before_the_backlog_read
     """These parse, so the definition took them; then the backlog raised Spark's own AnalysisException or
     NumberFormatException, or ('max(acc) + x') ran and the live phase blamed a schema change that never happened.
     Both phases build their logic through one analysis, which refuses them with the engine's DefinitionError."""
-    from phases.backlog.runner import BacklogRunner
-    from phases.live.runner import LiveRunner
-    from phases.storage import tables
+    from phases._internal.backlog.runner import BacklogRunner
+    from phases._internal.live.runner import LiveRunner
+    from phases._internal.storage import tables
     from tests.helpers import write_source
 
     source = str(tmp_path / "src")
@@ -236,7 +236,7 @@ def test_a_reduce_that_parses_but_cannot_fold_is_refused_before_the_backlog_read
 def test_a_reduce_that_folds_passes_the_analysis(spark):
     from pyspark.sql import types as T
 
-    from phases.operators.aggregation import reduce_problem
+    from phases._internal.operators.aggregation import reduce_problem
 
     for reduce in ("acc + x", "acc ^ x", "greatest(acc, x)", "acc | x"):
         assert reduce_problem(reduce, T.LongType()) is None, reduce

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from phases.backlog.runner import BacklogRunner
-from phases.errors import DefinitionError
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.errors import DefinitionError
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, write_source
@@ -86,7 +86,7 @@ def test_guard_settings_are_validated_and_shape_the_fingerprint(tmp_path):
 
 def test_the_far_future_reason_says_its_bound_as_a_person_writes_it():
     """It read "more than 1 day, 0:00:00 after its version's commit"."""
-    from phases.records import duration_text, future_reason
+    from phases._internal.records import duration_text, future_reason
 
     assert (
         future_reason(timedelta(days=1)) == "future: event time more than 1 day after its version's commit (max_future)"
@@ -106,7 +106,7 @@ def test_the_log_does_not_prove_a_far_future_last_version_on_time(spark, tmp_pat
     handoff = runner.run()
     assert "statistics_from_log" not in runner.timings
     assert handoff.future_rows == 1 and handoff.backlog_max_event_time_us < FAR
-    from phases.sources.delta import DeltaTableSource
+    from phases._internal.sources.delta import DeltaTableSource
 
     reader = DeltaTableSource(spark, runner.pipeline.source)
     spark_times, log_times = dict(reader.commit_times()), reader.log_commit_times(1)

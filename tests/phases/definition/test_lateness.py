@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from phases.lateness import VERSION, late_candidates, version_stats, version_watermarks
+from phases._internal.lateness import VERSION, late_candidates, version_stats, version_watermarks
 from tests.conftest import examples
 
 

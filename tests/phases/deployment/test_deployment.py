@@ -1,6 +1,6 @@
-"""A definition is bound to where it runs once (:mod:`phases.deployment`): the definition carries no engine state, a
-deployment is immutable, and a runner given a deployment neither binds nor reads the redeploy log again before its
-start."""
+"""A definition is bound to where it runs once (:mod:`phases._internal.deployment`): the definition carries no engine
+state, a deployment is immutable, and a runner given a deployment neither binds nor reads the redeploy log again before
+its start."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from phases import deploy
-from phases.backlog.runner import BacklogRunner
-from phases.definition import Locations, Pipeline
-from phases.deployment import bind, generations
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Locations, Pipeline
+from phases._internal.deployment import bind, generations
+from phases._internal.live.runner import LiveRunner
 from tests.conftest import make_pipeline
 from tests.helpers import write_source
 from tests.phases.backlog.test_backlog import VERSIONS
@@ -63,7 +63,7 @@ def test_a_runner_given_a_deployment_binds_and_reads_the_log_no_more_until_its_s
         return real_bind(*args, **kwargs)
 
     monkeypatch.setattr(generations, "read", counting_read)
-    monkeypatch.setattr("phases.deployment.binding.bind", counting_bind)
+    monkeypatch.setattr("phases._internal.deployment.binding.bind", counting_bind)
     runner = LiveRunner.from_manifest(spark, d)
     assert runner.deployment is d and (reads, binds) == ([], [])
     BacklogRunner(spark, d)

@@ -11,10 +11,10 @@ import os
 import signal
 import sys
 
-import phases.live.micro_batch as engine
-from phases.definition import Pipeline
-from phases.live.runner import LiveRunner
-from phases.runtime.session import SparkSettings, build_session
+import phases._internal.live.micro_batch as engine
+from phases._internal.definition import Pipeline
+from phases._internal.live.runner import LiveRunner
+from phases._internal.runtime.session import SparkSettings, build_session
 from tests.helpers import SHORT_LIVED_JVM_CONF
 
 KILL_POINTS = ("sink", "progress")

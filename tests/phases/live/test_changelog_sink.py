@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import DeltaSink, Window, WindowedAggregate
-from phases.errors import DefinitionError
-from phases.live.compactor import Compactor
-from phases.live.runner import LiveRunner
-from phases.storage import changelog
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import DeltaSink, Window, WindowedAggregate
+from phases._internal.errors import DefinitionError
+from phases._internal.live.compactor import Compactor
+from phases._internal.live.runner import LiveRunner
+from phases._internal.storage import changelog
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
 from tests.helpers import (

@@ -8,10 +8,10 @@ import os
 import pytest
 from pyspark.sql import functions as F
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import Aggregation, KeyedAggregate
-from phases.errors import ManifestError
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Aggregation, KeyedAggregate
+from phases._internal.errors import ManifestError
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, create_source, sink_rows, us_of

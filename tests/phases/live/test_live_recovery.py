@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import DeltaSink
-from phases.errors import LiveResumeError, StateStoreError
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import DeltaSink
+from phases._internal.errors import LiveResumeError, StateStoreError
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import append_version, assert_results_equal, create_source, current_rows, sink_rows

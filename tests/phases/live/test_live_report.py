@@ -1,6 +1,6 @@
-"""The live phase's reports over an interval (phases.live.report): rates over the time the finished micro-batches
-cover, no figure while a micro-batch runs and none ended. No JVM: the query and the sources are stand-ins for what
-Spark's StreamingQueryProgress and the Delta log say."""
+"""The live phase's reports over an interval (phases._internal.live.report): rates over the time the finished
+micro-batches cover, no figure while a micro-batch runs and none ended. No JVM: the query and the sources are stand-ins
+for what Spark's StreamingQueryProgress and the Delta log say."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
-from phases.live import report as live_report
-from phases.live.plan import Progress
-from phases.sources.lag import Unapplied
+from phases._internal.live import report as live_report
+from phases._internal.live.plan import Progress
+from phases._internal.sources.lag import Unapplied
 from tests.conftest import make_pipeline
 
 T0 = datetime(2026, 12, 1, 12, tzinfo=UTC)

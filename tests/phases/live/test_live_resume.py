@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from phases.storage import live_writes, table_stats, tables
+from phases._internal.storage import live_writes, table_stats, tables
 
-PHASES = Path(__file__).resolve().parents[3] / "phases"
+PHASES = Path(__file__).resolve().parents[3] / "phases" / "_internal"
 
 
 def test_every_live_write_name_is_one_a_resume_reads_back():

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import types as T
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import Aggregation, KeyedAggregate
-from phases.errors import SchemaChangeError
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Aggregation, KeyedAggregate
+from phases._internal.errors import SchemaChangeError
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, ts, write_source
@@ -161,7 +161,7 @@ def test_sparks_streaming_drivers_print_no_error_when_a_query_stops_for_a_schema
     """A schema change stops the live query on purpose (it is taken up and the query resumes): Spark's drivers used to
     print "ERROR MicroBatchExecution ... terminated with error" and the JVM stack on the console. The session keeps
     them at FATAL. The loggers are named after Spark 4.2's classes: a renamed class fails here."""
-    from phases.runtime.session import STREAM_EXECUTION_LOGGERS
+    from phases._internal.runtime.session import STREAM_EXECUTION_LOGGERS
 
     jvm = spark._jvm
     for name in STREAM_EXECUTION_LOGGERS:

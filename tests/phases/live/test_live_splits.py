@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import DeltaSink, SessionAggregate, Window, WindowedAggregate
-from phases.live.runner import LiveRunner
-from phases.storage.changelog import compact_changelog
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import DeltaSink, SessionAggregate, Window, WindowedAggregate
+from phases._internal.live.runner import LiveRunner
+from phases._internal.storage.changelog import compact_changelog
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
@@ -139,8 +139,8 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
     version the previous record names again, computes the same rows, and Delta skips a sink write it has.
     Windows and sessions: after the store committed the version that removed the closed ones, before their sink
     append."""
-    import phases.live.micro_batch as engine
-    from phases.coordination.progress_log import ProgressLog
+    import phases._internal.live.micro_batch as engine
+    from phases._internal.coordination.progress_log import ProgressLog
 
     source = str(tmp_path / "source")
     backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}
@@ -189,7 +189,7 @@ def test_kill_9_of_the_live_process_after_the_state_write_then_a_restart_counts_
     import subprocess
     import sys
 
-    from phases.coordination import leases
+    from phases._internal.coordination import leases
 
     source = str(tmp_path / "source")
     backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from phases.storage import table_stats, tables
+from phases._internal.storage import table_stats, tables
 
 SCHEMA = T.StructType(
     [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from phases.operators.process_function import KeyedProcessFunction
+from phases._internal.operators.process_function import KeyedProcessFunction
 
 GAP = timedelta(seconds=10)
 

@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import pytest
 
-from phases.definition import Aggregation, KeyedAggregate, Pipeline, ProcessOperator
-from phases.errors import DefinitionError
-from phases.operators import registry as operators
+from phases._internal.definition import Aggregation, KeyedAggregate, Pipeline, ProcessOperator
+from phases._internal.errors import DefinitionError
+from phases._internal.operators import registry as operators
 from tests.conftest import make_pipeline
 
 

@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import types as T
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import ProcessOperator
-from phases.errors import DefinitionError, PhaseStateError, ProcessFunctionError
-from phases.lateness import VERSION, WATERMARK_US
-from phases.live.runner import LiveRunner
-from phases.operators.process_function import to_us
-from phases.operators.process_pass import KIND, OUT, ProcessLogic, pass_partition
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import ProcessOperator
+from phases._internal.errors import DefinitionError, PhaseStateError, ProcessFunctionError
+from phases._internal.lateness import VERSION, WATERMARK_US
+from phases._internal.live.runner import LiveRunner
+from phases._internal.operators.process_function import to_us
+from phases._internal.operators.process_pass import KIND, OUT, ProcessLogic, pass_partition
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
@@ -171,7 +171,7 @@ def test_backlog_output_is_grouped_by_key_and_state_holds_open_sessions(spark, t
     p = _pipeline(source, str(tmp_path / "p"))
     handoff = BacklogRunner(spark, p).run()
     runner = BacklogRunner(spark, p)
-    from phases.tagging import tag_version_range
+    from phases._internal.tagging import tag_version_range
 
     tagged = tag_version_range(spark, p, runner.source, (0, 2), None)
     logic = ProcessLogic(spark, p, tagged.prepared.schema)
@@ -205,14 +205,14 @@ def test_process_function_errors_name_the_rule(spark, tmp_path):
     p = _pipeline(source, str(tmp_path / "p"))
     BacklogRunner(spark, p).run()
     # Its state does not merge: increments run through the live step; daily slices are refused, saying what to do.
-    from phases.backlog.slices import SliceRunner
+    from phases._internal.backlog.slices import SliceRunner
 
     with pytest.raises(PhaseStateError, match="process operator .* catch it up with increments"):
         SliceRunner(spark, p, date(2026, 3, 1)).run_slice(date(2026, 3, 1))
 
 
 def test_state_values_must_be_json_like():
-    from phases.operators.process_function import ProcessContext
+    from phases._internal.operators.process_function import ProcessContext
 
     ctx = ProcessContext()
     with pytest.raises(ProcessFunctionError, match="not a valid state value"):

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import SessionAggregate
-from phases.errors import DefinitionError
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import SessionAggregate
+from phases._internal.errors import DefinitionError
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import EVENT_VERSIONS, append_version, materialize, quarantine_rows, write_source

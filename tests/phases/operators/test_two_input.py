@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
-from phases.errors import DefinitionError
-from phases.live.runner import LiveRunner
-from phases.operators import registry as operators
-from phases.sources.delta import DeltaTableSource
-from phases.tagging import tag_version_range
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import CoGroup, DeltaSource, Filter, IntervalJoin, Window
+from phases._internal.errors import DefinitionError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.operators import registry as operators
+from phases._internal.sources.delta import DeltaTableSource
+from phases._internal.tagging import tag_version_range
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
@@ -280,7 +280,7 @@ def test_bucketed_join_finds_every_pair_of_an_interval_for_any_bucket(spark, buc
     import random
     from datetime import UTC, datetime
 
-    from phases.operators.join_logic import IntervalJoinLogic
+    from phases._internal.operators.join_logic import IntervalJoinLogic
 
     rng = random.Random(bucket_ms or 0)
     epoch = datetime(1970, 1, 1, tzinfo=UTC)

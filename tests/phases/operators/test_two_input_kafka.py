@@ -1,8 +1,8 @@
 """Two-input operators (interval join, co-group) with a Kafka topic as either input or both, on a real broker.
 
 A Kafka input keeps its own arrival chunks (fixed-size chunks of the backlog, then one chunk per live micro-batch,
-:mod:`phases.sources.kafka`) in the role a Delta input's versions play, its own W(v) and its own quarantine; the
-join's watermark is the smaller of the two. The promise is the Delta one: for any cut-off of each input, the backlog
+:mod:`phases._internal.sources.kafka`) in the role a Delta input's versions play, its own W(v) and its own quarantine;
+the join's watermark is the smaller of the two. The promise is the Delta one: for any cut-off of each input, the backlog
 plus the live phase (restarted after every arrival) emit what one streaming job over the same arrivals emits, and
 what the plain reference over each input's recorded chunks emits."""
 
@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import CoGroup, DeltaSource, IntervalJoin, KafkaSource, Window
-from phases.errors import DefinitionError
-from phases.live.runner import LiveRunner
-from phases.storage import tables
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import CoGroup, DeltaSource, IntervalJoin, KafkaSource, Window
+from phases._internal.errors import DefinitionError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.storage import tables
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import EVENT_VERSIONS, append_version, materialize, produce, ts, us_of, write_source
@@ -227,8 +227,8 @@ def test_a_join_of_two_topics_crashed_at_any_write_of_a_micro_batch_resumes_exac
     """One micro-batch per crash point, each with late records on both sides and new pairs, dies after that write;
     the restart replays it (the same offsets from Spark's offset log, the same chunk, the same store version): nothing
     is lost or written twice, and the results equal the reference over the recorded chunks."""
-    from phases.coordination.progress_log import ProgressLog
-    from phases.storage.live_writes import BatchWrites
+    from phases._internal.coordination.progress_log import ProgressLog
+    from phases._internal.storage.live_writes import BatchWrites
     from tests.helpers import crash_on_state_write
 
     rounds = len(CRASH_POINTS) + 1

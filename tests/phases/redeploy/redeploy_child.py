@@ -16,12 +16,12 @@ import os
 import signal
 import sys
 
-import phases.backlog.runner as backlog_runner
-import phases.live.micro_batch as micro_batch
-from phases.definition import Pipeline
-from phases.redeploy import runner as redeploy_runner
-from phases.redeploy import swap
-from phases.runtime.session import SparkSettings, build_session
+import phases._internal.backlog.runner as backlog_runner
+import phases._internal.live.micro_batch as micro_batch
+from phases._internal.definition import Pipeline
+from phases._internal.redeploy import runner as redeploy_runner
+from phases._internal.redeploy import swap
+from phases._internal.runtime.session import SparkSettings, build_session
 from tests.helpers import SHORT_LIVED_JVM_CONF
 
 KILL_POINTS = ("backlog", "backlog done", "live", "serving stopped", "swap", "swapped")

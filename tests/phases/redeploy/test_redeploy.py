@@ -1,5 +1,5 @@
 """Changing a running pipeline: a changed definition is built beside the serving one and swapped in with one commit on
-the sink consumers read; the previous definition is swapped back the same way (phases.redeploy)."""
+the sink consumers read; the previous definition is swapped back the same way (phases._internal.redeploy)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phases import Redeploy
-from phases.backlog.runner import BacklogRunner
-from phases.coordination import leases
-from phases.definition import KeyedAggregate
-from phases.definition.changes import DefinitionChanges
-from phases.deployment import bind, generations
-from phases.errors import LeaseHeld, ManifestError, PhaseStateError
-from phases.live.runner import LiveRunner
-from phases.redeploy.runner import STEPS
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.coordination import leases
+from phases._internal.definition import KeyedAggregate
+from phases._internal.definition.changes import DefinitionChanges
+from phases._internal.deployment import bind, generations
+from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.redeploy.runner import STEPS
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
 from tests.helpers import (
@@ -291,7 +291,7 @@ def test_a_swap_cut_short_refuses_live_starts_until_a_rerun_finishes_it(spark, t
     root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
     LiveRunner.from_manifest(spark, old).start(available_now=True)
 
-    from phases.redeploy import swap
+    from phases._internal.redeploy import swap
 
     real = swap.copy_sink
 
@@ -383,7 +383,7 @@ def test_a_redeploy_killed_at_each_step_in_turn_leaves_the_old_definition_servin
 def test_a_kafka_source_whose_retention_dropped_its_start_is_refused_before_anything_runs(spark, kafka, tmp_path):
     from confluent_kafka import TopicPartition
 
-    from phases.errors import SourceError
+    from phases._internal.errors import SourceError
     from tests.helpers import produce
     from tests.phases.sources.test_kafka_source import kafka_pipeline
 
@@ -408,7 +408,7 @@ def test_a_kafka_source_whose_retention_dropped_its_start_is_refused_before_anyt
 
 
 def test_a_changelog_sink_is_swapped_whole_and_read_current_gives_old_or_new_rows(spark, tmp_path):
-    from phases.definition import DeltaSink
+    from phases._internal.definition import DeltaSink
     from tests.helpers import current_rows
 
     root, source = str(tmp_path / "run"), str(tmp_path / "source")

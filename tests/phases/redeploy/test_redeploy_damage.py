@@ -11,10 +11,10 @@ import pytest
 from delta.tables import DeltaTable
 
 from phases import Redeploy
-from phases.backlog.runner import BacklogRunner
-from phases.deployment import generations
-from phases.errors import LiveResumeError, ManifestError, PhasesError, PhaseStateError
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.deployment import generations
+from phases._internal.errors import LiveResumeError, ManifestError, PhasesError, PhaseStateError
+from phases._internal.live.runner import LiveRunner
 from tests.helpers import append_version, assert_results_equal, remove_newest_commits, sink_rows, write_source
 from tests.phases.redeploy.test_redeploy import _expected_new, _expected_old, _handed_off, _old, _upto, _version
 
@@ -139,7 +139,7 @@ def test_a_stale_checksum_in_the_compacted_table_does_not_stop_the_compaction(sp
     from datetime import timedelta
 
     from phases import compact_changelog
-    from phases.definition import DeltaSink
+    from phases._internal.definition import DeltaSink
     from tests.helpers import current_rows
 
     root, source = str(tmp_path / "run"), str(tmp_path / "source")
@@ -168,7 +168,7 @@ def test_a_stop_a_redeploy_requests_is_recorded_before_the_query_stops(spark, tm
     between is held open here: the reason must be there before the query stops."""
     import time
 
-    from phases.coordination import leases
+    from phases._internal.coordination import leases
 
     root, source, old, new = _handed_off(spark, tmp_path, VERSIONS, 3)
     runner = LiveRunner.from_manifest(spark, old)

@@ -1,6 +1,6 @@
-"""The setup's JVM class archive (:mod:`phases.runtime.class_archive`): a local session's driver maps it (a JVM told
-to start only with it, ``-Xshare:on``, fails otherwise: this pins HotSpot's dynamic archive and the class path the
-archive was written for), its name follows the jars, and the setup keeps a current one."""
+"""The setup's JVM class archive (:mod:`phases._internal.runtime.class_archive`): a local session's driver maps it (a
+JVM told to start only with it, ``-Xshare:on``, fails otherwise: this pins HotSpot's dynamic archive and the class path
+the archive was written for), its name follows the jars, and the setup keeps a current one."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from phases import build_class_archive
-from phases.runtime import class_archive, jvm_deps
+from phases._internal.runtime import class_archive, jvm_deps
+from phases.setup import build_class_archive
 
 MAPPED = """
-from phases.runtime.session import SparkSettings, build_session
+from phases._internal.runtime.session import SparkSettings, build_session
 spark = build_session(SparkSettings(shuffle_partitions=2, extra_conf={"spark.driver.extraJavaOptions": "-Xshare:on"}))
 print("rows", spark.range(5).count())
 """
@@ -37,7 +37,7 @@ def test_a_current_archive_is_kept_and_a_changed_jar_names_another(tmp_path):
     path = class_archive.archive_path()
     assert path is not None and path.is_file()
     before = path.stat().st_mtime_ns
-    assert build_class_archive.build() == path and path.stat().st_mtime_ns == before
+    assert build_class_archive() == path and path.stat().st_mtime_ns == before
 
     # A copy of the jar cache names the same jars (by path, size and time) elsewhere: another archive, not built yet.
     jar_dir = tmp_path / "jars"

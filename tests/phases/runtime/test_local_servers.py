@@ -49,7 +49,7 @@ def test_a_local_session_listens_on_loopback_only(spark):
 
 _PARENT = """
 import sys, time
-from phases.runtime.local_kafka import LocalKafka
+from phases._internal.runtime.local_kafka import LocalKafka
 broker = LocalKafka(sys.argv[1]).start()
 print(broker.process.pid, flush=True)
 time.sleep(600)

@@ -1,6 +1,6 @@
-"""Pins every function of :mod:`phases.spark_internals` (the engine's one home for Spark's and Delta's internals)
-against a real session and real files: when a Spark or Delta release changes one of them, a test here names it.
-The checkpoint parsers are also fed changed files, to show that a changed format is refused by name rather than
+"""Pins every function of :mod:`phases._internal.spark_internals` (the engine's one home for Spark's and Delta's
+internals) against a real session and real files: when a Spark or Delta release changes one of them, a test here names
+it. The checkpoint parsers are also fed changed files, to show that a changed format is refused by name rather than
 misread."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
-from phases import spark_internals as si
-from phases.errors import SparkInternalsChanged
+from phases._internal import spark_internals as si
+from phases._internal.errors import SparkInternalsChanged
 from tests.helpers import append_version, create_source, produce
 
 

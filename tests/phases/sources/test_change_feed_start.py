@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import DeltaSource
-from phases.errors import PhaseStateError, SourceError
-from phases.live.runner import LiveRunner
-from phases.sources.feed import EVENT_SCHEMA
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import DeltaSource
+from phases._internal.errors import PhaseStateError, SourceError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.sources.feed import EVENT_SCHEMA
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, quarantine_rows, sink_rows, ts
@@ -68,7 +68,7 @@ def test_a_vacuumed_version_the_backlog_needs_is_named_with_the_way_out(spark, t
     """Versions whose files a compaction replaced and VACUUM then removed: the change feed of those versions
     cannot be read. The backlog says which version, that VACUUM (or a hand) removed its file, and what to do,
     instead of Spark's FILE_NOT_EXIST."""
-    from phases.storage import tables
+    from phases._internal.storage import tables
     from tests.helpers import write_source
 
     source = str(tmp_path / "source")

@@ -11,11 +11,11 @@ import uuid
 import pandas as pd
 import pytest
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import HybridSource, KafkaHandoff, KafkaSource
-from phases.errors import SourceError
-from phases.live.runner import LiveRunner
-from phases.sources.hybrid import HybridArchiveSource
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import HybridSource, KafkaHandoff, KafkaSource
+from phases._internal.errors import SourceError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.sources.hybrid import HybridArchiveSource
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import EPOCH, assert_results_equal, produce, sink_rows, us_of

@@ -8,12 +8,12 @@ import uuid
 
 import pytest
 
-from phases.backlog.runner import BacklogRunner
-from phases.coordination.progress_log import ProgressLog
-from phases.errors import PhaseStateError, SourceError
-from phases.live.runner import LiveRunner
-from phases.runtime.local_kafka import LocalKafka
-from phases.state.keyed_store import KeyedStateStore
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.coordination.progress_log import ProgressLog
+from phases._internal.errors import PhaseStateError, SourceError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.runtime.local_kafka import LocalKafka
+from phases._internal.state.keyed_store import KeyedStateStore
 from tests import reference
 from tests.helpers import assert_results_equal, produce, sink_rows
 from tests.phases.sources.test_kafka_source import DELAY_S, SECOND, chunk_versions, kafka_pipeline, kafka_quarantine
@@ -48,7 +48,7 @@ def test_a_micro_batch_that_crashes_at_each_point_in_turn_is_applied_exactly_onc
     append, at its state write, at its sink write, before its progress record. Each restart replays it from
     Spark's offset log (the same offsets, the same chunk number) over what earlier attempts committed: nothing is
     lost, nothing counted or quarantined twice."""
-    import phases.live.micro_batch as engine
+    import phases._internal.live.micro_batch as engine
 
     topic = f"crash-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import KafkaSource
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import KafkaSource
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import assert_results_equal, produce, sink_rows, us_of
@@ -86,7 +86,7 @@ def _within(span: tuple[int, int] | None, offset: int) -> bool:
 
 
 def kafka_quarantine(spark, root: str) -> list[tuple[int, reference.Row, str]]:
-    from phases.storage import tables
+    from phases._internal.storage import tables
 
     if not tables.exists(spark, f"{root}/quarantine"):
         return []
@@ -143,7 +143,7 @@ def test_two_phase_equals_single_streaming_job_over_the_same_arrival_chunks(spar
 
 
 def test_kafka_definition_refuses_backlog_checkpoints():
-    from phases.errors import DefinitionError
+    from phases._internal.errors import DefinitionError
 
     with pytest.raises(DefinitionError, match="which a kafka source does not support"):
         make_pipeline(
@@ -226,8 +226,8 @@ def delta_archive_handing_over(
 ):
     """A Delta archive of ``topic`` at ``archive`` holding ``exported`` ((partition, offset), (key, event time,
     value)) pairs in one version, each with its partition and offset, handing over to the topic at ``offsets``."""
-    from phases.definition import HybridSource, KafkaHandoff
-    from phases.sources import feed as sources
+    from phases._internal.definition import HybridSource, KafkaHandoff
+    from phases._internal.sources import feed as sources
     from tests.helpers import ts
 
     sources.create_source(spark, archive, ARCHIVE_SCHEMA)
@@ -251,8 +251,8 @@ def test_hybrid_archive_then_topic_counts_every_record_once_when_they_overlap(sp
     import time as clock
     from datetime import UTC, datetime
 
-    from phases.definition import HybridSource, KafkaHandoff
-    from phases.sources import feed as sources
+    from phases._internal.definition import HybridSource, KafkaHandoff
+    from phases._internal.sources import feed as sources
     from tests.helpers import ts
 
     topic = f"hybrid-{uuid.uuid4().hex[:8]}"

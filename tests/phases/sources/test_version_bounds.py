@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phases.lateness import version_watermarks
-from phases.sources.version_bounds import VersionBounds, proves_all_on_time
+from phases._internal.lateness import version_watermarks
+from phases._internal.sources.version_bounds import VersionBounds, proves_all_on_time
 from tests.conftest import examples
 
 MS = 1000

@@ -1,4 +1,4 @@
-"""Spark's state store as the live phase's keyed state (phases.state.keyed_store, the JVM helper in jvm/).
+"""Spark's state store as the live phase's keyed state (phases._internal.state.keyed_store, the JVM helper in jvm/).
 
 The first test pins every Spark-internal class and signature the helper uses: when a Spark release changes one, it
 fails naming it, before anything runs into a NoSuchMethodError in a micro-batch."""
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases.errors import StateStoreError
-from phases.runtime import jvm_deps
-from phases.state.keyed_store import (
+from phases._internal.errors import StateStoreError
+from phases._internal.runtime import jvm_deps
+from phases._internal.state.keyed_store import (
     CombinedLayout,
     LiveStateStore,
     OrderedLayout,
@@ -752,9 +752,9 @@ def test_kill_9_during_the_backlogs_store_write_then_a_rerun_and_the_live_phase_
     import subprocess
     import sys
 
-    from phases.backlog.runner import BacklogRunner
-    from phases.coordination import leases
-    from phases.live.runner import LiveRunner
+    from phases._internal.backlog.runner import BacklogRunner
+    from phases._internal.coordination import leases
+    from phases._internal.live.runner import LiveRunner
     from tests.helpers import append_version, write_source
     from tests.phases.live.test_live_splits import _assert_sink, _expected, _pipeline
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from phases.backlog.runner import BacklogRunner
-from phases.definition import (
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import (
     AggregatePartition,
     Aggregation,
     DeltaSink,
@@ -28,8 +28,8 @@ from phases.definition import (
     ReducePartition,
     SortPartition,
 )
-from phases.errors import DefinitionError, PhaseStateError
-from phases.live.runner import LiveRunner
+from phases._internal.errors import DefinitionError, PhaseStateError
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import EVENT_VERSIONS, append_version, create_source, materialize, sink_rows, write_source

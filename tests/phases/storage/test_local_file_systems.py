@@ -10,8 +10,13 @@ import stat
 
 import pytest
 
-from phases import spark_internals as si
-from phases.runtime.session import HADOOP_FILE_CONTEXT_FS, HADOOP_FILE_SYSTEM, LOCAL_FILE_CONTEXT_FS, LOCAL_FILE_SYSTEM
+from phases._internal import spark_internals as si
+from phases._internal.runtime.session import (
+    HADOOP_FILE_CONTEXT_FS,
+    HADOOP_FILE_SYSTEM,
+    LOCAL_FILE_CONTEXT_FS,
+    LOCAL_FILE_SYSTEM,
+)
 from tests.helpers import append_version, create_source
 
 SHELL_COMMANDS = {"chmod", "readlink", "stat", "ls"}

@@ -8,8 +8,8 @@ import os
 import uuid
 
 from phases import maintain
-from phases.backlog.runner import BacklogRunner
-from phases.live.runner import LiveRunner
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.live.runner import LiveRunner
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source

@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from phases.definition import DeltaSource
-from phases.errors import SourceError
-from phases.sources.lag import delta_lag
-from phases.storage import table_stats
+from phases._internal.definition import DeltaSource
+from phases._internal.errors import SourceError
+from phases._internal.sources.lag import delta_lag
+from phases._internal.storage import table_stats
 
 
 def _append(path: str, n: int) -> None:
@@ -45,7 +45,7 @@ def test_the_sensor_lag_counts_versions_after_the_handoff_and_names_an_unreadabl
 
 
 def test_a_log_delta_rs_cannot_read_makes_the_backlog_scan_instead_and_says_so(tmp_path):
-    from phases.sources import version_bounds
+    from phases._internal.sources import version_bounds
 
     path = str(tmp_path / "source")
     for _ in range(3):

@@ -11,9 +11,9 @@ import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
-from phases.handoff import manifest
-from phases.sources import feed
-from phases.storage import tables
+from phases._internal.handoff import manifest
+from phases._internal.sources import feed
+from phases._internal.storage import tables
 
 LEAF = T.StructType([T.StructField("y", T.IntegerType(), False)])
 INNER = T.StructType(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from phases import uris
-from phases.definition import Locations
+from phases._internal import uris
+from phases._internal.definition import Locations
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_local_locations_and_their_paths(location, local, path):
 
 
 def test_relative_pipeline_paths_resolve_under_an_object_store_root():
-    from phases.deployment.paths import under
+    from phases._internal.deployment.paths import under
 
     assert under("s3a://lake/pipelines/", "engine") == "s3a://lake/pipelines/engine"
     assert under("s3a://lake/pipelines", "gs://other/x") == "gs://other/x"

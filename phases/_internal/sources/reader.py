@@ -1,0 +1,59 @@
+"""Opens a pipeline's source declaration as the reader both phases use: a Delta table's change feed
+(:mod:`phases._internal.sources.delta`), a Kafka topic cut into arrival chunks (:mod:`phases._internal.sources.kafka`),
+or a Delta archive handing over to a topic (:mod:`phases._internal.sources.hybrid`). A reader's ``arrival`` says how the
+live phase numbers arrivals: ``"versions"`` (Delta commit versions) or ``"chunks"`` (one per micro-batch)."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from phases._internal.definition import DeltaSource, HybridSource, KafkaSource, Pipeline
+from phases._internal.sources.delta import DeltaTableSource
+from phases._internal.sources.hybrid import HybridArchiveSource
+from phases._internal.sources.kafka import KafkaTopicSource
+
+SourceReader = DeltaTableSource | KafkaTopicSource | HybridArchiveSource
+
+
+def open_source(
+    spark: SparkSession, spec: DeltaSource | KafkaSource | HybridSource, *, position: str | None = None
+) -> SourceReader:
+    """The reader for ``spec``; ``position``: the handoff's recorded source position (Kafka: its chunk plan)."""
+    if isinstance(spec, KafkaSource):
+        return KafkaTopicSource(spark, spec, position=position)
+    if isinstance(spec, HybridSource):
+        return HybridArchiveSource(spark, spec, position=position)
+    return DeltaTableSource(spark, spec)
+
+
+def open_inputs(
+    spark: SparkSession, pipeline: Pipeline, *, positions: dict[str, str | None] | None = None
+) -> dict[str, SourceReader]:
+    """A reader for each of the pipeline's inputs, by label (the source first); ``positions``: the handoff's
+    recorded position of each input, by label (a Kafka input's chunk plan)."""
+    positions = positions or {}
+    return {i.label: open_source(spark, i.spec, position=positions.get(i.label)) for i in pipeline.inputs}
+
+
+def continue_inputs(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    *,
+    positions: dict[str, str | None],
+    firsts: dict[str, int],
+    plans: dict[str, str] | None = None,
+) -> dict[str, SourceReader]:
+    """The readers of a catch-up increment, by label: a Delta input as always; a topic (or the topic an archive
+    handed over to) continued from its base handoff's chunk plan (``positions``), its chunks numbered from
+    ``firsts``, or following the plan an earlier attempt recorded (``plans``)."""
+    plans = plans or {}
+    readers: dict[str, SourceReader] = {}
+    for i in pipeline.inputs:
+        if isinstance(i.spec, KafkaSource | HybridSource):
+            topic = i.spec.live if isinstance(i.spec, HybridSource) else i.spec
+            readers[i.label] = KafkaTopicSource(
+                spark, topic, continue_from=positions[i.label], first=firsts[i.label], plan=plans.get(i.label)
+            )
+        else:
+            readers[i.label] = open_source(spark, i.spec)
+    return readers

@@ -1,0 +1,108 @@
+"""Nothing grows without bound: orphaned state tables are removed, the engine's tables are compacted and
+their old files vacuumed, under the pipeline's :class:`~phases._internal.definition.Maintenance` settings.
+
+- **Orphans**: a backlog that crashed before its manifest leaves ``state/<id>`` (and ``live/<id>/state-store``)
+  that nothing references.
+  Every full backlog run removes the state tables no manifest names, while it holds the backlog lease and
+  only when no other pipeline's backlog is running under the same root.
+- **Compaction**: an upserted sink, which the live phase rewrites every micro-batch, gets Delta's auto
+  compaction (``delta.autoOptimize.autoCompact``): it runs in the writer's own commits, so it never conflicts
+  with them. A changelog sink is bin-packed by its background compaction instead, off the micro-batch path
+  (:func:`phases._internal.storage.changelog.tidy`). :func:`maintain_tables` compacts the append-only tables
+  (quarantine, manifests, live progress) with ``OPTIMIZE``.
+- **Retention**: :func:`maintain_tables` vacuums every engine table and the sink with ``Maintenance.retain``. Delta
+  refuses a retention below its safety interval (7 days) unless told otherwise, so files a reader or a
+  streaming checkpoint may still need stay. A manifest never needs an old table version: once its live
+  phase started, the state table belongs to the live phase.
+
+:func:`phases._internal.deployment.maintain` (``phases.maintain``) runs both for a definition, and removes the
+generations a redeploy retired longer than the retention ago.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from phases._internal.definition import Pipeline
+from phases._internal.storage import fs, table_stats, tables
+
+_MANIFEST_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def remove_orphan_state(spark: SparkSession, pipeline: Pipeline) -> list[str]:
+    """Deletes the state tables under ``state_root`` that no manifest names; returns their paths. Call it
+    only while holding the pipeline's backlog lease."""
+    root = pipeline.locations.root.rstrip("/")
+    others = [n for n in fs.list_names(spark, f"{root}/leases") if n.endswith(".backlog.json")]
+    if any(n != f"{pipeline.name}.backlog.json" for n in others):
+        return []  # another pipeline's backlog under this root may be writing its state table right now
+    live_root = f"{root}/live"
+    names = [n for n in fs.list_names(spark, pipeline.locations.state_root) if _MANIFEST_ID.match(n)]
+    runs = [n for n in fs.list_names(spark, live_root) if _MANIFEST_ID.match(n)]
+    if not names and not runs:
+        return []
+    referenced: set[str] = set()
+    if tables.exists(spark, pipeline.locations.manifests):
+        rows = spark.read.format("delta").load(pipeline.locations.manifests).select("manifest_id").collect()
+        referenced = {r["manifest_id"] for r in rows}
+    removed = []
+    # A crashed backlog's state table, and the live run folder it started (its state store's version 1).
+    for folder, found in ((pipeline.locations.state_root.rstrip("/"), names), (live_root, runs)):
+        for name in found:
+            if name not in referenced:
+                path = f"{folder}/{name}"
+                fs.delete(spark, path)
+                removed.append(path)
+    return removed
+
+
+def enable_auto_compaction(spark: SparkSession, *paths: str) -> None:
+    """Turns on Delta's auto compaction for tables rewritten by every live micro-batch. A table that has it already
+    gets no commit (a property change is one, and every live start asks)."""
+    for path in paths:
+        if not tables.exists(spark, path):
+            continue
+        current = table_stats.from_log(table_stats.properties, path) or {}  # unreadable by delta-rs: set it again
+        if current.get(_AUTO_COMPACT) == "true":
+            continue
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{_AUTO_COMPACT}' = 'true')")
+
+
+_AUTO_COMPACT = "delta.autoOptimize.autoCompact"
+
+
+def _live_tables(spark: SparkSession, pipeline: Pipeline) -> list[str]:
+    live = f"{pipeline.locations.root.rstrip('/')}/live"
+    return [
+        f"{live}/{run}/{what}"
+        for run in fs.list_names(spark, live)
+        for what in ("progress", "pending", "pending_right")
+        if tables.exists(spark, f"{live}/{run}/{what}")
+    ]
+
+
+def maintain_tables(spark: SparkSession, pipeline: Pipeline) -> dict[str, dict]:
+    """Compacts the append-only engine tables and vacuums every engine table and the sink of ``pipeline`` (a
+    deployment's, :attr:`phases._internal.deployment.Deployment.pipeline`) with its retention. Returns, per table, the
+    files
+    ``OPTIMIZE`` removed and whether it was vacuumed."""
+    loc = pipeline.locations
+    append_only = [loc.quarantine, loc.manifests, *_live_tables(spark, pipeline)]
+    state_tables = [f"{loc.state_root.rstrip('/')}/{n}" for n in fs.list_names(spark, loc.state_root)]
+    hours = pipeline.maintenance.retain.total_seconds() / 3600
+    report: dict[str, dict] = {}
+    for path in [*append_only, *state_tables, pipeline.sink.path]:
+        if not tables.exists(spark, path):
+            continue
+        entry: dict = {}
+        if path in append_only:
+            metrics = spark.sql(f"OPTIMIZE delta.`{path}`").select("metrics.numFilesRemoved").collect()
+            entry["compacted_files"] = int(metrics[0][0] or 0) if metrics else 0
+        spark.sql(f"VACUUM delta.`{path}` RETAIN {hours:g} HOURS")
+        entry["vacuumed"] = True
+        entry["files"] = int(spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select(F.col("numFiles")).collect()[0][0])
+        report[path] = entry
+    return report

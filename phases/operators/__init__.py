@@ -1,5 +1,0 @@
-"""The operator kinds, one module each, behind one interface (:class:`~phases.operators.base.OperatorKind`), and
-their registry (:mod:`phases.operators.registry`: ``KINDS``, ``kind_of(pipeline)``, ``kind_named(name)``).
-
-This package's ``__init__`` imports nothing: a module that needs one piece of an operator (a join's logic) does
-not load every kind with it, and no import circle runs through the package."""

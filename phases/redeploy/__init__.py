@@ -1,4 +1,0 @@
-"""Changing a running pipeline without taking its results down: a changed definition is built beside the one that
-serves (a new generation, :mod:`phases.deployment.generations`) and swapped in with one commit on the sink consumers
-read (:mod:`phases.redeploy.swap`); :mod:`phases.redeploy.runner` drives it. A rollback is a redeploy of the previous
-definition, whose generation is kept."""
