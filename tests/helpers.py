@@ -6,8 +6,9 @@ import json
 import os
 from datetime import UTC, datetime, timedelta
 
+from deltalake import DeltaTable
 from hypothesis import strategies as st
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from phases._internal.sources import synthetic
 from tests.reference import FAR_FUTURE_US, Row
@@ -44,17 +45,63 @@ def create_source(spark: SparkSession, path: str) -> None:
     synthetic.create_source(spark, path)
 
 
+_EPOCH_US = (EPOCH - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def _sql_literal(value: str | int | None, sql_type: str) -> str:
+    if value is None:
+        return f"CAST(NULL AS {sql_type})"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(int(value))
+
+
+def event_frame(spark: SparkSession, rows: list[Row]) -> DataFrame:
+    """``rows`` as a DataFrame of :data:`synthetic.EVENT_SCHEMA`, from an inline table of literals: a local relation
+    that runs no Python-fed task (``spark.createDataFrame`` of a list parallelizes it, a job of its own)."""
+    if not rows:
+        return spark.createDataFrame([], synthetic.EVENT_SCHEMA)
+    values = ", ".join(
+        f"({_sql_literal(k, 'STRING')}, "
+        f"{'CAST(NULL AS TIMESTAMP)' if t is None else f'TIMESTAMP_MICROS({_EPOCH_US + t})'}, "
+        f"{_sql_literal(v, 'BIGINT')})"
+        for k, t, v in rows
+    )
+    frame = spark.sql(f"SELECT * FROM VALUES {values} AS events(key, ts, value)")
+    return frame.select(*(frame[f.name].cast(f.dataType).alias(f.name) for f in synthetic.EVENT_SCHEMA.fields))
+
+
 def append_version(spark: SparkSession, path: str, rows: list[Row], files: int = 1) -> None:
     """Commits ``rows`` as one source version, written as up to ``files`` data files."""
-    data = [(k, ts(t), v) for k, t, v in rows]
-    df = spark.createDataFrame(data, synthetic.EVENT_SCHEMA)
+    df = event_frame(spark, rows)
     synthetic.append(spark, path, df.repartition(files) if files > 1 else df.coalesce(1))
+
+
+def table_rows(spark: SparkSession, path: str) -> list[dict]:
+    """A small Delta table's rows as dicts, read with delta-rs (an independent reader, and no Spark job competing
+    with the runs under test); timestamps as naive UTC datetimes, as Spark's ``collect`` gives them here. Through
+    Spark when delta-rs cannot read the table whole (deletion vectors, a feature it lacks)."""
+    from phases._internal.storage import table_stats
+
+    try:
+        table = DeltaTable(path)
+        if "deletionVectors" in (table.protocol().reader_features or []):
+            raise ValueError("deletion vectors")
+        found = table_stats.rows(path)
+    except Exception:  # noqa: BLE001  (any reason delta-rs cannot: Spark reads it)
+        return [r.asDict() for r in spark.read.format("delta").load(path).collect()]
+    return [{c: _naive(v) for c, v in row.items()} for row in found or []]
+
+
+def _naive(value):
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
 
 
 def sink_rows(spark: SparkSession, path: str) -> dict[str, dict]:
     out = {}
-    for r in spark.read.format("delta").load(path).collect():
-        d = r.asDict()
+    for d in table_rows(spark, path):
         out[d.pop("key")] = d
     return out
 
@@ -78,7 +125,7 @@ def quarantine_rows(spark: SparkSession, root: str) -> list[tuple[int, Row, str]
     rows = []
     if not tables.exists(spark, f"{root}/quarantine"):
         return rows
-    for r in spark.read.format("delta").load(f"{root}/quarantine").collect():
+    for r in table_rows(spark, f"{root}/quarantine"):
         rec = json.loads(r["record"])
         rows.append((r["source_version"], (rec.get("key"), us_of(rec.get("ts")), rec.get("value")), r["reason"]))
     return sorted(rows, key=repr)
