@@ -102,7 +102,7 @@ class SparkSettings(SettingsModel):
         default_factory=list,
         description="Zip archives or .py files added to every executor's Python path, as spark-submit --py-files "
         "does: the engine's packages and those holding the pipeline's functions "
-        "(phases._internal.runtime.shipping.package_archive builds one). Not needed on local[N].",
+        "(phases.package_archive builds one). Not needed on local[N].",
     )
     s3a: bool = Field(
         False,
