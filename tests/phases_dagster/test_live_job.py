@@ -137,14 +137,18 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
 
 
 ARRIVALS_S = 4.0  # how long versions keep arriving while the second live run starts
+ARRIVAL_EVERY_S = 1.0
 
 
 def _keep_appending(spark, path: str, arrived: dict, first: int, seconds: float) -> None:
-    """Appends a version after another for ``seconds`` (each on time, one record a key of three), recording them."""
-    deadline = time.monotonic() + seconds
+    """Appends a version every :data:`ARRIVAL_EVERY_S` for ``seconds`` (each on time, one record a key of three),
+    recording them: the same arrivals however long an append takes (as fast as appends go, the first micro-batch
+    took so many versions that the run made one report in its time)."""
+    start = time.monotonic()
     version = first
-    while time.monotonic() < deadline:
+    while time.monotonic() < start + seconds:
         rows = [(f"k{version % 3}", (90 + version) * S, 100 + version)]
         append_version(spark, path, rows)
         arrived[version] = rows
         version += 1
+        time.sleep(max(0.0, start + (version - first) * ARRIVAL_EVERY_S - time.monotonic()))
