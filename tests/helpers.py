@@ -81,16 +81,14 @@ def table_rows(spark: SparkSession, path: str) -> list[dict]:
     """A small Delta table's rows as dicts, read with delta-rs (an independent reader, and no Spark job competing
     with the runs under test); timestamps as naive UTC datetimes, as Spark's ``collect`` gives them here. Through
     Spark when delta-rs cannot read the table whole (deletion vectors, a feature it lacks)."""
-    from phases._internal.storage import table_stats
-
     try:
         table = DeltaTable(path)
         if "deletionVectors" in (table.protocol().reader_features or []):
             raise ValueError("deletion vectors")
-        found = table_stats.rows(path)
+        found = table.to_pyarrow_table().to_pylist()
     except Exception:  # noqa: BLE001  (any reason delta-rs cannot: Spark reads it)
         return [r.asDict() for r in spark.read.format("delta").load(path).collect()]
-    return [{c: _naive(v) for c, v in row.items()} for row in found or []]
+    return [{c: _naive(v) for c, v in row.items()} for row in found]
 
 
 def _naive(value):

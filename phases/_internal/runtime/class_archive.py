@@ -40,18 +40,20 @@ def _identity(path: Path) -> str:
     return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def archive_path(jar_dir: Path = jvm_deps.DEFAULT_JAR_DIR) -> Path | None:
+def archive_path(jar_dir: Path = jvm_deps.DEFAULT_JAR_DIR, jars: list[str] | None = None) -> Path | None:
     """Where the archive for this JDK and these jars is (or would be) kept; None when there is no java or the jars
-    are not set up."""
+    are not set up. ``jars``: the Spark bundle's jars and the helper's, when the caller has them already (a session
+    start has; looking the helper up again hashes its sources again)."""
     import pyspark
 
     java = _java()
     if java is None:
         return None
-    try:
-        jars = [*jvm_deps.jar_paths(jar_dir), jvm_deps.helper_jar(jar_dir)]
-    except SetupError:
-        return None
+    if jars is None:
+        try:
+            jars = [*jvm_deps.jar_paths(jar_dir), jvm_deps.helper_jar(jar_dir)]
+        except SetupError:
+            return None
     spark_jars = Path(pyspark.__file__).parent / "jars"
     digest = hashlib.sha256()
     for part in [_identity(java), pyspark.__version__, str(spark_jars), *sorted(_identity(Path(j)) for j in jars)]:
@@ -63,9 +65,9 @@ def archive_path(jar_dir: Path = jvm_deps.DEFAULT_JAR_DIR) -> Path | None:
     return jar_dir / FOLDER / f"classes-{digest.hexdigest()[:16]}.jsa"
 
 
-def java_options(jar_dir: Path = jvm_deps.DEFAULT_JAR_DIR) -> str:
+def java_options(jar_dir: Path = jvm_deps.DEFAULT_JAR_DIR, jars: list[str] | None = None) -> str:
     """The driver's JVM options that map the current archive; '' when none is built."""
-    path = archive_path(jar_dir)
+    path = archive_path(jar_dir, jars)
     if path is None or not path.is_file():
         return ""
     return f"-XX:SharedArchiveFile={path} {QUIET}"

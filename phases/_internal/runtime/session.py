@@ -143,7 +143,7 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         # (the helper's LocalFileSystems.scala). extra_conf can set Hadoop's own classes back (HADOOP_FILE_SYSTEMS).
         for key, value in LOCAL_FILE_SYSTEMS.items():
             conf.setdefault(key, value)
-        archive = class_archive.java_options() if s.class_archive and not s3a else ""
+        archive = class_archive.java_options(jars=[*jars, helper]) if s.class_archive and not s3a else ""
         if archive:
             # The archive was written by a driver with this class path (the S3A jars change it: not mapped then).
             key = "spark.driver.extraJavaOptions"
