@@ -1,7 +1,7 @@
 """Seeding the live state through ``transformWithState(initialState=...)`` (row API), for the switch-latency
 comparison with the framework's switch (which replays nothing: the live phase merges into the handoff's
 state table). One sentinel input row forces batch 0, where the initial
-state is applied (docs/FACTS.md: without input, batch 0 does not run)."""
+state is applied (docs/history.md, observations while building: without input, batch 0 does not run)."""
 
 from __future__ import annotations
 

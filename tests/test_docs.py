@@ -123,3 +123,56 @@ def test_the_checks_find_what_they_look_for() -> None:
     quotes = '"' * 3  # a docstring in the sample, without one in this file
     code = f"{quotes}See phases_dagster/live.py.{quotes}\nx = 'tests/not_prose.py'  # and tests/phases/\n"
     assert _paths_in_code_text(code) == [(1, "phases_dagster/live.py"), (2, "tests/phases/")]
+
+
+FACTS = ROOT / "docs" / "FACTS.md"
+_CITATION = re.compile(r"`((?:tests|benchmarks/profiles)/[\w/.-]+\w)(?:::(\w+))?`")
+_DATED = re.compile(r"\((?:[^()]*\s)?20\d\d-\d\d-\d\d\b[^()]*\)")  # a profile's file name may hold its date
+
+
+def _fact_entries(text: str) -> list[str]:
+    """The top-level list items of the facts page, each joined into one line."""
+    entries: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("- "):
+            entries.append([line[2:]])
+        elif entries and line.startswith("  ") and line.strip():
+            entries[-1].append(line.strip())
+        elif not line.strip() or line.startswith("#"):
+            entries.append([]) if entries and entries[-1] else None
+    return [" ".join(e) for e in entries if e]
+
+
+def _citation_problems(entry: str) -> list[str]:
+    """What is wrong with one fact's citations: none, a path that is missing, or a test it names that is not there."""
+    cited = _CITATION.findall(entry)
+    if not cited:
+        return ["cites no test (tests/...) or profile (benchmarks/profiles/...)"]
+    problems = []
+    for path, test in cited:
+        if not (ROOT / path).exists():
+            problems.append(f"cites {path}, which does not exist")
+        elif test and not re.search(rf"^(?:async )?def {test}\(", (ROOT / path).read_text(), re.M):
+            problems.append(f"cites {path}::{test}, which that file does not define")
+    if _DATED.search(entry):
+        problems.append(f"is dated ({_DATED.search(entry).group(0)}): a dated observation belongs in docs/history.md")
+    return problems
+
+
+def test_every_fact_names_the_test_or_profile_that_shows_it() -> None:
+    entries = _fact_entries(FACTS.read_text())
+    wrong = [f"{entry[:90]}...: {p}" for entry in entries for p in _citation_problems(entry)]
+    assert len(entries) > 50, "the facts page's entries were not found"
+    assert not wrong, "facts without a valid citation:\n" + "\n".join(wrong)
+
+
+def test_the_facts_check_finds_what_it_looks_for() -> None:
+    page = "# T\n\n## S\n- A fact. Shown by `tests/test_docs.py`.\n  More of it.\n- Another (2026-11-22).\n"
+    first, second = _fact_entries(page)
+    assert first == "A fact. Shown by `tests/test_docs.py`. More of it." and not _citation_problems(first)
+    assert _citation_problems(second) == ["cites no test (tests/...) or profile (benchmarks/profiles/...)"]
+    assert _citation_problems("X. `tests/test_docs.py::test_nothing_like_this` (seen 2026-11-22)") == [
+        "cites tests/test_docs.py::test_nothing_like_this, which that file does not define",
+        "is dated ((seen 2026-11-22)): a dated observation belongs in docs/history.md",
+    ]
+    assert not _citation_problems("X. `tests/test_docs.py::test_the_facts_check_finds_what_it_looks_for`.")
