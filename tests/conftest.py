@@ -94,6 +94,15 @@ def _forget_tables_between_modules():
         session._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
+# The suite's own JVM runs thousands of tiny queries, where Spark's code generation of each projection, predicate
+# and ordering costs more than it saves (generated, compiled and JIT-compiled anew, then run over a few rows):
+# Spark's interpreted versions give the same results (Spark's own suite runs both) and the suite's JVM time fell
+# 10-13 % (benchmarks/profiles/suite-settings-2026-12-02.txt). Whole-stage code generation stays on; the JVMs the
+# tests start (Dagster runs, crashed children, the cluster tier) and the product keep Spark's default.
+# PHASES_TEST_CONF="spark.sql.codegen.factoryMode=FALLBACK" puts it back.
+TEST_JVM_CONF = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
 @pytest.fixture(scope="session")
 def phases_spark():
     """The kit's session (:mod:`phases.pytest_plugin`) with a 3 GiB driver: the project's suite runs ~150 tests in one
@@ -102,14 +111,9 @@ def phases_spark():
     time (how the last ones were measured: benchmarks/profiles/suite-settings-2026-12-02.txt)."""
     from phases._internal.runtime.session import SparkSettings, build_session
 
+    conf = {**TEST_JVM_CONF, **dict(x.split("=", 1) for x in os.environ.get("PHASES_TEST_CONF", "").split(",") if x)}
     session = build_session(
-        SparkSettings(
-            shuffle_partitions=2,
-            app_name="phases-tests",
-            driver_memory="3g",
-            s3a=True,
-            extra_conf=dict(x.split("=", 1) for x in os.environ.get("PHASES_TEST_CONF", "").split(",") if x),
-        )
+        SparkSettings(shuffle_partitions=2, app_name="phases-tests", driver_memory="3g", s3a=True, extra_conf=conf)
     )
     yield session
     session.stop()

@@ -172,12 +172,18 @@ def test_the_scheduler_counts_every_job_it_submits(spark):
 
 def test_the_codegen_count_grows_by_a_compiled_class_and_not_by_a_cached_one(spark):
     query = f"id * {uuid.uuid4().int % 100_000 + 11} + 7 AS x"  # a constant of its own: a class not compiled yet
-    before = si.codegen_compilations(spark)
-    spark.range(3).selectExpr(query).collect()
-    compiled = si.codegen_compilations(spark)
-    assert compiled > before
-    spark.range(3).selectExpr(query).collect()
-    assert si.codegen_compilations(spark) == compiled, "the same query compiled again: the codegen cache missed"
+    mode = "spark.sql.codegen.factoryMode"
+    suites = spark.conf.get(mode, None)  # the suite's JVM interprets (tests/conftest.py); the product generates code
+    spark.conf.set(mode, "FALLBACK")
+    try:
+        before = si.codegen_compilations(spark)
+        spark.range(3).selectExpr(query).collect()
+        compiled = si.codegen_compilations(spark)
+        assert compiled > before
+        spark.range(3).selectExpr(query).collect()
+        assert si.codegen_compilations(spark) == compiled, "the same query compiled again: the codegen cache missed"
+    finally:
+        spark.conf.unset(mode) if suites is None else spark.conf.set(mode, suites)
 
 
 def test_the_processes_the_jvm_starts_are_recorded(spark, tmp_path):
