@@ -236,7 +236,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("phases._internal.definition",),
     ("phases._internal.records", "phases._internal.lateness", "phases._internal.runtime"),
-    ("phases._internal.storage",),
+    ("phases._internal.storage", "phases._internal.topics"),
     ("phases._internal.coordination",),
     ("phases._internal.state",),
     ("phases._internal.handoff",),

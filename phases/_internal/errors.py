@@ -25,6 +25,11 @@ class SourceError(PhasesError):
     """A source cannot be read as the pipeline needs it (missing table, change feed off, ...)."""
 
 
+class SinkError(PhasesError):
+    """A sink cannot be written as the pipeline needs it: a topic missing, a transaction aborted or fenced by a newer
+    writer, a marker another client moved."""
+
+
 class ManifestError(PhasesError):
     """The handoff manifest is missing, partial, or does not match the pipeline."""
 

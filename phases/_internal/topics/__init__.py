@@ -1,0 +1,1 @@
+"""Kafka topics the engine writes: exactly-once transactional writes and the reads that fold them back."""

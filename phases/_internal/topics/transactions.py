@@ -1,0 +1,353 @@
+"""Exactly-once writes into a Kafka topic: one Kafka transaction a write, and a marker committed inside it.
+
+A result topic is written by one producer at a time, whose ``transactional.id`` is stable for the pipeline and its
+generation (:func:`transactional_id`). A writer that starts fences every older producer of the same id (a zombie: a
+run that lost its host or its lease and still holds a transaction), and the broker aborts whatever transaction that
+producer left open.
+
+Each write (the backlog's results at a handoff, a live micro-batch's changes) goes out in one transaction that also
+commits the write's **marker**: the position of a consumer group of the writer's own (:func:`marker_group`) on the
+topic's partition 0, whose offset is the write's batch + 2 (the handoff is batch -1, so its marker is offset 1) and
+whose metadata names the batch and the handoff (:class:`Marker`). Records and marker commit together or not at
+all, so a replay after a crash reads the marker (:meth:`TopicWriter.committed`) and knows whether its write went
+out: the idempotence names what was applied (the batch, a position of the run's progress log), never a count.
+
+A consumer with ``isolation.level=read_committed`` (:func:`read_committed`) sees each record of a committed
+transaction once and no record of an aborted one. Records are partitioned by their key with Kafka's Java client's
+hash (``murmur2_random``), so the records of one key keep their order in one partition, as a Java producer would
+place them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from phases._internal.errors import SinkError
+
+# The marker's offset is the batch + this: the handoff (batch -1) is 1, micro-batch 0 is 2. Offset 0 is never a
+# marker, so a group that committed nothing (offset -1001) and a marker are told apart.
+MARKER_BASE = 2
+HANDOFF_BATCH = -1
+
+
+def transactional_id(pipeline: str, generation: int) -> str:
+    """The producer id of a pipeline generation's result topic: stable, so a new writer fences an old one."""
+    return f"phases.{pipeline}.g{generation}.sink"
+
+
+def marker_group(pipeline: str, generation: int) -> str:
+    """The consumer group whose position on the topic's partition 0 is the newest committed write's marker."""
+    return f"phases.{pipeline}.g{generation}.sink-marker"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """What a committed write applied: ``batch`` (the live micro-batch, or -1 for the handoff's results) and
+    ``handoff`` (the handoff manifest the write belongs to)."""
+
+    batch: int
+    handoff: str
+
+    @property
+    def offset(self) -> int:
+        return self.batch + MARKER_BASE
+
+    @property
+    def metadata(self) -> str:
+        return json.dumps({"batch": self.batch, "handoff": self.handoff}, sort_keys=True)
+
+    @staticmethod
+    def parse(offset: int, metadata: str | None, where: str) -> Marker:
+        try:
+            data = json.loads(metadata or "")
+            marker = Marker(int(data["batch"]), str(data["handoff"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SinkError(
+                f"{where}: the committed marker (offset {offset}, metadata {metadata!r}) is not one this engine "
+                f"writes ({exc}); another client committed offsets for the engine's own consumer group. Use another "
+                "group for that client; the engine's group is phases.<pipeline>.g<generation>.sink-marker"
+            ) from exc
+        if marker.offset != offset:
+            raise SinkError(
+                f"{where}: the committed marker says batch {marker.batch} but sits at offset {offset} "
+                f"(expected {marker.offset}); another client moved the engine's consumer group"
+            )
+        return marker
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a write: key and value bytes (a None value is a tombstone) and headers."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    """A record read back from the topic."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes] = field(default_factory=dict)
+
+
+def _client_config(servers: str, extra: dict[str, str] | None) -> dict:
+    return {"bootstrap.servers": servers, "log_level": 3, **(extra or {})}
+
+
+class TopicWriter:
+    """The transactional producer of one pipeline generation's result topic.
+
+    ``servers``: the brokers; ``topic``: the result topic (it must exist: :meth:`check_topic`); ``pipeline`` and
+    ``generation`` name the transactional id and the marker group; ``client_config``: more librdkafka settings
+    (security, timeouts). The first call that needs the producer starts it (``init_transactions``), fencing any older
+    producer of the same id.
+    """
+
+    def __init__(
+        self,
+        servers: str,
+        topic: str,
+        pipeline: str,
+        generation: int = 0,
+        *,
+        client_config: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+    ):
+        self.servers, self.topic, self.timeout_s = servers, topic, timeout_s
+        self.transactional_id = transactional_id(pipeline, generation)
+        self.group = marker_group(pipeline, generation)
+        self._config = _client_config(servers, client_config)
+        self._producer = None
+        self._consumer = None
+
+    @property
+    def where(self) -> str:
+        return f"topic {self.topic!r} (transactional id {self.transactional_id!r})"
+
+    def _start(self):
+        """The producer, started once: ``init_transactions`` fences an older producer of this id and has the
+        broker abort the transaction it left open (so :meth:`committed` then reads a settled marker)."""
+        if self._producer is None:
+            from confluent_kafka import KafkaException, Producer
+
+            producer = Producer(
+                {
+                    **self._config,
+                    "transactional.id": self.transactional_id,
+                    "partitioner": "murmur2_random",  # the Java client's: a key lands where a Java producer puts it
+                    "linger.ms": 5,
+                }
+            )
+            try:
+                producer.init_transactions(self.timeout_s)
+            except KafkaException as exc:
+                raise SinkError(
+                    f"{self.where}: the transactional producer could not start ({exc.args[0]}). Check that the "
+                    f"brokers {self.servers} are up and allow transactions (transaction.state.log.replication.factor "
+                    "no greater than the number of brokers)"
+                ) from exc
+            self._producer = producer
+        return self._producer
+
+    def _marker_consumer(self):
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(
+                {
+                    **self._config,
+                    "group.id": self.group,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+        return self._consumer
+
+    def check_topic(self) -> int:
+        """The topic's partition count; a SinkError naming the topic when it does not exist."""
+        metadata = self._marker_consumer().list_topics(self.topic, timeout=self.timeout_s)
+        found = metadata.topics.get(self.topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise SinkError(
+                f"{self.where}: the topic does not exist on {self.servers}"
+                + (f" ({found.error})" if found is not None and found.error is not None else "")
+                + ". Create it first (a compacted topic for an upsert sink: cleanup.policy=compact)"
+            )
+        return len(found.partitions)
+
+    def committed(self) -> Marker | None:
+        """The marker of the newest committed write (None: nothing committed yet). Starts the producer first, so
+        that a transaction a crashed writer left open is aborted and its marker never counts."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        self._start()
+        try:
+            [tp] = self._marker_consumer().committed([TopicPartition(self.topic, 0)], timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise SinkError(f"{self.where}: its committed marker could not be read ({exc.args[0]})") from exc
+        if tp.error is not None:
+            raise SinkError(f"{self.where}: its committed marker could not be read ({tp.error})")
+        return None if tp.offset < 0 else Marker.parse(tp.offset, tp.metadata, self.where)
+
+    def write(self, records: Iterable[Record], marker: Marker) -> int:
+        """Produces ``records`` and commits them with ``marker`` in one transaction; returns the count. An error
+        aborts the transaction (nothing of it is ever read committed) and raises SinkError; a newer writer of the
+        same id (this one is a zombie) raises SinkError saying so, and this writer can no longer write."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        producer = self._start()
+        failures: list[str] = []
+
+        def delivered(err, _msg) -> None:
+            if err is not None:  # the message's own accessors are not safe while a fatal error is raised
+                failures.append(str(err))
+
+        try:
+            producer.begin_transaction()
+            count = 0
+            for record in records:
+                while True:
+                    try:
+                        producer.produce(
+                            self.topic,
+                            value=record.value,
+                            key=record.key,
+                            headers=list(record.headers),
+                            on_delivery=delivered,
+                        )
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain it
+                        producer.poll(0.05)
+                count += 1
+                if count % 10_000 == 0:
+                    producer.poll(0)
+            producer.flush(self.timeout_s)
+            if failures:
+                raise SinkError(f"{self.where}: {len(failures)} record(s) were not delivered: {failures[:3]}")
+            offsets = [TopicPartition(self.topic, 0, marker.offset, marker.metadata)]
+            producer.send_offsets_to_transaction(
+                offsets, self._marker_consumer().consumer_group_metadata(), self.timeout_s
+            )
+            producer.commit_transaction(self.timeout_s)
+            return count
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                self._producer = None
+                raise SinkError(
+                    f"{self.where}: a newer writer of this pipeline generation started, and this one was fenced "
+                    f"before its write of batch {marker.batch} committed; nothing of that write will be read. The "
+                    "newer writer owns the topic now"
+                ) from exc
+            self._abort(producer)
+            raise SinkError(f"{self.where}: the write of batch {marker.batch} was aborted ({error})") from exc
+        except BaseException:
+            self._abort(producer)
+            raise
+
+    def _abort(self, producer) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            producer.abort_transaction(self.timeout_s)
+        except KafkaException:
+            self._producer = None  # a fatal state: the next write starts a new producer (which fences this one)
+
+    def write_once(self, records: Iterable[Record], marker: Marker) -> int | None:
+        """:meth:`write`, unless the committed marker is this write's or a later one's (a replay): then nothing is
+        produced and None is returned. A committed marker of another handoff at the same or a later batch is a
+        SinkError: the topic holds results this run did not make."""
+        committed = self.committed()
+        if committed is not None and committed.batch >= marker.batch:
+            if committed.handoff != marker.handoff and committed.batch == marker.batch:
+                raise SinkError(
+                    f"{self.where}: batch {marker.batch} of handoff {marker.handoff} is to be written, but the topic "
+                    f"holds batch {committed.batch} of handoff {committed.handoff}. Another handoff wrote this "
+                    "generation's topic: a new backlog needs a new generation's topic (a redeploy) or an emptied one"
+                )
+            return None
+        return self.write(records, marker)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        if self._producer is not None:
+            self._producer.flush(5)
+            self._producer = None
+
+
+def read_committed(
+    servers: str, topic: str, *, timeout_s: float = 60.0, client_config: dict[str, str] | None = None
+) -> Iterator[TopicRecord]:
+    """Every record a ``read_committed`` consumer sees in ``topic`` as of the call, in partition then offset order:
+    each partition from its start to its last stable offset (the broker's answer to a read_committed consumer, which
+    stops before the first transaction still open: a write in flight, or one a crashed writer left until the writer
+    that takes over aborts it). A SinkError when that end is not reached within ``timeout_s``."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer(
+        {
+            **_client_config(servers, client_config),
+            "group.id": f"phases.read.{topic}.{time.time_ns()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        topics = consumer.list_topics(topic, timeout=timeout_s).topics
+        if topic not in topics or topics[topic].error is not None:
+            raise SinkError(f"topic {topic!r} does not exist on {servers}")
+        partitions = sorted(topics[topic].partitions)
+        # A read_committed consumer's query of the end offsets answers the last stable offsets.
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in partitions}
+        pending = {p for p in partitions if ends[p] > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        by_partition: dict[int, list[TopicRecord]] = {p: [] for p in partitions}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                behind = {p: ends[p] for p in sorted(pending)}
+                raise SinkError(
+                    f"topic {topic!r}: the read stopped short of the last stable offsets {behind} of these partitions "
+                    f"for {timeout_s:g} s; is the broker at {servers} up?"
+                )
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() is not None:
+                    raise SinkError(f"topic {topic!r}: {msg.error()}")
+                p = msg.partition()
+                if msg.offset() < ends[p]:
+                    by_partition[p].append(
+                        TopicRecord(p, msg.offset(), msg.key(), msg.value(), dict(msg.headers() or []))
+                    )
+            for p in list(pending):
+                [position] = consumer.position([TopicPartition(topic, p)])
+                if position.offset >= ends[p]:
+                    pending.discard(p)
+        for p in partitions:
+            yield from by_partition[p]
+    except KafkaException as exc:
+        raise SinkError(f"topic {topic!r} could not be read ({exc.args[0]})") from exc
+    finally:
+        consumer.close()
+
+
+def fold_upsert(records: Iterable[TopicRecord]) -> dict[bytes, bytes]:
+    """The current value of each key of an upsert topic: its newest record's value; a tombstone removes the key."""
+    current: dict[bytes, bytes] = {}
+    for record in records:
+        if record.key is None:
+            raise SinkError(f"partition {record.partition} offset {record.offset}: a record without a key")
+        if record.value is None:
+            current.pop(record.key, None)
+        else:
+            current[record.key] = record.value
+    return current
