@@ -174,8 +174,12 @@ def test_the_codegen_count_grows_by_a_compiled_class_and_not_by_a_cached_one(spa
     query = f"id * {uuid.uuid4().int % 100_000 + 11} + 7 AS x"  # a constant of its own: a class not compiled yet
     mode = "spark.sql.codegen.factoryMode"
     suites = spark.conf.get(mode, None)  # the suite's JVM interprets (tests/conftest.py); the product generates code
-    spark.conf.set(mode, "FALLBACK")
     try:
+        spark.conf.set(mode, "NO_CODEGEN")  # interpreted: whole-stage code generation is off too, nothing compiles
+        before = si.codegen_compilations(spark)
+        spark.range(3).selectExpr(f"id * {uuid.uuid4().int % 100_000 + 11} + 5 AS x").collect()
+        assert si.codegen_compilations(spark) == before
+        spark.conf.set(mode, "FALLBACK")
         before = si.codegen_compilations(spark)
         spark.range(3).selectExpr(query).collect()
         compiled = si.codegen_compilations(spark)
