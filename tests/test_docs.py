@@ -138,8 +138,8 @@ def _fact_entries(text: str) -> list[str]:
             entries.append([line[2:]])
         elif entries and line.startswith("  ") and line.strip():
             entries[-1].append(line.strip())
-        elif not line.strip() or line.startswith("#"):
-            entries.append([]) if entries and entries[-1] else None
+        elif (not line.strip() or line.startswith("#")) and entries and entries[-1]:
+            entries.append([])  # the entry before ends here
     return [" ".join(e) for e in entries if e]
 
 

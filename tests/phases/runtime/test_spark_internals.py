@@ -187,7 +187,10 @@ def test_the_codegen_count_grows_by_a_compiled_class_and_not_by_a_cached_one(spa
         spark.range(3).selectExpr(query).collect()
         assert si.codegen_compilations(spark) == compiled, "the same query compiled again: the codegen cache missed"
     finally:
-        spark.conf.unset(mode) if suites is None else spark.conf.set(mode, suites)
+        if suites is None:
+            spark.conf.unset(mode)
+        else:
+            spark.conf.set(mode, suites)
 
 
 def test_the_processes_the_jvm_starts_are_recorded(spark, tmp_path):
