@@ -96,11 +96,13 @@ def _forget_tables_between_modules():
 
 # The suite's own JVM runs thousands of tiny queries, where Spark's code generation of each projection, predicate
 # and ordering costs more than it saves (generated, compiled and JIT-compiled anew, then run over a few rows):
-# Spark's interpreted versions give the same results (Spark's own suite runs both) and the suite's JVM time fell
-# 10-13 % (benchmarks/profiles/suite-settings-2026-12-02.txt). Whole-stage code generation stays on; the JVMs the
-# tests start (Dagster runs, crashed children, the cluster tier) and the product keep Spark's default.
-# PHASES_TEST_CONF="spark.sql.codegen.factoryMode=FALLBACK" puts it back.
-TEST_JVM_CONF = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+# Spark's interpreted versions give the same results (Spark's own suite runs both), and NO_CODEGEN turns whole-stage
+# code generation off too; the suite's JVM time fell 10-13 %. Its heap is collected by the throughput collector
+# (ParallelGC), not G1: no concurrent marking threads competing with the other pytest process for the two cores,
+# and no G1 write barriers; the same modules 4 % faster alone (benchmarks/profiles/suite-settings-2026-12-02.txt).
+# The JVMs the tests start (Dagster runs, crashed children, the cluster tier) and the product keep Spark's and the
+# JVM's defaults. PHASES_TEST_CONF="spark.sql.codegen.factoryMode=FALLBACK" puts code generation back.
+TEST_JVM_CONF = {"spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.driver.extraJavaOptions": "-XX:+UseParallelGC"}
 
 
 @pytest.fixture(scope="session")
