@@ -46,6 +46,7 @@ from phases._internal.sources.lag import unapplied as _unapplied
 from phases._internal.storage import fs, quarantine, tables
 from phases._internal.storage import table_stats as _table_stats
 from phases._internal.storage.table_stats import Column, TableStats
+from phases._internal.topics.transactions import TopicFigures, topic_figures
 
 __all__ = [
     "AppliedPosition",
@@ -58,6 +59,7 @@ __all__ = [
     "LiveReport",
     "SliceRecord",
     "SourceHead",
+    "TopicFigures",
     "TableStats",
     "Unapplied",
     "applied_position",
@@ -73,6 +75,7 @@ __all__ = [
     "source_heads",
     "state_event_time",
     "state_store_folder",
+    "result_topic",
     "table_exists",
     "table_stats",
     "table_version",
@@ -204,3 +207,19 @@ def folder_bytes(spark: SparkSession, path: str) -> int:
 def state_event_time(pipeline: Pipeline) -> str | None:
     """The state column holding each key's greatest event time, for operators whose state keeps one."""
     return kind_of(pipeline).state_event_time
+
+
+def result_topic(pipeline: Pipeline | Deployment, *, timeout_s: float = 30.0) -> TopicFigures | None:
+    """A topic sink's figures (None for a Delta sink): its partitions' last stable offsets and the newest committed
+    write's marker: the handoff, the last micro-batch published (-1: the handoff's results) and the records the
+    handoff's writes published in all. Read without a producer: no writer is fenced."""
+    from phases._internal.definition import KafkaSink
+
+    generation = pipeline.generation if isinstance(pipeline, Deployment) else 0
+    p = pipeline.pipeline if isinstance(pipeline, Deployment) else pipeline
+    sink = p.sink
+    if not isinstance(sink, KafkaSink):
+        return None
+    return topic_figures(
+        sink.bootstrap_servers, sink.topic, p.name, generation, client_config=sink.client_options, timeout_s=timeout_s
+    )

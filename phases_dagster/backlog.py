@@ -248,7 +248,7 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
         )
         yield dg.MaterializeResult(
             asset_key=names.sink,
-            metadata={**written, **catalog.table_metadata(p, p.sink.path, "sink")},
+            metadata={**written, **catalog.sink_metadata(p)},
         )
         yield dg.MaterializeResult(
             asset_key=names.quarantine,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from phases import Pipeline, inspect
+from phases import PhasesError, Pipeline, inspect
 
 
 def spec_kwargs(pipeline: Pipeline, description: str, *, kinds: set[str] | None = None) -> dict:
@@ -62,6 +62,27 @@ def table_metadata(pipeline: Pipeline, path: str, table: str) -> dict:
     meta["files"] = stats.files
     if stats.commit_time is not None:
         meta["committed_at"] = dg.MetadataValue.timestamp(stats.commit_time)
+    return meta
+
+
+def sink_metadata(pipeline: Pipeline) -> dict:
+    """The sink's metadata: its Delta table's, and a topic sink's topic (its name, the partitions' last stable
+    offsets, the records the handoff's writes published and the last micro-batch published, -1 for the handoff's
+    results). A topic that cannot be read is said so, not raised: the run's own steps raise for a broken sink."""
+    meta = table_metadata(pipeline, pipeline.sink.path, "sink")
+    try:
+        topic = inspect.result_topic(pipeline, timeout_s=10)
+    except PhasesError as exc:
+        return {**meta, "topic_error": str(exc)}
+    if topic is None:
+        return meta
+    meta["topic"] = topic.topic
+    meta["topic_end_offsets"] = dg.MetadataValue.json({str(p): o for p, o in topic.end_offsets.items()})
+    if topic.marker is not None:
+        meta["topic_handoff"] = topic.marker.handoff
+        meta["topic_last_batch"] = topic.marker.batch
+        if topic.marker.records is not None:
+            meta["topic_records"] = topic.marker.records
     return meta
 
 

@@ -138,9 +138,7 @@ class _Tables:
         p, written = self.p, {"written_by": "live", "manifest_id": self.mid}
         if self._changed("sink", p.sink.path):
             self.context.log_event(
-                dg.AssetMaterialization(
-                    asset_key=self.sink_key, metadata={**written, **catalog.table_metadata(p, p.sink.path, "sink")}
-                )
+                dg.AssetMaterialization(asset_key=self.sink_key, metadata={**written, **catalog.sink_metadata(p)})
             )
             if self.handoff is not None:
                 # sink_fresh for this materialization at once: the health sensor re-evaluates it only on a change

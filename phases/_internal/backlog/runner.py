@@ -49,6 +49,7 @@ from phases._internal.state.keyed_store import StatePosition
 from phases._internal.steps.end_of_stream import EndOfStreamRunner
 from phases._internal.storage import fs, maintenance, quarantine, table_stats, tables
 from phases._internal.tagging import tag_version_range
+from phases._internal.topics import sink as topic_sinks
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class BacklogRunner:
         """Raises PhaseStateError unless the backlog can be built from independent pieces (daily slices): a mergeable
         state, one Delta source, no end-of-stream steps."""
         self.refuse_increments(what)
+        topic_sinks.refuse(self.pipeline, what)
         if self.pipeline.source.kind != "delta":
             raise PhaseStateError(
                 f"{what} is not available for pipeline {self.pipeline.name!r}: its source is a "
@@ -223,7 +225,12 @@ class BacklogRunner:
         self.removed_orphans = maintenance.remove_orphan_state(self.spark, self.pipeline)
         v = self._end_version(end_version)
         if self.pipeline.checkpoint_interval_during_backlog > timedelta(0):
+            topic_sinks.refuse(p, "a backlog in increments (checkpoint_interval_during_backlog)")
             return self._run_in_increments(v, reset, started)
+        topic = topic_sinks.topic_sink(p, self.deployment.generation)
+        if topic is not None:
+            topic.check()  # before the backlog's passes: a missing topic is found first
+            topic.close()
         return self._run_full(v, started)
 
     def increment_ends(self, end_version: int) -> list[int]:
@@ -310,7 +317,7 @@ class BacklogRunner:
             quarantined = quarantine.replace_all_backlog(spark, p.locations.quarantine, p.name, rows, empty=empty)
         self.timings["quarantine_s"] = time.perf_counter() - t
         write = self.kind.backlog(spark, p, logic, inputs)
-        return self.write_handoff(
+        handoff = self.write_handoff(
             write,
             source_version=v,
             max_us=inputs[0].running_max_us,
@@ -319,6 +326,22 @@ class BacklogRunner:
             right=right,
             quarantined=quarantined,
         )
+        self._publish_handoff(handoff)
+        return handoff
+
+    def _publish_handoff(self, handoff: manifest.HandoffManifest) -> None:
+        """A topic sink: the handoff's results published (after its manifest: the manifest's id names the write, and a
+        live start publishes them when a crash came first; :mod:`phases._internal.topics.sink`)."""
+        topic = topic_sinks.topic_sink(self.pipeline, self.deployment.generation)
+        if topic is None:
+            return
+        t = time.perf_counter()
+        try:
+            with self._step("topic"):
+                topic.publish_handoff(self.spark, handoff.manifest_id, self.pipeline.sink.path, handoff.sink_version)
+        finally:
+            topic.close()
+        self.timings["topic_s"] = time.perf_counter() - t
 
     def run_increment(self, end_version: int | None = None) -> manifest.HandoffManifest:
         """Catch-up: merges versions V+1..end_version (default: the head) into the last handoff's state and
@@ -328,6 +351,7 @@ class BacklogRunner:
 
     def _run_increment(self, end_version: int | None) -> manifest.HandoffManifest:
         self.refuse_increments("a catch-up increment")
+        topic_sinks.refuse(self.pipeline, "a catch-up increment")
         started = time.perf_counter()
         p = self.pipeline
         base = manifest.latest(self.spark, p.locations.manifests, p.name)

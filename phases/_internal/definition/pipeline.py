@@ -25,7 +25,7 @@ from phases._internal.definition.operators import (
     WINDOW_START,
     Operator,
 )
-from phases._internal.definition.sources import DeltaSink, DeltaSource, HybridSource, KafkaSource
+from phases._internal.definition.sources import DeltaSink, DeltaSource, HybridSource, KafkaSink, KafkaSource
 from phases._internal.definition.steps import (
     FULL_PARTITION_KINDS,
     Derive,
@@ -147,7 +147,7 @@ class Pipeline(_Model):
         default_factory=list, description="Backlog-only blocking steps (full dam / full partition)."
     )
     enrich: Enrichment | None = None
-    sink: DeltaSink
+    sink: DeltaSink | KafkaSink = Field(discriminator="kind")
     locations: Locations
     checkpoint_interval: timedelta = Field(
         timedelta(seconds=5), description="Live phase: micro-batch trigger (and checkpoint) interval."
@@ -403,6 +403,8 @@ class Pipeline(_Model):
             **({"enrich": self.enrich.model_dump(mode="json")} if self.enrich else {}),
             # The sink's shape: a changelog sink's handoff and live writes differ (a new backlog to switch modes).
             **({"sink_mode": self.sink.mode} if self.sink.mode != "upsert" else {}),
+            # A topic sink's results are published from the handoff on: another topic needs them all (a new backlog).
+            **({"sink_topic": self.sink.topic} if isinstance(self.sink, KafkaSink) else {}),
             **({"max_future_us": self.max_future_us} if self.max_future != DEFAULT_MAX_FUTURE else {}),
             **({"min_event_time_us": self.min_event_time_us} if self.min_event_time is not None else {}),
             "state_schema_version": STATE_SCHEMA_VERSION,

@@ -1,5 +1,5 @@
 """Where a pipeline's records come from (a Delta table's change feed, a Kafka topic, a hybrid of an archive and a
-topic) and where its results go (a Delta sink)."""
+topic) and where its results go (a Delta table, or a Kafka topic beside the engine's Delta table of the results)."""
 
 from __future__ import annotations
 
@@ -330,3 +330,72 @@ class DeltaSink(_Model):
         if self.compact_every < timedelta(0):
             raise ValueError("sink.compact_every must be 0 (no background compaction) or positive")
         return self
+
+
+# The name a Kafka topic may have (Kafka's own rule: letters, digits, '.', '_', '-'; at most 249 characters).
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# librdkafka settings the topic sink sets itself (its transactions, its partitioner, its marker group).
+_OWNED_PRODUCER_SETTINGS = frozenset(
+    {"bootstrap.servers", "transactional.id", "enable.idempotence", "partitioner", "group.id", "isolation.level"}
+)
+
+
+class KafkaSink(DeltaSink):
+    """The pipeline's results published to a Kafka topic, exactly once, as well as kept in the engine's Delta table at
+    ``path`` (every field of :class:`DeltaSink` holds for that table; a relative ``path`` is under the deployment's
+    storage root).
+
+    Every write goes out in one Kafka transaction that also commits the write's marker (what it applied: the handoff
+    and the live micro-batch), before the engine records the write as done; a replay after a crash reads the marker
+    and neither loses nor repeats a write. A consumer with ``isolation.level=read_committed`` reads each result once.
+    The handoff's results (every result of the backlog: every key's row of an aggregation) go out first, then each
+    live micro-batch's: in ``upsert`` mode one record per changed key (the key columns as the Kafka key, the result
+    row as the value; meant for a compacted topic), in ``changelog`` mode every change, its value with ``_batch_id``,
+    ``_source_version`` and ``_op``. Record format and headers: :mod:`phases._internal.topics.records`. The topic
+    must exist before the backlog runs.
+    """
+
+    kind: Literal["kafka"] = "kafka"  # type: ignore[assignment]
+    path: str = Field(
+        min_length=1,
+        description="The engine's Delta table of the results beside the topic (what the switch, a live start and a "
+        "reconciliation read); a relative path is under the deployment's storage root.",
+    )
+    topic: str = Field(min_length=1, description="The result topic (it must exist; compacted for an upsert sink).")
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port...]; not part of the fingerprint")
+    client_options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Settings of the confluent-kafka (librdkafka) producer and marker reader, e.g. "
+        "{'security.protocol': 'SSL'}. Not part of the fingerprint.",
+    )
+    transaction_timeout: timedelta = Field(
+        timedelta(seconds=60),
+        description="How long one write (a transaction) may take before the broker aborts it.",
+    )
+
+    @field_validator("topic")
+    @classmethod
+    def _topic_name(cls, v: str) -> str:
+        if not _TOPIC_NAME.fullmatch(v) or v in (".", ".."):
+            raise ValueError(
+                f"sink.topic {v!r} is not a Kafka topic name: 1 to 249 of letters, digits, '.', '_' and '-'"
+            )
+        return v
+
+    @field_validator("client_options")
+    @classmethod
+    def _client_options(cls, v: dict[str, str]) -> dict[str, str]:
+        owned = sorted(k for k in v if k in _OWNED_PRODUCER_SETTINGS)
+        if owned:
+            raise ValueError(
+                f"sink.client_options {owned} are set by the topic sink itself (its transactions, partitioner and "
+                f"marker group); the settings it owns: {sorted(_OWNED_PRODUCER_SETTINGS)}"
+            )
+        return v
+
+    @field_validator("transaction_timeout")
+    @classmethod
+    def _timeout(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("sink.transaction_timeout must be positive")
+        return v

@@ -55,6 +55,7 @@ from phases._internal.live import start_checks
 from phases._internal.live.plan import InputProgress, LiveInput, LivePlan, Progress
 from phases._internal.storage import changelog, fs, live_writes, maintenance, quarantine, table_stats, tables
 from phases._internal.tagging import tag_changes
+from phases._internal.topics.sink import TopicSink, topic_sink
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class IncrementalLive:
         # start read it (which generation serves; the swaps it records).
         self.deployment: Deployment = bind(plan.pipeline, 0, serving=True)
         self.generations = generations.Generations()
+        # A topic sink's writer (phases._internal.topics.sink), started by prepare for the deployment's generation.
+        self.topic: TopicSink | None = None
 
     @property
     def logic(self):
@@ -129,6 +132,7 @@ class IncrementalLive:
         )
         quarantine.ensure(spark, p.locations.quarantine)
         changelog.ensure_sink(spark, p, self.logic.output_schema)
+        self._open_topic()
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
         if p.maintenance.auto_compact and p.sink.mode != "changelog":  # a changelog's is the compactor's work
             maintenance.enable_auto_compaction(spark, p.sink.path)
@@ -149,6 +153,26 @@ class IncrementalLive:
         self._progress = {}
         self._held_rows = {}
         self._refuse_tables_behind_the_log(self._resumed_from, resume.latest_id)
+
+    def _open_topic(self) -> None:
+        """A topic sink: its writer for the deployment's generation (fencing any older writer of it), and the
+        handoff's results published unless they are out already (the backlog stopped before it published them)."""
+        if self.topic is not None:
+            self.topic.close()
+        self.topic = topic_sink(self.pipeline, self.deployment.generation)
+        if self.topic is not None:
+            handoff = self.plan.handoff
+            self.topic.check()
+            if handoff is not None:  # one streaming job (no handoff) publishes its micro-batches only
+                self.topic.publish_handoff(
+                    self.spark, handoff.manifest_id, self.pipeline.sink.path, handoff.sink_version
+                )
+
+    def close_topic(self) -> None:
+        """Closes the topic sink's writer (the live phase stopped)."""
+        if self.topic is not None:
+            self.topic.close()
+            self.topic = None
 
     def _recorded_writes(self) -> dict[str, int]:
         """The writes the newest whole progress record names (empty: none yet, or no whole record; the resume plan
@@ -218,7 +242,14 @@ class IncrementalLive:
         """Batch ``batch_id``'s writes: the query's first micro-batch after a start may be a replay (its predecessor's
         record is the newest one the start found), every later one writes after its predecessor's record."""
         first = batch_id == self._resumed_id + 1
-        return live_writes.BatchWrites(spark, self.pipeline.name, self.run_name, batch_id, first=first)
+        publish = None
+        if self.topic is not None:
+            topic, run, after_handoff = self.topic, self.run_name, self.plan.handoff is not None
+
+            def publish(rows: DataFrame, batch: int, replay_possible: bool) -> None:
+                topic.publish(rows, batch, run, replay_possible=replay_possible, after_handoff=after_handoff)
+
+        return live_writes.BatchWrites(spark, self.pipeline.name, self.run_name, batch_id, first=first, publish=publish)
 
     def _pending_path(self, inp: LiveInput) -> str:
         return self.plan.paths.pending(inp)
@@ -353,6 +384,9 @@ class IncrementalLive:
     def _apply_batch(self, batch: DataFrame, query_batch_id: int) -> None:
         spark, p = batch.sparkSession, self.pipeline
         batch_id = self.base + query_batch_id
+        if batch_id <= self._resumed_id:
+            self._recorded_already(batch_id)
+            return
         before = self._progress_after(batch_id - 1)
         kafka_offsets = self._kafka_offsets(query_batch_id)
         ends = self._end_offsets(query_batch_id) if len(kafka_offsets) < len(self.inputs) else {}
@@ -391,6 +425,28 @@ class IncrementalLive:
         finally:
             for rows in persisted:
                 rows.unpersist()
+
+    def _recorded_already(self, batch_id: int) -> None:
+        """Spark runs again a micro-batch whose progress record is written: the process died after the record and
+        before Spark's commit log recorded the batch. The record is the truth (every write of the batch is made
+        before it): nothing is applied again, and the next micro-batch goes on from the state the record names. (Run
+        again, the batch would have read what Spark gives it this time, kept the record on disk as it was and the
+        new progress in memory, and the next micro-batch would have started from that.)"""
+        record = self.progress_log.read(batch_id)
+        if record is None:  # the start found it (prepare); only a log changed under a running query loses it
+            raise PhaseStateError(
+                f"live run {self.run_name} of {self.pipeline.name!r}: Spark runs micro-batch {batch_id} again, whose "
+                f"progress record the start found, but the progress log {self.progress_log.root} no longer holds it"
+            )
+        log.warning(
+            "live run %s: micro-batch %d is recorded in the progress log already (the run stopped before Spark's "
+            "commit log recorded it); not applied again",
+            self.run_name,
+            batch_id,
+        )
+        self._progress = {batch_id: Progress.from_record(record)}
+        self._held_rows = {}  # the next micro-batch reads what this one held from the pending table
+        self.batch_recorded.set()
 
     # --- running -------------------------------------------------------------------------------------
     def _stream(self) -> DataFrame:

@@ -213,6 +213,7 @@ class LiveRunner:
             self.stop()
             raise
         if available_now:
+            self.incremental.close_topic()  # the query ran what was available and ended
             self._release()
             return started
         if self.pipeline.sink.mode == "changelog" and self.pipeline.sink.compact_every.total_seconds() > 0:
@@ -382,6 +383,7 @@ class LiveRunner:
             q = self.incremental.query
             if q is not None and q.isActive:
                 q.stop()
+            self.incremental.close_topic()
             self._unload_state()
         finally:
             self._release()

@@ -56,6 +56,7 @@ from phases._internal.handoff.live_folders import live_started
 from phases._internal.live.runner import LiveRunner
 from phases._internal.redeploy import swap
 from phases._internal.sources.reader import open_inputs
+from phases._internal.topics import sink as topic_sinks
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class Redeploy:
         is called after each step (:data:`STEPS`), for progress reports."""
         self.spark = spark
         self.pipeline = pipeline.definition if isinstance(pipeline, Deployment) else pipeline  # as declared
+        topic_sinks.refuse(self.pipeline, "a redeploy (a new generation built beside the serving one)")
         self.checks = list(checks or [])
         self.max_lag = max_lag
         self.live_rounds = live_rounds

@@ -19,6 +19,8 @@ Every write a live micro-batch makes names the run and the batch: the app id ``<
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import DataFrame, SparkSession
 
 from phases._internal.storage import table_stats, tables
@@ -44,8 +46,20 @@ class BatchWrites:
     """The writes of micro-batch ``batch`` of live run ``run_name``. ``first`` is True for the first micro-batch
     of a query after a start: only it can find its writes already committed (a replay)."""
 
-    def __init__(self, spark: SparkSession, pipeline: str, run_name: str, batch: int, *, first: bool):
+    def __init__(
+        self,
+        spark: SparkSession,
+        pipeline: str,
+        run_name: str,
+        batch: int,
+        *,
+        first: bool,
+        publish: Callable[[DataFrame, int, bool], object] | None = None,
+    ):
         self.spark, self.pipeline, self.run_name, self.batch, self.first = spark, pipeline, run_name, batch, first
+        # A topic sink's publish of the rows the sink gets (rows, batch, first): called before the sink's Delta write,
+        # with its own record of what went out (phases._internal.topics.sink).
+        self.publish = publish
         # The writes this batch left in its tables (``what`` -> the table's path): the progress record names them,
         # so that a start can tell a table restored to before them (:meth:`IncrementalLive.prepare`).
         self.committed: dict[str, str] = {}
@@ -61,7 +75,10 @@ class BatchWrites:
 
     def append_owned(self, df: DataFrame, path: str, what: str, *, merge_schema: bool = False) -> None:
         """Appends ``df`` to a table only this run writes (its sink, its pending versions) as a marked write, unless
-        this batch's write is already there. ``merge_schema`` lets the table take up columns ``df`` adds."""
+        this batch's write is already there. ``merge_schema`` lets the table take up columns ``df`` adds. The sink's
+        rows (``what`` "sink") go to the pipeline's result topic first, when it has one."""
+        if what == "sink" and self.publish is not None:
+            self.publish(df, self.batch, self.first)
         if self.already_written(path):
             self.committed[what] = path
             return
@@ -79,7 +96,10 @@ class BatchWrites:
         changed: int | None = None,
     ) -> None:
         """Upserts ``rows`` into the run's sink (one commit: ``write`` as
-        :func:`phases._internal.storage.tables.upsert_marked`) as a marked write, unless already there."""
+        :func:`phases._internal.storage.tables.upsert_marked`) as a marked write, unless already there; to the
+        pipeline's result topic first, when it has one."""
+        if self.publish is not None:
+            self.publish(rows, self.batch, self.first)
         if self.already_written(path):
             self.committed[what] = path
             return

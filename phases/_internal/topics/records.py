@@ -2,8 +2,8 @@
 
 The format (JSON, UTF-8):
 
-- the **key** is a JSON object of the result's key columns (``{"key": "k1"}``; a windowed result's also names its
-  window bounds), so one key's records always carry the same bytes and go to one partition;
+- the **key** is a JSON object of the pipeline's key columns (``{"key": "k1"}``), so one key's records always carry
+  the same bytes and go to one partition, in order (a windowed result's window bounds are in its value);
 - the **value** is a JSON object of every result column. Nulls are kept (``"total": null``), timestamps are
   ISO-8601 in UTC with microseconds (``"2026-01-01T00:00:59.123456Z"``), dates ``yyyy-MM-dd``, decimals JSON numbers
   with their exact digits and scale (read them as decimals, not floats), integers JSON integers, binary base64,

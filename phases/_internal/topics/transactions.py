@@ -20,6 +20,8 @@ place them.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import time
 from collections.abc import Iterable, Iterator
@@ -46,10 +48,12 @@ def marker_group(pipeline: str, generation: int) -> str:
 @dataclass(frozen=True)
 class Marker:
     """What a committed write applied: ``batch`` (the live micro-batch, or -1 for the handoff's results) and
-    ``handoff`` (the handoff manifest the write belongs to)."""
+    ``handoff`` (the handoff manifest the write belongs to); ``records``: how many records the handoff's writes
+    published in all, this one included (committed with them, so it is exact)."""
 
     batch: int
     handoff: str
+    records: int | None = None  # the records the handoff's writes published up to this one (None: not counted)
 
     @property
     def offset(self) -> int:
@@ -57,13 +61,17 @@ class Marker:
 
     @property
     def metadata(self) -> str:
-        return json.dumps({"batch": self.batch, "handoff": self.handoff}, sort_keys=True)
+        data: dict = {"batch": self.batch, "handoff": self.handoff}
+        if self.records is not None:
+            data["records"] = self.records
+        return json.dumps(data, sort_keys=True)
 
     @staticmethod
     def parse(offset: int, metadata: str | None, where: str) -> Marker:
         try:
             data = json.loads(metadata or "")
-            marker = Marker(int(data["batch"]), str(data["handoff"]))
+            records = data.get("records")
+            marker = Marker(int(data["batch"]), str(data["handoff"]), None if records is None else int(records))
         except (ValueError, KeyError, TypeError) as exc:
             raise SinkError(
                 f"{where}: the committed marker (offset {offset}, metadata {metadata!r}) is not one this engine "
@@ -197,12 +205,27 @@ class TopicWriter:
             raise SinkError(f"{self.where}: its committed marker could not be read ({tp.error})")
         return None if tp.offset < 0 else Marker.parse(tp.offset, tp.metadata, self.where)
 
-    def write(self, records: Iterable[Record], marker: Marker) -> int:
-        """Produces ``records`` and commits them with ``marker`` in one transaction; returns the count. An error
+    def write(
+        self,
+        records: Iterable[Record],
+        marker: Marker,
+        *,
+        empty_commits: bool = True,
+        records_before: int | None = None,
+    ) -> int:
+        """Produces ``records`` and commits them with ``marker`` in one transaction; returns the count. With
+        ``records_before`` (what the handoff's earlier writes published), the marker committed counts this write's
+        records too (:attr:`Marker.records`). An error
         aborts the transaction (nothing of it is ever read committed) and raises SinkError; a newer writer of the
-        same id (this one is a zombie) raises SinkError saying so, and this writer can no longer write."""
+        same id (this one is a zombie) raises SinkError saying so, and this writer can no longer write. Without
+        records and ``empty_commits`` False, nothing is committed (the marker stays where it is) and 0 returned."""
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+        records = iter(records)
+        first = next(records, None)
+        if first is None and not empty_commits:
+            return 0
+        records = itertools.chain([first] if first is not None else [], records)
         producer = self._start()
         failures: list[str] = []
 
@@ -232,7 +255,10 @@ class TopicWriter:
             producer.flush(self.timeout_s)
             if failures:
                 raise SinkError(f"{self.where}: {len(failures)} record(s) were not delivered: {failures[:3]}")
-            offsets = [TopicPartition(self.topic, 0, marker.offset, marker.metadata)]
+            committed = (
+                marker if records_before is None else dataclasses.replace(marker, records=records_before + count)
+            )
+            offsets = [TopicPartition(self.topic, 0, committed.offset, committed.metadata)]
             producer.send_offsets_to_transaction(
                 offsets, self._marker_consumer().consumer_group_metadata(), self.timeout_s
             )
@@ -261,7 +287,7 @@ class TopicWriter:
         except KafkaException:
             self._producer = None  # a fatal state: the next write starts a new producer (which fences this one)
 
-    def write_once(self, records: Iterable[Record], marker: Marker) -> int | None:
+    def write_once(self, records: Iterable[Record], marker: Marker, *, empty_commits: bool = True) -> int | None:
         """:meth:`write`, unless the committed marker is this write's or a later one's (a replay): then nothing is
         produced and None is returned. A committed marker of another handoff at the same or a later batch is a
         SinkError: the topic holds results this run did not make."""
@@ -274,7 +300,7 @@ class TopicWriter:
                     "generation's topic: a new backlog needs a new generation's topic (a redeploy) or an emptied one"
                 )
             return None
-        return self.write(records, marker)
+        return self.write(records, marker, empty_commits=empty_commits)
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -351,3 +377,56 @@ def fold_upsert(records: Iterable[TopicRecord]) -> dict[bytes, bytes]:
         else:
             current[record.key] = record.value
     return current
+
+
+@dataclass(frozen=True)
+class TopicFigures:
+    """A result topic as a read_committed consumer sees it: its partitions' last stable offsets (the end a
+    read_committed consumer reads to; offsets count Kafka's transaction markers too, so they are positions, not a
+    record count) and the newest committed write's marker (None: nothing written yet)."""
+
+    topic: str
+    end_offsets: dict[int, int]
+    marker: Marker | None
+
+
+def topic_figures(
+    servers: str,
+    topic: str,
+    pipeline: str,
+    generation: int = 0,
+    *,
+    client_config: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> TopicFigures:
+    """The figures of a pipeline generation's result topic, read without a producer (so no writer is fenced and no
+    open transaction aborted: a write in flight is simply not in them). A SinkError names the topic when it cannot
+    be read."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    where = f"topic {topic!r}"
+    consumer = Consumer(
+        {
+            **_client_config(servers, client_config),
+            "group.id": marker_group(pipeline, generation),
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            raise SinkError(f"{where} does not exist on {servers}")
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            for p in sorted(found.partitions)
+        }
+        [tp] = consumer.committed([TopicPartition(topic, 0)], timeout=timeout_s)
+        if tp.error is not None:
+            raise SinkError(f"{where}: its committed marker could not be read ({tp.error})")
+        marker = None if tp.offset < 0 else Marker.parse(tp.offset, tp.metadata, where)
+        return TopicFigures(topic, ends, marker)
+    except KafkaException as exc:
+        raise SinkError(f"{where} could not be read ({exc.args[0]})") from exc
+    finally:
+        consumer.close()

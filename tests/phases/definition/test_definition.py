@@ -241,3 +241,35 @@ def test_a_reduce_that_folds_passes_the_analysis(spark):
     for reduce in ("acc + x", "acc ^ x", "greatest(acc, x)", "acc | x"):
         assert reduce_problem(reduce, T.LongType()) is None, reduce
     assert reduce_problem("concat(acc, x)", T.StringType()) is None
+
+
+def test_a_topic_sink_is_validated_and_its_topic_is_part_of_the_fingerprint_not_its_brokers():
+    from phases._internal.definition import KafkaSink
+    from phases._internal.deployment.paths import resolve_paths
+
+    def sink(**fields) -> KafkaSink:
+        return KafkaSink(**{"topic": "totals", "bootstrap_servers": "b1:9092", "path": "results", **fields})
+
+    base = make_pipeline("/src", "/root", sink=sink())
+    assert base.sink.kind == "kafka"
+    assert base.fingerprint() == make_pipeline("/src", "/root", sink=sink(bootstrap_servers="b2:9092")).fingerprint()
+    assert base.fingerprint() != make_pipeline("/src", "/root", sink=sink(topic="totals2")).fingerprint()
+    assert base.fingerprint() != make_pipeline("/src", "/root", sink=DeltaSink(path="results")).fingerprint()
+    # A definition read back (JSON, as the Dagster layer and the child processes pass it) keeps its topic sink.
+    assert Pipeline.model_validate_json(base.model_dump_json()) == base
+    # Where it runs: its table under the storage root, its brokers the environment's.
+    moved = resolve_paths(base, "/data", "broker:9092")
+    assert (moved.sink.path, moved.sink.bootstrap_servers, moved.sink.topic) == (
+        "/data/results",
+        "broker:9092",
+        "totals",
+    )
+    for fields, fragment in [
+        ({"topic": "a topic"}, "not a Kafka topic name"),
+        ({"topic": ".."}, "not a Kafka topic name"),
+        ({"client_options": {"isolation.level": "read_uncommitted"}}, "set by the topic sink itself"),
+        ({"transaction_timeout": timedelta(0)}, "transaction_timeout must be positive"),
+        ({"mode": "journal"}, "mode"),
+    ]:
+        with pytest.raises(DefinitionError, match=fragment):
+            sink(**fields)

@@ -3,7 +3,8 @@ itself with SIGKILL at a chosen point of its first micro-batch that writes to th
 keyed aggregation's upsert, or the append of the windows a micro-batch closed):
 
 - ``sink``: once the state store has committed the batch's version, before the sink write;
-- ``progress``: once the sink write has committed, before the batch's progress record."""
+- ``progress``: once the sink write has committed, before the batch's progress record;
+- ``recorded``: once the batch's progress record is written, before Spark's commit log records the batch."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import signal
 import sys
 
 import phases._internal.live.micro_batch as engine
+from phases._internal.coordination.progress_log import ProgressLog
 from phases._internal.definition import Pipeline
 from phases._internal.live.runner import LiveRunner
 from phases._internal.runtime.session import SparkSettings, build_session
 from tests.helpers import SHORT_LIVED_JVM_CONF
 
-KILL_POINTS = ("sink", "progress")
+KILL_POINTS = ("sink", "progress", "recorded")
 
 
 def main() -> None:
@@ -42,8 +44,16 @@ def main() -> None:
     def append(rows, path, app_id, batch, **options):
         around_sink_write(path, lambda: real_append(rows, path, app_id, batch, **options))
 
+    real_record = ProgressLog.write
+
+    def record(self, batch_id: int, progress: dict) -> None:
+        real_record(self, batch_id, progress)
+        if batch_id >= 0 and kill_at == "recorded":
+            os.kill(os.getpid(), signal.SIGKILL)
+
     engine.tables.upsert_marked = upsert
     engine.tables.append_marked = append
+    ProgressLog.write = record
     runner.start(available_now=True)
     sys.exit(3)  # not reached when the kill point is hit
 

@@ -176,6 +176,37 @@ def test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_
 
 
 @pytest.mark.slow
+def test_kill_9_after_a_progress_record_and_before_sparks_commit_then_versions_arriving_count_once(spark, tmp_path):
+    """The live process is SIGKILLed once its first micro-batch's progress record is written and before Spark's
+    commit log records the batch; more versions arrive; the restart's query runs that batch again. Its record is
+    the truth (its writes are done): the next micro-batch goes on from the state the record names, so every
+    record of every version counts once. (It once ran the batch again as if new, kept the old record on disk and
+    the new one in memory, and the next micro-batch loaded the handoff's state: the batch's records were lost.)"""
+    import subprocess
+    import sys
+
+    source = str(tmp_path / "source")
+    backlog = {1: [("a", 100 * SECOND, 1), ("b", 90 * SECOND, 2)]}
+    first = {2: [("a", 110 * SECOND, 3), ("c", 120 * SECOND, 4)]}
+    later = {3: [("a", 130 * SECOND, 5), ("b", 140 * SECOND, 6)], 4: [("c", 150 * SECOND, 7)]}
+    write_source(spark, source, backlog)
+    p = _pipeline("keyed", source, str(tmp_path / "run"))
+    BacklogRunner(spark, p).run()
+    append_version(spark, source, first[2])
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.phases.live.live_child", p.model_dump_json(), "recorded"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == -9, child.stderr[-2000:]
+    for v in sorted(later):
+        append_version(spark, source, later[v])
+    LiveRunner.from_manifest(spark, p, take_over=True).start(available_now=True)
+    _assert_sink(spark, "keyed", p, _expected("keyed", {**backlog, **first, **later}))
+
+
+@pytest.mark.slow
 # Each kill point once and each kind once (a child JVM each): the other two pairs are the in-process crashes at the
 # same points (test_a_crash_between_the_state_write_and_the_sink_write_is_replayed_exactly_once).
 @pytest.mark.parametrize(("kill_at", "kind"), [("sink", "keyed"), ("progress", "tumbling")])

@@ -34,8 +34,13 @@ def _pipeline(source: str, root: str, size_s: int, slide_s: int | None):
 
 
 def _emitted(spark, path: str) -> dict[tuple[str, int, int], dict]:
+    return emitted_windows(spark.read.format("delta").load(path).collect())
+
+
+def emitted_windows(rows) -> dict[tuple[str, int, int], dict]:
+    """Result rows of :data:`AGGS` by (key, window start, window end); a window in them twice fails."""
     out = {}
-    for r in spark.read.format("delta").load(path).collect():
+    for r in rows:
         key = (r["key"], us_of(r["window_start"]), us_of(r["window_end"]))
         assert key not in out, f"window emitted twice: {key}"
         out[key] = {"n": r["n"], "total": r["total"], "hi": r["hi"]}

@@ -1,0 +1,170 @@
+"""A pipeline's result topic (:class:`phases.KafkaSink`): the writes of the handoff and of every live micro-batch,
+each once, through the generation's transactional writer (:class:`phases._internal.topics.transactions.TopicWriter`).
+
+The engine keeps the results in its Delta table (``sink.path``) as for a Delta sink, and publishes the same rows:
+
+- **the handoff's results**: the table's rows at the version the handoff manifest names (``sink_version``), as batch
+  -1 of that handoff. The backlog publishes them right after it writes the manifest; a live phase that starts from
+  the handoff publishes them first if they are not out yet (the backlog stopped between its manifest and its
+  publish), so the manifest's id names the write wherever it is made and a rerun never publishes it twice;
+- **a live micro-batch's changes** (:meth:`TopicSink.publish`), before the micro-batch writes the Delta table and
+  its progress record. The query's first micro-batch after a start may be a replay: it reads the marker first and
+  skips a write that already committed. A later micro-batch runs after its predecessor's progress record, so
+  nothing of it can be out yet.
+
+Every record's Kafka key is the pipeline's key columns, so one key's records keep their order in one partition.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyspark.sql import DataFrame, SparkSession
+
+from phases._internal.definition import KafkaSink, Pipeline
+from phases._internal.errors import DefinitionError, SinkError
+from phases._internal.topics import records
+from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter
+
+log = logging.getLogger(__name__)
+
+
+def topic_sink(pipeline: Pipeline, generation: int) -> TopicSink | None:
+    """The result topic of ``pipeline`` (bound to where it runs) as ``generation`` writes it; None for a Delta sink."""
+    return TopicSink(pipeline, generation) if isinstance(pipeline.sink, KafkaSink) else None
+
+
+def refuse(pipeline: Pipeline, what: str) -> None:
+    """A DefinitionError when ``pipeline`` has a topic sink: ``what`` (a way of running) cannot publish its results
+    to a topic exactly once yet."""
+    if isinstance(pipeline.sink, KafkaSink):
+        raise DefinitionError(
+            f"pipeline {pipeline.name!r}: {what} is not available with a topic sink (sink.kind 'kafka', topic "
+            f"{pipeline.sink.topic!r}): its results could not be published exactly once. Nothing was run. Run a full "
+            "backlog (BacklogRunner(spark, pipeline).run()) and the live phase, or use a Delta sink (DeltaSink)"
+        )
+
+
+class TopicSink:
+    """The writes of one pipeline generation into its result topic."""
+
+    def __init__(self, pipeline: Pipeline, generation: int):
+        sink = pipeline.sink
+        if not isinstance(sink, KafkaSink):
+            raise TypeError(f"pipeline {pipeline.name!r} has no topic sink")
+        self.pipeline, self.sink = pipeline.name, sink
+        self.key_columns = list(pipeline.key_columns)
+        self.writer = TopicWriter(
+            sink.bootstrap_servers,
+            sink.topic,
+            pipeline.name,
+            generation,
+            client_config=sink.client_options,
+            timeout_s=sink.transaction_timeout.total_seconds(),
+        )
+        self.published = 0  # records produced by this process's writes (for reports)
+        # What the current handoff's writes published in all, as the newest marker counts it (None: not read yet).
+        self._handoff_records: int | None = None
+
+    @property
+    def where(self) -> str:
+        return self.writer.where
+
+    def check(self) -> None:
+        """A SinkError naming the topic when it does not exist (before anything is written)."""
+        self.writer.check_topic()
+
+    def committed(self) -> Marker | None:
+        return self.writer.committed()
+
+    def publish_handoff(self, spark: SparkSession, handoff_id: str, table: str, version: int) -> int | None:
+        """Publishes the handoff ``handoff_id``'s results (the table ``table`` at ``version``) as its batch -1, unless
+        the topic already holds a write of that handoff; returns the records produced (None: none needed)."""
+        committed = self.writer.committed()
+        if committed is not None and committed.handoff == handoff_id:
+            self._handoff_records = committed.records
+            return None
+        rows = spark.read.format("delta").option("versionAsOf", version).load(table)
+        produced = self._records(rows, handoff_id, HANDOFF_BATCH)
+        count = self.writer.write(produced, Marker(HANDOFF_BATCH, handoff_id), records_before=0)
+        self._handoff_records = count
+        log.info("%s: the handoff %s's %d results published", self.where, handoff_id, count)
+        self.published += count
+        return count
+
+    def publish(
+        self, rows: DataFrame, batch: int, handoff_id: str, *, replay_possible: bool, after_handoff: bool = True
+    ) -> int | None:
+        """Publishes live micro-batch ``batch``'s rows (of the handoff ``handoff_id``, or of one streaming job's
+        run when not ``after_handoff``) in one transaction with its marker; ``replay_possible`` (the query's first
+        micro-batch after a start): unless its write already committed. Returns the records produced (None: already
+        out). A batch with no row commits nothing."""
+        marker = Marker(batch, handoff_id)
+        produced = self._records(rows, handoff_id, batch)
+        if replay_possible:
+            committed = self.writer.committed()
+            if (committed is None and after_handoff) or (committed is not None and committed.handoff != handoff_id):
+                raise self._other_handoff(committed, marker)
+            self._handoff_records = committed.records if committed is not None else 0
+            if committed is not None and committed.batch >= batch:
+                log.info("%s: micro-batch %d is out already (a replay): not published again", self.where, batch)
+                return None
+        before = self._handoff_records
+        count = self.writer.write(produced, marker, empty_commits=False, records_before=before)
+        if before is not None:
+            self._handoff_records = before + count
+        self.published += count
+        return count
+
+    def _other_handoff(self, committed: Marker | None, marker: Marker) -> SinkError:
+        holds = (
+            f"the topic's newest write is of handoff {committed.handoff} (batch {committed.batch})"
+            if committed is not None
+            else "the topic holds no write of the engine"
+        )
+        return SinkError(
+            f"{self.where}: micro-batch {marker.batch} of handoff {marker.handoff} is to be written, but {holds}: the "
+            "results of this handoff never went out, or another run writes this generation's topic. Nothing was "
+            "written. Start the live phase again (its start publishes the handoff's results first)"
+        )
+
+    def _records(self, rows: DataFrame, handoff_id: str, batch: int):
+        return records.records(
+            records.encoded(rows, self.key_columns), records.headers(self.pipeline, handoff_id, batch)
+        )
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def read_topic(
+    spark: SparkSession, pipeline: Pipeline, *, with_change_columns: bool = False, timeout_s: float = 60.0
+) -> DataFrame:
+    """What a ``read_committed`` consumer of ``pipeline``'s result topic reads, folded as its mode says, with the
+    columns and types of the engine's table of the results (the JSON values parsed with its schema: exact
+    timestamps, decimals and nulls): for a keyed aggregation the current row per key (its newest record; a
+    tombstone removes the key), for the other operators every result once. ``with_change_columns`` keeps a
+    changelog's ``_batch_id``, ``_source_version`` and ``_op``. For reconciliation and tests: it reads the whole
+    topic through the driver."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    from phases._internal.topics.transactions import fold_upsert, read_committed
+
+    sink = pipeline.sink
+    if not isinstance(sink, KafkaSink):
+        raise DefinitionError(f"pipeline {pipeline.name!r} has no topic sink (sink.kind {sink.kind!r})")
+    read = read_committed(sink.bootstrap_servers, sink.topic, timeout_s=timeout_s, client_config=sink.client_options)
+    if pipeline.operator.upserts:
+        values = list(fold_upsert(read).values())
+    else:
+        values = [r.value for r in read if r.value is not None]
+    schema = spark.read.format("delta").load(sink.path).schema
+    texts = pa.table({"value": pa.array([v.decode() for v in values], pa.string())})
+    frame = spark.createDataFrame(texts).select(F.from_json("value", schema, records.JSON_OPTIONS).alias("r"))
+    rows = frame.select("r.*")
+    if with_change_columns or sink.mode != "changelog" or not pipeline.operator.upserts:
+        return rows
+    from phases._internal.storage.changelog import BATCH_ID, OP, SOURCE_VERSION
+
+    return rows.drop(BATCH_ID, SOURCE_VERSION, OP)

@@ -1,0 +1,230 @@
+"""A pipeline whose results go to a Kafka topic (phases.KafkaSink) against the real broker: the handoff's results
+then each live micro-batch's changes, each once, for any cut-off and any split of the live versions into runs; a
+micro-batch replayed after a crash before its progress record is not published again; the ways a topic sink cannot
+run yet are refused."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phases import KafkaSink, Redeploy, inspect, read_topic
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.coordination.progress_log import ProgressLog
+from phases._internal.definition import Window, WindowedAggregate
+from phases._internal.errors import DefinitionError, SinkError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.topics.records import HEADER_BATCH, HEADER_HANDOFF
+from phases._internal.topics.transactions import fold_upsert, read_committed
+from tests import reference
+from tests.conftest import examples, make_pipeline
+from tests.helpers import (
+    EVENT_VERSIONS,
+    append_version,
+    assert_results_equal,
+    materialize,
+    sink_rows,
+    write_source,
+)
+from tests.phases.operators.test_windows import AGGS, emitted_windows
+
+DELAY_S = 15
+SECOND = 1_000_000
+
+
+def _sink(kafka, topic: str, mode: str = "upsert", path: str = "results", **fields) -> KafkaSink:
+    return KafkaSink(topic=topic, bootstrap_servers=kafka.bootstrap_servers, mode=mode, path=path, **fields)
+
+
+def _topic(kafka, partitions: int = 3) -> str:
+    name = f"results-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(name, partitions)
+    return name
+
+
+def _rows_by_key(values: dict[bytes, bytes]) -> dict[str, dict]:
+    out = {}
+    for key, value in values.items():
+        row = json.loads(value)
+        assert json.loads(key) == {"key": row["key"]}, (key, value)
+        out[row.pop("key")] = row
+    return out
+
+
+def _live_runs(spark, pipeline, source: str, versions: dict, cutoff: int, splits: list[int]) -> None:
+    """The live phase over the versions after ``cutoff``, started anew for each run of ``splits`` versions (each
+    start resumes from the checkpoint; a run's versions may be split over micro-batches)."""
+    pending = [v for v in sorted(versions) if v > cutoff]
+    sizes = iter(splits)
+    while pending:
+        take = max(1, next(sizes, len(pending)))
+        for v in pending[:take]:
+            append_version(spark, source, versions[v])
+        pending = pending[take:]
+        live = LiveRunner.from_manifest(spark, pipeline, max_files_per_trigger=1)
+        live.start(available_now=True)
+
+
+def _pipeline(kafka, kind: str, source: str, root: Path, topic: str):
+    """``keyed`` / ``keyed-changelog``: the keyed aggregation into an upsert / changelog topic; ``tumbling``: 20 s
+    windows, each result appended once."""
+    if kind.startswith("keyed"):
+        mode = "changelog" if kind == "keyed-changelog" else "upsert"
+        return make_pipeline(
+            source, str(root / "run"), delay_s=DELAY_S, sink=_sink(kafka, topic, mode, str(root / "t"))
+        )
+    op = WindowedAggregate(window=Window(size=timedelta(seconds=20)), aggregations=AGGS)
+    return make_pipeline(
+        source, str(root / "run"), delay_s=DELAY_S, operator=op, sink=_sink(kafka, topic, path=str(root / "t"))
+    )
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    raw=EVENT_VERSIONS,
+    cut=st.integers(min_value=0, max_value=5),
+    splits=st.lists(st.integers(min_value=1, max_value=3), max_size=4),
+    kind=st.sampled_from(["keyed", "keyed-changelog", "tumbling"]),
+)
+def test_a_topic_sink_read_committed_equals_the_reference_and_the_engines_table(
+    spark, kafka, tmp_path, raw, cut, splits, kind
+):
+    """Random records, cut-off and runs of the live phase (each run a restart from the checkpoint, its versions one
+    file a micro-batch): a read_committed consumer of the topic, folded per key, equals the plain reference and the
+    engine's own Delta table; each change (each window) is in the topic once."""
+    root = tmp_path / uuid.uuid4().hex
+    source = str(root / "source")
+    versions = materialize(raw)
+    cutoff = min(cut, len(versions))
+    write_source(spark, source, {v: rows for v, rows in versions.items() if v <= cutoff})
+    topic = _topic(kafka)
+    p = _pipeline(kafka, kind, source, root, topic)
+    handoff = BacklogRunner(spark, p).run()
+    _live_runs(spark, p, source, versions, cutoff, splits)
+
+    read = list(read_committed(kafka.bootstrap_servers, topic))
+    assert all(r.headers[HEADER_HANDOFF] == handoff.manifest_id.encode() for r in read)
+    assert len([r for r in read if r.headers[HEADER_BATCH] == b"-1"]) == handoff.sink_rows
+    # The figures an orchestrator shows: the newest marker counts every record the handoff's writes published.
+    figures = inspect.result_topic(p)
+    assert figures.marker.handoff == handoff.manifest_id and figures.marker.records == len(read)
+    assert figures.marker.batch == max([-1, *(int(r.headers[HEADER_BATCH]) for r in read)])  # empty ones: none
+    typed = [r.asDict() for r in read_topic(spark, p).collect()]  # the documented reader, with the table's types
+    if kind == "tumbling":
+        expected = reference.run_windows(versions, DELAY_S * SECOND, 20 * SECOND, 20 * SECOND)[0]
+        published = emitted_windows(typed)
+        assert len(typed) == len(read) and published == expected
+        assert published == emitted_windows(spark.read.format("delta").load(p.sink.path).collect())
+        return
+    expected, _ = reference.run(versions, DELAY_S * SECOND)
+    if kind == "keyed-changelog":
+        # Every change once: one record a key a micro-batch (the handoff's is batch -1), its batch in the value.
+        changes = [(r.headers[HEADER_BATCH], r.key) for r in read]
+        assert len(changes) == len(set(changes)), "a change was published twice"
+        assert all(json.loads(r.value)["_batch_id"] == int(r.headers[HEADER_BATCH]) for r in read)
+    folded = _rows_by_key(fold_upsert(read))
+    assert_results_equal(folded, expected)
+    assert_results_equal({d.pop("key"): d for d in typed}, expected)
+    if kind == "keyed":  # the engine's own Delta table of the results holds the same rows
+        assert_results_equal(folded, sink_rows(spark, p.sink.path))
+
+
+def test_a_micro_batch_replayed_after_a_crash_before_its_progress_record_is_not_published_again(
+    spark, kafka, tmp_path, monkeypatch
+):
+    source = str(tmp_path / "source")
+    rows = {1: [("a", 1 * SECOND, 1), ("b", 2 * SECOND, 2)], 2: [("a", 30 * SECOND, 3), ("c", 31 * SECOND, 4)]}
+    write_source(spark, source, {1: rows[1]})
+    topic = _topic(kafka)
+    p = make_pipeline(
+        source, str(tmp_path / "run"), delay_s=DELAY_S, sink=_sink(kafka, topic, path=str(tmp_path / "t"))
+    )
+    BacklogRunner(spark, p).run()
+    append_version(spark, source, rows[2])
+
+    real_write = ProgressLog.write
+
+    def crash_after_the_writes(self, batch_id, record):
+        if batch_id >= 0:
+            raise RuntimeError("the process dies before micro-batch 0's progress record")
+        return real_write(self, batch_id, record)
+
+    monkeypatch.setattr(ProgressLog, "write", crash_after_the_writes)
+    with pytest.raises(Exception, match="progress record"):
+        LiveRunner.from_manifest(spark, p).start(available_now=True)
+    published = [(r.headers[HEADER_BATCH], r.key) for r in read_committed(kafka.bootstrap_servers, topic)]
+    assert published.count((b"0", b'{"key":"a"}')) == 1  # micro-batch 0 went out before the crash
+    monkeypatch.setattr(ProgressLog, "write", real_write)
+
+    LiveRunner.from_manifest(spark, p).start(available_now=True)  # replays micro-batch 0
+    read = list(read_committed(kafka.bootstrap_servers, topic))
+    changes = [(r.headers[HEADER_BATCH], r.key) for r in read]
+    assert len(changes) == len(set(changes)) and (b"0", b'{"key":"a"}') in changes
+    expected, _ = reference.run(rows, DELAY_S * SECOND)
+    assert_results_equal(_rows_by_key(fold_upsert(read)), expected)  # the compacted view exact
+    assert_results_equal(_rows_by_key(fold_upsert(read)), sink_rows(spark, p.sink.path))
+
+
+@pytest.mark.slow
+def test_kill_9_at_every_boundary_of_a_topic_write_then_a_restart_publishes_every_change_once(spark, kafka, tmp_path):
+    """SIGKILL of the run's process group (Python and JVM) at each boundary in turn (tests.phases.topics.topic_child):
+    in the backlog between its manifest and its publish, then in the live phase before a micro-batch's transaction
+    begins, while it holds records, after its commit and before the progress record, and after the progress record;
+    a version arrives after every kill, each run is the restart of the one killed before it. After a last restart:
+    every change of the changelog in the topic once (0 lost, 0 duplicated), batch by batch the rows of the engine's
+    Delta changelog, and folded, the reference."""
+    import subprocess
+    import sys
+
+    from tests.phases.topics.topic_child import KILL_POINTS
+
+    source = str(tmp_path / "source")
+    versions = {v: [(k, v * 20 * SECOND + i * SECOND, v * 10 + i) for i, k in enumerate("abc")] for v in range(1, 8)}
+    write_source(spark, source, {v: versions[v] for v in (1, 2)})
+    topic = _topic(kafka)
+    sink = _sink(kafka, topic, "changelog", path=str(tmp_path / "results"))
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S, sink=sink)
+    head = 2
+    for kill_at in KILL_POINTS:
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.phases.topics.topic_child", p.model_dump_json(), kill_at],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            start_new_session=True,  # its own process group: the kill takes the JVM with it
+        )
+        assert child.returncode == -9, (kill_at, child.returncode, child.stderr[-3000:])
+        head += 1
+        append_version(spark, source, versions[head])
+    LiveRunner.from_manifest(spark, p, take_over=True).start(available_now=True)
+
+    read = list(read_committed(kafka.bootstrap_servers, topic))
+    changes = [(int(r.headers[HEADER_BATCH]), json.loads(r.key)["key"]) for r in read]
+    assert len(changes) == len(set(changes)), "a change was published twice"
+    table = spark.read.format("delta").load(p.sink.path).select("_batch_id", "key").collect()
+    assert sorted(changes) == sorted((r["_batch_id"], r["key"]) for r in table), "the topic and the table differ"
+    expected, _ = reference.run({v: versions[v] for v in range(1, head + 1)}, DELAY_S * SECOND)
+    assert_results_equal(_rows_by_key(fold_upsert(read)), expected)
+
+
+def test_a_missing_topic_is_refused_before_the_backlog_and_ways_without_exactly_once_are_refused(
+    spark, kafka, tmp_path
+):
+    source = str(tmp_path / "source")
+    write_source(spark, source, {1: [("a", SECOND, 1)]})
+    p = make_pipeline(source, str(tmp_path / "run"), sink=_sink(kafka, "no-such-topic", path=str(tmp_path / "r")))
+    with pytest.raises(SinkError, match="'no-such-topic'.*does not exist.*Create it first"):
+        BacklogRunner(spark, p).run()
+    with pytest.raises(DefinitionError, match="a redeploy .* is not available with a topic sink"):
+        Redeploy(spark, p)
+    with pytest.raises(DefinitionError, match="a catch-up increment is not available with a topic sink"):
+        BacklogRunner(spark, p).run_increment()
+    with pytest.raises(DefinitionError, match="client_options \\['transactional.id'\\] are set by the topic sink"):
+        _sink(kafka, "t", client_options={"transactional.id": "mine"})
