@@ -46,6 +46,7 @@ LONGEST_MODULES = (
     "tests/phases/operators/test_two_input_kafka.py",
     "tests/test_readme_guide.py",
     "tests/deployment/test_standalone_cluster.py",
+    "tests/phases/topics/test_kafka_sink.py",
     "tests/phases/backlog/test_step_increments.py",
     "tests/phases/state/test_keyed_store.py",
     "tests/phases/operators/test_process_function.py",
