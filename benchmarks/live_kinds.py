@@ -84,7 +84,17 @@ def _seed(spark: SparkSession, source: str, keys: int, offset_s: int = 0) -> Non
         )
 
 
-def measure_kind(spark: SparkSession, base: Path, kind: str, keys: int, batches: int, rows: int) -> dict:
+def measure_kind(
+    spark: SparkSession,
+    base: Path,
+    kind: str,
+    keys: int,
+    batches: int,
+    rows: int,
+    interval: timedelta = timedelta(seconds=5),
+) -> dict:
+    """One kind; ``interval``: the live phase's trigger interval (the micro-batch's cost does not depend on it: a
+    shorter one only waits less for each trigger)."""
     source, right = str(base / "source"), str(base / "right")
     _seed(spark, source, keys)
     if kind in ("interval_join", "co_group"):
@@ -98,6 +108,7 @@ def measure_kind(spark: SparkSession, base: Path, kind: str, keys: int, batches:
         operator=_operator(kind, right),
         sink=DeltaSink(path=str(base / "sink")),
         locations=Locations(root=str(base / "run")),
+        checkpoint_interval=interval,
     )
     started = time.perf_counter()
     backlog = BacklogRunner(spark, pipeline)
@@ -131,14 +142,20 @@ def measure_kind(spark: SparkSession, base: Path, kind: str, keys: int, batches:
 
 
 def measure(
-    spark: SparkSession, work: Path, kinds=KINDS, keys: int = 1_000_000, batches: int = 6, rows: int = 2_000
+    spark: SparkSession,
+    work: Path,
+    kinds=KINDS,
+    keys: int = 1_000_000,
+    batches: int = 6,
+    rows: int = 2_000,
+    interval: timedelta = timedelta(seconds=5),
 ) -> list[dict]:
     """Every kind in ``kinds`` in turn (its folder removed afterwards)."""
     results = []
     for kind in kinds:
         base = Path(work) / f"live_kind_{kind}"
         shutil.rmtree(base, ignore_errors=True)
-        result = measure_kind(spark, base, kind, keys, batches, rows)
+        result = measure_kind(spark, base, kind, keys, batches, rows, interval)
         print(f"[live-kinds] {json.dumps(result)}", flush=True)
         results.append(result)
         shutil.rmtree(base, ignore_errors=True)

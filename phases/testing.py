@@ -5,7 +5,8 @@ The helpers need no test framework; the fixtures that go with them (``phases_spa
 is installed with its ``testing`` extra (``pip install "two-phase-pipelines[testing]"``: pytest and hypothesis).
 
 - :func:`run_two_phase`: your pipeline moved under a scratch folder, the first ``cutoff`` versions through the
-  backlog, the rest through the live phase; returns the sink and the quarantine;
+  backlog, the rest through the live phase; returns the sink and the quarantine (a topic sink: what a read_committed
+  consumer reads of a topic made for the run, :func:`phases.read_topic`);
 - :func:`run_streaming`: the same pipeline as one streaming job over all versions (the reference the
   two-phase run must equal);
 - :func:`assert_equivalent`: both, for every cut-off (or the ones you name), with a readable diff of the rows
@@ -19,6 +20,7 @@ A Dagster-level helper (materialize a pipeline's assets and run their checks in 
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -31,10 +33,12 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from phases._internal.definition import Pipeline
+from phases._internal.definition import KafkaSink, Pipeline
 from phases._internal.errors import DefinitionError, SetupError
+from phases._internal.runtime.local_kafka import create_topic
 from phases._internal.sources import feed as sources
 from phases._internal.storage import tables
+from phases._internal.topics.sink import read_topic
 
 Version = Sequence[tuple] | Sequence[dict] | pd.DataFrame
 
@@ -100,17 +104,29 @@ def relocate(pipeline: Pipeline, root: str | Path, source: str) -> Pipeline:
             "source's versions to your own test, as tests/phases/operators/test_two_input.py does)"
         )
     root = str(root).rstrip("/")
+    sink_update = {"path": f"{root}/sink"}
+    if isinstance(pipeline.sink, KafkaSink):  # a topic of the run's own, beside the one the definition names
+        sink_update["topic"] = f"{pipeline.sink.topic}.{hashlib.sha1(root.encode()).hexdigest()[:12]}"
     return pipeline.model_copy(
         update={
             "source": pipeline.source.model_copy(update={"path": source}),
-            "sink": pipeline.sink.model_copy(update={"path": f"{root}/sink"}),
+            "sink": pipeline.sink.model_copy(update=sink_update),
             "locations": pipeline.locations.model_copy(update={"root": root}),
         }
     )
 
 
+def _create_topic(p: Pipeline) -> None:
+    """A topic sink's topic for a run of the kit (three partitions, on the sink's brokers)."""
+    if isinstance(p.sink, KafkaSink):
+        create_topic(p.sink.bootstrap_servers, p.sink.topic, 3, client_config=p.sink.client_options)
+
+
 def _result(spark: SparkSession, p: Pipeline) -> RunResult:
-    sink = spark.read.format("delta").load(p.sink.path).toPandas() if tables.exists(spark, p.sink.path) else None
+    if isinstance(p.sink, KafkaSink):  # what a read_committed consumer reads, folded as the sink's mode says
+        sink = read_topic(spark, p).toPandas() if tables.exists(spark, p.sink.path) else None
+    else:
+        sink = spark.read.format("delta").load(p.sink.path).toPandas() if tables.exists(spark, p.sink.path) else None
     q_path = p.locations.quarantine
     columns = ["source_version", "record", "reason"]
     if tables.exists(spark, q_path):
@@ -147,6 +163,7 @@ def run_two_phase(
     source = f"{work}/source"
     write_versions(spark, source, versions[:cutoff], schema)
     p = relocate(pipeline, f"{work}/run", source)
+    _create_topic(p)
     BacklogRunner(spark, p).run()
     append_versions(spark, source, versions[cutoff:])
     LiveRunner.from_manifest(spark, p).start(available_now=True)
@@ -168,6 +185,7 @@ def run_streaming(
     source = f"{work}/source"
     write_versions(spark, source, versions, schema)
     p = relocate(pipeline, f"{work}/run", source)
+    _create_topic(p)
     LiveRunner.streaming_only(spark, p).start(available_now=True)
     return _result(spark, p)
 

@@ -38,6 +38,24 @@ def test_assert_equivalent_holds_for_a_keyed_pipeline_at_every_cutoff(phases_spa
     assert '"value":7' in got.quarantine["record"][0]
 
 
+def test_assert_equivalent_compares_what_a_topic_sinks_consumer_reads(
+    phases_spark, phases_kafka, delta_source, tmp_path
+):
+    """A topic sink: each run of the kit writes a topic of its own, and compares what a read_committed consumer reads of
+    it (folded per key for an aggregation)."""
+    from phases import KafkaSink
+
+    versions = [
+        [("a", EPOCH + 30 * S, 1), ("b", EPOCH + 5 * S, 2)],
+        [("a", EPOCH + 40 * S, 3), ("c", EPOCH + 41 * S, 4)],
+    ]
+    sink = KafkaSink(topic="totals", bootstrap_servers=phases_kafka.bootstrap_servers, path="unused", mode="changelog")
+    pipeline = make_pipeline(delta_source([]), str(tmp_path / "mine"), delay_s=10, sink=sink)
+    testing.assert_equivalent(phases_spark, pipeline, versions, work=tmp_path / "work", cutoffs=[1])
+    got = testing.run_two_phase(phases_spark, pipeline, versions, 1, work=tmp_path / "one").sink.set_index("key")
+    assert got["n"].to_dict() == {"a": 2, "b": 1, "c": 1} and "_batch_id" not in got.columns
+
+
 def test_the_diff_lists_the_rows_only_one_side_has():
     reference = pd.DataFrame({"key": ["a", "b", "b"], "n": [1, 2, 2], "mean": [0.1 + 0.2, 1.0, 1.0]})
     same = pd.DataFrame({"key": ["b", "a", "b"], "n": [2, 1, 2], "mean": [1.0, 0.3, 1.0]})

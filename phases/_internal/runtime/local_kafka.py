@@ -186,25 +186,33 @@ class LocalKafka:
 
     def create_topic(self, name: str, partitions: int = 1, **config: str) -> None:
         """Creates ``name`` and waits until every partition has a leader."""
-        from confluent_kafka.admin import NewTopic
-
-        admin = self.admin()  # kept alive until the future resolves
-        futures = admin.create_topics([NewTopic(name, partitions, 1, config=config)], operation_timeout=30)
-        futures[name].result(60)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            topic = admin.list_topics(name, timeout=5).topics.get(name)
-            ready = topic and topic.error is None and len(topic.partitions) == partitions
-            if ready and all(p.leader >= 0 for p in topic.partitions.values()):
-                return
-            time.sleep(0.2)
-        raise SetupError(f"topic {name!r} did not get leaders for its {partitions} partitions in 30 s")
+        create_topic(self.bootstrap_servers, name, partitions, **config)
 
     def __enter__(self) -> LocalKafka:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def create_topic(
+    servers: str, name: str, partitions: int = 1, *, client_config: dict[str, str] | None = None, **config: str
+) -> None:
+    """Creates topic ``name`` (replication 1: a local broker) on ``servers`` and waits until every partition has a
+    leader; SetupError when it does not get them within 30 s."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": servers, **(client_config or {})})  # alive until the future resolves
+    futures = admin.create_topics([NewTopic(name, partitions, 1, config=config)], operation_timeout=30)
+    futures[name].result(60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        topic = admin.list_topics(name, timeout=5).topics.get(name)
+        ready = topic and topic.error is None and len(topic.partitions) == partitions
+        if ready and all(p.leader >= 0 for p in topic.partitions.values()):
+            return
+        time.sleep(0.2)
+    raise SetupError(f"topic {name!r} did not get leaders for its {partitions} partitions in 30 s")
 
 
 def _accepts(port: int) -> bool:

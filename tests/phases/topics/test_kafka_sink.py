@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -228,3 +229,71 @@ def test_a_missing_topic_is_refused_before_the_backlog_and_ways_without_exactly_
         BacklogRunner(spark, p).run_increment()
     with pytest.raises(DefinitionError, match="client_options \\['transactional.id'\\] are set by the topic sink"):
         _sink(kafka, "t", client_options={"transactional.id": "mine"})
+
+
+def test_a_replayed_micro_batch_is_in_sparks_kafka_sink_twice_and_in_the_topic_sink_once(spark, kafka, tmp_path):
+    """Side by side, the state a crash between a micro-batch's sink write and its records leaves (made exactly: the
+    records removed after a clean run): Spark's own Kafka sink (a plain query, update mode) runs the batch again and
+    its records are in the topic twice; the topic sink's replay finds its marker and publishes nothing."""
+    import os
+
+    from pyspark.sql import functions as F
+
+    source = str(tmp_path / "source")
+    versions = {1: [("a", 1 * SECOND, 1), ("b", 2 * SECOND, 2)], 2: [("a", 30 * SECOND, 3), ("c", 31 * SECOND, 4)]}
+    write_source(spark, source, {1: versions[1]})
+
+    # Spark's Kafka sink: counts per key, the key as the Kafka key, once a micro-batch a version.
+    plain_topic, checkpoint = _topic(kafka), str(tmp_path / "plain_checkpoint")
+
+    def run_plain() -> None:
+        counts = spark.readStream.format("delta").option("maxFilesPerTrigger", 1).load(source).groupBy("key").count()
+        out = counts.select(F.to_json(F.struct("key")).alias("key"), F.to_json(F.struct("key", "count")).alias("value"))
+        query = (
+            out.writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+            .option("topic", plain_topic)
+            .option("checkpointLocation", checkpoint)
+            .outputMode("update")
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    # The topic sink on the same versions.
+    topic = _topic(kafka)
+    p = make_pipeline(
+        source, str(tmp_path / "run"), delay_s=DELAY_S, sink=_sink(kafka, topic, "changelog", str(tmp_path / "t"))
+    )
+    handoff = BacklogRunner(spark, p).run()
+    run_plain()
+    append_version(spark, source, versions[2])
+    run_plain()
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    before = (
+        len(list(read_committed(kafka.bootstrap_servers, plain_topic))),
+        len(list(read_committed(kafka.bootstrap_servers, topic))),
+    )
+
+    # What a crash after the sink write and before the records leaves: the last micro-batch's records removed.
+    def remove(folder, name: str) -> None:  # a file and Hadoop's hidden checksum file beside it
+        for path in (Path(folder) / name, Path(folder) / f".{name}.crc"):
+            path.unlink(missing_ok=True)
+
+    plain_last = max(int(f) for f in os.listdir(f"{checkpoint}/commits") if f.isdigit())
+    remove(f"{checkpoint}/commits", str(plain_last))
+    remove(tmp_path / "run" / "live" / handoff.manifest_id / "progress_log", "0.json")
+    remove(tmp_path / "run" / "checkpoints" / handoff.manifest_id / "increment" / "commits", "0")
+    run_plain()
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+
+    plain = list(read_committed(kafka.bootstrap_servers, plain_topic))
+    ours = list(read_committed(kafka.bootstrap_servers, topic))
+    # The replayed micro-batch (version 2: keys a and c updated) went out twice through Spark's Kafka sink.
+    assert len(plain) == before[0] + 2, (before, len(plain))
+    assert Counter(json.loads(r.key)["key"] for r in plain) == {"a": 3, "b": 1, "c": 2}  # once a batch: a 2, b 1, c 1
+    assert len(ours) == before[1], "the topic sink published the replayed micro-batch again"
+    changes = [(r.headers[HEADER_BATCH], r.key) for r in ours]
+    assert len(changes) == len(set(changes))
+    expected, _ = reference.run(versions, DELAY_S * SECOND)
+    assert_results_equal(_rows_by_key(fold_upsert(ours)), expected)
