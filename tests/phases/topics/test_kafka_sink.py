@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from phases import KafkaSink, Redeploy, inspect, read_topic
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.coordination.progress_log import ProgressLog
-from phases._internal.definition import Window, WindowedAggregate
+from phases._internal.definition import SessionAggregate, Window, WindowedAggregate
 from phases._internal.errors import DefinitionError, SinkError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.topics.records import HEADER_BATCH, HEADER_HANDOFF
@@ -74,13 +74,16 @@ def _live_runs(spark, pipeline, source: str, versions: dict, cutoff: int, splits
 
 def _pipeline(kafka, kind: str, source: str, root: Path, topic: str):
     """``keyed`` / ``keyed-changelog``: the keyed aggregation into an upsert / changelog topic; ``tumbling``: 20 s
-    windows, each result appended once."""
+    windows, ``session``: sessions with a 12 s gap, each result appended once."""
     if kind.startswith("keyed"):
         mode = "changelog" if kind == "keyed-changelog" else "upsert"
         return make_pipeline(
             source, str(root / "run"), delay_s=DELAY_S, sink=_sink(kafka, topic, mode, str(root / "t"))
         )
-    op = WindowedAggregate(window=Window(size=timedelta(seconds=20)), aggregations=AGGS)
+    if kind == "session":
+        op = SessionAggregate(gap=timedelta(seconds=12), aggregations=AGGS)
+    else:
+        op = WindowedAggregate(window=Window(size=timedelta(seconds=20)), aggregations=AGGS)
     return make_pipeline(
         source, str(root / "run"), delay_s=DELAY_S, operator=op, sink=_sink(kafka, topic, path=str(root / "t"))
     )
@@ -92,7 +95,7 @@ def _pipeline(kafka, kind: str, source: str, root: Path, topic: str):
     raw=EVENT_VERSIONS,
     cut=st.integers(min_value=0, max_value=5),
     splits=st.lists(st.integers(min_value=1, max_value=3), max_size=4),
-    kind=st.sampled_from(["keyed", "keyed-changelog", "tumbling"]),
+    kind=st.sampled_from(["keyed", "keyed-changelog", "tumbling", "session"]),
 )
 def test_a_topic_sink_read_committed_equals_the_reference_and_the_engines_table(
     spark, kafka, tmp_path, raw, cut, splits, kind
@@ -118,8 +121,11 @@ def test_a_topic_sink_read_committed_equals_the_reference_and_the_engines_table(
     assert figures.marker.handoff == handoff.manifest_id and figures.marker.records == len(read)
     assert figures.marker.batch == max([-1, *(int(r.headers[HEADER_BATCH]) for r in read)])  # empty ones: none
     typed = [r.asDict() for r in read_topic(spark, p).collect()]  # the documented reader, with the table's types
-    if kind == "tumbling":
-        expected = reference.run_windows(versions, DELAY_S * SECOND, 20 * SECOND, 20 * SECOND)[0]
+    if kind in ("tumbling", "session"):
+        if kind == "session":
+            expected = reference.run_sessions(versions, DELAY_S * SECOND, 12 * SECOND)
+        else:
+            expected = reference.run_windows(versions, DELAY_S * SECOND, 20 * SECOND, 20 * SECOND)[0]
         published = emitted_windows(typed)
         assert len(typed) == len(read) and published == expected
         assert published == emitted_windows(spark.read.format("delta").load(p.sink.path).collect())
