@@ -65,6 +65,9 @@ class TopicSink:
         self.published = 0  # records produced by this process's writes (for reports)
         # What the current handoff's writes published in all, as the newest marker counts it (None: not read yet).
         self._handoff_records: int | None = None
+        # The newest marker as this writer knows it once its start read or wrote one (False: not known): the live
+        # start reads it, and the query's first micro-batch then needs no second read (the writer fenced every other).
+        self._newest: Marker | None | bool = False
 
     @property
     def where(self) -> str:
@@ -80,7 +83,7 @@ class TopicSink:
     def publish_handoff(self, spark: SparkSession, handoff_id: str, table: str, version: int) -> int | None:
         """Publishes the handoff ``handoff_id``'s results (the table ``table`` at ``version``) as its batch -1, unless
         the topic already holds a write of that handoff; returns the records produced (None: none needed)."""
-        committed = self.writer.committed()
+        committed = self._newest = self.writer.committed()
         if committed is not None and committed.handoff == handoff_id:
             self._handoff_records = committed.records
             return None
@@ -88,6 +91,7 @@ class TopicSink:
         produced = self._records(rows, handoff_id, HANDOFF_BATCH)
         count = self.writer.write(produced, Marker(HANDOFF_BATCH, handoff_id), records_before=0)
         self._handoff_records = count
+        self._newest = Marker(HANDOFF_BATCH, handoff_id, count)
         log.info("%s: the handoff %s's %d results published", self.where, handoff_id, count)
         self.published += count
         return count
@@ -102,7 +106,7 @@ class TopicSink:
         marker = Marker(batch, handoff_id)
         produced = self._records(rows, handoff_id, batch)
         if replay_possible:
-            committed = self.writer.committed()
+            committed = self.writer.committed() if self._newest is False else self._newest
             if (committed is None and after_handoff) or (committed is not None and committed.handoff != handoff_id):
                 raise self._other_handoff(committed, marker)
             self._handoff_records = committed.records if committed is not None else 0
@@ -113,6 +117,8 @@ class TopicSink:
         count = self.writer.write(produced, marker, empty_commits=False, records_before=before)
         if before is not None:
             self._handoff_records = before + count
+        if count:
+            self._newest = Marker(batch, handoff_id, self._handoff_records)
         self.published += count
         return count
 

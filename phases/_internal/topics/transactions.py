@@ -110,6 +110,14 @@ def _client_config(servers: str, extra: dict[str, str] | None) -> dict:
     return {"bootstrap.servers": servers, "log_level": 3, **(extra or {})}
 
 
+def _marker_reader(config: dict, group: str):
+    """A read_committed consumer of the marker group ``group`` (it never joins the group: it only reads its
+    committed offsets, and a writer commits them through its transactions)."""
+    from confluent_kafka import Consumer
+
+    return Consumer({**config, "group.id": group, "enable.auto.commit": False, "isolation.level": "read_committed"})
+
+
 class TopicWriter:
     """The transactional producer of one pipeline generation's result topic.
 
@@ -167,16 +175,7 @@ class TopicWriter:
 
     def _marker_consumer(self):
         if self._consumer is None:
-            from confluent_kafka import Consumer
-
-            self._consumer = Consumer(
-                {
-                    **self._config,
-                    "group.id": self.group,
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                }
-            )
+            self._consumer = _marker_reader(self._config, self.group)
         return self._consumer
 
     def check_topic(self) -> int:
@@ -402,17 +401,10 @@ def topic_figures(
     """The figures of a pipeline generation's result topic, read without a producer (so no writer is fenced and no
     open transaction aborted: a write in flight is simply not in them). A SinkError names the topic when it cannot
     be read."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
     where = f"topic {topic!r}"
-    consumer = Consumer(
-        {
-            **_client_config(servers, client_config),
-            "group.id": marker_group(pipeline, generation),
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
+    consumer = _marker_reader(_client_config(servers, client_config), marker_group(pipeline, generation))
     try:
         found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
