@@ -180,6 +180,12 @@ def jobs_submitted(spark: SparkSession) -> int:
     return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
 
 
+def stages_submitted(spark: SparkSession) -> int:
+    """How many stages the session's scheduler has created so far (its next stage id): a stage created after this
+    call has an id at least this one."""
+    return int(spark.sparkContext._jsc.sc().dagScheduler().nextStageId())
+
+
 def codegen_compilations(spark: SparkSession) -> int:
     """How many generated classes the driver's JVM has compiled so far (Spark's ``CodegenMetrics``: one per
     Janino compilation, a hit of the codegen cache counts none)."""

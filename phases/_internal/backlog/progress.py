@@ -57,18 +57,17 @@ class Snapshot:
 
 class _Rows:
     """Input rows read by the run's stages (those of a phases step), finished ones included: stage ids are
-    sequential, so every stage since the reporter started is looked up once it is no longer active."""
+    sequential, so every stage created since the reporter started is looked up once it is no longer active (also
+    one that ran and finished between two looks)."""
 
     def __init__(self, spark: SparkSession):
         self.spark = spark
         self.finished: dict[int, int] = {}
-        self.first: int | None = None  # the first stage id the reporter saw
+        self.first = spark_internals.stages_submitted(spark)  # the first stage id created after the start
 
     def total(self, active: dict[int, tuple[str, int]]) -> int:
-        if active and self.first is None:
-            self.first = min(active)
-        top = max([*active, *self.finished, -1])
-        for stage_id in range(self.first if self.first is not None else top + 1, top + 1):
+        top = max([*active, *self.finished, spark_internals.stages_submitted(self.spark) - 1])
+        for stage_id in range(self.first, top + 1):
             if stage_id in self.finished or stage_id in active:
                 continue
             stage = spark_internals.stage_attempt(self.spark, stage_id)

@@ -57,6 +57,17 @@ def test_a_running_job_is_reported_with_its_step_stage_tasks_and_rows(spark, tmp
     assert spark.sparkContext.getLocalProperty("spark.job.description") is None
 
 
+def test_rows_read_by_a_stage_that_finished_before_the_first_report_are_counted(spark, tmp_path):
+    """The first report comes a second after the start: the stage reading the table (fast) has finished by then and
+    only the slow stage after the shuffle (no input rows of its own) is active. Its rows are still counted."""
+    path = _source(spark, tmp_path)
+    seen: list[progress.Snapshot] = []
+    with progress.ProgressReporter(spark, seen.append, every_s=1.0), progress.step(spark, "orders", "backlog", "state"):
+        _slow_job(spark, path)
+    assert seen, "no report while the job ran"
+    assert seen[0].input_rows == 16, [(s.stage_name, s.input_rows) for s in seen]
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

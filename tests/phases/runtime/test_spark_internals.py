@@ -170,6 +170,13 @@ def test_the_scheduler_counts_every_job_it_submits(spark):
     assert si.jobs_submitted(spark) == between + 1
 
 
+def test_the_scheduler_counts_every_stage_it_creates(spark):
+    before = si.stages_submitted(spark)
+    spark.range(1000).repartition(2).count()  # a shuffle: at least two stages
+    assert si.stages_submitted(spark) - before >= 2
+    assert si.stage_attempt(spark, before) is not None  # the ids the count hands out are the store's stage ids
+
+
 def test_the_codegen_count_grows_by_a_compiled_class_and_not_by_a_cached_one(spark):
     query = f"id * {uuid.uuid4().int % 100_000 + 11} + 7 AS x"  # a constant of its own: a class not compiled yet
     mode = "spark.sql.codegen.factoryMode"
