@@ -7,10 +7,9 @@ setup:
 demo: setup
 	.venv/bin/python -m scripts.demo $(ARGS)
 
-# Three pytest processes, each with its own JVM, a whole test module at a time (module fixtures are set up once), the
-# longest modules first (tests/conftest.py): two lanes for the modules that keep a core busy, and one for the few
-# that mostly wait on processes of their own (tests/scheduling.py). TEST_WORKERS=0 runs everything in this process.
-TEST_WORKERS ?= 3
+# Two pytest processes, each with its own JVM, a whole test module at a time (module fixtures are set up once), the
+# longest modules first (tests/conftest.py). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
 test: setup
 	.venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 

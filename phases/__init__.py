@@ -76,7 +76,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases._internal.handoff.manifest": ("HandoffManifest",),
     "phases._internal.deployment": ("Deployment", "deploy", "maintain"),
     "phases._internal.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
-    "phases._internal.topics.sink": ("read_topic",),
+    "phases.inspect": ("read_topic",),
     "phases._internal.runtime.session": ("SparkSettings", "build_session"),
     "phases._internal.runtime.shipping": ("package_archive",),
     "phases._internal.sources.lag": ("InputLag",),
@@ -243,5 +243,5 @@ if TYPE_CHECKING:
     from phases._internal.runtime.shipping import package_archive
     from phases._internal.sources.lag import InputLag
     from phases._internal.storage.changelog import Compaction, compact_changelog, read_current
-    from phases._internal.topics.sink import read_topic
+    from phases.inspect import read_topic
     from phases.testing import assert_equivalent, event_versions, run_streaming, run_two_phase

@@ -26,14 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from phases._internal.backlog.progress import Snapshot as BacklogProgress
 from phases._internal.backlog.progress import reported as reporting_progress
 from phases._internal.backlog.slices import SliceRecord
 from phases._internal.coordination import progress_log
 from phases._internal.definition import Pipeline
-from phases._internal.deployment import Deployment
+from phases._internal.deployment import Deployment, deploy
 from phases._internal.handoff import live_folders, manifest
 from phases._internal.handoff.manifest import HandoffManifest
 from phases._internal.lateness import watermark_after
@@ -46,6 +46,7 @@ from phases._internal.sources.lag import unapplied as _unapplied
 from phases._internal.storage import fs, quarantine, tables
 from phases._internal.storage import table_stats as _table_stats
 from phases._internal.storage.table_stats import Column, TableStats
+from phases._internal.topics import sink as topic_sinks
 from phases._internal.topics.transactions import TopicFigures, topic_figures
 
 __all__ = [
@@ -210,16 +211,35 @@ def state_event_time(pipeline: Pipeline) -> str | None:
 
 
 def result_topic(pipeline: Pipeline | Deployment, *, timeout_s: float = 30.0) -> TopicFigures | None:
-    """A topic sink's figures (None for a Delta sink): its partitions' last stable offsets and the newest committed
-    write's marker: the handoff, the last micro-batch published (-1: the handoff's results) and the records the
-    handoff's writes published in all. Read without a producer: no writer is fenced."""
+    """A topic sink's figures (None for a Delta sink), of the generation that serves the pipeline (after a redeploy,
+    its own topic): its partitions' last stable offsets and the newest committed write's marker: the handoff, the
+    last micro-batch published (-1: the handoff's results) and the records the handoff's writes published in all.
+    Read without a producer: no writer is fenced."""
     from phases._internal.definition import KafkaSink
 
-    generation = pipeline.generation if isinstance(pipeline, Deployment) else 0
-    p = pipeline.pipeline if isinstance(pipeline, Deployment) else pipeline
-    sink = p.sink
-    if not isinstance(sink, KafkaSink):
+    declared = pipeline.definition if isinstance(pipeline, Deployment) else pipeline
+    if not isinstance(declared.sink, KafkaSink):
         return None
+    bound = pipeline if isinstance(pipeline, Deployment) else deploy(None, pipeline, strict=False)
+    sink = bound.pipeline.sink
     return topic_figures(
-        sink.bootstrap_servers, sink.topic, p.name, generation, client_config=sink.client_options, timeout_s=timeout_s
+        sink.bootstrap_servers,
+        sink.topic,
+        bound.name,
+        bound.generation,
+        client_config=sink.client_options,
+        timeout_s=timeout_s,
     )
+
+
+def read_topic(
+    spark: SparkSession, pipeline: Pipeline | Deployment, *, with_change_columns: bool = False, timeout_s: float = 60.0
+) -> DataFrame:
+    """What a ``read_committed`` consumer of the pipeline's result topic reads, folded as its mode says, with the
+    columns and types of the engine's table of the results: for a keyed aggregation the current row per key, for the
+    other operators every result once (``with_change_columns`` keeps a changelog's ``_batch_id``,
+    ``_source_version`` and ``_op``). The topic is that of the generation that serves the pipeline (after a redeploy,
+    that generation's own topic; :func:`phases.deploy` binds a definition to it). For reconciliation and tests: it
+    reads the whole topic through the driver."""
+    bound = pipeline if isinstance(pipeline, Deployment) else deploy(None, pipeline, strict=False)
+    return topic_sinks.read_topic(spark, bound.pipeline, with_change_columns=with_change_columns, timeout_s=timeout_s)

@@ -69,16 +69,6 @@ LONGEST_MODULES = (
 )
 
 
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with three workers or more: the last one is the lane of the modules that mostly wait
-    (:mod:`tests.scheduling`)."""
-    if config.getoption("dist") == "loadfile":
-        from tests.scheduling import WaitingLaneScheduling
-
-        return WaitingLaneScheduling(config, log)
-    return None
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks every test that needs a JVM (the session's SparkSession, or Spark in a child process) as
     ``spark``; ``make test-fast`` runs the others. Puts the longest modules first (a stable sort: the order within

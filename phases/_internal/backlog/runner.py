@@ -224,13 +224,12 @@ class BacklogRunner:
         fs.sweep_orphan_checksums(p.sink.path, p.locations.quarantine, p.locations.manifests)
         self.removed_orphans = maintenance.remove_orphan_state(self.spark, self.pipeline)
         v = self._end_version(end_version)
-        if self.pipeline.checkpoint_interval_during_backlog > timedelta(0):
-            topic_sinks.refuse(p, "a backlog in increments (checkpoint_interval_during_backlog)")
-            return self._run_in_increments(v, reset, started)
         topic = topic_sinks.topic_sink(p, self.deployment.generation)
         if topic is not None:
             topic.check()  # before the backlog's passes: a missing topic is found first
             topic.close()
+        if self.pipeline.checkpoint_interval_during_backlog > timedelta(0):
+            return self._run_in_increments(v, reset, started)
         return self._run_full(v, started)
 
     def increment_ends(self, end_version: int) -> list[int]:
@@ -326,19 +325,25 @@ class BacklogRunner:
             right=right,
             quarantined=quarantined,
         )
-        self._publish_handoff(handoff)
         return handoff
 
     def _publish_handoff(self, handoff: manifest.HandoffManifest) -> None:
         """A topic sink: the handoff's results published (after its manifest: the manifest's id names the write, and a
-        live start publishes them when a crash came first; :mod:`phases._internal.topics.sink`)."""
+        live start publishes them when a crash came first; an increment's, what changed since the handoff it builds
+        on: :mod:`phases._internal.topics.sink`)."""
         topic = topic_sinks.topic_sink(self.pipeline, self.deployment.generation)
         if topic is None:
             return
         t = time.perf_counter()
         try:
             with self._step("topic"):
-                topic.publish_handoff(self.spark, handoff.manifest_id, self.pipeline.sink.path, handoff.sink_version)
+                topic.publish_handoff(
+                    self.spark,
+                    handoff.manifest_id,
+                    self.pipeline.sink.path,
+                    handoff.sink_version,
+                    bases=lambda: manifest.base_sink_versions(self.spark, self.pipeline.locations.manifests, handoff),
+                )
         finally:
             topic.close()
         self.timings["topic_s"] = time.perf_counter() - t
@@ -351,7 +356,6 @@ class BacklogRunner:
 
     def _run_increment(self, end_version: int | None) -> manifest.HandoffManifest:
         self.refuse_increments("a catch-up increment")
-        topic_sinks.refuse(self.pipeline, "a catch-up increment")
         started = time.perf_counter()
         p = self.pipeline
         base = manifest.latest(self.spark, p.locations.manifests, p.name)
@@ -488,7 +492,7 @@ class BacklogRunner:
                 counts = write.counts(self.spark, state_path, p.sink.path)
         finally:
             write.close()
-        return self._write_manifest(
+        handoff = self._write_manifest(
             manifest_id=manifest_id,
             kind=kind,
             base=base,
@@ -503,6 +507,8 @@ class BacklogRunner:
             quarantined=quarantined,
             state_store=state_store,
         )
+        self._publish_handoff(handoff)
+        return handoff
 
     def _write_manifest(
         self,

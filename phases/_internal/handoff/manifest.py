@@ -161,6 +161,22 @@ def _newest_row(spark: SparkSession, path: str, pipeline: str) -> dict | None:
     return rows[0].asDict() if rows else None
 
 
+def base_sink_versions(spark: SparkSession, path: str, handoff: HandoffManifest) -> dict[str, int]:
+    """The handoffs ``handoff`` builds on (its base, the base's base, ...: catch-up increments on a backlog) by
+    manifest id, each with its sink version. Empty for a handoff with no base."""
+    found = table_stats.from_log(lambda p: table_stats.rows(p, where=("pipeline", handoff.pipeline)), path)
+    if found is None:
+        rows = spark.read.format("delta").load(path).filter(F.col("pipeline") == handoff.pipeline)
+        found = [r.asDict() for r in rows.select("manifest_id", "base_manifest_id", "sink_version").collect()]
+    by_id = {row["manifest_id"]: row for row in found}
+    bases: dict[str, int] = {}
+    base = handoff.base_manifest_id
+    while base is not None and base in by_id and base not in bases:
+        bases[base] = int(by_id[base]["sink_version"])
+        base = by_id[base]["base_manifest_id"]
+    return bases
+
+
 def check_matches(
     spark: SparkSession,
     manifest: HandoffManifest,

@@ -49,6 +49,7 @@ from phases._internal import spark_internals
 from phases._internal.coordination.progress_log import ProgressLog
 from phases._internal.deployment import Deployment, bind, generations
 from phases._internal.errors import LiveResumeError, PhasesError, PhaseStateError, ProgressRecordDamaged
+from phases._internal.handoff import manifest
 from phases._internal.lateness import VERSION, watermark_after
 from phases._internal.live import resume as live_resume
 from phases._internal.live import start_checks
@@ -165,7 +166,11 @@ class IncrementalLive:
             self.topic.check()
             if handoff is not None:  # one streaming job (no handoff) publishes its micro-batches only
                 self.topic.publish_handoff(
-                    self.spark, handoff.manifest_id, self.pipeline.sink.path, handoff.sink_version
+                    self.spark,
+                    handoff.manifest_id,
+                    self.pipeline.sink.path,
+                    handoff.sink_version,
+                    bases=lambda: manifest.base_sink_versions(self.spark, self.pipeline.locations.manifests, handoff),
                 )
 
     def close_topic(self) -> None:

@@ -150,7 +150,6 @@ class Redeploy:
         is called after each step (:data:`STEPS`), for progress reports."""
         self.spark = spark
         self.pipeline = pipeline.definition if isinstance(pipeline, Deployment) else pipeline  # as declared
-        topic_sinks.refuse(self.pipeline, "a redeploy (a new generation built beside the serving one)")
         self.checks = list(checks or [])
         self.max_lag = max_lag
         self.live_rounds = live_rounds
@@ -308,6 +307,8 @@ class Redeploy:
         new = bind(self.pipeline, n, serving=False, redeploys=gens)
         if not plan.reuse:
             self._refuse_unreadable_sources(self._newest_manifest(plan.serving))
+            # A topic sink: the new generation publishes into a topic of its own, made like the serving one's.
+            topic_sinks.create_generation_topic(new.pipeline, bind(self.pipeline, plan.serving, serving=True).pipeline)
             if n not in gens.fingerprints or gens.fingerprints[n] != self.pipeline.fingerprint():
                 generations.write(
                     self.spark,

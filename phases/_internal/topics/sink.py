@@ -6,7 +6,10 @@ The engine keeps the results in its Delta table (``sink.path``) as for a Delta s
 - **the handoff's results**: the table's rows at the version the handoff manifest names (``sink_version``), as batch
   -1 of that handoff. The backlog publishes them right after it writes the manifest; a live phase that starts from
   the handoff publishes them first if they are not out yet (the backlog stopped between its manifest and its
-  publish), so the manifest's id names the write wherever it is made and a rerun never publishes it twice;
+  publish), so the manifest's id names the write wherever it is made and a rerun never publishes it twice. A
+  catch-up increment's handoff (and each increment of a backlog committed in increments) publishes only what
+  changed since the handoff it builds on, when that one is the topic's newest write: a consumer folds the same
+  results as from one handoff, and in a changelog topic each change is there once;
 - **a live micro-batch's changes** (:meth:`TopicSink.publish`), before the micro-batch writes the Delta table and
   its progress record. The query's first micro-batch after a start may be a replay: it reads the marker first and
   skips a write that already committed. A later micro-batch runs after its predecessor's progress record, so
@@ -18,13 +21,14 @@ Every record's Kafka key is the pipeline's key columns, so one key's records kee
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
 from phases._internal.definition import KafkaSink, Pipeline
 from phases._internal.errors import DefinitionError, SinkError
 from phases._internal.topics import records
-from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter
+from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter, create_topic_like
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,16 @@ def refuse(pipeline: Pipeline, what: str) -> None:
             f"{pipeline.sink.topic!r}): its results could not be published exactly once. Nothing was run. Run a full "
             "backlog (BacklogRunner(spark, pipeline).run()) and the live phase, or use a Delta sink (DeltaSink)"
         )
+
+
+def create_generation_topic(pipeline: Pipeline, like: Pipeline) -> None:
+    """A topic sink: creates the result topic of ``pipeline`` (bound to a generation a redeploy builds) like the topic
+    of ``like`` (the serving generation), unless it exists. A SinkError when it cannot."""
+    sink = pipeline.sink
+    if not isinstance(sink, KafkaSink) or not isinstance(like.sink, KafkaSink):
+        return
+    if create_topic_like(sink.bootstrap_servers, like.sink.topic, sink.topic, client_config=sink.client_options):
+        log.info("pipeline %r: created the result topic %r like %r", pipeline.name, sink.topic, like.sink.topic)
 
 
 class TopicSink:
@@ -80,14 +94,36 @@ class TopicSink:
     def committed(self) -> Marker | None:
         return self.writer.committed()
 
-    def publish_handoff(self, spark: SparkSession, handoff_id: str, table: str, version: int) -> int | None:
+    def publish_handoff(
+        self,
+        spark: SparkSession,
+        handoff_id: str,
+        table: str,
+        version: int,
+        *,
+        bases: Callable[[], dict[str, int]] = dict,
+    ) -> int | None:
         """Publishes the handoff ``handoff_id``'s results (the table ``table`` at ``version``) as its batch -1, unless
-        the topic already holds a write of that handoff; returns the records produced (None: none needed)."""
+        the topic already holds a write of that handoff; returns the records produced (None: none needed).
+
+        ``bases``: the handoffs this one builds on (a catch-up increment's base, its base, ...) with their table
+        versions. When the topic's newest write is of one of them, only what changed since that version goes out
+        (the rows that are new or differ). Otherwise (the first handoff, or a backlog run again from the start) every
+        row goes out."""
         committed = self._newest = self.writer.committed()
         if committed is not None and committed.handoff == handoff_id:
             self._handoff_records = committed.records
             return None
         rows = spark.read.format("delta").option("versionAsOf", version).load(table)
+        since = bases().get(committed.handoff) if committed is not None else None
+        if since is not None:
+            if committed.batch != HANDOFF_BATCH:
+                raise SinkError(
+                    f"{self.where}: the handoff {handoff_id} builds on handoff {committed.handoff}, whose live "
+                    f"micro-batch {committed.batch} the topic holds: a catch-up increment after a live start. Nothing "
+                    "was written. Run the backlog again from the start (reset) to publish a consistent result"
+                )
+            rows = self._changed_since(spark, table, since, rows)
         produced = self._records(rows, handoff_id, HANDOFF_BATCH)
         count = self.writer.write(produced, Marker(HANDOFF_BATCH, handoff_id), records_before=0)
         self._handoff_records = count
@@ -95,6 +131,14 @@ class TopicSink:
         log.info("%s: the handoff %s's %d results published", self.where, handoff_id, count)
         self.published += count
         return count
+
+    @staticmethod
+    def _changed_since(spark: SparkSession, table: str, since: int, rows: DataFrame) -> DataFrame:
+        """The rows of ``rows`` (the table now) that are not in the table at version ``since``, each as often as it is
+        new there. A key never leaves a result table between handoffs (an aggregation's key stays; a window or an
+        output row, once emitted, stays), so no tombstone is needed."""
+        before = spark.read.format("delta").option("versionAsOf", since).load(table).select(*rows.columns)
+        return rows.exceptAll(before)
 
     def publish(
         self, rows: DataFrame, batch: int, handoff_id: str, *, replay_possible: bool, after_handoff: bool = True

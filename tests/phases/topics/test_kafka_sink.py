@@ -96,11 +96,13 @@ def _pipeline(kafka, kind: str, source: str, root: Path, topic: str):
     cut=st.integers(min_value=0, max_value=5),
     splits=st.lists(st.integers(min_value=1, max_value=3), max_size=4),
     kind=st.sampled_from(["keyed", "keyed-changelog", "tumbling", "session"]),
+    catch_up=st.integers(min_value=0, max_value=2),
 )
 def test_a_topic_sink_read_committed_equals_the_reference_and_the_engines_table(
-    spark, kafka, tmp_path, raw, cut, splits, kind
+    spark, kafka, tmp_path, raw, cut, splits, kind, catch_up
 ):
-    """Random records, cut-off and runs of the live phase (each run a restart from the checkpoint, its versions one
+    """Random records, cut-off, catch-up increments before the switch (the last ``catch_up`` versions before the
+    cut-off, one an increment) and runs of the live phase (each run a restart from the checkpoint, its versions one
     file a micro-batch): a read_committed consumer of the topic, folded per key, equals the plain reference and the
     engine's own Delta table; each change (each window) is in the topic once."""
     root = tmp_path / uuid.uuid4().hex
@@ -110,16 +112,30 @@ def test_a_topic_sink_read_committed_equals_the_reference_and_the_engines_table(
     write_source(spark, source, {v: rows for v, rows in versions.items() if v <= cutoff})
     topic = _topic(kafka)
     p = _pipeline(kafka, kind, source, root, topic)
-    handoff = BacklogRunner(spark, p).run()
+    first = max(0, cutoff - catch_up)
+    handoffs = [BacklogRunner(spark, p).run(end_version=first)]
+    for v in range(first + 1, cutoff + 1):
+        handoffs.append(BacklogRunner(spark, p).run_increment(end_version=v))
+    handoff = handoffs[-1]
     _live_runs(spark, p, source, versions, cutoff, splits)
 
     read = list(read_committed(kafka.bootstrap_servers, topic))
-    assert all(r.headers[HEADER_HANDOFF] == handoff.manifest_id.encode() for r in read)
-    assert len([r for r in read if r.headers[HEADER_BATCH] == b"-1"]) == handoff.sink_rows
-    # The figures an orchestrator shows: the newest marker counts every record the handoff's writes published.
+    assert {r.headers[HEADER_HANDOFF] for r in read} <= {h.manifest_id.encode() for h in handoffs}
+    first_publish = [
+        r
+        for r in read
+        if r.headers[HEADER_HANDOFF] == handoffs[0].manifest_id.encode() and r.headers[HEADER_BATCH] == b"-1"
+    ]
+    assert len(first_publish) == handoffs[0].sink_rows  # the first handoff's results whole, then what changed
+    # Nothing published twice: an increment's handoff publishes only what changed (a changelog row carries its
+    # source version and batch, a result row its new figures).
+    assert len({(r.key, r.value) for r in read}) == len(read), "a record was published twice"
+    # The figures an orchestrator shows: the newest marker counts every record the newest handoff's writes published.
     figures = inspect.result_topic(p)
-    assert figures.marker.handoff == handoff.manifest_id and figures.marker.records == len(read)
-    assert figures.marker.batch == max([-1, *(int(r.headers[HEADER_BATCH]) for r in read)])  # empty ones: none
+    assert figures.marker.handoff == handoff.manifest_id
+    assert figures.marker.records == len([r for r in read if r.headers[HEADER_HANDOFF] == handoff.manifest_id.encode()])
+    newest = [int(r.headers[HEADER_BATCH]) for r in read if r.headers[HEADER_HANDOFF] == handoff.manifest_id.encode()]
+    assert figures.marker.batch == max([-1, *newest])  # empty ones: none
     typed = [r.asDict() for r in read_topic(spark, p).collect()]  # the documented reader, with the table's types
     if kind in ("tumbling", "session"):
         if kind == "session":
@@ -127,13 +143,15 @@ def test_a_topic_sink_read_committed_equals_the_reference_and_the_engines_table(
         else:
             expected = reference.run_windows(versions, DELAY_S * SECOND, 20 * SECOND, 20 * SECOND)[0]
         published = emitted_windows(typed)
-        assert len(typed) == len(read) and published == expected
+        assert len(typed) == len(read) == spark.read.format("delta").load(p.sink.path).count()  # each window once
+        assert published == expected
         assert published == emitted_windows(spark.read.format("delta").load(p.sink.path).collect())
         return
     expected, _ = reference.run(versions, DELAY_S * SECOND)
     if kind == "keyed-changelog":
-        # Every change once: one record a key a micro-batch (the handoff's is batch -1), its batch in the value.
-        changes = [(r.headers[HEADER_BATCH], r.key) for r in read]
+        # Every change once: one record a key a micro-batch of a handoff (a handoff's is its batch -1), its batch in
+        # the value.
+        changes = [(r.headers[HEADER_HANDOFF], r.headers[HEADER_BATCH], r.key) for r in read]
         assert len(changes) == len(set(changes)), "a change was published twice"
         assert all(json.loads(r.value)["_batch_id"] == int(r.headers[HEADER_BATCH]) for r in read)
     folded = _rows_by_key(fold_upsert(read))
@@ -179,6 +197,55 @@ def test_a_micro_batch_replayed_after_a_crash_before_its_progress_record_is_not_
     assert_results_equal(_rows_by_key(fold_upsert(read)), sink_rows(spark, p.sink.path))
 
 
+def test_an_increment_stopped_before_its_publish_goes_out_at_the_live_start_with_only_what_changed(
+    spark, kafka, tmp_path, monkeypatch
+):
+    """A catch-up increment's manifest is written and its process stops before it publishes: the live start
+    publishes the increment's changes (a key it did not change is not sent again), then the live micro-batches; in
+    the changelog topic each change once, folded the reference."""
+    from phases._internal.topics.sink import TopicSink
+
+    source = str(tmp_path / "source")
+    versions = {
+        1: [("a", 1 * SECOND, 1), ("b", 2 * SECOND, 2)],
+        2: [("a", 30 * SECOND, 3), ("c", 31 * SECOND, 4)],
+        3: [("c", 60 * SECOND, 5), ("d", 61 * SECOND, 6)],
+    }
+    write_source(spark, source, {1: versions[1]})
+    topic = _topic(kafka)
+    sink = _sink(kafka, topic, "changelog", path=str(tmp_path / "results"))
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S, sink=sink)
+    backlog = BacklogRunner(spark, p).run()
+    append_version(spark, source, versions[2])
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("the process stops between the increment's manifest and its publish")
+
+    real_publish = TopicSink.publish_handoff
+    monkeypatch.setattr(TopicSink, "publish_handoff", stop)
+    with pytest.raises(RuntimeError, match="between the increment's manifest"):
+        BacklogRunner(spark, p).run_increment()
+    monkeypatch.setattr(TopicSink, "publish_handoff", real_publish)
+    increment = inspect.latest_handoff(spark, p)
+    assert increment.kind == "increment" and increment.base_manifest_id == backlog.manifest_id
+    assert inspect.result_topic(p).marker.handoff == backlog.manifest_id  # the increment is not out yet
+
+    append_version(spark, source, versions[3])
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    read = list(read_committed(kafka.bootstrap_servers, topic))
+    ids = {backlog.manifest_id.encode(): "backlog", increment.manifest_id.encode(): "increment"}
+    sent = [(ids[r.headers[HEADER_HANDOFF]], int(r.headers[HEADER_BATCH]), json.loads(r.key)["key"]) for r in read]
+    assert sorted(s for s in sent if s[1] == -1) == [
+        ("backlog", -1, "a"),
+        ("backlog", -1, "b"),
+        ("increment", -1, "a"),  # changed by version 2
+        ("increment", -1, "c"),  # new in version 2; b unchanged: not sent again
+    ]
+    assert sorted(s[2] for s in sent if s[1] >= 0) == ["c", "d"]  # the live micro-batches: version 3
+    expected, _ = reference.run(versions, DELAY_S * SECOND)
+    assert_results_equal(_rows_by_key(fold_upsert(read)), expected)
+
+
 @pytest.mark.slow
 def test_kill_9_at_every_boundary_of_a_topic_write_then_a_restart_publishes_every_change_once(spark, kafka, tmp_path):
     """SIGKILL of the run's process group (Python and JVM) at each boundary in turn (tests.phases.topics.topic_child):
@@ -221,18 +288,72 @@ def test_kill_9_at_every_boundary_of_a_topic_write_then_a_restart_publishes_ever
     assert_results_equal(_rows_by_key(fold_upsert(read)), expected)
 
 
+def test_a_redeploy_publishes_into_a_topic_of_its_own_and_a_rollback_goes_on_in_the_old_one(spark, kafka, tmp_path):
+    """A topic never mixes two definitions' results: the redeployed definition (generation 1) publishes its handoff
+    and its live changes into a topic of its own, made like the serving one (partitions, cleanup.policy), and the old
+    topic gets nothing after the swap; a rollback swaps generation 0 back, whose live phase goes on in the old topic
+    from where it stopped. Each topic, folded, is its definition's reference; nothing is published twice."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    from tests.phases.redeploy.test_redeploy import _expected_new, _expected_old, _new, _old, _version
+
+    source, root = str(tmp_path / "source"), str(tmp_path / "run")
+    versions = {i: _version(i) for i in range(1, 6)}
+    write_source(spark, source, {v: versions[v] for v in (1, 2)})
+    topic = f"results-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 3, **{"cleanup.policy": "compact"})
+    sink = _sink(kafka, topic, path="results")
+    old, new = _old(source, root, sink=sink.model_copy(update={"path": f"{root}/results"})), None
+    new = _new(source, root, sink=old.sink)
+    BacklogRunner(spark, old).run()
+    append_version(spark, source, versions[3])
+    LiveRunner.from_manifest(spark, old).start(available_now=True)
+    old_before = list(read_committed(kafka.bootstrap_servers, topic))
+
+    result = Redeploy(spark, new).run(reason="a new definition")
+    assert result.swapped and result.generation == 1
+    ours = f"{topic}-g1"
+    assert inspect.result_topic(new).topic == ours  # what an orchestrator shows a consumer: the serving topic
+    append_version(spark, source, versions[4])
+    LiveRunner.from_manifest(spark, new).start(available_now=True)
+    assert list(read_committed(kafka.bootstrap_servers, topic)) == old_before  # nothing after the swap
+    new_read = list(read_committed(kafka.bootstrap_servers, ours))
+    assert len({(r.key, r.value) for r in new_read}) == len(new_read), "a record was published twice"
+    upto4 = {v: versions[v] for v in range(1, 5)}
+    assert_results_equal(_rows_by_key(fold_upsert(new_read)), _expected_new(upto4))
+    assert_results_equal({r["key"]: r.asDict() for r in read_topic(spark, new).collect()}, _expected_new(upto4))
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    made = admin.list_topics(ours, timeout=10).topics[ours]
+    resource = ConfigResource(ResourceType.TOPIC, ours)
+    policy = admin.describe_configs([resource])[resource].result(30)["cleanup.policy"].value
+    assert (len(made.partitions), policy) == (3, "compact")
+
+    back = Redeploy(spark, old).run(reason="roll back")
+    assert back.swapped and back.generation == 0
+    assert inspect.result_topic(old).topic == topic
+    append_version(spark, source, versions[5])
+    LiveRunner.from_manifest(spark, old).start(available_now=True)
+    assert list(read_committed(kafka.bootstrap_servers, ours)) == new_read  # nothing after the rollback's swap
+    old_read = list(read_committed(kafka.bootstrap_servers, topic))
+    assert all(r in old_read for r in old_before)  # the old topic goes on from where it stopped
+    assert len({(r.key, r.value) for r in old_read}) == len(old_read), "a record was published twice"
+    assert_results_equal(_rows_by_key(fold_upsert(old_read)), _expected_old(versions))
+
+
 def test_a_missing_topic_is_refused_before_the_backlog_and_ways_without_exactly_once_are_refused(
     spark, kafka, tmp_path
 ):
+    from datetime import date
+
+    from phases import SliceRunner
+
     source = str(tmp_path / "source")
     write_source(spark, source, {1: [("a", SECOND, 1)]})
     p = make_pipeline(source, str(tmp_path / "run"), sink=_sink(kafka, "no-such-topic", path=str(tmp_path / "r")))
     with pytest.raises(SinkError, match="'no-such-topic'.*does not exist.*Create it first"):
         BacklogRunner(spark, p).run()
-    with pytest.raises(DefinitionError, match="a redeploy .* is not available with a topic sink"):
-        Redeploy(spark, p)
-    with pytest.raises(DefinitionError, match="a catch-up increment is not available with a topic sink"):
-        BacklogRunner(spark, p).run_increment()
+    with pytest.raises(DefinitionError, match="a daily slice is not available with a topic sink"):
+        SliceRunner(spark, p, date(2026, 1, 1)).run_slice(date(2026, 1, 1))
     with pytest.raises(DefinitionError, match="client_options \\['transactional.id'\\] are set by the topic sink"):
         _sink(kafka, "t", client_options={"transactional.id": "mine"})
 
