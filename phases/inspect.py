@@ -224,7 +224,7 @@ def result_topic(pipeline: Pipeline | Deployment, *, timeout_s: float = 30.0) ->
     sink = bound.pipeline.sink
     return topic_figures(
         sink.bootstrap_servers,
-        sink.topic,
+        topic_sinks.generation_topic(sink.topic, bound.generation),
         bound.name,
         bound.generation,
         client_config=sink.client_options,
@@ -242,4 +242,10 @@ def read_topic(
     that generation's own topic; :func:`phases.deploy` binds a definition to it). For reconciliation and tests: it
     reads the whole topic through the driver."""
     bound = pipeline if isinstance(pipeline, Deployment) else deploy(None, pipeline, strict=False)
-    return topic_sinks.read_topic(spark, bound.pipeline, with_change_columns=with_change_columns, timeout_s=timeout_s)
+    return topic_sinks.read_topic(
+        spark,
+        bound.pipeline,
+        generation=bound.generation,
+        with_change_columns=with_change_columns,
+        timeout_s=timeout_s,
+    )

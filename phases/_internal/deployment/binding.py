@@ -64,9 +64,9 @@ def bind(
     definition: Pipeline, generation: int, *, serving: bool, redeploys: generations.Generations | None = None
 ) -> Deployment:
     """``definition`` (as declared, its paths where it runs) as ``generation``: its engine tables under the
-    generation's folder, its sink the consumer-facing table when ``serving``, else the generation's own sink; a topic
-    sink's topic the generation's own (:func:`phases._internal.deployment.generations.generation_topic`). Reads
-    nothing."""
+    generation's folder, its sink the consumer-facing table when ``serving``, else the generation's own sink (a topic
+    sink's topic stays as declared: each generation writes a topic of its own,
+    :func:`phases._internal.topics.sink.generation_topic`). Reads nothing."""
     root = definition.locations.root
     update: dict = {
         "locations": definition.locations.model_copy(update={"root": generations.generation_root(root, generation)})
@@ -77,11 +77,6 @@ def bind(
         if definition.sink.mode == "changelog":
             sink_update["current_path"] = f"{sink}_current"
         update["sink"] = definition.sink.model_copy(update=sink_update)
-    if generation > 0 and definition.sink.kind == "kafka":  # each generation's own result topic
-        sink = update.get("sink", definition.sink)
-        update["sink"] = sink.model_copy(
-            update={"topic": generations.generation_topic(definition.sink.topic, generation)}
-        )
     if generation > 0 and definition.end_of_stream:
         folder = uris.join(generations.generation_root(root, generation), "end_of_stream")
         update["end_of_stream"] = [

@@ -73,13 +73,6 @@ def own_sink(root: str, n: int) -> str:
     return uris.join(root, "generations", str(n), "sink")
 
 
-def generation_topic(topic: str, n: int) -> str:
-    """The result topic of generation ``n`` of a pipeline whose topic sink names ``topic``: generation 0 writes
-    ``topic`` itself, a generation a redeploy builds writes a topic of its own (``<topic>-g<n>``), so that a topic never
-    mixes two definitions' results."""
-    return topic if n == 0 else f"{topic}-g{n}"
-
-
 @dataclass(frozen=True)
 class LogRow:
     """One row of the redeploy log."""

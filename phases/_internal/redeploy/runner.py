@@ -308,7 +308,7 @@ class Redeploy:
         if not plan.reuse:
             self._refuse_unreadable_sources(self._newest_manifest(plan.serving))
             # A topic sink: the new generation publishes into a topic of its own, made like the serving one's.
-            topic_sinks.create_generation_topic(new.pipeline, bind(self.pipeline, plan.serving, serving=True).pipeline)
+            topic_sinks.create_generation_topic(self.pipeline, n, like=plan.serving)
             if n not in gens.fingerprints or gens.fingerprints[n] != self.pipeline.fingerprint():
                 generations.write(
                     self.spark,

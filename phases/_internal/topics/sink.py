@@ -33,6 +33,14 @@ from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWri
 log = logging.getLogger(__name__)
 
 
+def generation_topic(topic: str, generation: int) -> str:
+    """The result topic of ``generation`` of a pipeline whose topic sink names ``topic``: generation 0 writes ``topic``
+    itself, a generation a redeploy builds a topic of its own (``<topic>-g<n>``), so that a topic never mixes two
+    definitions' results. (The definition keeps the declared name: its fingerprint does not change with the
+    generation.)"""
+    return topic if generation == 0 else f"{topic}-g{generation}"
+
+
 def topic_sink(pipeline: Pipeline, generation: int) -> TopicSink | None:
     """The result topic of ``pipeline`` (bound to where it runs) as ``generation`` writes it; None for a Delta sink."""
     return TopicSink(pipeline, generation) if isinstance(pipeline.sink, KafkaSink) else None
@@ -49,14 +57,15 @@ def refuse(pipeline: Pipeline, what: str) -> None:
         )
 
 
-def create_generation_topic(pipeline: Pipeline, like: Pipeline) -> None:
-    """A topic sink: creates the result topic of ``pipeline`` (bound to a generation a redeploy builds) like the topic
-    of ``like`` (the serving generation), unless it exists. A SinkError when it cannot."""
+def create_generation_topic(pipeline: Pipeline, generation: int, like: int) -> None:
+    """A topic sink: creates the result topic of ``generation`` (one a redeploy builds) like the topic of generation
+    ``like`` (the serving one), unless it exists. A SinkError when it cannot."""
     sink = pipeline.sink
-    if not isinstance(sink, KafkaSink) or not isinstance(like.sink, KafkaSink):
+    if not isinstance(sink, KafkaSink):
         return
-    if create_topic_like(sink.bootstrap_servers, like.sink.topic, sink.topic, client_config=sink.client_options):
-        log.info("pipeline %r: created the result topic %r like %r", pipeline.name, sink.topic, like.sink.topic)
+    topic, model = generation_topic(sink.topic, generation), generation_topic(sink.topic, like)
+    if create_topic_like(sink.bootstrap_servers, model, topic, client_config=sink.client_options):
+        log.info("pipeline %r: created the result topic %r like %r", pipeline.name, topic, model)
 
 
 class TopicSink:
@@ -70,7 +79,7 @@ class TopicSink:
         self.key_columns = list(pipeline.key_columns)
         self.writer = TopicWriter(
             sink.bootstrap_servers,
-            sink.topic,
+            generation_topic(sink.topic, generation),
             pipeline.name,
             generation,
             client_config=sink.client_options,
@@ -188,7 +197,12 @@ class TopicSink:
 
 
 def read_topic(
-    spark: SparkSession, pipeline: Pipeline, *, with_change_columns: bool = False, timeout_s: float = 60.0
+    spark: SparkSession,
+    pipeline: Pipeline,
+    *,
+    generation: int = 0,
+    with_change_columns: bool = False,
+    timeout_s: float = 60.0,
 ) -> DataFrame:
     """What a ``read_committed`` consumer of ``pipeline``'s result topic reads, folded as its mode says, with the
     columns and types of the engine's table of the results (the JSON values parsed with its schema: exact
@@ -204,7 +218,8 @@ def read_topic(
     sink = pipeline.sink
     if not isinstance(sink, KafkaSink):
         raise DefinitionError(f"pipeline {pipeline.name!r} has no topic sink (sink.kind {sink.kind!r})")
-    read = read_committed(sink.bootstrap_servers, sink.topic, timeout_s=timeout_s, client_config=sink.client_options)
+    topic = generation_topic(sink.topic, generation)
+    read = read_committed(sink.bootstrap_servers, topic, timeout_s=timeout_s, client_config=sink.client_options)
     if pipeline.operator.upserts:
         values = list(fold_upsert(read).values())
     else:

@@ -314,6 +314,7 @@ def test_a_redeploy_publishes_into_a_topic_of_its_own_and_a_rollback_goes_on_in_
     assert result.swapped and result.generation == 1
     ours = f"{topic}-g1"
     assert inspect.result_topic(new).topic == ours  # what an orchestrator shows a consumer: the serving topic
+    assert Redeploy(spark, new).plan().way == "none"  # the generation's topic is not a change of the definition
     append_version(spark, source, versions[4])
     LiveRunner.from_manifest(spark, new).start(available_now=True)
     assert list(read_committed(kafka.bootstrap_servers, topic)) == old_before  # nothing after the swap
