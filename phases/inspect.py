@@ -210,6 +210,12 @@ def state_event_time(pipeline: Pipeline) -> str | None:
     return kind_of(pipeline).state_event_time
 
 
+def _serving(pipeline: Pipeline | Deployment) -> Deployment:
+    """``pipeline`` bound to the generation that serves it (read with delta-rs; a swap under way: the generation it
+    started from); a Deployment as it is."""
+    return deploy(None, pipeline, strict=False)
+
+
 def result_topic(pipeline: Pipeline | Deployment, *, timeout_s: float = 30.0) -> TopicFigures | None:
     """A topic sink's figures (None for a Delta sink), of the generation that serves the pipeline (after a redeploy,
     its own topic): its partitions' last stable offsets and the newest committed write's marker: the handoff, the
@@ -217,10 +223,9 @@ def result_topic(pipeline: Pipeline | Deployment, *, timeout_s: float = 30.0) ->
     Read without a producer: no writer is fenced."""
     from phases._internal.definition import KafkaSink
 
-    declared = pipeline.definition if isinstance(pipeline, Deployment) else pipeline
-    if not isinstance(declared.sink, KafkaSink):
-        return None
-    bound = pipeline if isinstance(pipeline, Deployment) else deploy(None, pipeline, strict=False)
+    if not isinstance((pipeline.pipeline if isinstance(pipeline, Deployment) else pipeline).sink, KafkaSink):
+        return None  # a Delta sink: no redeploy log to read
+    bound = _serving(pipeline)
     sink = bound.pipeline.sink
     return topic_figures(
         sink.bootstrap_servers,
@@ -241,7 +246,7 @@ def read_topic(
     ``_source_version`` and ``_op``). The topic is that of the generation that serves the pipeline (after a redeploy,
     that generation's own topic; :func:`phases.deploy` binds a definition to it). For reconciliation and tests: it
     reads the whole topic through the driver."""
-    bound = pipeline if isinstance(pipeline, Deployment) else deploy(None, pipeline, strict=False)
+    bound = _serving(pipeline)
     return topic_sinks.read_topic(
         spark,
         bound.pipeline,

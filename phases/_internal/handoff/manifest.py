@@ -144,31 +144,23 @@ def latest(spark: SparkSession, path: str, pipeline: str, manifest_id: str | Non
 
 
 def _newest_row(spark: SparkSession, path: str, pipeline: str) -> dict | None:
-    """The newest manifest row of ``pipeline`` as a dict (None: none). Read with delta-rs (a few rows, no Spark
-    job: a live start reads it every time); a log delta-rs cannot read (store settings given to Spark only) is
-    read through Spark."""
+    """The newest manifest row of ``pipeline`` as a dict (None: none)."""
+    return max(_rows_of(spark, path, pipeline), key=lambda row: row["created_at_us"], default=None)
+
+
+def _rows_of(spark: SparkSession, path: str, pipeline: str) -> list[dict]:
+    """Every manifest row of ``pipeline`` as dicts. Read with delta-rs (a few rows, no Spark job: a live start reads
+    them every time); a log delta-rs cannot read (store settings given to Spark only) is read through Spark."""
     found = table_stats.from_log(lambda p: table_stats.rows(p, where=("pipeline", pipeline)), path)
     if found is not None:
-        return max(found, key=lambda row: row["created_at_us"], default=None)
-    rows = (
-        spark.read.format("delta")
-        .load(path)
-        .filter(F.col("pipeline") == pipeline)
-        .orderBy(F.col("created_at_us").desc())
-        .limit(1)
-        .collect()
-    )
-    return rows[0].asDict() if rows else None
+        return found
+    return [r.asDict() for r in spark.read.format("delta").load(path).filter(F.col("pipeline") == pipeline).collect()]
 
 
 def base_sink_versions(spark: SparkSession, path: str, handoff: HandoffManifest) -> dict[str, int]:
     """The handoffs ``handoff`` builds on (its base, the base's base, ...: catch-up increments on a backlog) by
     manifest id, each with its sink version. Empty for a handoff with no base."""
-    found = table_stats.from_log(lambda p: table_stats.rows(p, where=("pipeline", handoff.pipeline)), path)
-    if found is None:
-        rows = spark.read.format("delta").load(path).filter(F.col("pipeline") == handoff.pipeline)
-        found = [r.asDict() for r in rows.select("manifest_id", "base_manifest_id", "sink_version").collect()]
-    by_id = {row["manifest_id"]: row for row in found}
+    by_id = {row["manifest_id"]: row for row in _rows_of(spark, path, handoff.pipeline)}
     bases: dict[str, int] = {}
     base = handoff.base_manifest_id
     while base is not None and base in by_id and base not in bases:
