@@ -190,6 +190,7 @@ class TopicWriter:
         self._config = _client_config(servers, client_config)
         self._producer = None
         self._consumer = None
+        self._admin = None
 
     @property
     def where(self) -> str:
@@ -274,10 +275,13 @@ class TopicWriter:
         records = itertools.chain([first] if first is not None else [], records)
         producer = self._start()
         failures: list[str] = []
+        last: dict[int, int] = {}  # partition -> the offset of this write's last record there
 
-        def delivered(err, _msg) -> None:
+        def delivered(err, msg) -> None:
             if err is not None:  # the message's own accessors are not safe while a fatal error is raised
                 failures.append(str(err))
+            else:
+                last[msg.partition()] = max(last.get(msg.partition(), -1), msg.offset())
 
         try:
             producer.begin_transaction()
@@ -309,7 +313,6 @@ class TopicWriter:
                 offsets, self._marker_consumer().consumer_group_metadata(), self.timeout_s
             )
             producer.commit_transaction(self.timeout_s)
-            return count
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
@@ -324,6 +327,41 @@ class TopicWriter:
         except BaseException:
             self._abort(producer)
             raise
+        self._await_stable(last, marker)
+        return count
+
+    def _await_stable(self, last: dict[int, int], marker: Marker) -> None:
+        """Returns once a read_committed consumer sees the records of the write just committed: the broker answers a
+        commit before its markers reach the partitions, and until then their last stable offsets stay before the
+        write. A SinkError (the write is committed: a replay of it is skipped) when that takes over ``timeout_s``."""
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        from confluent_kafka.admin import AdminClient, OffsetSpec
+
+        if self._admin is None:
+            self._admin = AdminClient(self._config)
+        deadline = time.monotonic() + self.timeout_s
+        pending = dict(last)
+        while pending:
+            query = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in pending}
+            try:
+                answers = self._admin.list_offsets(
+                    query, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.timeout_s
+                )
+                stable = {tp.partition: future.result().offset for tp, future in answers.items()}
+            except KafkaException as exc:
+                raise SinkError(
+                    f"{self.where}: batch {marker.batch} committed, but its last stable offsets could not be read "
+                    f"({exc.args[0]})"
+                ) from exc
+            pending = {p: offset for p, offset in pending.items() if stable[p] <= offset}
+            if pending and time.monotonic() > deadline:
+                raise SinkError(
+                    f"{self.where}: batch {marker.batch} committed, but read_committed consumers did not see it within "
+                    f"{self.timeout_s:g} s (partitions {sorted(pending)} stay before it: is another transactional "
+                    "producer writing this topic and holding a transaction open?)"
+                )
+            if pending:
+                time.sleep(0.002)
 
     def _abort(self, producer) -> None:
         from confluent_kafka import KafkaException
@@ -355,6 +393,7 @@ class TopicWriter:
         if self._producer is not None:
             self._producer.flush(5)
             self._producer = None
+        self._admin = None
 
 
 def read_committed(

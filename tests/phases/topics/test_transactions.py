@@ -151,3 +151,58 @@ def test_a_missing_topic_and_a_foreign_marker_are_named(kafka):
     with pytest.raises(SinkError, match="sits at offset 9"):
         Marker.parse(9, '{"batch": 3, "handoff": "h"}', "topic 't'")
     assert Marker.parse(5, Marker(3, "h").metadata, "topic 't'") == Marker(3, "h")
+
+
+def test_a_write_is_read_committed_as_soon_as_it_returns(kafka):
+    """The broker answers a commit before its transaction markers reach the partitions; a write returns only once a
+    read_committed consumer sees all of it (a reader right after a handoff or a batch misses nothing)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    partitions = 6
+    topic = _topic(kafka, partitions)
+    writer = TopicWriter(kafka.bootstrap_servers, topic, "events")
+    readers = {
+        level: Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"{level}-{topic}",
+                         "isolation.level": level})
+        for level in ("read_committed", "read_uncommitted")
+    }  # fmt: skip
+
+    def ends(level: str) -> list[int]:
+        return [
+            readers[level].get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)
+        ]
+
+    try:
+        for batch in range(60):
+            writer.write(_records(batch, range(12)), Marker(batch, "h1"))
+            # the last stable offsets (read_committed) reach the ends (records and commit markers): nothing pending
+            assert ends("read_committed") == ends("read_uncommitted"), f"batch {batch}"
+    finally:
+        writer.close()
+        for reader in readers.values():
+            reader.close()
+
+
+def test_a_write_held_behind_another_producers_open_transaction_says_so_and_its_replay_is_skipped(kafka):
+    """Another transactional producer's open transaction keeps the partition's last stable offset before this
+    write: the write commits, says it is not yet seen and why, a replay of it is skipped, and once that transaction
+    ends a read_committed consumer reads the write once."""
+    from confluent_kafka import Producer
+
+    topic = _topic(kafka, partitions=1)
+    other = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"other-{topic}"})
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(topic, key=b"x", value=b"open")
+    other.flush(10)
+    writer = TopicWriter(kafka.bootstrap_servers, topic, "events", timeout_s=3)
+    try:
+        with pytest.raises(SinkError, match=r"batch 0 committed, but read_committed consumers did not see it.*another"):
+            writer.write(_records(0, range(5)), Marker(0, "h1"))
+        assert writer.committed() == Marker(0, "h1")
+        assert writer.write_once(_records(0, range(5)), Marker(0, "h1")) is None
+        other.abort_transaction(10)
+    finally:
+        writer.close()
+    read = list(read_committed(kafka.bootstrap_servers, topic))
+    assert sorted(r.value for r in read) == [f"0:{k}".encode() for k in range(5)]
