@@ -29,7 +29,7 @@ import logging
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -194,7 +194,12 @@ def _batch_costs(live: LiveRunner, feed: _Feed, batches: int, rows: int) -> list
     return costs
 
 
-def _steady(live: LiveRunner, feed: _Feed, sink: str, rate: int, versions: int, interval_s: float) -> dict:
+# Where a live path's results are told to have arrived: a Delta table (its commits, read from its log afterwards) or
+# a function of the probes that returns when each was seen (a topic's tail: benchmarks.live_topics).
+Sink = str | Callable[[Iterable[str]], dict[str, float]]
+
+
+def _steady(live: LiveRunner, feed: _Feed, sink: Sink, rate: int, versions: int, interval_s: float) -> dict:
     """Versions of ``rate * interval_s`` rows every ``interval_s``; latency of each from the logs."""
     probes: dict[str, int] = {}
     sent = 0
@@ -212,7 +217,7 @@ def _steady(live: LiveRunner, feed: _Feed, sink: str, rate: int, versions: int, 
     offered = sent / (time.perf_counter() - began)
     live.process_available()
     arrived = feed.arrivals(probes)
-    seen = _probe_commits(sink)
+    seen = sink(probes) if callable(sink) else _probe_commits(sink)
     latencies = [seen[k] - arrived[k] for k in probes if k in seen]
     if len(latencies) != len(probes):
         raise SystemExit(f"live latency at {rate} rows/s: {len(probes) - len(latencies)} probes never reached the sink")
@@ -244,7 +249,7 @@ class Load:
     drain_versions: int = 10
 
 
-def running_rows(runner, feed: _Feed, sink: str, load: Load, label: str) -> dict:
+def running_rows(runner, feed: _Feed, sink: Sink, load: Load, label: str) -> dict:
     """The micro-batch cost and the latency at each rate of a started live path (the framework's or a peer's)."""
     costs = _batch_costs(runner, feed, load.batches, load.batch_rows)
     batch = {

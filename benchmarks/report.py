@@ -91,6 +91,10 @@ def markdown(results: dict) -> str:
         lines += live_kinds.lines(results["live_kinds"])
     if results.get("live_kafka"):
         lines += _live_lines(results["live_kafka"], "Kafka topic (3 partitions, JSON); Kafka timestamp → sink commit")
+    if results.get("live_topic"):
+        from benchmarks import live_topics
+
+        lines += live_topics.lines(results["live_topic"])
     if results.get("kafka_backlog"):
         from benchmarks import kafka_backlog
 

@@ -25,6 +25,7 @@ from benchmarks import (
     live,
     live_kinds,
     live_peers,
+    live_topics,
     memory,
     process_pass,
     process_variants,
@@ -347,7 +348,7 @@ def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> lis
 
 PARTS = (
     "keyed reduce", "wordcount", "keyed process", "interval join", "low-cardinality join", "growth", "live",
-    "live-kinds", "live-kafka", "kafka-backlog", "process-pass", "spill",
+    "live-kinds", "live-kafka", "live-topic", "kafka-backlog", "process-pass", "spill",
 )  # fmt: skip
 
 
@@ -466,6 +467,11 @@ def main() -> None:
             results["live_kinds"] = live_kinds.measure(spark, work, keys=keys, batches=3 if args.quick else 6)
         if "live-kafka" in only:
             results["live_kafka"] = run_live_kafka(spark, work, args.live_keys, args.quick)
+        if "live-topic" in only:
+            keys = min(int(k) for k in (args.live_keys or ("20000" if args.quick else "1000000")).split(","))
+            results["live_topic"] = live_topics.measure(
+                spark, work, state_keys=keys, versions=5 if args.quick else 30, batches=3 if args.quick else 5
+            )
         if "kafka-backlog" in only:
             kafka_rows = args.kafka_rows or (100_000 if args.quick else 1_000_000)
             results["kafka_backlog"] = kafka_backlog.measure(

@@ -118,6 +118,24 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_topic_rows_publish_the_handoff_beside_a_batch_write_and_measure_both_live_paths(spark, kafka, tmp_path):
+    from benchmarks import live_topics
+
+    result = live_topics.measure(
+        spark, tmp_path, state_keys=200, rates=(100,), versions=2, batches=2, batch_rows=50,
+        servers=kafka.bootstrap_servers,
+    )  # fmt: skip
+    handoff = result["handoff_write"]
+    assert handoff["results"] == handoff["records"] == handoff["plain_batch_write"]["records"] == 200
+    assert handoff["topic_s"] > 0 and handoff["plain_batch_write"]["seconds"] > 0
+    for path in (result["framework"], result["plain"]):
+        assert len(path["batch"]["seconds"]) == 2, path
+        [latency] = path["latency"]
+        assert latency["versions"] == 2 and latency["p50_s"] > 0, path
+    md = "\n".join(live_topics.lines(result))
+    assert "results into a Kafka topic" in md and "p50 of the topic sink against Spark's Kafka sink" in md
+
+
 def test_growth_curve_runs_each_size_and_extrapolates_a_stream_too_long_to_run_whole(spark, tmp_path):
     from benchmarks import growth
 

@@ -20,6 +20,7 @@ place them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -191,6 +192,7 @@ class TopicWriter:
         self._producer = None
         self._consumer = None
         self._admin = None
+        self._partitions: int | None = None
 
     @property
     def where(self) -> str:
@@ -208,6 +210,9 @@ class TopicWriter:
                     "transactional.id": self.transactional_id,
                     "partitioner": "murmur2_random",  # the Java client's: a key lands where a Java producer puts it
                     "linger.ms": 5,
+                    # No delivery report per record (a Python call each: ~2 s a million). A record that fails delivery
+                    # makes the transaction's commit fail (librdkafka: an abortable error), and the write aborts.
+                    "delivery.report.only.error": True,
                 }
             )
             try:
@@ -274,15 +279,7 @@ class TopicWriter:
             return 0
         records = itertools.chain([first] if first is not None else [], records)
         producer = self._start()
-        failures: list[str] = []
-        last: dict[int, int] = {}  # partition -> the offset of this write's last record there
-
-        def delivered(err, msg) -> None:
-            if err is not None:  # the message's own accessors are not safe while a fatal error is raised
-                failures.append(str(err))
-            else:
-                last[msg.partition()] = max(last.get(msg.partition(), -1), msg.offset())
-
+        before = self._end_offsets(committed=False, marker=marker)
         try:
             producer.begin_transaction()
             count = 0
@@ -294,7 +291,6 @@ class TopicWriter:
                             value=record.value,
                             key=record.key,
                             headers=list(record.headers),
-                            on_delivery=delivered,
                         )
                         break
                     except BufferError:  # the local queue is full: let deliveries drain it
@@ -303,8 +299,6 @@ class TopicWriter:
                 if count % 10_000 == 0:
                     producer.poll(0)
             producer.flush(self.timeout_s)
-            if failures:
-                raise SinkError(f"{self.where}: {len(failures)} record(s) were not delivered: {failures[:3]}")
             committed = (
                 marker if records_before is None else dataclasses.replace(marker, records=records_before + count)
             )
@@ -327,33 +321,41 @@ class TopicWriter:
         except BaseException:
             self._abort(producer)
             raise
-        self._await_stable(last, marker)
+        self._await_stable(before, marker)
         return count
 
-    def _await_stable(self, last: dict[int, int], marker: Marker) -> None:
-        """Returns once a read_committed consumer sees the records of the write just committed: the broker answers a
-        commit before its markers reach the partitions, and until then their last stable offsets stay before the
-        write. A SinkError (the write is committed: a replay of it is skipped) when that takes over ``timeout_s``."""
+    def _end_offsets(self, *, committed: bool, marker: Marker) -> dict[int, int]:
+        """Each partition's end offset: the high watermark, or with ``committed`` the last stable offset (where a
+        read_committed consumer stops: before the first transaction still open)."""
         from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
         from confluent_kafka.admin import AdminClient, OffsetSpec
 
         if self._admin is None:
             self._admin = AdminClient(self._config)
+        if self._partitions is None:
+            self._partitions = self.check_topic()
+        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        query = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self._partitions)}
+        try:
+            answers = self._admin.list_offsets(query, isolation_level=level, request_timeout=self.timeout_s)
+            return {tp.partition: future.result().offset for tp, future in answers.items()}
+        except KafkaException as exc:
+            raise SinkError(
+                f"{self.where}: the end offsets around batch {marker.batch}'s write could not be read ({exc.args[0]})"
+            ) from exc
+
+    def _await_stable(self, before: dict[int, int], marker: Marker) -> None:
+        """Returns once a read_committed consumer sees the write just committed: the broker answers a commit before
+        its markers reach the partitions, and until then their last stable offsets stay before the write. The
+        partitions the write reached are those whose high watermark moved since ``before``; each is stable once its
+        last stable offset reaches the high watermark as of the commit. A SinkError (the write is committed: a
+        replay of it is skipped) when that takes over ``timeout_s``."""
+        ends = self._end_offsets(committed=False, marker=marker)
+        pending = {p: end for p, end in ends.items() if end > before.get(p, 0)}
         deadline = time.monotonic() + self.timeout_s
-        pending = dict(last)
         while pending:
-            query = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in pending}
-            try:
-                answers = self._admin.list_offsets(
-                    query, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.timeout_s
-                )
-                stable = {tp.partition: future.result().offset for tp, future in answers.items()}
-            except KafkaException as exc:
-                raise SinkError(
-                    f"{self.where}: batch {marker.batch} committed, but its last stable offsets could not be read "
-                    f"({exc.args[0]})"
-                ) from exc
-            pending = {p: offset for p, offset in pending.items() if stable[p] <= offset}
+            stable = self._end_offsets(committed=True, marker=marker)
+            pending = {p: end for p, end in pending.items() if stable[p] < end}
             if pending and time.monotonic() > deadline:
                 raise SinkError(
                     f"{self.where}: batch {marker.batch} committed, but read_committed consumers did not see it within "
@@ -364,12 +366,14 @@ class TopicWriter:
                 time.sleep(0.002)
 
     def _abort(self, producer) -> None:
+        """Aborts the open transaction, and drops the producer: after a failed write its state may need a new epoch
+        (a record the broker refused leaves its sequence numbers out of order), which the next write's new producer
+        gets from ``init_transactions`` (fencing this one)."""
         from confluent_kafka import KafkaException
 
-        try:
+        with contextlib.suppress(KafkaException):
             producer.abort_transaction(self.timeout_s)
-        except KafkaException:
-            self._producer = None  # a fatal state: the next write starts a new producer (which fences this one)
+        self._producer = None
 
     def write_once(self, records: Iterable[Record], marker: Marker, *, empty_commits: bool = True) -> int | None:
         """:meth:`write`, unless the committed marker is this write's or a later one's (a replay): then nothing is

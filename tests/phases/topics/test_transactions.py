@@ -206,3 +206,22 @@ def test_a_write_held_behind_another_producers_open_transaction_says_so_and_its_
         writer.close()
     read = list(read_committed(kafka.bootstrap_servers, topic))
     assert sorted(r.value for r in read) == [f"0:{k}".encode() for k in range(5)]
+
+
+def test_a_record_the_broker_refuses_aborts_the_whole_write_and_the_next_write_goes_out(kafka):
+    """Delivery reports are not read record by record: a record the broker refuses (larger than the topic's
+    max.message.bytes) fails the transaction's commit, the write aborts whole, and the writer goes on."""
+    topic = f"results-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2, **{"max.message.bytes": "2000"})
+    writer = TopicWriter(kafka.bootstrap_servers, topic, "events")
+    try:
+        big = Record(b"k-big", b"x" * 5000, (("phases.batch", b"0"),))
+        with pytest.raises(SinkError, match="the write of batch 0 was aborted"):
+            writer.write([*_records(0, range(20)), big], Marker(0, "h1"))
+        assert writer.committed() is None
+        assert writer.write(_records(1, range(20)), Marker(1, "h1")) == 20
+        assert writer.committed() == Marker(1, "h1")
+    finally:
+        writer.close()
+    read = list(read_committed(kafka.bootstrap_servers, topic))
+    assert sorted(r.value for r in read) == sorted(f"1:{k}".encode() for k in range(20))
