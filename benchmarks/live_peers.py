@@ -23,21 +23,69 @@ from pathlib import Path
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from benchmarks import live
 
 SINK_MODES = ("merge", "append")
 
 
-class PlainLive:
-    """The hand-written query, with the calls the live measurements make on the framework's live runner."""
+class PlainQuery:
+    """A hand-written query of the live rows' aggregation (``groupBy(key).agg(count, sum)`` in update mode, trigger
+    0.5 s) with the calls the live measurements make on the framework's live runner; a subclass says where its rows
+    go (:meth:`_writer`)."""
+
+    what = "plain"
+
+    def __init__(self, spark: SparkSession, source: str, checkpoint: str):
+        self.spark, self.source, self.checkpoint = spark, source, checkpoint
+        self.query: StreamingQuery | None = None
+
+    def _writer(self, counts: DataFrame) -> DataStreamWriter:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """What the sink needs before the query starts."""
+
+    def start(self) -> float:
+        """Starts the query and waits until the source's versions so far are applied; returns the seconds."""
+        self._prepare()
+        t = time.perf_counter()
+        counts = (
+            self.spark.readStream.format("delta")
+            .load(self.source)
+            .groupBy("key")
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
+        )
+        self.query = (
+            self._writer(counts)
+            .option("checkpointLocation", self.checkpoint)
+            .trigger(processingTime="0.5 seconds")
+            .start()
+        )
+        self.query.processAllAvailable()
+        return time.perf_counter() - t
+
+    def process_available(self) -> None:
+        self.query.processAllAvailable()
+
+    def raise_if_failed(self) -> None:
+        if self.query is not None and not self.query.isActive:
+            raise RuntimeError(f"the {self.what} query stopped: {self.query.exception()}")
+
+    def stop(self) -> None:
+        if self.query is not None and self.query.isActive:
+            self.query.stop()
+
+
+class PlainLive(PlainQuery):
+    """The hand-written query with a ``foreachBatch`` sink into Delta (``mode``: see the module docstring)."""
 
     def __init__(self, spark: SparkSession, source: str, sink: str, checkpoint: str, mode: str):
         if mode not in SINK_MODES:
             raise ValueError(f"sink mode {mode!r}: valid modes are {list(SINK_MODES)}")
-        self.spark, self.source, self.sink, self.checkpoint, self.mode = spark, source, sink, checkpoint, mode
-        self.query: StreamingQuery | None = None
+        super().__init__(spark, source, checkpoint)
+        self.sink, self.mode, self.what = sink, mode, f"plain {mode}"
 
     def _write(self, batch: DataFrame, batch_id: int) -> None:
         if self.mode == "merge":
@@ -54,38 +102,13 @@ class PlainLive:
                 .save(self.sink)
             )
 
-    def start(self) -> float:
-        """Starts the query and waits until the source's versions so far are applied; returns the seconds."""
+    def _prepare(self) -> None:
         schema = "key string, n long, total long" + (", _batch_id long" if self.mode == "append" else "")
         if not Path(self.sink, "_delta_log").exists():
             self.spark.createDataFrame([], schema).write.format("delta").save(self.sink)
-        t = time.perf_counter()
-        counts = (
-            self.spark.readStream.format("delta")
-            .load(self.source)
-            .groupBy("key")
-            .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
-        )
-        self.query = (
-            counts.writeStream.outputMode("update")
-            .foreachBatch(self._write)
-            .option("checkpointLocation", self.checkpoint)
-            .trigger(processingTime="0.5 seconds")
-            .start()
-        )
-        self.query.processAllAvailable()
-        return time.perf_counter() - t
 
-    def process_available(self) -> None:
-        self.query.processAllAvailable()
-
-    def raise_if_failed(self) -> None:
-        if self.query is not None and not self.query.isActive:
-            raise RuntimeError(f"the plain {self.mode} query stopped: {self.query.exception()}")
-
-    def stop(self) -> None:
-        if self.query is not None and self.query.isActive:
-            self.query.stop()
+    def _writer(self, counts: DataFrame) -> DataStreamWriter:
+        return counts.writeStream.outputMode("update").foreachBatch(self._write)
 
 
 def measure(

@@ -27,11 +27,11 @@ from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter
 
-from benchmarks import live, variants
+from benchmarks import live, live_peers, variants
 from phases import inspect
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import KafkaSink
@@ -139,45 +139,23 @@ def plain_batch_write(spark: SparkSession, table: str, version: int, servers: st
     return {"seconds": round(seconds, 2), "records": _end_offsets(servers, topic)}
 
 
-class PlainKafkaLive:
-    """The hand-written query with Spark's own Kafka sink, with the calls the live measurements make."""
+class PlainKafkaLive(live_peers.PlainQuery):
+    """The hand-written query with Spark's own Kafka sink."""
+
+    what = "plain Kafka"
 
     def __init__(self, spark: SparkSession, source: str, servers: str, topic: str, checkpoint: str):
-        self.spark, self.source, self.servers, self.topic, self.checkpoint = spark, source, servers, topic, checkpoint
-        self.query: StreamingQuery | None = None
+        super().__init__(spark, source, checkpoint)
+        self.servers, self.topic = servers, topic
 
-    def start(self) -> float:
-        """Starts the query and waits until the source's versions so far are applied; returns the seconds."""
-        t = time.perf_counter()
-        counts = (
-            self.spark.readStream.format("delta")
-            .load(self.source)
-            .groupBy("key")
-            .agg(F.count(F.lit(1)).alias("n"), F.sum("value").alias("total"))
-        )
-        self.query = (
+    def _writer(self, counts: DataFrame) -> DataStreamWriter:
+        return (
             _encoded(counts)
             .writeStream.format("kafka")
             .outputMode("update")
             .option("kafka.bootstrap.servers", self.servers)
             .option("topic", self.topic)
-            .option("checkpointLocation", self.checkpoint)
-            .trigger(processingTime="0.5 seconds")
-            .start()
         )
-        self.query.processAllAvailable()
-        return time.perf_counter() - t
-
-    def process_available(self) -> None:
-        self.query.processAllAvailable()
-
-    def raise_if_failed(self) -> None:
-        if self.query is not None and not self.query.isActive:
-            raise RuntimeError(f"the plain Kafka query stopped: {self.query.exception()}")
-
-    def stop(self) -> None:
-        if self.query is not None and self.query.isActive:
-            self.query.stop()
 
 
 def measure(
