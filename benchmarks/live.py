@@ -112,6 +112,12 @@ class _Feed:
     def create(self) -> None:
         synthetic.create_source(self.spark, self.source)
 
+    def seed(self) -> None:
+        """Creates the source with exactly ``keys`` keys (one record each), the next version after them."""
+        self.create()
+        _seed_source(self.spark, self, self.keys)
+        self.index = SEED_VERSIONS
+
     def write(self, batch) -> None:
         synthetic.append(self.spark, self.source, batch)
 
@@ -346,9 +352,7 @@ def measure(
 def _measure(spark, base, feed, state_keys: int, load: Load, sink_mode: str) -> dict:
     kafka = isinstance(feed, _KafkaFeed)
     t = time.perf_counter()
-    feed.create()
-    _seed_source(spark, feed, state_keys)
-    feed.index = SEED_VERSIONS
+    feed.seed()
     generate_s = time.perf_counter() - t
     p = variants.pipeline(str(base / "source"), str(base / "two_phase")).model_copy(
         update={"checkpoint_interval": timedelta(milliseconds=500)}

@@ -132,9 +132,7 @@ def measure(
     source, sink, checkpoint = str(base / "source"), str(base / "sink"), str(base / "checkpoint")
     feed = live._Feed(spark, source, state_keys)
     t = time.perf_counter()
-    feed.create()
-    live._seed_source(spark, feed, state_keys)
-    feed.index = live.SEED_VERSIONS
+    feed.seed()
     result: dict = {"peer": f"plain Spark, {mode} sink", "state_keys": state_keys}
     result["generate_s"] = round(time.perf_counter() - t, 2)
     label = f"[live plain {mode} {state_keys:,}]"

@@ -36,7 +36,7 @@ from phases import inspect
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import KafkaSink
 from phases._internal.live.runner import LiveRunner
-from phases._internal.runtime.local_kafka import LocalKafka
+from phases._internal.runtime.local_kafka import LocalKafka, create_topic
 
 PARTITIONS = 3
 
@@ -48,7 +48,6 @@ class TopicTail:
     def __init__(self, servers: str, topic: str):
         self.servers, self.topic = servers, topic
         self.seen: dict[str, float] = {}
-        self.records = 0
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -84,7 +83,6 @@ class TopicTail:
                 for msg in consumer.consume(1000, 0.05):
                     if msg.error() is not None:
                         continue
-                    self.records += 1
                     key = msg.key()
                     if key is not None and live.PROBE.encode() in key:
                         self.seen.setdefault(json.loads(key)["key"], time.time())
@@ -191,13 +189,9 @@ def measure(
 
 
 def _framework(spark: SparkSession, base: Path, servers: str, topic: str, keys: int, load: live.Load) -> dict:
-    from phases._internal.runtime.local_kafka import create_topic
-
     create_topic(servers, topic, PARTITIONS, **{"cleanup.policy": "compact"})
     feed = live._Feed(spark, str(base / "source"), keys)
-    feed.create()
-    live._seed_source(spark, feed, keys)
-    feed.index = live.SEED_VERSIONS
+    feed.seed()
     p = variants.pipeline(str(base / "source"), str(base / "two_phase"))
     sink = KafkaSink(path=p.sink.path, topic=topic, bootstrap_servers=servers, mode="upsert")
     p = p.model_copy(update={"sink": sink, "checkpoint_interval": timedelta(milliseconds=500)})
@@ -230,16 +224,12 @@ def _framework(spark: SparkSession, base: Path, servers: str, topic: str, keys: 
 
 
 def _plain(spark: SparkSession, base: Path, servers: str, topic: str, keys: int, load: live.Load) -> dict:
-    from phases._internal.runtime.local_kafka import create_topic
-
     result: dict = {"peer": "plain Spark, its Kafka sink (at least once)"}
     label = f"[live plain kafka {keys:,}]"
     create_topic(servers, topic, PARTITIONS)
     source = str(base / "plain_source")
     feed = live._Feed(spark, source, keys)
-    feed.create()
-    live._seed_source(spark, feed, keys)
-    feed.index = live.SEED_VERSIONS
+    feed.seed()
     query = PlainKafkaLive(spark, source, servers, topic, str(base / "plain_checkpoint"))
     tail = None
     try:
