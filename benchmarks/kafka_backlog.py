@@ -8,6 +8,13 @@ are reported, with the backlog's own step timings (where the time goes). The tar
 at 0.6 of the Delta backlog's rows per second or more. The topic is read with the default arrival chunks and with chunks
 of about one version's records per partition.
 
+Beside them runs what a Spark user would write instead: **a plain Spark batch job over the same topic**
+(``spark.read.format("kafka")`` with the read options the engine uses, the same JSON decoding with ``from_json``, the
+same aggregation, written to Delta), checked equal before its time counts: per key, its counts and sums are the
+framework's sink plus the records the framework quarantined as late. Its time is split into shares by running its
+prefixes into Spark's ``noop`` sink: the fetch alone, the fetch and the decoding, and the whole job
+(:data:`PLAIN_TARGET`: the Kafka backlog at most 1.15 times the plain job's time).
+
 Arrival order differs by nature: a Delta table's versions, a topic's arrival chunks (``backlog_chunk_records``
 offsets per partition), so the late records, hence the quarantine's rows, may differ between the two.
 """
@@ -18,6 +25,7 @@ import shutil
 import time
 from pathlib import Path
 
+from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -26,9 +34,12 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import KafkaSource
 from phases._internal.runtime.local_kafka import LocalKafka
 from phases._internal.sources import synthetic
+from phases._internal.sources.kafka import MAX_POLL_RECORDS
 
 TOPIC = "events"
 TARGET = 0.6  # Kafka ÷ Delta rows per second
+PLAIN_TARGET = 1.15  # the Kafka backlog's seconds ÷ the plain Spark job's over the same topic
+VALUE_SCHEMA = "key string, ts timestamp, value bigint"
 PARTITIONS = 3
 
 
@@ -65,7 +76,7 @@ def measure(
                 .save()
             )
         generate_s = time.perf_counter() - t
-        value_schema = "key string, ts timestamp, value bigint"
+        value_schema = VALUE_SCHEMA
         # The default chunk size (what a user runs), and chunks of about one version's records per partition (the
         # rows are keyed across partitions, so these arrivals only approximate the table's versions).
         matched = max(1, rows // versions // PARTITIONS)
@@ -97,7 +108,11 @@ def measure(
         }
         for name in sources:
             out[name] = []
+        out["plain"] = []
+        plain_out = str(base / "plain_run" / "sink")
         for run in range(runs):
+            out["plain"].append(plain_job(spark, broker.bootstrap_servers, plain_out))
+            print(f"[kafka backlog] run {run} plain Spark: {out['plain'][-1]}", flush=True)
             for name, pipeline in sources.items():
                 runner = BacklogRunner(spark, pipeline)
                 t = time.perf_counter()
@@ -115,6 +130,17 @@ def measure(
                 print(f"[kafka backlog] run {run} {name}: {out[name][-1]}", flush=True)
         best = {name: max(out[name], key=lambda r: r["rows_per_s"]) for name in sources}
         out["ratio"] = round(best["kafka"]["rows_per_s"] / best["delta"]["rows_per_s"], 2)
+        # The last Kafka run's tables are the ones on disk: the default-chunk run when it is the last source.
+        last = sources["kafka, version-sized chunks"] if version_chunks else sources["kafka"]
+        out["plain_equal"] = same_as_plain(spark, plain_out, last.sink.path, last.locations.quarantine)
+        if not out["plain_equal"]:
+            raise AssertionError(
+                f"the plain Spark job over the topic ({plain_out}) differs from the framework's sink and quarantine "
+                f"({last.sink.path}, {last.locations.quarantine}): its time would not count"
+            )
+        plain_best = min(r["seconds"] for r in out["plain"])
+        out["plain_ratio"] = round(best["kafka"]["seconds"] / plain_best, 2)
+        out["plain_target_met"] = out["plain_ratio"] <= PLAIN_TARGET
         if version_chunks:
             smaller = best["kafka, version-sized chunks"]["rows_per_s"]
             out["ratio_version_chunks"] = round(smaller / best["delta"]["rows_per_s"], 2)
@@ -122,6 +148,70 @@ def measure(
         return out
     finally:
         broker.stop()
+
+
+def _plain_read(spark: SparkSession, servers: str):
+    """The topic as Spark reads it, with the read options the engine gives its own read (one task per core, 10,000
+    records a poll): the peer differs in what it does with the records, not in how it fetches them."""
+    return (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", servers)
+        .option("subscribe", TOPIC)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .option("failOnDataLoss", "true")
+        .option("minPartitions", str(spark.sparkContext.defaultParallelism))
+        .option("kafka.max.poll.records", str(MAX_POLL_RECORDS))
+        .load()
+    )
+
+
+def _decoded(raw):
+    return raw.select(F.from_json(F.col("value").cast("string"), VALUE_SCHEMA).alias("r")).select("r.*")
+
+
+def plain_job(spark: SparkSession, servers: str, out: str) -> dict:
+    """The plain Spark batch job over the topic, timed whole, with its shares from its prefixes run into the
+    ``noop`` sink (each prefix fetches the topic again: the shares are differences of separate runs)."""
+    t = time.perf_counter()
+    _plain_read(spark, servers).write.format("noop").mode("overwrite").save()
+    fetch_s = time.perf_counter() - t
+    t = time.perf_counter()
+    _decoded(_plain_read(spark, servers)).write.format("noop").mode("overwrite").save()
+    decode_s = time.perf_counter() - t
+    t = time.perf_counter()
+    variants.aggregate(_decoded(_plain_read(spark, servers))).write.format("delta").mode("overwrite").save(out)
+    seconds = time.perf_counter() - t
+    return {
+        "seconds": round(seconds, 2),
+        "fetch_s": round(fetch_s, 2),
+        "decode_s": round(max(0.0, decode_s - fetch_s), 2),
+        "aggregate_and_write_s": round(max(0.0, seconds - decode_s), 2),
+    }
+
+
+def same_as_plain(spark: SparkSession, plain: str, sink: str, quarantine: str) -> bool:
+    """Every record counted once: per key, the plain job's count and sum equal the framework's sink plus the records
+    it quarantined (late, by the framework's watermark; the plain job has none)."""
+    if DeltaTable.isDeltaTable(spark, quarantine):
+        late = (
+            spark.read.format("delta")
+            .load(quarantine)
+            .filter(F.col("phase") == "backlog")
+            .select(F.from_json("record", VALUE_SCHEMA).alias("r"))
+            .select("r.*")
+        )
+    else:  # nothing was late: the framework made no quarantine table
+        late = spark.createDataFrame([], VALUE_SCHEMA)
+    both = (
+        spark.read.format("delta")
+        .load(sink)
+        .select("key", "n", "total")
+        .unionByName(variants.aggregate(late))
+        .groupBy("key")
+        .agg(F.sum("n").alias("n"), F.sum("total").alias("total"))
+    )
+    return variants.same_results(spark, plain, both)
 
 
 def lines(result: dict) -> list[str]:
@@ -146,7 +236,24 @@ def lines(result: dict) -> list[str]:
             f"| {t.get('watermarks_s', 0)} s{log} | {t.get('quarantine_s', 0)} s | {t.get('state_s', 0)} s "
             f"| {t.get('sink_s', 0)} s |"
         )
+    if result.get("plain"):
+        best = min(result["plain"], key=lambda r: r["seconds"])
+        all_runs = ", ".join(str(r["seconds"]) for r in result["plain"])
+        out.append(
+            f"| plain Spark batch job over the topic | {best['seconds']} s | "
+            f"{round(result['rows'] / best['seconds']):,} | {all_runs} | (none: no watermark) | fetch "
+            f"{best['fetch_s']} s | decode {best['decode_s']} s | aggregate and write "
+            f"{best['aggregate_and_write_s']} s | |"
+        )
     verdict = "met" if result["target_met"] else "missed"
+    if "plain_ratio" in result:
+        plain_verdict = "met" if result["plain_target_met"] else "missed"
+        out += [
+            "",
+            f"Kafka backlog ÷ the plain Spark job over the same topic (seconds, best runs; results equal: "
+            f"{result['plain_equal']}): **{result['plain_ratio']}×** (target ≤ {PLAIN_TARGET}×: {plain_verdict}). "
+            "The plain job's shares are the differences of its prefixes run into Spark's `noop` sink.",
+        ]
     out += [
         "",
         f"Kafka ÷ Delta rows per second: **{result['ratio']}** with the default "

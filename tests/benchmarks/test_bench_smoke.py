@@ -109,6 +109,10 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     kb = loaded["kafka_backlog"]
     assert kb["delta"][0]["input_rows"] == kb["kafka"][0]["input_rows"] == 3_000
     assert kb["ratio"] > 0
+    # The plain Spark job over the same topic: equal to the framework's sink plus its quarantine, its shares measured.
+    assert kb["plain_equal"] is True and kb["plain_ratio"] > 0
+    assert all(r["fetch_s"] > 0 and r["seconds"] > 0 for r in kb["plain"])
+    assert "plain Spark batch job over the topic" in md.read_text()
     assert "backlog from Kafka beside Delta" in md.read_text()
     passes = loaded["process_pass"]
     assert set(passes["seconds"]) == {"Spark alone", "do-nothing function", "IdleTotals"}

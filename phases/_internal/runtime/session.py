@@ -51,6 +51,14 @@ def task_slots(master: str) -> int | None:
     return (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
 
 
+def snapshot_partitions(settings: SparkSettings) -> int:
+    """The partitions of Delta's snapshot job (its log replayed, at every read or write of a table at a new version;
+    Delta's default is 50). The engine's tables hold few versions: a local session makes one task per core (2 against
+    8 saved 0.3 s a snapshot, 0.5 s of a 1M-row backlog: benchmarks/profiles/kafka-backlog-2026-12-02.txt), a cluster
+    one per shuffle partition; at least 2."""
+    return max(2, task_slots(settings.master) or settings.shuffle_partitions)
+
+
 class SparkSettings(SettingsModel):
     """Everything that shapes the SparkSession, in one place."""
 
@@ -165,8 +173,7 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
             str(s.rocksdb_changelog_checkpointing).lower(),
         )
-        # Delta reconstructs table snapshots with 50 partitions by default: far too many locally.
-        .config("spark.databricks.delta.snapshotPartitions", str(max(2, s.shuffle_partitions)))
+        .config("spark.databricks.delta.snapshotPartitions", str(snapshot_partitions(s)))
         .config(ADAPTIVE_EXECUTION, "true")
         .config("spark.sql.codegen.cache.maxEntries", str(s.codegen_cache_entries))
         .config(
