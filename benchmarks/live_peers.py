@@ -133,7 +133,7 @@ def measure(
     feed = live._Feed(spark, source, state_keys)
     t = time.perf_counter()
     feed.seed()
-    result: dict = {"peer": f"plain Spark, {mode} sink", "state_keys": state_keys}
+    result: dict = {"peer": f"plain Spark, {mode} sink", "mode": mode, "state_keys": state_keys}
     result["generate_s"] = round(time.perf_counter() - t, 2)
     label = f"[live plain {mode} {state_keys:,}]"
     query = PlainLive(spark, source, sink, checkpoint, mode)
