@@ -209,6 +209,7 @@ def _steady(live: LiveRunner, feed: _Feed, sink: Sink, rate: int, versions: int,
     """Versions of ``rate * interval_s`` rows every ``interval_s``; latency of each from the logs."""
     probes: dict[str, int] = {}
     sent = 0
+    known = {p["batchId"] for p in live.query.recentProgress}
     began = time.perf_counter()
     for i in range(versions):
         # Each version carries the rows due since the start: the rate holds when an append takes longer
@@ -227,6 +228,10 @@ def _steady(live: LiveRunner, feed: _Feed, sink: Sink, rate: int, versions: int,
     latencies = [seen[k] - arrived[k] for k in probes if k in seen]
     if len(latencies) != len(probes):
         raise SystemExit(f"live latency at {rate} rows/s: {len(probes) - len(latencies)} probes never reached the sink")
+    # Where a slow version's time went: the micro-batches of the run (Spark's progress: rows, seconds, and the
+    # slowest one's phases).
+    ran = [p for p in live.query.recentProgress if p["batchId"] not in known and p["numInputRows"] > 0]
+    slowest = max(ran, key=lambda p: p["durationMs"].get("triggerExecution", 0), default=None)
     return {
         "rate_rows_per_s": rate,
         "offered_rows_per_s": round(offered),
@@ -237,6 +242,9 @@ def _steady(live: LiveRunner, feed: _Feed, sink: Sink, rate: int, versions: int,
         "p99_s": _percentile(latencies, 0.99),
         "mean_s": round(statistics.fmean(latencies), 3),
         "max_s": round(max(latencies), 3),
+        "latencies_s": [round(seen[k] - arrived[k], 2) for k in probes],
+        "micro_batches": [[p["numInputRows"], round(p["durationMs"].get("triggerExecution", 0) / 1e3, 2)] for p in ran],
+        "slowest_micro_batch_ms": slowest["durationMs"] if slowest else {},
     }
 
 
