@@ -76,7 +76,6 @@ def measure(
                 .save()
             )
         generate_s = time.perf_counter() - t
-        value_schema = VALUE_SCHEMA
         # The default chunk size (what a user runs), and chunks of about one version's records per partition (the
         # rows are keyed across partitions, so these arrivals only approximate the table's versions).
         matched = max(1, rows // versions // PARTITIONS)
@@ -86,7 +85,7 @@ def measure(
             spec = KafkaSource(
                 topic=TOPIC,
                 bootstrap_servers=broker.bootstrap_servers,
-                value_schema=value_schema,
+                value_schema=VALUE_SCHEMA,
                 backlog_chunk_records=chunk,
             )
             return variants.pipeline(source, str(base / name)).model_copy(update={"source": spec})
@@ -166,8 +165,9 @@ def _plain_read(spark: SparkSession, servers: str):
     )
 
 
-def _decoded(raw):
-    return raw.select(F.from_json(F.col("value").cast("string"), VALUE_SCHEMA).alias("r")).select("r.*")
+def _decoded(df, column: str = "value"):
+    """The records of ``column``'s JSON text (a topic's values, or the quarantine's kept records)."""
+    return df.select(F.from_json(F.col(column).cast("string"), VALUE_SCHEMA).alias("r")).select("r.*")
 
 
 def plain_job(spark: SparkSession, servers: str, out: str) -> dict:
@@ -194,13 +194,7 @@ def same_as_plain(spark: SparkSession, plain: str, sink: str, quarantine: str) -
     """Every record counted once: per key, the plain job's count and sum equal the framework's sink plus the records
     it quarantined (late, by the framework's watermark; the plain job has none)."""
     if DeltaTable.isDeltaTable(spark, quarantine):
-        late = (
-            spark.read.format("delta")
-            .load(quarantine)
-            .filter(F.col("phase") == "backlog")
-            .select(F.from_json("record", VALUE_SCHEMA).alias("r"))
-            .select("r.*")
-        )
+        late = _decoded(spark.read.format("delta").load(quarantine).filter(F.col("phase") == "backlog"), "record")
     else:  # nothing was late: the framework made no quarantine table
         late = spark.createDataFrame([], VALUE_SCHEMA)
     both = (
