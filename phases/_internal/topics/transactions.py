@@ -348,22 +348,37 @@ class TopicWriter:
         """Returns once a read_committed consumer sees the write just committed: the broker answers a commit before
         its markers reach the partitions, and until then their last stable offsets stay before the write. The
         partitions the write reached are those whose high watermark moved since ``before``; each is stable once its
-        last stable offset reaches the high watermark as of the commit. A SinkError (the write is committed: a
-        replay of it is skipped) when that takes over ``timeout_s``."""
-        ends = self._end_offsets(committed=False, marker=marker)
-        pending = {p: end for p, end in ends.items() if end > before.get(p, 0)}
+        last stable offset reaches the high watermark as of the commit. A read of the end offsets that fails (a
+        broker slow to answer) is tried again until the deadline. A SinkError (the write is committed: a replay of
+        it is skipped) when that takes over ``timeout_s``."""
         deadline = time.monotonic() + self.timeout_s
-        while pending:
-            stable = self._end_offsets(committed=True, marker=marker)
-            pending = {p: end for p, end in pending.items() if stable[p] < end}
-            if pending and time.monotonic() > deadline:
+        pending: dict[int, int] | None = None  # partition -> high watermark as of the commit (None: not read yet)
+        failure: SinkError | None = None
+        while True:
+            try:
+                if pending is None:
+                    ends = self._end_offsets(committed=False, marker=marker)
+                    pending = {p: end for p, end in ends.items() if end > before.get(p, 0)}
+                if pending:
+                    stable = self._end_offsets(committed=True, marker=marker)
+                    pending = {p: end for p, end in pending.items() if stable[p] < end}
+                if not pending:
+                    return
+                failure = None
+            except SinkError as exc:
+                failure = exc
+            if time.monotonic() > deadline:
+                where = (
+                    f"partitions {sorted(pending)} stay before it"
+                    if failure is None and pending is not None
+                    else f"the last read of its end offsets failed: {failure}"
+                )
                 raise SinkError(
                     f"{self.where}: batch {marker.batch} committed, but read_committed consumers did not see it within "
-                    f"{self.timeout_s:g} s (partitions {sorted(pending)} stay before it: is another transactional "
-                    "producer writing this topic and holding a transaction open?)"
-                )
-            if pending:
-                time.sleep(0.002)
+                    f"{self.timeout_s:g} s ({where}: is another transactional producer writing this topic and holding "
+                    "a transaction open, or the broker slow to answer?)"
+                ) from failure
+            time.sleep(0.002)
 
     def _abort(self, producer) -> None:
         """Aborts the open transaction, and drops the producer: after a failed write its state may need a new epoch
