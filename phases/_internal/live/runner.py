@@ -22,6 +22,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from phases._internal import spark_internals
 from phases._internal.coordination import leases
 from phases._internal.definition import SOURCE_LABEL, Pipeline
 from phases._internal.deployment import Deployment, bind, deploy, require_serving
@@ -39,6 +40,7 @@ from phases._internal.live.compactor import Compactor
 from phases._internal.live.micro_batch import IncrementalLive
 from phases._internal.live.plan import LivePlan, Progress
 from phases._internal.schema_changes import is_schema_change_stop, take_up
+from phases._internal.sources.delta import DeltaTableSource
 from phases._internal.sources.reader import open_source
 from phases._internal.steps.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases._internal.storage import changelog, tables
@@ -50,6 +52,8 @@ STOP_POLL_S = 1.0  # how often a running live phase looks for a request to stop 
 # micro-batch, polling this often.
 FIRST_BATCH_WAIT_S = 30.0
 FIRST_BATCH_POLL_S = 0.05
+# How long a wait for the applied positions may run past one trigger interval before Spark's own wait takes over.
+APPLIED_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -352,9 +356,18 @@ class LiveRunner:
         )
 
     def process_available(self) -> None:
-        """Blocks until every source version available now is applied and in the sink."""
+        """Blocks until every source version available now is applied and in the sink.
+
+        When every input is a Delta table, returns as soon as the progress log's newest record is complete through
+        each input's head version as of the call; Spark's own wait (``processAllAvailable``) returns only after a
+        trigger that finds nothing new, up to a whole trigger interval later. It remains the way for Kafka inputs
+        (whose ends a commit marker moves) and when the query stops or does not catch up within a trigger interval
+        (a schema change, a version without data changes)."""
         if self.incremental.query is None:
             raise PhaseStateError("the live phase is not running; call start() first")
+        heads = self._delta_heads()
+        if heads is not None and self._await_applied(heads):
+            return
         for _ in range(3):
             try:
                 self.incremental.query.processAllAvailable()
@@ -364,6 +377,31 @@ class LiveRunner:
                     self._raise_engine_error(exc)
                     raise
         self.incremental.query.processAllAvailable()
+
+    def _delta_heads(self) -> dict[str, int] | None:
+        """Each input's head version, when every input is a Delta table (else None)."""
+        inputs = self.incremental.inputs
+        if not all(isinstance(inp.source, DeltaTableSource) for inp in inputs):
+            return None
+        return {inp.label: inp.source.head_version() for inp in inputs}
+
+    def _await_applied(self, heads: dict[str, int]) -> bool:
+        """Waits until the newest progress record is complete through ``heads`` and Spark's checkpoint has committed
+        every micro-batch it planned, at least one (True), at most a trigger interval and :data:`APPLIED_GRACE_S`
+        while the query runs; False when it stopped or did not get there."""
+        deadline = time.monotonic() + self.pipeline.checkpoint_interval.total_seconds() + APPLIED_GRACE_S
+        folder = self.incremental.query_folder
+        while True:
+            latest = self.incremental.latest_progress()
+            if all(latest.of(label).complete_below > head for label, head in heads.items()):
+                planned = spark_internals.checkpoint_batch_ids(self.spark, folder, spark_internals.OFFSETS)
+                committed = spark_internals.checkpoint_batch_ids(self.spark, folder, spark_internals.COMMITS)
+                if planned and committed and committed[-1] >= planned[-1]:
+                    return True
+            q = self.incremental.query
+            if q is None or not q.isActive or time.monotonic() > deadline:
+                return False
+            time.sleep(FIRST_BATCH_POLL_S)
 
     @property
     def query(self) -> StreamingQuery | None:

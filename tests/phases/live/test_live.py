@@ -125,3 +125,36 @@ def test_a_stopped_live_phase_unloads_its_state_store_from_the_executors(spark, 
     live.stop()
     expected, _ = reference.run({**BACKLOG, **LIVE}, DELAY_S * S)
     assert_results_equal(sink_rows(spark, started.sink.path), expected)
+
+
+def test_a_start_returns_once_what_waits_is_applied_without_an_idle_trigger(spark, started):
+    """The start's drain ends when every version there at the start is applied and Spark's checkpoint committed it,
+    not at a later trigger that finds nothing new: with a trigger interval of an hour, that trigger comes an hour
+    on. (The start runs in a thread, and the test fails when it has not returned long before that.)"""
+    import threading
+    from datetime import timedelta
+
+    hourly = started.model_copy(update={"checkpoint_interval": timedelta(hours=1)})
+    append_version(spark, hourly.source.path, LIVE[3])
+    live = LiveRunner.from_manifest(spark, hourly)
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            live.start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=start, daemon=True).start()
+    try:
+        assert done.wait(120), "the start waited for the next trigger (an hour on) after applying what waited"
+        assert not failure, failure
+        assert os.path.exists(f"{live.checkpoints}/increment/commits/0")
+        assert live.status()["live"]["source_version"] == 3
+        expected, _ = reference.run({**BACKLOG, 3: LIVE[3]}, DELAY_S * S)
+        assert_results_equal(sink_rows(spark, hourly.sink.path), expected)
+    finally:
+        live.stop()
