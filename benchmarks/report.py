@@ -99,6 +99,10 @@ def markdown(results: dict) -> str:
         from benchmarks import kafka_backlog
 
         lines += kafka_backlog.lines(results["kafka_backlog"])
+    if results.get("redeploy"):
+        from benchmarks import redeploy
+
+        lines += redeploy.lines(results["redeploy"])
     if results.get("process_pass"):
         from benchmarks import process_pass
 

@@ -29,6 +29,7 @@ from benchmarks import (
     memory,
     process_pass,
     process_variants,
+    redeploy,
     report,
     seeding,
     variants,
@@ -349,7 +350,7 @@ def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> lis
 
 PARTS = (
     "keyed reduce", "wordcount", "keyed process", "interval join", "low-cardinality join", "growth", "live",
-    "live-kinds", "live-kafka", "live-topic", "kafka-backlog", "process-pass", "spill",
+    "live-kinds", "live-kafka", "live-topic", "kafka-backlog", "process-pass", "spill", "redeploy",
 )  # fmt: skip
 
 
@@ -384,7 +385,8 @@ def main() -> None:
     ap.add_argument(
         "--live-keys",
         default=None,
-        help="keys of state of the live runs, comma-separated (default 1000000,10000000; quick 20000)",
+        help="keys of state of the live runs, comma-separated (default 1000000,10000000; quick 20000); the redeploy "
+        "and topic rows take the smallest",
     )
     ap.add_argument("--kafka-rows", type=int, default=None, help="rows of the Kafka-vs-Delta backlog (default 1e6)")
     ap.add_argument("--spill-memory", default="512m", help="driver memory of the spill run ('' to skip it)")
@@ -483,6 +485,9 @@ def main() -> None:
             results["process_pass"] = process_pass.measure(
                 spark, pass_rows, max(1, pass_rows // 10), args.versions, runs=1 if args.quick else 3
             )
+        if "redeploy" in only:
+            redeploy_keys = min(int(k) for k in (args.live_keys or ("20000" if args.quick else "1000000")).split(","))
+            results["redeploy"] = redeploy.measure(spark, work, keys=redeploy_keys)
         if "spill" in only and args.spill_memory:
             results["spill"] = run_spill(spark, str(work / "keyed_reduce" / "source"), work, args.spill_memory)
             print(f"[spill] {results['spill']}", flush=True)

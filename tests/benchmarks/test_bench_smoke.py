@@ -140,6 +140,18 @@ def test_the_topic_rows_publish_the_handoff_beside_a_batch_write_and_measure_bot
     assert "results into a Kafka topic" in md and "p50 of the topic sink against Spark's Kafka sink" in md
 
 
+def test_the_redeploy_rows_measure_the_time_without_fresh_results_while_data_arrives(spark, tmp_path):
+    from benchmarks import redeploy
+
+    result = redeploy.measure(spark, tmp_path, keys=300, rate=100, interval_s=1.0, before_s=2.0, after_s=3.0)
+    assert result["equal"] is True and result["generation"] == 1
+    assert result["not_fresh_s"] > 0 and result["stop_to_swap_s"] > 0
+    assert result["timings"]["swap_commit_s"] > 0 and result["timings"]["keep_old_s"] > 0
+    assert result["probes"] >= 5 and result["worst_latency_s"] > 0
+    md = "\n".join(redeploy.lines(result))
+    assert "redeploy while data arrives" in md and "the swap's copy of 300 rows" in md
+
+
 def test_growth_curve_runs_each_size_and_extrapolates_a_stream_too_long_to_run_whole(spark, tmp_path):
     from benchmarks import growth
 

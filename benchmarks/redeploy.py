@@ -1,0 +1,208 @@
+"""A redeploy while data arrives, at a given number of sink keys (the benchmark's redeploy rows).
+
+A keyed reduce with ``keys`` keys of state serves live (upsert sink, trigger 0.5 s) while a feed appends a version of
+``rate * interval_s`` rows every ``interval_s``, each with a probe key of its own. A changed definition (one more
+aggregation: the shape changes, so a new generation is built beside the serving one, caught up, checked and swapped
+in) is redeployed with :class:`phases._internal.redeploy.runner.Redeploy`; the serving live phase runs in this process
+and stops on the redeploy's request, and the new definition's live phase is started as the Dagster live step starts
+it (``drain=False``). The feed goes on throughout.
+
+Measured:
+
+- **not fresh**: from the serving live phase's stop to the new live phase's first micro-batch (what the demo
+  reports), and the worst probe latency of the versions that arrived in that time (a probe's source commit to the
+  first commit of the consumer-facing table holding it, both read from the Delta logs afterwards);
+- **the swap's copy**: the new generation's results copied into the consumer-facing table (``keys`` rows), and the
+  copy of the old generation's results kept for a rollback (after the swap's commit: not in the time without fresh
+  results);
+- the redeploy's own steps (its backlog, catch-up rounds, checks).
+
+The consumer-facing table is checked equal to a plain ``groupBy().agg()`` of the new definition over the whole
+source before the figures count (the feed's records are all on time).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from benchmarks import variants
+from benchmarks.live import PROBE, _Feed, _probe_commits
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Aggregation, KeyedAggregate
+from phases._internal.live.runner import LiveRunner
+from phases._internal.redeploy.runner import Redeploy
+
+
+class _Feeder:
+    """Appends a version with a probe every ``interval_s`` in a thread of its own until stopped; remembers each
+    probe's source version."""
+
+    def __init__(self, feed: _Feed, rows: int, interval_s: float):
+        self.feed, self.rows, self.interval_s = feed, rows, interval_s
+        self.probes: dict[str, int] = {}
+        self.appended_at: dict[str, float] = {}  # probe -> wall-clock time its append returned
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-redeploy-feed", daemon=True)
+
+    def start(self) -> _Feeder:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        i = 0
+        try:
+            while not self._stop.is_set():
+                t = time.perf_counter()
+                probe = f"{PROBE}redeploy-{i:05d}"
+                self.probes[probe] = self.feed.append(self.rows, probe)
+                self.appended_at[probe] = time.time()
+                i += 1
+                self._stop.wait(max(0.0, self.interval_s - (time.perf_counter() - t)))
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None:
+            raise SystemExit(f"the redeploy benchmark's feed failed: {self.error!r}")
+
+
+def measure(
+    spark: SparkSession,
+    work: Path,
+    *,
+    keys: int,
+    rate: int = 2_000,
+    interval_s: float = 1.0,
+    before_s: float = 5.0,
+    after_s: float = 10.0,
+) -> dict:
+    """The redeploy rows with ``keys`` keys of state (see the module docstring): the feed runs ``before_s`` before the
+    redeploy and ``after_s`` after the new live phase's start."""
+    base = work / f"redeploy_{keys}"
+    shutil.rmtree(base, ignore_errors=True)
+    source = str(base / "source")
+    feed = _Feed(spark, source, keys)
+    feed.seed()
+    serving_def = variants.pipeline(source, str(base / "pipeline")).model_copy(
+        update={"checkpoint_interval": timedelta(milliseconds=500)}
+    )
+    changed = serving_def.model_copy(
+        update={
+            "operator": KeyedAggregate(
+                aggregations=[
+                    *serving_def.operator.aggregations,
+                    Aggregation(name="top", kind="max", column="value"),
+                ]
+            )
+        }
+    )
+    label = f"[redeploy {keys:,}]"
+    t = time.perf_counter()
+    BacklogRunner(spark, serving_def).run()
+    result: dict = {"keys": keys, "rate_rows_per_s": rate, "interval_s": interval_s}
+    result["first_backlog_s"] = round(time.perf_counter() - t, 2)
+    serving = LiveRunner.from_manifest(spark, serving_def)
+    serving.start()
+    feeder = _Feeder(feed, max(1, int(rate * interval_s)), interval_s).start()
+    new_live = None
+    try:
+        time.sleep(before_s)
+        t = time.perf_counter()
+        redeployed = Redeploy(spark, changed, stop_timeout_s=600).run(reason="benchmark: one more aggregation")
+        result["redeploy_s"] = round(time.perf_counter() - t, 2)
+        if not redeployed.swapped:
+            raise SystemExit(f"{label} the redeploy did not swap: {redeployed}")
+        new_live = LiveRunner.from_manifest(spark, changed)
+        started = new_live.start(drain=False)
+        first_batch_us = started.first_batch_at_us
+        time.sleep(after_s)
+    finally:
+        feeder.stop()
+        serving.stop()
+    try:
+        new_live.process_available()
+        if first_batch_us is None:  # nothing waited at the start: its first micro-batch came with the feed
+            first_batch_us = new_live.incremental.first_batch_at_us
+    finally:
+        new_live.stop()
+    stopped_s, swapped_s = redeployed.old_stopped_at_us / 1e6, redeployed.swapped_at_us / 1e6
+    seen = _probe_commits(changed.sink.path)
+    missing = [p for p in feeder.probes if p not in seen]
+    if missing:
+        raise SystemExit(f"{label} {len(missing)} probes never reached the consumer-facing table: {missing[:3]}")
+    arrived = feed.arrivals(feeder.probes)
+    latencies = {p: seen[p] - arrived[p] for p in feeder.probes}
+    # The versions committed while no live phase served: from the old one's stop to the new one's first micro-batch.
+    gap_end_s = first_batch_us / 1e6 if first_batch_us is not None else max(seen.values())
+    during = [lat for p, lat in latencies.items() if stopped_s <= arrived[p] <= gap_end_s]
+    result.update(
+        {
+            "not_fresh_s": round(gap_end_s - stopped_s, 2),
+            "stop_to_swap_s": round(swapped_s - stopped_s, 2),
+            "swap_to_first_batch_s": round(gap_end_s - swapped_s, 2),
+            "versions_in_the_gap": len(during),
+            "worst_latency_in_the_gap_s": round(max(during), 2) if during else None,
+            "worst_latency_s": round(max(latencies.values()), 2),
+            "probes": len(latencies),
+            "timings": {k: round(v, 2) for k, v in redeployed.timings.items()},
+            "generation": redeployed.generation,
+            "equal": _same_as_plain(spark, source, changed.sink.path),
+        }
+    )
+    print(
+        f"{label} not fresh {result['not_fresh_s']} s (stop -> swap {result['stop_to_swap_s']} s, swap -> first "
+        f"micro-batch {result['swap_to_first_batch_s']} s); the swap's copy "
+        f"{result['timings'].get('swap_commit_s')} s; "
+        f"equal={result['equal']}",
+        flush=True,
+    )
+    return result
+
+
+def _same_as_plain(spark: SparkSession, source: str, sink: str) -> bool:
+    """The consumer-facing table holds, per key, the count, sum and max of the source's records."""
+    expected = (
+        spark.read.format("delta")
+        .load(source)
+        .groupBy("key")
+        .agg(F.count("*").alias("n"), F.sum("value").alias("total"), F.max("value").alias("top"))
+    )
+    actual = spark.read.format("delta").load(sink).select("key", "n", "total", "top")
+    return actual.count() == expected.count() and actual.exceptAll(expected).limit(1).count() == 0
+
+
+def lines(result: dict) -> list[str]:
+    """The report's rows: the time without fresh results and the swap's copy, beside their targets."""
+    t = result["timings"]
+    copy = t.get("swap_commit_s")
+    bound = (copy or 0) + 0.5  # the swap's copy plus one trigger interval (0.5 s here)
+    worst = result["worst_latency_in_the_gap_s"]
+    return [
+        "",
+        f"#### redeploy while data arrives ({result['keys']:,} keys of state and sink rows, "
+        f"{result['rate_rows_per_s']:,} rows/s, a version every {result['interval_s']} s; one more aggregation)",
+        "",
+        "| measure | seconds | target |",
+        "|---|---|---|",
+        f"| not fresh: the old live phase's stop → the new one's first micro-batch | {result['not_fresh_s']} | ≤ the "
+        f"swap's copy + one trigger interval = {bound:.2f} ({'met' if result['not_fresh_s'] <= bound else 'missed'}) |",
+        f"| of it: stop → the swap's commit | {result['stop_to_swap_s']} | |",
+        f"| of it: the swap's commit → the first micro-batch | {result['swap_to_first_batch_s']} | |",
+        f"| the swap's copy of {result['keys']:,} rows | {copy} | ≤ 3 "
+        f"({'met' if copy is not None and copy <= 3 else 'missed'}) |",
+        f"| the old generation's results kept for a rollback (after the swap) | {t.get('keep_old_s')} | |",
+        f"| worst probe latency of the {result['versions_in_the_gap']} versions that arrived in the gap | {worst} | |",
+        f"| the whole redeploy (backlog beside, catch-up, checks, swap) | {result['redeploy_s']} | |",
+        "",
+        f"Results equal a plain `groupBy().agg()` of the new definition over the whole source: {result['equal']}.",
+    ]
