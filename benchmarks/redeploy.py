@@ -120,16 +120,21 @@ def measure(
         t = time.perf_counter()
         redeployed = Redeploy(spark, changed, stop_timeout_s=600).run(reason="benchmark: one more aggregation")
         result["redeploy_s"] = round(time.perf_counter() - t, 2)
+        returned_s = time.time()
         if not redeployed.swapped:
             raise SystemExit(f"{label} the redeploy did not swap: {redeployed}")
         new_live = LiveRunner.from_manifest(spark, changed)
+        built_s = time.time()
         started = new_live.start(drain=False)
+        query_started_s = time.time() - started.start_seconds
         first_batch_us = started.first_batch_at_us
         time.sleep(after_s)
     finally:
         feeder.stop()
         serving.stop()
     try:
+        progress = [p for p in new_live.query.recentProgress if p["numInputRows"] > 0]
+        first_trigger_s = progress[0]["durationMs"]["triggerExecution"] / 1e3 if progress else None
         new_live.process_available()
         if first_batch_us is None:  # nothing waited at the start: its first micro-batch came with the feed
             first_batch_us = new_live.incremental.first_batch_at_us
@@ -150,6 +155,14 @@ def measure(
             "not_fresh_s": round(gap_end_s - stopped_s, 2),
             "stop_to_swap_s": round(swapped_s - stopped_s, 2),
             "swap_to_first_batch_s": round(gap_end_s - swapped_s, 2),
+            # Its parts: the redeploy's steps after the commit (the kept copy, the log), the new live runner's checks,
+            # its live lease and serving check, then its start (tables, progress log, the query) through its first
+            # micro-batch, of which Spark's trigger time of that micro-batch.
+            "swap_to_return_s": round(returned_s - swapped_s, 2),
+            "live_runner_s": round(built_s - returned_s, 2),
+            "live_start_s": round(query_started_s - built_s, 2),
+            "first_micro_batch_s": round(gap_end_s - query_started_s, 2),
+            "first_micro_batch_trigger_s": first_trigger_s,
             "versions_in_the_gap": len(during),
             "worst_latency_in_the_gap_s": round(max(during), 2) if during else None,
             "worst_latency_s": round(max(latencies.values()), 2),
@@ -198,6 +211,12 @@ def lines(result: dict) -> list[str]:
         f"swap's copy + one trigger interval = {bound:.2f} ({'met' if result['not_fresh_s'] <= bound else 'missed'}) |",
         f"| of it: stop → the swap's commit | {result['stop_to_swap_s']} | |",
         f"| of it: the swap's commit → the first micro-batch | {result['swap_to_first_batch_s']} | |",
+        f"| of that: the redeploy's steps after its commit (the kept copy, the log) | "
+        f"{result.get('swap_to_return_s')} | |",
+        f"| of that: the new live runner's checks, then its lease and serving check | {result.get('live_runner_s')}, "
+        f"{result.get('live_start_s')} | |",
+        f"| of that: its start (tables, progress log, query) → its first micro-batch recorded (Spark's trigger time of "
+        f"it) | {result.get('first_micro_batch_s')} ({result.get('first_micro_batch_trigger_s')}) | |",
         f"| the swap's copy of {result['keys']:,} rows | {copy} | ≤ 3 "
         f"({'met' if copy is not None and copy <= 3 else 'missed'}) |",
         f"| the old generation's results kept for a rollback (after the swap) | {t.get('keep_old_s')} | |",
