@@ -85,9 +85,11 @@ def measure(
     interval_s: float = 1.0,
     before_s: float = 5.0,
     after_s: float = 10.0,
+    live_rounds: int = 5,
 ) -> dict:
     """The redeploy rows with ``keys`` keys of state (see the module docstring): the feed runs ``before_s`` before the
-    redeploy and ``after_s`` after the new live phase's start."""
+    redeploy and ``after_s`` after the new live phase's start; ``live_rounds``: the redeploy's catch-up rounds at
+    most (its default)."""
     base = work / f"redeploy_{keys}"
     shutil.rmtree(base, ignore_errors=True)
     source = str(base / "source")
@@ -118,7 +120,9 @@ def measure(
     try:
         time.sleep(before_s)
         t = time.perf_counter()
-        redeployed = Redeploy(spark, changed, stop_timeout_s=600).run(reason="benchmark: one more aggregation")
+        redeployed = Redeploy(spark, changed, stop_timeout_s=600, live_rounds=live_rounds).run(
+            reason="benchmark: one more aggregation"
+        )
         result["redeploy_s"] = round(time.perf_counter() - t, 2)
         returned_s = time.time()
         if not redeployed.swapped:
