@@ -23,6 +23,8 @@ STATE_STORE_PROVIDERS = {
 
 
 LOOPBACK = "127.0.0.1"
+ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+NO_BYTE_LIMIT = 2**31 - 1  # Spark skips its per-row size check at exactly Int.MaxValue (PythonArrowInput.scala)
 LIVE_STATE_PARTITIONS = "spark.phases.liveStatePartitions"  # read by phases._internal.state.keyed_store
 # The file systems (FileSystem and FileContext APIs) of `file:` paths: the helper's, which a local session uses, and
 # Hadoop's own.
@@ -85,6 +87,15 @@ class SparkSettings(SettingsModel):
         description="Compiled generated classes Spark keeps (spark.sql.codegen.cache.maxEntries). Spark's 100 is "
         "four LRU segments of 25: the ~100 classes of a live micro-batch (the store update, the MERGE, Delta's log "
         "replay) evict each other, and every micro-batch compiled ~40 of them again, in Janino and then in the JIT.",
+    )
+    arrow_batch_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Bytes an Arrow batch sent to a Python worker may hold (spark.sql.execution.arrow.maxBytesPerBatch)"
+        ". None: no byte limit, batches bounded by spark.sql.execution.arrow.maxRecordsPerBatch rows (10,000) alone, "
+        "as before Spark 4. With a limit, Spark measures the batch after every row it adds, over every column: at a "
+        "million records this doubled the process function's pass (benchmarks/profiles/arrow-batch-bytes-2026-12-03"
+        ".txt). Set one for records of many kilobytes.",
     )
     ui_enabled: bool = False
     class_archive: bool = Field(
@@ -183,6 +194,7 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.ui.enabled", str(s.ui_enabled).lower())
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
+        .config(ARROW_BATCH_BYTES, str(s.arrow_batch_bytes or NO_BYTE_LIMIT))
     )
     if s.s3a:
         # Delta's documented log store for S3 written by one Spark driver at a time: it makes a commit atomic only

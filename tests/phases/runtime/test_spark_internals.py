@@ -218,3 +218,37 @@ def test_delta_transactions_and_log_checkpoint(spark, tmp_path):
     assert si.delta_transactions(spark, path, ["app", "other"]) == {"app": 3}
     si.checkpoint_delta_log(spark, path)
     assert (tmp_path / "t" / "_delta_log" / "00000000000000000001.checkpoint.parquet").exists()
+
+
+def test_an_arrow_batch_to_python_is_bounded_by_rows_alone_unless_a_byte_limit_is_set(spark):
+    """The engine's session sets ``maxBytesPerBatch`` to Int.MaxValue, the one value at which Spark 4.2 skips its
+    measure of the batch after every row (``BatchedPythonArrowInput``): batches of ``maxRecordsPerBatch`` rows however
+    large they are. A byte limit that Spark still honours splits the same rows, so a release that changes the meaning
+    of that value (or drops the setting) fails here."""
+    from phases._internal.runtime.session import ARROW_BATCH_BYTES, NO_BYTE_LIMIT
+
+    assert spark.conf.get(ARROW_BATCH_BYTES) in (str(NO_BYTE_LIMIT), f"{NO_BYTE_LIMIT}b")
+    frame = spark.range(0, 4_000, 1, 1).select(
+        "id", F.repeat(F.lit("x"), 1_000).alias("text"), F.array("id").alias("a")
+    )
+
+    def sizes(batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"rows": [batch.num_rows]})
+
+    def batch_rows() -> list[int]:
+        return [r.rows for r in frame.mapInArrow(sizes, "rows long").collect()]
+
+    records = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(records)
+    spark.conf.set(records, "4000")
+    try:
+        assert batch_rows() == [4_000]  # 4 MB in one batch: no byte limit
+        spark.conf.set(ARROW_BATCH_BYTES, str(1 << 20))
+        limited = batch_rows()
+        assert len(limited) > 1 and sum(limited) == 4_000, limited  # a 1 MiB limit splits them
+    finally:
+        spark.conf.set(records, before)
+        spark.conf.set(ARROW_BATCH_BYTES, str(NO_BYTE_LIMIT))
