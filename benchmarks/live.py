@@ -83,7 +83,7 @@ def _may_hold_probe(add: dict) -> bool:
         return True  # no statistics: read the file
 
 
-def _probe_commits(sink: str) -> dict[str, float]:
+def probe_commits(sink: str) -> dict[str, float]:
     """Probe key -> commit time of the first sink commit that wrote it."""
     seen: dict[str, float] = {}
     for _, at, actions in _commits(sink):
@@ -102,7 +102,7 @@ def _percentile(values: list[float], q: float) -> float:
     return round(s[min(len(s) - 1, int(q * len(s)))], 3)
 
 
-class _Feed:
+class Feed:
     """Appends versions of the keyed-reduce shape to a Delta source, each with event times after the last."""
 
     def __init__(self, spark: SparkSession, source: str, keys: int):
@@ -143,7 +143,7 @@ class _Feed:
         pass
 
 
-class _KafkaFeed(_Feed):
+class _KafkaFeed(Feed):
     """The same rows on a Kafka topic: Spark's Kafka writer for the rows, the confluent producer for a probe
     (its Kafka timestamp is its arrival)."""
 
@@ -189,7 +189,7 @@ class _KafkaFeed(_Feed):
         self.producer.flush()
 
 
-def _batch_costs(live: LiveRunner, feed: _Feed, batches: int, rows: int) -> list[float]:
+def _batch_costs(live: LiveRunner, feed: Feed, batches: int, rows: int) -> list[float]:
     """Seconds of each micro-batch that applied one version of ``rows`` rows (Spark's triggerExecution)."""
     costs = []
     for _ in range(batches):
@@ -205,7 +205,7 @@ def _batch_costs(live: LiveRunner, feed: _Feed, batches: int, rows: int) -> list
 Sink = str | Callable[[Iterable[str]], dict[str, float]]
 
 
-def _steady(live: LiveRunner, feed: _Feed, sink: Sink, rate: int, versions: int, interval_s: float) -> dict:
+def _steady(live: LiveRunner, feed: Feed, sink: Sink, rate: int, versions: int, interval_s: float) -> dict:
     """Versions of ``rate * interval_s`` rows every ``interval_s``; latency of each from the logs."""
     probes: dict[str, int] = {}
     sent = 0
@@ -224,7 +224,7 @@ def _steady(live: LiveRunner, feed: _Feed, sink: Sink, rate: int, versions: int,
     offered = sent / (time.perf_counter() - began)
     live.process_available()
     arrived = feed.arrivals(probes)
-    seen = sink(probes) if callable(sink) else _probe_commits(sink)
+    seen = sink(probes) if callable(sink) else probe_commits(sink)
     latencies = [seen[k] - arrived[k] for k in probes if k in seen]
     if len(latencies) != len(probes):
         raise SystemExit(f"live latency at {rate} rows/s: {len(probes) - len(latencies)} probes never reached the sink")
@@ -263,7 +263,7 @@ class Load:
     drain_versions: int = 10
 
 
-def running_rows(runner, feed: _Feed, sink: Sink, load: Load, label: str) -> dict:
+def running_rows(runner, feed: Feed, sink: Sink, load: Load, label: str) -> dict:
     """The micro-batch cost and the latency at each rate of a started live path (the framework's or a peer's)."""
     costs = _batch_costs(runner, feed, load.batches, load.batch_rows)
     batch = {
@@ -306,7 +306,7 @@ def store_profiles() -> Iterator[list[dict[str, int]]]:
         logger.setLevel(level)
 
 
-def drain_after_pause(feed: _Feed, load: Load, restart: Callable[[], None], label: str) -> dict:
+def drain_after_pause(feed: Feed, load: Load, restart: Callable[[], None], label: str) -> dict:
     """Rows appended while the live path is stopped, then applied by ``restart`` (which returns once they are)."""
     for _ in range(load.drain_versions):
         feed.append(load.drain_rows // load.drain_versions)
@@ -347,7 +347,7 @@ def measure(
         broker = LocalKafka(base / "kafka", heap="512m").start()
         feed = _KafkaFeed(spark, broker, "events", state_keys)
     else:
-        feed = _Feed(spark, source, state_keys)
+        feed = Feed(spark, source, state_keys)
     load = Load(rates, versions, interval_s, batches, batch_rows, drain_rows, drain_versions)
     try:
         return _measure(spark, base, feed, state_keys, load, sink_mode)

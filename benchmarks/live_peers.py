@@ -130,7 +130,7 @@ def measure(
     base = work / f"live_plain_{mode}_{state_keys}"
     shutil.rmtree(base, ignore_errors=True)
     source, sink, checkpoint = str(base / "source"), str(base / "sink"), str(base / "checkpoint")
-    feed = live._Feed(spark, source, state_keys)
+    feed = live.Feed(spark, source, state_keys)
     t = time.perf_counter()
     feed.seed()
     result: dict = {"peer": f"plain Spark, {mode} sink", "mode": mode, "state_keys": state_keys}

@@ -190,7 +190,7 @@ def measure(
 
 def _framework(spark: SparkSession, base: Path, servers: str, topic: str, keys: int, load: live.Load) -> dict:
     create_topic(servers, topic, PARTITIONS, **{"cleanup.policy": "compact"})
-    feed = live._Feed(spark, str(base / "source"), keys)
+    feed = live.Feed(spark, str(base / "source"), keys)
     feed.seed()
     p = variants.pipeline(str(base / "source"), str(base / "two_phase"))
     sink = KafkaSink(path=p.sink.path, topic=topic, bootstrap_servers=servers, mode="upsert")
@@ -228,7 +228,7 @@ def _plain(spark: SparkSession, base: Path, servers: str, topic: str, keys: int,
     label = f"[live plain kafka {keys:,}]"
     create_topic(servers, topic, PARTITIONS)
     source = str(base / "plain_source")
-    feed = live._Feed(spark, source, keys)
+    feed = live.Feed(spark, source, keys)
     feed.seed()
     query = PlainKafkaLive(spark, source, servers, topic, str(base / "plain_checkpoint"))
     tail = None

@@ -33,7 +33,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import variants
-from benchmarks.live import PROBE, _Feed, _probe_commits
+from benchmarks.live import PROBE, Feed, probe_commits
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import Aggregation, KeyedAggregate
 from phases._internal.live.runner import LiveRunner
@@ -44,7 +44,7 @@ class _Feeder:
     """Appends a version with a probe every ``interval_s`` in a thread of its own until stopped; remembers each
     probe's source version."""
 
-    def __init__(self, feed: _Feed, rows: int, interval_s: float):
+    def __init__(self, feed: Feed, rows: int, interval_s: float):
         self.feed, self.rows, self.interval_s = feed, rows, interval_s
         self.probes: dict[str, int] = {}
         self.appended_at: dict[str, float] = {}  # probe -> wall-clock time its append returned
@@ -93,7 +93,7 @@ def measure(
     base = work / f"redeploy_{keys}"
     shutil.rmtree(base, ignore_errors=True)
     source = str(base / "source")
-    feed = _Feed(spark, source, keys)
+    feed = Feed(spark, source, keys)
     feed.seed()
     serving_def = variants.pipeline(source, str(base / "pipeline")).model_copy(
         update={"checkpoint_interval": timedelta(milliseconds=500)}
@@ -145,7 +145,7 @@ def measure(
     finally:
         new_live.stop()
     stopped_s, swapped_s = redeployed.old_stopped_at_us / 1e6, redeployed.swapped_at_us / 1e6
-    seen = _probe_commits(changed.sink.path)
+    seen = probe_commits(changed.sink.path)
     missing = [p for p in feeder.probes if p not in seen]
     if missing:
         raise SystemExit(f"{label} {len(missing)} probes never reached the consumer-facing table: {missing[:3]}")
