@@ -24,10 +24,12 @@ wings, one folder each:
 * ``lateness.py`` (the W(v) rule) and ``tagging.py`` (records tagged by it, in both phases);
 * ``backlog/`` and ``live/``: the two phases' drivers; ``redeploy/``: a changed definition built beside the serving
   one and swapped in;
+* ``placement.py``: where a definition runs (:class:`Placement`): every path, table, topic and lease name the engine
+  uses is derived from it and the declared definition, which the engine never copies or changes;
 * ``storage/``: Delta table and file I/O (tables, their figures, quarantine, the changelog sink, maintenance);
   ``coordination/``: leases and the live progress log; ``state/``: the state store; ``handoff/``: the manifest, the
-  live run's layout and increments' intents, which both phases build on; ``deployment/``: a definition bound once
-  to where it runs, and its generations;
+  live run's folders and increments' intents, which both phases build on; ``deployment/``: a definition placed once
+  at each entry point (:func:`place`), and its generations;
 * ``runtime/``: the SparkSession, the JVM jars, shipping code to a cluster, the local broker and cluster.
 """
 
@@ -74,7 +76,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases._internal.definition.changes": ("DefinitionChanges",),
     "phases._internal.definition.model": ("SettingsModel",),
     "phases._internal.handoff.manifest": ("HandoffManifest",),
-    "phases._internal.deployment": ("Deployment", "deploy", "maintain"),
+    "phases._internal.deployment": ("Placement", "place", "maintain"),
     "phases._internal.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
     "phases.inspect": ("read_topic",),
     "phases._internal.runtime.session": ("SparkSettings", "build_session"),
@@ -111,7 +113,6 @@ __all__ = [
     "DefinitionError",
     "DeltaSink",
     "DeltaSource",
-    "Deployment",
     "Derive",
     "EndOfStreamStep",
     "Enrichment",
@@ -138,6 +139,7 @@ __all__ = [
     "PhaseStateError",
     "PhasesError",
     "Pipeline",
+    "Placement",
     "ProcessContext",
     "ProcessFunctionError",
     "ProcessOperator",
@@ -161,10 +163,10 @@ __all__ = [
     "assert_equivalent",
     "build_session",
     "compact_changelog",
-    "deploy",
     "event_versions",
     "maintain",
     "package_archive",
+    "place",
     "read_current",
     "read_topic",
     "run_streaming",
@@ -218,7 +220,7 @@ if TYPE_CHECKING:
     )
     from phases._internal.definition.changes import DefinitionChanges
     from phases._internal.definition.model import SettingsModel
-    from phases._internal.deployment import Deployment, deploy, maintain
+    from phases._internal.deployment import Placement, maintain, place
     from phases._internal.errors import (
         DefinitionError,
         LeaseHeld,

@@ -3,9 +3,10 @@ in its sources, and figures of its tables.
 
 The Dagster layer (``phases_dagster``) uses only these names and those of :mod:`phases`; a user's own orchestration
 (Airflow, a cron job, a plain script) uses the same. Functions without a ``spark`` parameter read with delta-rs and
-PyArrow (no JVM): a sensor or a health check can call them every few seconds. ``pipeline`` is always a
-deployment's (:attr:`phases.Deployment.pipeline`): the definition bound once to where it runs by
-:func:`phases.deploy`, which reads the redeploy log (``spark`` None: with delta-rs) and names the serving generation.
+PyArrow (no JVM): a sensor or a health check can call them every few seconds. ``where`` is a
+:class:`phases.Placement`: the definition as declared and where it runs, made once by :func:`phases.place`, which
+reads the redeploy log (``spark`` None: with delta-rs) and names the serving generation. A function that needs only
+the declaration takes the :class:`phases.Pipeline`.
 
 The handoff: :func:`latest_handoff`, :func:`newest_handoff_row`, :func:`check_handoff_matches`.
 
@@ -33,7 +34,7 @@ from phases._internal.backlog.progress import reported as reporting_progress
 from phases._internal.backlog.slices import SliceRecord
 from phases._internal.coordination import progress_log
 from phases._internal.definition import Pipeline
-from phases._internal.deployment import Deployment, deploy
+from phases._internal.deployment import Placement, place
 from phases._internal.handoff import live_folders, manifest
 from phases._internal.handoff.manifest import HandoffManifest
 from phases._internal.lateness import watermark_after
@@ -72,6 +73,7 @@ __all__ = [
     "live_started",
     "newest_handoff_row",
     "quarantined_rows",
+    "read_placed_topic",
     "reporting_progress",
     "source_heads",
     "state_event_time",
@@ -89,24 +91,24 @@ __all__ = [
 # --- the handoff and the generation that serves ----------------------------------------------------------------------
 
 
-def latest_handoff(spark: SparkSession, pipeline: Pipeline, manifest_id: str | None = None) -> HandoffManifest:
+def latest_handoff(spark: SparkSession, where: Placement, manifest_id: str | None = None) -> HandoffManifest:
     """The pipeline's newest handoff manifest (or the one with ``manifest_id``). Raises
     :class:`phases._internal.errors.ManifestError` when there is none, it is partial, or a newer one superseded it."""
-    return manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
+    return manifest.latest(spark, where.manifests, where.name, manifest_id)
 
 
-def newest_handoff_row(pipeline: Pipeline) -> dict | None:
+def newest_handoff_row(where: Placement) -> dict | None:
     """The pipeline's newest manifest as the row its manifests table holds (the fields of :class:`HandoffManifest`),
     read with delta-rs; None when there is none."""
-    rows = _table_stats.rows(pipeline.locations.manifests, where=("pipeline", pipeline.name)) or []
+    rows = _table_stats.rows(where.manifests, where=("pipeline", where.name)) or []
     return max(rows, key=lambda row: row["created_at_us"], default=None)
 
 
-def check_handoff_matches(spark: SparkSession, handoff: HandoffManifest, deployment: Deployment) -> None:
+def check_handoff_matches(spark: SparkSession, handoff: HandoffManifest, where: Placement) -> None:
     """Raises :class:`phases._internal.errors.ManifestError` saying what differs between the handoff and the
-    deployment's definition (its fingerprint, unless the redeploy log records the change as an amendment of the handoff;
+    placed definition (its fingerprint, unless the redeploy log records the change as an amendment of the handoff;
     the state's schema; the state table)."""
-    manifest.check_matches(spark, handoff, deployment.pipeline, deployment.redeploys.amended)
+    manifest.check_matches(spark, handoff, where, where.redeploys.amended)
 
 
 # --- the live phase ------------------------------------------------------------------------------------------------
@@ -123,15 +125,15 @@ class AppliedPosition:
     recorded: bool
 
 
-def live_started(spark: SparkSession, pipeline: Pipeline, manifest_id: str) -> bool:
+def live_started(spark: SparkSession, where: Placement, manifest_id: str) -> bool:
     """True once the live phase of ``manifest_id`` has recorded its switch (its first progress record)."""
-    return live_folders.live_started(spark, pipeline, manifest_id)
+    return live_folders.live_started(spark, where, manifest_id)
 
 
-def latest_live_progress(pipeline: Pipeline, manifest_id: str) -> tuple[int, dict] | None:
+def latest_live_progress(where: Placement, manifest_id: str) -> tuple[int, dict] | None:
     """(micro-batch id, progress record) of the live phase of ``manifest_id``'s newest record, without Spark; None
     before its first."""
-    return progress_log.latest_without_spark(pipeline.locations.live_run(manifest_id))
+    return progress_log.latest_without_spark(where.live_run(manifest_id))
 
 
 class HandoffPosition(Protocol):
@@ -142,10 +144,10 @@ class HandoffPosition(Protocol):
     source_position: str | None
 
 
-def applied_position(pipeline: Pipeline, handoff: HandoffPosition) -> AppliedPosition:
+def applied_position(where: Placement, handoff: HandoffPosition) -> AppliedPosition:
     """What the live phase of ``handoff`` has applied, from its newest progress record or, before its first, from the
     handoff (its source version, and a Kafka source's chunk plan)."""
-    record = latest_live_progress(pipeline, handoff.manifest_id)
+    record = latest_live_progress(where, handoff.manifest_id)
     if record is not None:
         offsets = record[1].get("source_offsets")
         return AppliedPosition(
@@ -157,14 +159,14 @@ def applied_position(pipeline: Pipeline, handoff: HandoffPosition) -> AppliedPos
     return AppliedPosition(handoff.source_version, offsets, False)
 
 
-def unapplied(pipeline: Pipeline, applied: AppliedPosition) -> Unapplied:
+def unapplied(where: Placement, applied: AppliedPosition) -> Unapplied:
     """How much of the pipeline's source is after ``applied``, and since when the oldest of it waits."""
-    return _unapplied(pipeline, applied_version=applied.version, applied_offsets=applied.offsets)
+    return _unapplied(where, applied_version=applied.version, applied_offsets=applied.offsets)
 
 
-def state_store_folder(pipeline: Pipeline, manifest_id: str, layout: str) -> str:
+def state_store_folder(where: Placement, manifest_id: str, layout: str) -> str:
     """The folder of the live phase's state store of ``layout`` (one per state layout of the run)."""
-    return f"{live_folders.state_store_root(pipeline, manifest_id)}/{layout}"
+    return f"{live_folders.state_store_root(where, manifest_id)}/{layout}"
 
 
 # --- tables ---------------------------------------------------------------------------------------------------------
@@ -192,9 +194,9 @@ def value_counts(path: str, column: str, *, where: tuple[str, str] | None = None
     return _table_stats.value_counts(path, column, where=where)
 
 
-def quarantined_rows(spark: SparkSession, pipeline: Pipeline, phase: str | None = None) -> int:
+def quarantined_rows(spark: SparkSession, where: Placement, phase: str | None = None) -> int:
     """The rows the pipeline quarantined (``phase``: ``backlog`` or ``live`` only)."""
-    return quarantine.count(spark, pipeline.locations.quarantine, pipeline.name, phase)
+    return quarantine.count(spark, where.quarantine, where.name, phase)
 
 
 def folder_bytes(spark: SparkSession, path: str) -> int:
@@ -210,47 +212,42 @@ def state_event_time(pipeline: Pipeline) -> str | None:
     return kind_of(pipeline).state_event_time
 
 
-def _serving(pipeline: Pipeline | Deployment) -> Deployment:
-    """``pipeline`` bound to the generation that serves it (read with delta-rs; a swap under way: the generation it
-    started from); a Deployment as it is."""
-    return deploy(None, pipeline, strict=False)
-
-
-def result_topic(pipeline: Pipeline | Deployment, *, timeout_s: float = 30.0) -> TopicFigures | None:
+def result_topic(where: Placement, *, timeout_s: float = 30.0) -> TopicFigures | None:
     """A topic sink's figures (None for a Delta sink), of the generation that serves the pipeline (after a redeploy,
     its own topic): its partitions' last stable offsets and the newest committed write's marker: the handoff, the
     last micro-batch published (-1: the handoff's results) and the records the handoff's writes published in all.
     Read without a producer: no writer is fenced."""
     from phases._internal.definition import KafkaSink
 
-    if not isinstance((pipeline.pipeline if isinstance(pipeline, Deployment) else pipeline).sink, KafkaSink):
-        return None  # a Delta sink: no redeploy log to read
-    bound = _serving(pipeline)
-    sink = bound.pipeline.sink
+    sink = where.definition.sink
+    if not isinstance(sink, KafkaSink):
+        return None
     return topic_figures(
-        sink.bootstrap_servers,
-        topic_sinks.generation_topic(sink.topic, bound.generation),
-        bound.name,
-        bound.generation,
+        where.sink_brokers,
+        where.topic(),
+        where.name,
+        where.generation,
         client_config=sink.client_options,
         timeout_s=timeout_s,
     )
 
 
 def read_topic(
-    spark: SparkSession, pipeline: Pipeline | Deployment, *, with_change_columns: bool = False, timeout_s: float = 60.0
+    spark: SparkSession, pipeline: Pipeline, *, with_change_columns: bool = False, timeout_s: float = 60.0
 ) -> DataFrame:
     """What a ``read_committed`` consumer of the pipeline's result topic reads, folded as its mode says, with the
     columns and types of the engine's table of the results: for a keyed aggregation the current row per key, for the
     other operators every result once (``with_change_columns`` keeps a changelog's ``_batch_id``,
     ``_source_version`` and ``_op``). The topic is that of the generation that serves the pipeline (after a redeploy,
-    that generation's own topic; :func:`phases.deploy` binds a definition to it). For reconciliation and tests: it
-    reads the whole topic through the driver."""
-    bound = _serving(pipeline)
-    return topic_sinks.read_topic(
-        spark,
-        bound.pipeline,
-        generation=bound.generation,
-        with_change_columns=with_change_columns,
-        timeout_s=timeout_s,
+    that generation's own topic). For reconciliation and tests: it reads the whole topic through the driver. A
+    pipeline placed elsewhere than declared: :func:`read_placed_topic`."""
+    return read_placed_topic(
+        spark, place(None, pipeline, strict=False), with_change_columns=with_change_columns, timeout_s=timeout_s
     )
+
+
+def read_placed_topic(
+    spark: SparkSession, where: Placement, *, with_change_columns: bool = False, timeout_s: float = 60.0
+) -> DataFrame:
+    """:func:`read_topic` of the result topic of the placement's generation."""
+    return topic_sinks.read_topic(spark, where, with_change_columns=with_change_columns, timeout_s=timeout_s)

@@ -35,6 +35,7 @@ from pyspark.sql import types as T
 
 from phases._internal.definition import KafkaSink, Pipeline
 from phases._internal.errors import DefinitionError, SetupError
+from phases._internal.placement import Placement
 from phases._internal.runtime.local_kafka import create_topic
 from phases._internal.sources import feed as sources
 from phases._internal.storage import tables
@@ -96,38 +97,44 @@ def append_versions(spark: SparkSession, path: str, versions: Sequence[Version])
 # --- runs ----------------------------------------------------------------------------------------------
 
 
-def relocate(pipeline: Pipeline, root: str | Path, source: str) -> Pipeline:
-    """``pipeline`` reading ``source`` and writing its sink and every engine table under ``root``."""
+def relocate(pipeline: Pipeline, root: str | Path, source: str) -> Placement:
+    """Where the kit runs ``pipeline``: reading ``source``, writing its sink and every engine table under ``root`` (a
+    topic sink: into a topic of the run's own, beside the one the definition names). The definition itself is
+    untouched: its fingerprint is the declared one."""
     if pipeline.inputs.two:
         raise DefinitionError(
-            f"pipeline {pipeline.name!r} has two inputs; phases.testing runs one-input pipelines (give the right "
-            "source's versions to your own test, as tests/phases/operators/test_two_input.py does)"
+            f"pipeline {pipeline.name!r} has two inputs; phases.testing runs one-input pipelines. Test a two-input "
+            "pipeline with its own source tables: write the versions of each input yourself, then run "
+            "BacklogRunner(spark, pipeline).run() and LiveRunner.from_manifest(spark, pipeline)"
+        )
+    if not hasattr(pipeline.source, "path"):
+        raise DefinitionError(
+            f"pipeline {pipeline.name!r} reads a {pipeline.source.kind} source; phases.testing writes the versions "
+            "into a Delta table of the run's own: give the pipeline a DeltaSource (any path: the kit reads its own)"
         )
     root = str(root).rstrip("/")
-    sink_update = {"path": f"{root}/sink"}
+    topic = None
     if isinstance(pipeline.sink, KafkaSink):  # a topic of the run's own, beside the one the definition names
-        sink_update["topic"] = f"{pipeline.sink.topic}.{hashlib.sha1(root.encode()).hexdigest()[:12]}"
-    return pipeline.model_copy(
-        update={
-            "source": pipeline.source.model_copy(update={"path": source}),
-            "sink": pipeline.sink.model_copy(update=sink_update),
-            "locations": pipeline.locations.model_copy(update={"root": root}),
-        }
+        topic = f"{pipeline.sink.topic}.{hashlib.sha1(root.encode()).hexdigest()[:12]}"
+    return Placement(
+        pipeline, source_path_at=source, engine_root_at=root, sink_path_at=f"{root}/sink", sink_topic_at=topic
     )
 
 
-def _create_topic(p: Pipeline) -> None:
+def _create_topic(where: Placement) -> None:
     """A topic sink's topic for a run of the kit (three partitions, on the sink's brokers)."""
-    if isinstance(p.sink, KafkaSink):
-        create_topic(p.sink.bootstrap_servers, p.sink.topic, 3, client_config=p.sink.client_options)
+    sink = where.definition.sink
+    if isinstance(sink, KafkaSink):
+        create_topic(where.sink_brokers, where.topic(), 3, client_config=sink.client_options)
 
 
-def _result(spark: SparkSession, p: Pipeline) -> RunResult:
-    if isinstance(p.sink, KafkaSink):  # what a read_committed consumer reads, folded as the sink's mode says
-        sink = read_topic(spark, p).toPandas() if tables.exists(spark, p.sink.path) else None
+def _result(spark: SparkSession, where: Placement) -> RunResult:
+    exists = tables.exists(spark, where.sink_path)
+    if isinstance(where.definition.sink, KafkaSink):  # what a read_committed consumer reads, folded as its mode says
+        sink = read_topic(spark, where).toPandas() if exists else None
     else:
-        sink = spark.read.format("delta").load(p.sink.path).toPandas() if tables.exists(spark, p.sink.path) else None
-    q_path = p.locations.quarantine
+        sink = spark.read.format("delta").load(where.sink_path).toPandas() if exists else None
+    q_path = where.quarantine
     columns = ["source_version", "record", "reason"]
     if tables.exists(spark, q_path):
         quarantine = spark.read.format("delta").load(q_path).select(*columns).toPandas()
@@ -158,16 +165,19 @@ def run_two_phase(
     from phases._internal.live.runner import LiveRunner
 
     if not 0 <= cutoff <= len(versions):
-        raise ValueError(f"cutoff {cutoff} is not in 0..{len(versions)} (the number of versions)")
+        raise DefinitionError(
+            f"run_two_phase: cutoff {cutoff} is not in 0..{len(versions)} (0: everything through the live phase; "
+            f"{len(versions)}, the number of versions: everything through the backlog)"
+        )
     work = str(work).rstrip("/")
     source = f"{work}/source"
     write_versions(spark, source, versions[:cutoff], schema)
-    p = relocate(pipeline, f"{work}/run", source)
-    _create_topic(p)
-    BacklogRunner(spark, p).run()
+    where = relocate(pipeline, f"{work}/run", source)
+    _create_topic(where)
+    BacklogRunner.at(spark, where).run()
     append_versions(spark, source, versions[cutoff:])
-    LiveRunner.from_manifest(spark, p).start(available_now=True)
-    return _result(spark, p)
+    LiveRunner.at(spark, where).start(available_now=True)
+    return _result(spark, where)
 
 
 def run_streaming(
@@ -184,10 +194,10 @@ def run_streaming(
     work = str(work).rstrip("/")
     source = f"{work}/source"
     write_versions(spark, source, versions, schema)
-    p = relocate(pipeline, f"{work}/run", source)
-    _create_topic(p)
-    LiveRunner.streaming_only(spark, p).start(available_now=True)
-    return _result(spark, p)
+    where = relocate(pipeline, f"{work}/run", source)
+    _create_topic(where)
+    LiveRunner.streaming_only_at(spark, where).start(available_now=True)
+    return _result(spark, where)
 
 
 def frame_diff(expected: pd.DataFrame, actual: pd.DataFrame, what: str) -> str:

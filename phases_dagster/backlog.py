@@ -196,11 +196,10 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
     def backlog(
         context: dg.AssetExecutionContext, config: BacklogConfig, spark: SparkResource, storage: StorageResource
     ):
-        deployment = storage.deployment(pipeline)
-        p = deployment.pipeline
+        where = storage.placement(pipeline)
         mode = config.mode.value if config.mode is not None else default_mode
         session = spark.session()
-        switched = None if config.reset else BacklogRunner(session, p).switched_to_live()
+        switched = None if config.reset else BacklogRunner.at(session, where).switched_to_live()
         if switched is not None:
             context.log.warning(
                 f"{mode} backlog of {pipeline.name!r} not run: the pipeline has switched to live from manifest "
@@ -217,12 +216,12 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                     f"mode 'slices' needs a daily backfill for pipeline {pipeline.name!r}; valid modes here: "
                     "'full', 'increment'"
                 )
-            runner = SliceRunner(session, p, settings.backfill.start_date, take_over=config.take_over_dead_lease)
+            runner = SliceRunner.at(session, where, settings.backfill.start_date, take_over=config.take_over_dead_lease)
             with reporting(context, session, config.progress_interval_seconds):
                 handoff = runner.combine()
             timings = runner.backlog.timings
         else:
-            runner = BacklogRunner(session, p, take_over=config.take_over_dead_lease)
+            runner = BacklogRunner.at(session, where, take_over=config.take_over_dead_lease)
             with reporting(context, session, config.progress_interval_seconds):
                 if mode == "full":
                     handoff = runner.run(config.end_version, reset=config.reset)
@@ -239,24 +238,24 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
             metadata={
                 "mode": mode,
                 **handoff_metadata(handoff, timings),
-                **catalog.table_metadata(p, p.locations.manifests, "manifests"),
+                **catalog.table_metadata(pipeline, where.manifests, "manifests"),
             },
         )
         yield dg.MaterializeResult(
             asset_key=names.state,
-            metadata={**written, **catalog.table_metadata(p, handoff.state_path, "state")},
+            metadata={**written, **catalog.table_metadata(pipeline, handoff.state_path, "state")},
         )
         yield dg.MaterializeResult(
             asset_key=names.sink,
-            metadata={**written, **catalog.sink_metadata(p)},
+            metadata={**written, **catalog.sink_metadata(where)},
         )
         yield dg.MaterializeResult(
             asset_key=names.quarantine,
             metadata={
                 **written,
                 "quarantined_by_backlog": handoff.quarantined_rows,
-                **catalog.table_metadata(p, p.locations.quarantine, "quarantine"),
-                **catalog.quarantine_metadata(p),
+                **catalog.table_metadata(pipeline, where.quarantine, "quarantine"),
+                **catalog.quarantine_metadata(where),
             },
         )
 
@@ -291,7 +290,7 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
             # A re-run of a range is how a crashed backfill recovers (FLIP-383): it takes over the backlog lease of
             # a run whose process is gone; a holder that is alive is never taken over.
             session = spark.session()
-            runner = SliceRunner(session, storage.deployment(pipeline), start, take_over=True)
+            runner = SliceRunner.at(session, storage.placement(pipeline), start, take_over=True)
             days = [date.fromisoformat(k) for k in context.partition_keys]
 
             def done(record) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from phases import PhasesError, Pipeline, inspect
+from phases import PhasesError, Pipeline, Placement, inspect
 
 
 def spec_kwargs(pipeline: Pipeline, description: str, *, kinds: set[str] | None = None) -> dict:
@@ -65,13 +65,13 @@ def table_metadata(pipeline: Pipeline, path: str, table: str) -> dict:
     return meta
 
 
-def sink_metadata(pipeline: Pipeline) -> dict:
+def sink_metadata(where: Placement) -> dict:
     """The sink's metadata: its Delta table's, and a topic sink's topic (its name, the partitions' last stable
     offsets, the records the handoff's writes published and the last micro-batch published, -1 for the handoff's
     results). A topic that cannot be read is said so, not raised: the run's own steps raise for a broken sink."""
-    meta = table_metadata(pipeline, pipeline.sink.path, "sink")
+    meta = table_metadata(where.definition, where.sink_path, "sink")
     try:
-        topic = inspect.result_topic(pipeline, timeout_s=10)
+        topic = inspect.result_topic(where, timeout_s=10)
     except PhasesError as exc:
         return {**meta, "topic_error": str(exc)}
     if topic is None:
@@ -86,13 +86,13 @@ def sink_metadata(pipeline: Pipeline) -> dict:
     return meta
 
 
-def quarantine_metadata(pipeline: Pipeline) -> dict:
+def quarantine_metadata(placed: Placement) -> dict:
     """The quarantine by reason and by phase (the pipeline's rows; read from those columns alone, no Spark)."""
-    where = ("pipeline", pipeline.name)
-    reasons = inspect.value_counts(pipeline.locations.quarantine, "reason", where=where)
+    where = ("pipeline", placed.name)
+    reasons = inspect.value_counts(placed.quarantine, "reason", where=where)
     if reasons is None:
         return {}
-    phases = inspect.value_counts(pipeline.locations.quarantine, "phase", where=where) or {}
+    phases = inspect.value_counts(placed.quarantine, "phase", where=where) or {}
     ordered = dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
     return {
         "rows_by_reason": dg.MetadataValue.json(ordered),

@@ -10,7 +10,7 @@ from functools import reduce
 import dagster as dg
 from pyspark.sql import functions as F
 
-from phases import Deployment, HandoffManifest, ManifestError, Pipeline, inspect
+from phases import HandoffManifest, ManifestError, Pipeline, Placement, inspect
 from phases_dagster.handoff_events import read_handoff
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource
@@ -46,32 +46,31 @@ def build_backlog_checks(pipeline: Pipeline, settings: Orchestration) -> dg.Asse
 
     @dg.multi_asset_check(specs=specs, name=names.checks)
     def backlog_checks(context: dg.AssetCheckExecutionContext, spark: SparkResource, storage: StorageResource):
-        deployment = storage.deployment(pipeline)
-        p = deployment.pipeline
+        where = storage.placement(pipeline)
         session = spark.session()
         latest = read_handoff(context.instance, key)
         manifest_id = latest.manifest_id if latest is not None else None
         try:
-            handoff = inspect.latest_handoff(session, p, manifest_id)
+            handoff = inspect.latest_handoff(session, where, manifest_id)
         except ManifestError as exc:
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(asset_key=key, check_name=n, passed=False, metadata={"error": str(exc)})
             return
-        yield from handoff_check_results(session, deployment, handoff, key, bound)
+        yield from handoff_check_results(session, where, handoff, key, bound)
 
     return backlog_checks
 
 
 def handoff_check_results(
-    session, deployment: Deployment, handoff: HandoffManifest, key: dg.AssetKey, bound: float
+    session, where: Placement, handoff: HandoffManifest, key: dg.AssetKey, bound: float
 ) -> Iterator[dg.AssetCheckResult]:
     """The checks of one handoff (:data:`CHECK_NAMES`, then the :data:`NO_FAR_FUTURE` warning) on asset ``key``: the
     backlog's, and a redeploy's new generation's (whose live phase may have run on its own sink since: its sink
     then holds more rows than the handoff, one per key for an upserting kind)."""
 
-    p = deployment.pipeline
+    p = where.definition
     try:
-        inspect.check_handoff_matches(session, handoff, deployment)
+        inspect.check_handoff_matches(session, handoff, where)
         yield dg.AssetCheckResult(asset_key=key, check_name=STATE_MATCHES_MANIFEST, passed=True)
     except ManifestError as exc:
         yield dg.AssetCheckResult(
@@ -118,7 +117,7 @@ def handoff_check_results(
         },
     )
 
-    q_total = inspect.quarantined_rows(session, p, "backlog")
+    q_total = inspect.quarantined_rows(session, where, "backlog")
     fraction = handoff.quarantined_rows / handoff.input_rows if handoff.input_rows else 0.0
     yield dg.AssetCheckResult(
         asset_key=key,
@@ -137,12 +136,12 @@ def handoff_check_results(
     # row per key, and an appending kind at least the handoff's rows.
     expected_sink = handoff.sink_rows if handoff.sink_rows is not None else handoff.state_rows
     sink_rows, distinct = -1, -1
-    if inspect.table_exists(session, p.sink.path):
-        sink = session.read.format("delta").load(p.sink.path)
+    if inspect.table_exists(session, where.sink_path):
+        sink = session.read.format("delta").load(where.sink_path)
         keyed = [F.count_distinct(*[F.col(k) for k in p.state_keys])] if p.operator.upserts else [F.lit(-1)]
         counted = sink.agg(F.count(F.lit(1)), *keyed).collect()[0]
         sink_rows, distinct = int(counted[0]), int(counted[1])
-    if not inspect.live_started(session, p, handoff.manifest_id):
+    if not inspect.live_started(session, where, handoff.manifest_id):
         passed = sink_rows == expected_sink
     elif p.operator.upserts and p.sink.mode == "upsert":
         passed = sink_rows == distinct and sink_rows >= expected_sink

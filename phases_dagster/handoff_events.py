@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from phases import Deployment
+from phases import Placement
 from phases.inspect import newest_handoff_row, watermark_after
 
 
@@ -61,16 +61,15 @@ def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | No
     )
 
 
-def serving_handoff(instance: dg.DagsterInstance, deployment: Deployment, backlog_key: dg.AssetKey) -> Handoff | None:
-    """The handoff the serving generation's live phase runs from (``deployment``: the storage resource's). Until a
+def serving_handoff(instance: dg.DagsterInstance, where: Placement, backlog_key: dg.AssetKey) -> Handoff | None:
+    """The handoff the serving generation's live phase runs from (``where``: the storage resource's placement). Until a
     redeploy that is the backlog materialization's; after a swap, the serving generation's newest manifest (read
     with delta-rs), which no backlog materialization names: the health sensor and the live checks then watch, judge
     and relaunch that generation's live runs."""
     latest = read_handoff(instance, backlog_key)
-    if not deployment.redeployed:
+    if not where.redeployed:
         return latest
-    resolved = deployment.pipeline
-    newest = newest_handoff_row(resolved)
+    newest = newest_handoff_row(where)
     if newest is None or (latest is not None and newest["manifest_id"] == latest.manifest_id):
         return latest
     right_max = newest.get("right_max_event_time_us")
@@ -82,6 +81,6 @@ def serving_handoff(instance: dg.DagsterInstance, deployment: Deployment, backlo
         run_id=latest.run_id if latest is not None else "",
         source_position=newest.get("source_position") or None,
         right_source_version=newest.get("right_source_version"),
-        right_watermark_us=watermark_after(right_max, resolved.delay_us) if right_max is not None else None,
+        right_watermark_us=watermark_after(right_max, where.definition.delay_us) if right_max is not None else None,
         right_source_position=newest.get("right_source_position") or None,
     )

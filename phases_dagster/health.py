@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from phases import LiveQueryStopped, PhasesError, Pipeline, inspect
+from phases import LiveQueryStopped, PhasesError, Pipeline, Placement, inspect
 from phases_dagster import source as source_assets
 from phases_dagster.handoff_events import Handoff, serving_handoff
 from phases_dagster.resources.storage import StorageResource
@@ -238,7 +238,7 @@ def live_running_verdict(status: LiveStatus, live_job: str, decision: str | None
 
 
 def sink_freshness(
-    resolved: Pipeline,
+    where: Placement,
     handoff: Handoff,
     max_lag: timedelta,
     live_state: str,
@@ -250,9 +250,9 @@ def sink_freshness(
     With the live phase down (``stopped``, ``failed``, ``lost``): data waiting fails the check at once (ERROR);
     nothing waiting follows ``when_live_down``. ``when_live_down='pass'`` (a phase stopped on purpose) judges waiting
     data by ``max_lag`` alone."""
-    applied = inspect.applied_position(resolved, handoff)
+    applied = inspect.applied_position(where, handoff)
     applied_version, applied_offsets = applied.version, applied.offsets
-    u = inspect.unapplied(resolved, applied)
+    u = inspect.unapplied(where, applied)
     meta: dict = {
         "live_state": live_state,
         "behind": u.behind if u.behind is not None else dg.MetadataValue.text("unknown"),
@@ -314,7 +314,7 @@ def build_live_check(pipeline: Pipeline) -> dg.AssetChecksDefinition:
         "or ended on purpose); ERROR once its run failed or its process was lost. Evaluated by the health sensor.",
     )
     def live_phase_running(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-        handoff = serving_handoff(context.instance, storage.deployment(pipeline), dg.AssetKey(names.backlog))
+        handoff = serving_handoff(context.instance, storage.placement(pipeline), dg.AssetKey(names.backlog))
         if handoff is None:
             return dg.AssetCheckResult(
                 passed=False, description="no handoff yet: the backlog has not run", severity=dg.AssetCheckSeverity.WARN
@@ -346,13 +346,13 @@ def build_freshness_check(pipeline: Pipeline, settings: Orchestration) -> dg.Ass
         "(health.when_live_down).",
     )
     def sink_fresh(context: dg.AssetCheckExecutionContext, storage: StorageResource) -> dg.AssetCheckResult:
-        deployment = storage.deployment(pipeline)
-        handoff = serving_handoff(context.instance, deployment, dg.AssetKey(names.backlog))
+        where = storage.placement(pipeline)
+        handoff = serving_handoff(context.instance, where, dg.AssetKey(names.backlog))
         if handoff is None:
             return dg.AssetCheckResult(passed=False, description="no handoff yet: the backlog has not run")
         state = live_state_of(live_runs(context.instance, pipeline.name, handoff.manifest_id))
         f = sink_freshness(
-            deployment.pipeline,
+            where,
             handoff,
             settings.health.max_lag,
             state,
@@ -433,19 +433,18 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
         job=live_job,
         minimum_interval_seconds=policy.minimum_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING if policy.running_by_default else dg.DefaultSensorStatus.STOPPED,
-        description=f"Health of {pipeline.name!r}'s live phase: observes the sources, evaluates the live asset's "
+        description=f"Health of the live phase of {pipeline.name!r}: observes the sources, evaluates the live asset's "
         "live_phase_running and the sink's sink_fresh checks, and relaunches a failed live run from its checkpoint "
         "(with backoff and a cap).",
     )
     def health(context: dg.SensorEvaluationContext, storage: StorageResource):
-        deployment = storage.deployment(pipeline)
-        resolved = deployment.pipeline
+        where = storage.placement(pipeline)
         cursor = json.loads(context.cursor) if context.cursor else {}
         now = datetime.now(UTC)
         events: list = []
 
         heads = cursor.get("heads", {})
-        for obs in source_assets.observations(resolved):
+        for obs in source_assets.observations(where):
             position = (obs.metadata or {}).get("position")
             position = getattr(position, "value", position)
             key = obs.asset_key.to_user_string()
@@ -454,7 +453,7 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
                 events.append(obs)
         cursor["heads"] = heads
 
-        handoff = serving_handoff(context.instance, deployment, dg.AssetKey(names.backlog))
+        handoff = serving_handoff(context.instance, where, dg.AssetKey(names.backlog))
         if handoff is None:
             context.update_cursor(json.dumps(cursor, sort_keys=True))
             return dg.SensorResult(skip_reason="no handoff yet: the backlog has not run", asset_events=events)
@@ -484,7 +483,7 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
             running = live_running_verdict(status, names.live_job, decision.reason if status.down else None)
             if _due(context.instance, running_key, running, now, words=True):
                 events.append(check_evaluation(live_key, names.live_running, running))
-            fresh = sink_freshness(resolved, handoff, policy.max_lag, status.state, now, policy.when_live_down)
+            fresh = sink_freshness(where, handoff, policy.max_lag, status.state, now, policy.when_live_down)
             if _due(context.instance, fresh_key, fresh, now, REPORT_AT_LEAST_EVERY):
                 events.append(check_evaluation(sink_key, names.fresh, fresh))
 

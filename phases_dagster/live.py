@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from phases import LiveRunner, Pipeline, inspect
+from phases import LiveRunner, Pipeline, Placement, inspect
 from phases.inspect import LiveMeter, LiveReport
 from phases_dagster import catalog
 from phases_dagster.handoff_events import of_manifest
@@ -116,10 +116,11 @@ class _Tables:
     the quarantine each time the live phase committed a new version of it (read from the Delta logs, no Spark)."""
 
     def __init__(
-        self, context: dg.AssetExecutionContext, p: Pipeline, manifest_id: str, settings: Orchestration, handoff
+        self, context: dg.AssetExecutionContext, where: Placement, manifest_id: str, settings: Orchestration, handoff
     ):
+        p = where.definition
         names = Names(p)
-        self.context, self.p, self.mid, self.settings = context, p, manifest_id, settings
+        self.context, self.where, self.mid, self.settings = context, where, manifest_id, settings
         self.handoff = of_manifest(handoff, p.delay_us) if handoff is not None else None
         self.fresh = names.fresh
         self.sink_key, self.quarantine_key = dg.AssetKey(names.sink), dg.AssetKey(names.quarantine)
@@ -135,10 +136,10 @@ class _Tables:
         return True
 
     def update(self, runner: LiveRunner) -> None:
-        p, written = self.p, {"written_by": "live", "manifest_id": self.mid}
-        if self._changed("sink", p.sink.path):
+        where, written = self.where, {"written_by": "live", "manifest_id": self.mid}
+        if self._changed("sink", where.sink_path):
             self.context.log_event(
-                dg.AssetMaterialization(asset_key=self.sink_key, metadata={**written, **catalog.sink_metadata(p)})
+                dg.AssetMaterialization(asset_key=self.sink_key, metadata={**written, **catalog.sink_metadata(where)})
             )
             if self.handoff is not None:
                 # sink_fresh for this materialization at once: the health sensor re-evaluates it only on a change
@@ -146,17 +147,17 @@ class _Tables:
                 # passed ("0 / 1") after every commit.
                 health = self.settings.health
                 verdict = sink_freshness(
-                    p, self.handoff, health.max_lag, RUNNING, datetime.now(UTC), health.when_live_down
+                    where, self.handoff, health.max_lag, RUNNING, datetime.now(UTC), health.when_live_down
                 )
                 self.context.log_event(check_evaluation(self.sink_key, self.fresh, verdict))
-        if self._changed("quarantine", p.locations.quarantine):
+        if self._changed("quarantine", where.quarantine):
             self.context.log_event(
                 dg.AssetMaterialization(
                     asset_key=self.quarantine_key,
                     metadata={
                         **written,
-                        **catalog.table_metadata(p, p.locations.quarantine, "quarantine"),
-                        **catalog.quarantine_metadata(p),
+                        **catalog.table_metadata(where.definition, where.quarantine, "quarantine"),
+                        **catalog.quarantine_metadata(where),
                     },
                 )
             )
@@ -164,7 +165,7 @@ class _Tables:
         position = (latest.state_layout, latest.state_version)
         if latest.state_layout is not None and position != self.state_position:
             self.state_position = position
-            store = inspect.state_store_folder(p, self.mid, latest.state_layout)
+            store = inspect.state_store_folder(where, self.mid, latest.state_layout)
             self.context.log_event(
                 dg.AssetObservation(
                     asset_key=self.state_key,
@@ -220,17 +221,15 @@ def build_live_asset(pipeline: Pipeline, settings: Orchestration) -> dg.AssetsDe
             yield run_swap(context, pipeline, swap_config, spark, storage)
         if live_key not in context.selected_asset_keys:
             return
-        deployment = storage.deployment(pipeline)
-        p = deployment.pipeline
+        where = storage.placement(pipeline)
+        p = pipeline
         interval = config.report_interval_seconds or settings.live.report_interval_seconds
-        runner = LiveRunner.from_manifest(
-            spark.session(), deployment, config.manifest_id, take_over=config.take_over_dead_lease
-        )
+        runner = LiveRunner.at(spark.session(), where, config.manifest_id, take_over=config.take_over_dead_lease)
         mid = runner.run_name
         # Whatever launched this run, it is now the live phase: the health sensor finds it by this tag.
         context.instance.add_run_tags(context.run_id, {LIVE_RUN_TAG: pipeline.name, "phases/manifest_id": mid})
         context.log.info(f"starting the live phase of {p.name!r} from manifest {mid}")
-        tables = _Tables(context, p, mid, settings, runner.handoff)
+        tables = _Tables(context, where, mid, settings, runner.handoff)
         reason = None
 
         meter = LiveMeter(runner)  # before the start: the rows its first micro-batch applies are reported too

@@ -73,9 +73,9 @@ def _redeploy(
             dg.AssetObservation(asset_key=key, metadata={"step": step, **{k: _text(v) for k, v in detail.items()}})
         )
 
-    return Redeploy(
+    return Redeploy.at(
         spark.session(),
-        storage.deployment(pipeline),
+        storage.placement(pipeline),
         on_step=report,
         take_over=config.take_over_dead_lease,
         stop_timeout_s=config.stop_timeout_seconds,
@@ -141,7 +141,7 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
     @dg.multi_asset_check(specs=specs, name=names.next_generation_checks)
     def next_generation_checks(spark: SparkResource, storage: StorageResource):
         session = spark.session()
-        redeploy = Redeploy(session, storage.deployment(pipeline))
+        redeploy = Redeploy.at(session, storage.placement(pipeline))
         plan = redeploy.plan()
         if plan.way != "backfill":  # nothing was built, so nothing passed: a warning, which does not block the swap
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
@@ -155,7 +155,7 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
             return
         built = redeploy.as_generation(plan.target)
         try:
-            handoff = inspect.latest_handoff(session, built.pipeline)
+            handoff = inspect.latest_handoff(session, built)
         except ManifestError as exc:
             for n in (*CHECK_NAMES, NO_FAR_FUTURE):
                 yield dg.AssetCheckResult(asset_key=next_key, check_name=n, passed=False, metadata={"error": str(exc)})
@@ -220,14 +220,14 @@ def run_swap(
             metadata["swapped_at"] = dg.MetadataValue.timestamp(result.swapped_at_us / 1e6)
         # where the swap's step spent its time: the last round, the swap's commit, keeping the old results
         metadata.update({k: round(v, 3) for k, v in result.timings.items() if k.endswith("_s")})
-        p = storage.deployment(pipeline).pipeline
+        where = storage.placement(pipeline)
         context.log_event(
             dg.AssetMaterialization(
                 asset_key=sink_key,
                 metadata={
                     "written_by": "swap",
                     "generation": result.generation,
-                    **catalog.table_metadata(p, p.sink.path, "sink"),
+                    **catalog.table_metadata(pipeline, where.sink_path, "sink"),
                 },
             )
         )

@@ -9,7 +9,7 @@ code version of the pipeline's assets."""
 
 import dagster as dg
 
-from phases import HybridSource, KafkaSource, Pipeline
+from phases import HybridSource, KafkaSource, Pipeline, Placement
 from phases.inspect import SourceHead, source_heads
 from phases_dagster import catalog
 from phases_dagster.settings import Names
@@ -28,9 +28,10 @@ def observation(key: str, head: SourceHead) -> dg.AssetObservation:
     return dg.AssetObservation(asset_key=key, metadata=catalog.head_metadata(head))
 
 
-def observations(resolved: Pipeline) -> list[dg.AssetObservation]:
-    """One observation per input of a pipeline whose paths are resolved (no Spark)."""
-    return [observation(key, head) for key, head in zip(source_keys(resolved), source_heads(resolved), strict=True)]
+def observations(where: Placement) -> list[dg.AssetObservation]:
+    """One observation per input of a placed pipeline (no Spark)."""
+    keys = source_keys(where.definition)
+    return [observation(key, head) for key, head in zip(keys, source_heads(where), strict=True)]
 
 
 def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition:
@@ -51,8 +52,8 @@ def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition:
 
     @dg.multi_observable_source_asset(specs=specs, name=names.source_op, required_resource_keys={"storage"})
     def heads(context):
-        resolved = context.resources.storage.deployment(pipeline).pipeline
-        for key, head in zip(source_keys(resolved), source_heads(resolved), strict=True):
+        where = context.resources.storage.placement(pipeline)
+        for key, head in zip(source_keys(pipeline), source_heads(where), strict=True):
             yield dg.ObserveResult(asset_key=key, metadata=catalog.head_metadata(head))
 
     return heads

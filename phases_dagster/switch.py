@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from phases import Deployment, InputLag, Pipeline
+from phases import InputLag, Pipeline, Placement
 from phases.inspect import input_lags, newest_handoff_row
 from phases_dagster.backlog import NOT_RUN_TAG
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
@@ -39,16 +39,16 @@ class Decision:
     manifest_id: str | None = None
 
 
-def _redeployed_past(deployment: Deployment, handoff: Handoff | None) -> str | None:
+def _redeployed_past(where: Placement, handoff: Handoff | None) -> str | None:
     """Why the switch has nothing to do when a redeploy made another generation serve than the one of the backlog's
     handoff (its live phase runs from the redeploy job); None otherwise."""
-    if handoff is None or not deployment.redeployed:
+    if handoff is None or not where.redeployed:
         return None
-    newest = newest_handoff_row(deployment.pipeline)  # delta-rs: no Spark here
+    newest = newest_handoff_row(where)  # delta-rs: no Spark here
     if newest is None or newest["manifest_id"] == handoff.manifest_id:
         return None
     return (
-        f"generation {deployment.generation} serves since a redeploy (handoff {newest['manifest_id']}); the backlog's "
+        f"generation {where.generation} serves since a redeploy (handoff {newest['manifest_id']}); the backlog's "
         f"handoff {handoff.manifest_id} is an earlier generation's. The redeploy job starts the serving generation's "
         "live phase; the live job resumes it"
     )
@@ -153,9 +153,9 @@ def _caught_up(lag: InputLag, now: datetime, threshold: timedelta, max_records: 
     return False, f"{lag.behind} {lag.unit} behind, watermark lag {wm_lag} > {threshold}"
 
 
-def _lags(p: Pipeline, handoff: Handoff) -> list[InputLag]:
+def _lags(where: Placement, handoff: Handoff) -> list[InputLag]:
     return input_lags(
-        p,
+        where,
         source_version=handoff.source_version,
         source_position=handoff.source_position,
         watermark_us=handoff.final_watermark_us,
@@ -236,19 +236,21 @@ def build_switch_sensor(
         "handoff manifest; requests a catch-up increment while the backlog lags.",
     )
     def switch(context: dg.SensorEvaluationContext, storage: StorageResource):
-        deployment = storage.deployment(pipeline)
-        p = deployment.pipeline
+        where = storage.placement(pipeline)
         handoff = read_handoff(context.instance, key)
-        redeployed = _redeployed_past(deployment, handoff)
+        redeployed = _redeployed_past(where, handoff)
         if redeployed is not None:
             return dg.SensorResult(skip_reason=redeployed)
         cursor = json.loads(context.cursor) if context.cursor else {}
         status = live_status(live_runs(context.instance, pipeline.name, handoff.manifest_id)) if handoff else None
         decision = decide(
             handoff=handoff,
-            fingerprint=p.fingerprint(),
+            # A handoff written before placements named the definition with its paths resolved: the same one.
+            fingerprint=handoff.fingerprint
+            if handoff and where.is_fingerprint(handoff.fingerprint)
+            else where.fingerprint(),
             failed_checks=failed_checks(context.instance, key, handoff.run_id) if handoff else [],
-            lags=_lags(p, handoff) if handoff else [],
+            lags=_lags(where, handoff) if handoff else [],
             now=datetime.now(UTC),
             lag_threshold=policy.lag_threshold,
             launched_manifest=cursor.get("launched"),

@@ -235,6 +235,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "phases._internal.spark_internals",
     ),
     ("phases._internal.definition",),
+    ("phases._internal.placement",),
     ("phases._internal.records", "phases._internal.lateness", "phases._internal.runtime"),
     ("phases._internal.storage", "phases._internal.topics"),
     ("phases._internal.coordination",),

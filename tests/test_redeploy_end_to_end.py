@@ -27,8 +27,8 @@ ROWS_PER_BATCH = 2000
 
 def _accounted(spark, pipeline, storage: StorageResource) -> tuple[int, int]:
     """(events counted in the sink, records in the serving generation's quarantine) of ``pipeline``."""
-    bound = storage.deployment(pipeline).pipeline
-    return _events_in(bound.sink.path), len(table_stats.rows(bound.locations.quarantine) or [])
+    where = storage.placement(pipeline)
+    return _events_in(where.sink_path), len(table_stats.rows(where.quarantine) or [])
 
 
 def _wait_exact(
@@ -56,14 +56,15 @@ def _columns(spark, path: str) -> list[str]:
 def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back_in_dagster(spark, tmp_path):
     data_root, code = tmp_path / "data", tmp_path / "code"
     storage = StorageResource(root=str(data_root))
-    p = storage.declared(DEMO)
-    synthetic.create_source(spark, p.source.path)
+    p = storage.placement(DEMO)
+    source = p.source_path(DEMO.source)
+    synthetic.create_source(spark, source)
     batches = 0
 
     def append_batch() -> None:
         nonlocal batches
         batch = synthetic.event_batch(spark, rows=ROWS_PER_BATCH, keys=500, batch_index=batches)
-        synthetic.append(spark, p.source.path, batch)
+        synthetic.append(spark, source, batch)
         batches += 1
 
     for _ in range(3):
@@ -116,7 +117,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         assert tags[REDEPLOY_TAG] == "backfill" and tags[REASON_TAG] == reason
         steps = [o["step"] for o in stack.observations(NAMES.next_generation, 50) if o["run_id"] == redeploy]
         assert set(steps) == {"planned", "backlog", "live caught up", "checked"}, steps
-        assert "valued" in _columns(spark, p.sink.path)
+        assert "valued" in _columns(spark, p.consumer_sink)
         append_batch()
         _wait_exact(spark, DEMO_REVISED, storage, batches * ROWS_PER_BATCH, stack, redeploy)
         redeploy_s = time.monotonic() - started
@@ -178,7 +179,7 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
             0,
         )
         assert "backlog_s" not in stack.latest_materialization(NAMES.next_generation)
-        assert "valued" not in _columns(spark, p.sink.path)
+        assert "valued" not in _columns(spark, p.consumer_sink)
         append_batch()
         _wait_exact(spark, DEMO, storage, batches * ROWS_PER_BATCH, stack, rollback)
         stack.terminate(rollback)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from phases._internal.definition import Pipeline
 from phases._internal.lateness import (
     VERSION,
     late_candidates,
@@ -21,6 +20,7 @@ from phases._internal.lateness import (
     version_watermarks,
     with_watermarks,
 )
+from phases._internal.placement import Placement
 from phases._internal.records import REASON, with_reason
 from phases._internal.sources import version_bounds
 from phases._internal.sources.reader import SourceReader
@@ -45,7 +45,7 @@ class TaggedRange:
 
 def tag_version_range(
     spark: SparkSession,
-    pipeline: Pipeline,
+    where: Placement,
     source: SourceReader,
     versions: tuple[int, int],
     prior_max_us: int | None,
@@ -59,13 +59,13 @@ def tag_version_range(
     lo, hi = versions
     if not per_record_watermarks:
         t = time.perf_counter()
-        proved = _tag_proved_on_time(spark, pipeline, source, versions, prior_max_us)
+        proved = _tag_proved_on_time(spark, where, source, versions, prior_max_us)
         if timings is not None:
             timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
         if proved is not None:
             return proved
     try:
-        return tag_changes(spark, pipeline, source.read_backlog(hi, lo), prior_max_us, timings, phase="backlog")
+        return tag_changes(spark, where, source.read_backlog(hi, lo), prior_max_us, timings, phase="backlog")
     except Exception as exc:  # the first action on the change feed: a vacuumed version fails here
         error = source.missing_file_error(exc, versions)
         if error is not None:
@@ -75,7 +75,7 @@ def tag_version_range(
 
 def tag_changes(
     spark: SparkSession,
-    pipeline: Pipeline,
+    where: Placement,
     changes: DataFrame,
     prior_max_us: int | None,
     timings: dict[str, float] | None = None,
@@ -86,6 +86,7 @@ def tag_changes(
     """Validates and tags change-feed rows of *complete* versions under the version watermark W(v),
     continuing from ``prior_max_us`` (the max valid event time of every earlier version). The backlog,
     catch-up increments, slices and every live micro-batch tag through here."""
+    pipeline = where.definition
     timings = {} if timings is None else timings
     tagged = with_reason(changes, pipeline)
     is_valid = F.col(REASON).isNull()
@@ -112,7 +113,7 @@ def tag_changes(
     # A version holds an on-time record iff its greatest valid event time is above its watermark.
     has_on_time = any(s.max_us is not None and (s.version not in marks or s.max_us > marks[s.version]) for s in stats)
     return TaggedRange(
-        prepare(on_time, pipeline, spark),
+        prepare(on_time, where, spark),
         q_rows,
         range_max,
         running,
@@ -122,11 +123,12 @@ def tag_changes(
 
 
 def _tag_proved_on_time(
-    spark: SparkSession, pipeline: Pipeline, source: SourceReader, versions: tuple[int, int], prior_max_us: int | None
+    spark: SparkSession, where: Placement, source: SourceReader, versions: tuple[int, int], prior_max_us: int | None
 ) -> TaggedRange | None:
     """The range tagged without the statistics scan, or None when the log cannot prove every record on time
     and valid. The records then carry no ``_watermark_us``; the exact maximum event time (the watermark the
     handoff carries) is read from the rows at the top millisecond of the versions that can hold it."""
+    pipeline = where.definition
     log_bounds = getattr(source, "log_bounds", None)
     if log_bounds is None:
         return None
@@ -170,7 +172,7 @@ def _tag_proved_on_time(
     running = max((m for m in (prior_max_us, range_max) if m is not None), default=None)
     q_rows = spark.createDataFrame([], quarantine.SCHEMA)
     return TaggedRange(
-        prepare(changes, pipeline, spark),
+        prepare(changes, where, spark),
         q_rows,
         range_max,
         running,

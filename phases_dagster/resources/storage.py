@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from phases import Deployment, Pipeline, deploy
+from phases import Pipeline, Placement, place
 
 
 def default_root() -> str:
@@ -31,16 +31,9 @@ class StorageResource(dg.ConfigurableResource):
         "address in their definition. Default: PHASES_KAFKA_BOOTSTRAP_SERVERS, else the definition's own.",
     )
 
-    def deployment(self, pipeline: Pipeline) -> Deployment:
-        """The pipeline bound once to where it runs (:func:`phases.deploy`): its paths under ``root``, its Kafka
-        sources at the deployment's brokers, the generation that serves it (the one a swap under way started from:
-        what the sensors, checks and the catalog show). Reads the redeploy log with delta-rs. The engine's runners
-        take it as it is, and refuse at their start to write the sink during a swap."""
-        return deploy(
-            None, pipeline, root=self.root, kafka_bootstrap_servers=self.kafka_bootstrap_servers, strict=False
-        )
-
-    def declared(self, pipeline: Pipeline) -> Pipeline:
-        """The definition with its paths where it runs, bound to no generation (a redeploy binds its generations
-        itself)."""
-        return self.deployment(pipeline).definition
+    def placement(self, pipeline: Pipeline) -> Placement:
+        """Where the pipeline runs, placed once (:func:`phases.place`): its relative paths under ``root``, its topics
+        at the deployment's brokers, the generation that serves it (the one a swap under way started from: what the
+        sensors, checks and the catalog show). Reads the redeploy log with delta-rs. The engine's runners take it as
+        it is, and refuse at their start to write the sink during a swap. The definition itself is not changed."""
+        return place(None, pipeline, root=self.root, kafka_bootstrap_servers=self.kafka_bootstrap_servers, strict=False)

@@ -42,12 +42,14 @@ def test_a_daily_backfill_adds_partitioned_slices_and_a_schedule():
 
 
 def test_storage_resolves_relative_paths_and_keeps_absolute_ones(tmp_path):
-    resolved = StorageResource(root=str(tmp_path)).deployment(relative_pipeline()).pipeline
-    assert resolved.source.path == f"{tmp_path}/src" and resolved.locations.root == f"{tmp_path}/engine"
+    declared = relative_pipeline()
+    where = StorageResource(root=str(tmp_path)).placement(declared)
+    assert where.source_path(declared.source) == f"{tmp_path}/src" and where.engine_root == f"{tmp_path}/engine"
+    assert where.definition is declared and declared.source.path == "src"  # the definition is not changed
     absolute = relative_pipeline().model_copy(
         update={"sink": relative_pipeline().sink.model_copy(update={"path": "/x"})}
     )
-    assert StorageResource(root=str(tmp_path)).deployment(absolute).pipeline.sink.path == "/x"
+    assert StorageResource(root=str(tmp_path)).placement(absolute).sink_path == "/x"
 
 
 def test_orchestration_settings_are_validated_with_field_names():

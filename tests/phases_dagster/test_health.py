@@ -74,6 +74,7 @@ def test_the_freshness_check_is_not_green_while_the_live_phase_is_down_even_with
     import pyarrow as pa
     from deltalake import write_deltalake
 
+    from phases import Placement
     from phases_dagster.handoff_events import Handoff
     from phases_dagster.health import sink_freshness
     from phases_dagster.settings import WhenLiveDown
@@ -81,7 +82,7 @@ def test_the_freshness_check_is_not_green_while_the_live_phase_is_down_even_with
 
     source = str(tmp_path / "source")
     write_deltalake(source, pa.table({"key": ["a"], "value": [1]}))
-    p = make_pipeline(source, str(tmp_path / "run"))
+    p = Placement(make_pipeline(source, str(tmp_path / "run")))
     handoff = Handoff(manifest_id="m1", fingerprint="f", source_version=0, final_watermark_us=None, run_id="r1")
     lag = timedelta(minutes=10)
 

@@ -53,13 +53,13 @@ def test_the_redeploy_job_swaps_a_changed_definition_in_and_rolls_back_from_the_
     old, new = _old(), relative_pipeline(delay_s=40)
     storage = StorageResource(root=root)
     names = Names(new)
-    sink = storage.declared(new).sink.path
+    sink = storage.placement(new).sink_path
     serving = None
     try:
         with dg.instance_for_test() as instance:
             backlog = definitions(spark, root, old, LENIENT).resolve_job_def(names.backlog_job)
             assert backlog.execute_in_process(instance=instance).success
-            serving = LiveRunner.from_manifest(spark, storage.declared(old))
+            serving = LiveRunner.at(spark, storage.placement(old))
             serving.start()  # the running pipeline, in this process: the swap asks it to stop
             append_version(spark, f"{root}/src", versions[4])
             serving.process_available()
@@ -107,7 +107,7 @@ def test_the_redeploy_job_swaps_a_changed_definition_in_and_rolls_back_from_the_
             assert (built["way"], built["generation"]) == ("rollback", 0) and "backlog_s" not in built
             assert _materialization(result, names.swap)["way"] == "rollback"
             assert_results_equal(sink_rows(spark, sink), _expected_old(_upto(versions, 5)))
-            assert generations.read(spark, storage.declared(old)).serving == 0
+            assert generations.read(spark, storage.placement(old)).serving == 0
     finally:
         if serving is not None:
             serving.stop()
@@ -120,8 +120,8 @@ def test_a_next_generation_whose_checks_fail_is_not_swapped_in(spark, tmp_path):
     old = _old()
     new = relative_pipeline(delay_s=1)  # more of the records late than the bound allows
     storage = StorageResource(root=root)
-    BacklogRunner(spark, storage.declared(old)).run()
-    LiveRunner.from_manifest(spark, storage.declared(old)).start(available_now=True)
+    BacklogRunner.at(spark, storage.placement(old)).run()
+    LiveRunner.at(spark, storage.placement(old)).start(available_now=True)
     names = Names(new)
     strict = Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.01))
     with dg.instance_for_test() as instance:
@@ -132,8 +132,8 @@ def test_a_next_generation_whose_checks_fail_is_not_swapped_in(spark, tmp_path):
         failed = {e.check_name for e in result.get_asset_check_evaluations() if not e.passed}
         assert failed == {"quarantine_within_bound"}
         assert not [m for kind, m in _asset_events(result, names.swap) if kind == "materialization"]
-    assert generations.read(spark, storage.declared(old)).serving == 0
-    assert_results_equal(sink_rows(spark, storage.declared(old).sink.path), _expected_old(versions))
+    assert generations.read(spark, storage.placement(old)).serving == 0
+    assert_results_equal(sink_rows(spark, storage.placement(old).sink_path), _expected_old(versions))
     assert timedelta(seconds=1) == new.watermark_delay
 
 
@@ -147,8 +147,8 @@ def test_a_redeploy_with_no_new_state_restarts_the_live_phase_in_its_run(spark, 
     old = _old()
     new = old if change == "none" else old.model_copy(update={"max_future": timedelta(days=2)})
     storage = StorageResource(root=root)
-    BacklogRunner(spark, storage.declared(old)).run()
-    serving = LiveRunner.from_manifest(spark, storage.declared(old))
+    BacklogRunner.at(spark, storage.placement(old)).run()
+    serving = LiveRunner.at(spark, storage.placement(old))
     serving.start()
     names = Names(new)
     try:
@@ -169,8 +169,8 @@ def test_a_redeploy_with_no_new_state_restarts_the_live_phase_in_its_run(spark, 
             assert _materialization(result, names.swap)["swapped"] is False
             assert serving.stopped_for is not None
             assert _materialization(result, names.live_asset)["state"] == "stopped"
-        assert generations.read(spark, storage.declared(old)).serving == 0
-        assert_results_equal(sink_rows(spark, storage.declared(old).sink.path), _expected_old(versions))
+        assert generations.read(spark, storage.placement(old)).serving == 0
+        assert_results_equal(sink_rows(spark, storage.placement(old).sink_path), _expected_old(versions))
     finally:
         serving.stop()
 
@@ -199,8 +199,8 @@ def test_materialize_all_of_either_group_leaves_a_healthy_live_phase_running(spa
         dg.AssetKey(names.backlog),
         dg.AssetKey(names.state),
     }
-    BacklogRunner(spark, storage.declared(old)).run()
-    serving = LiveRunner.from_manifest(spark, storage.declared(old))
+    BacklogRunner.at(spark, storage.placement(old)).run()
+    serving = LiveRunner.at(spark, storage.placement(old))
     serving.start()
     try:
         append_version(spark, f"{root}/src", versions[4])
@@ -223,7 +223,7 @@ def test_materialize_all_of_either_group_leaves_a_healthy_live_phase_running(spa
         time.sleep(2 * STOP_POLL_S)
         assert serving.stopped_for is None and serving.query.isActive
         serving.process_available()
-        assert_results_equal(sink_rows(spark, storage.declared(old).sink.path), _expected_old(versions))
-        assert generations.read(spark, storage.declared(old)).rows == ()
+        assert_results_equal(sink_rows(spark, storage.placement(old).sink_path), _expected_old(versions))
+        assert generations.read(spark, storage.placement(old)).rows == ()
     finally:
         serving.stop()

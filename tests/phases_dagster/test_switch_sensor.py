@@ -234,7 +234,7 @@ def test_kafka_pipeline_through_dagster_the_sensor_reads_the_topics_lag_from_the
     from phases_dagster.health import sink_freshness
     from tests.helpers import ts
 
-    resolved = StorageResource(root=str(tmp_path)).deployment(p).pipeline
+    resolved = StorageResource(root=str(tmp_path)).placement(p)
     [head] = source_heads(resolved)
     assert head.end_offsets == {0: 4, 1: 5} and head.position == "0:4,1:5" and head.rows == 9
     assert head.max_event_time == ts(31 * S)  # the newest record of partition 1 ("y", 31 s)

@@ -32,12 +32,13 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
-from phases._internal.definition import SOURCE_LABEL, Pipeline
+from phases._internal.definition import SOURCE_LABEL
 from phases._internal.handoff.intents import Intent, write_run_name
 from phases._internal.handoff.live_folders import state_store_root
 from phases._internal.handoff.manifest import HandoffManifest
 from phases._internal.lateness import watermark_after
 from phases._internal.operators.base import HandoffCounts, OperatorKind, table_counts
+from phases._internal.placement import Placement
 from phases._internal.sources.reader import SourceReader
 from phases._internal.state.keyed_store import StatePosition
 from phases._internal.storage import quarantine
@@ -92,7 +93,7 @@ class StepRange:
 
 def run_through_step(
     spark: SparkSession,
-    pipeline: Pipeline,
+    where: Placement,
     kind: OperatorKind,
     logic,
     readers: dict[str, SourceReader],
@@ -102,6 +103,7 @@ def run_through_step(
 ) -> StepRange:
     """Steps 2 and 3 of the module's increment: the inputs' ranges tagged and quarantined, then the kind's live step
     over them as one micro-batch, from the base's state to the new manifest's store."""
+    pipeline = where.definition
     los = {SOURCE_LABEL: base.source_version + 1}
     prior = {SOURCE_LABEL: base.backlog_max_event_time_us}
     if pipeline.inputs.two:
@@ -119,12 +121,12 @@ def run_through_step(
                 records[inp.label], maxima[inp.label] = None, prior[inp.label]
                 continue
             tagged: TaggedRange = tag_version_range(
-                spark, pipeline, readers[inp.label], (lo, hi), prior[inp.label], timings, per_record_watermarks=True
+                spark, where, readers[inp.label], (lo, hi), prior[inp.label], timings, per_record_watermarks=True
             )
             rows = quarantine.of_input(tagged.quarantine, inp.label) if inp.label else tagged.quarantine
             quarantine.replace_backlog(
                 spark,
-                pipeline.locations.quarantine,
+                where.quarantine,
                 pipeline.name,
                 rows,
                 (lo, hi),
@@ -142,8 +144,8 @@ def run_through_step(
         t = time.perf_counter()
         watermarks = {label: watermark_after(m, pipeline.delay_us) for label, m in maxima.items()}
         closing = kind.closing(watermarks)
-        store_root = state_store_root(pipeline, intent.manifest_id)
-        step = kind.live_step(logic, base.state_path, pipeline.sink.path, store_root)
+        store_root = state_store_root(where, intent.manifest_id)
+        step = kind.live_step(logic, base.state_path, where.sink_path, store_root)
         writes = BatchWrites(spark, pipeline.name, write_run_name(intent.manifest_id), 0, first=True)
         position = step.apply_inputs(spark, records, watermarks, closing, writes, state=None)
         if position is None:  # nothing to do: the state is still the base's, as version 1 of the new store

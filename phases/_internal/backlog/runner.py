@@ -36,7 +36,7 @@ from phases._internal import uris
 from phases._internal.backlog import increments, progress
 from phases._internal.coordination import leases
 from phases._internal.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
-from phases._internal.deployment import Deployment, deploy, require_serving
+from phases._internal.deployment import Placement, place, require_serving
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases._internal.handoff import intents, manifest
 from phases._internal.handoff.live_folders import live_checkpoint_root, live_started, state_store_root
@@ -67,7 +67,7 @@ class Partial:
 
 def version_range_partial(
     spark: SparkSession,
-    pipeline: Pipeline,
+    where: Placement,
     source: SourceReader,
     pieces: Pieces,
     versions: tuple[int, int],
@@ -81,7 +81,7 @@ def version_range_partial(
     continues the version watermark, so a range's late records are the same whether it runs alone, as a
     slice, as a catch-up increment or as part of one backlog job.
     """
-    tagged = tag_version_range(spark, pipeline, source, versions, prior_max_us, timings, per_record_watermarks=False)
+    tagged = tag_version_range(spark, where, source, versions, prior_max_us, timings, per_record_watermarks=False)
     buffers = pieces.of(tagged.prepared)
     return Partial(
         buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us, has_quarantine=tagged.has_quarantine
@@ -92,13 +92,24 @@ class BacklogRunner:
     """Runs the backlog phase and writes the handoff: whole (:meth:`run`), as a catch-up increment on top
     of the last handoff (:meth:`run_increment`), or from daily slices (:mod:`phases._internal.backlog.slices`)."""
 
-    def __init__(self, spark: SparkSession, pipeline: Pipeline | Deployment, *, take_over: bool = False):
-        """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone. A definition
-        runs as the generation that serves it (bound here once: :func:`phases._internal.deployment.deploy`)."""
+    def __init__(self, spark: SparkSession, pipeline: Pipeline, *, take_over: bool = False):
+        """``take_over``: take the pipeline's backlog lease over from a holder whose process is gone. The definition
+        runs as declared, as the generation that serves it (placed here once:
+        :func:`phases._internal.deployment.place`); a pipeline placed elsewhere: :meth:`at`."""
+        self._start(spark, place(spark, pipeline), take_over)
+
+    @classmethod
+    def at(cls, spark: SparkSession, where: Placement, *, take_over: bool = False) -> BacklogRunner:
+        """The runner of ``where.definition`` where ``where`` places it (a redeploy's generation, a storage root)."""
+        runner = cls.__new__(cls)
+        runner._start(spark, where, take_over)
+        return runner
+
+    def _start(self, spark: SparkSession, where: Placement, take_over: bool) -> None:
         self.spark = spark
-        self.deployment = deploy(spark, pipeline)
-        self.pipeline = pipeline = self.deployment.pipeline
-        self.readers = open_inputs(spark, pipeline)  # one per input, by label
+        self.placement = where
+        self.pipeline = pipeline = where.definition
+        self.readers = open_inputs(spark, where)  # one per input, by label
         self.source = self.readers[SOURCE_LABEL]
         self.kind = kind_of(pipeline)
         self.timings: dict[str, float] = {}
@@ -110,11 +121,11 @@ class BacklogRunner:
     def lease(self) -> Iterator[None]:
         """The pipeline's backlog lease for this runner (re-entrant): one backlog at a time. In a terminal, the
         run shows a progress bar (:func:`phases._internal.backlog.progress.console`)."""
-        hold = leases.hold(self.spark, self.pipeline, "backlog", self.holder, take_over=self.take_over)
+        hold = leases.hold(self.spark, self.placement, "backlog", self.holder, take_over=self.take_over)
         with hold, progress.console(self.spark):
             # Which generation serves is checked now, not when the runner was built: a runner built before a swap
             # would write the old definition's results into the sink the new one serves.
-            require_serving(self.spark, self.deployment)
+            require_serving(self.spark, self.placement)
             yield
 
     def _step(self, name: str):
@@ -124,10 +135,10 @@ class BacklogRunner:
         """The manifest whose live phase has started (the pipeline is live from it), None before the switch."""
         p = self.pipeline
         try:
-            current = manifest.latest(self.spark, p.locations.manifests, p.name)
+            current = manifest.latest(self.spark, self.placement.manifests, p.name)
         except ManifestError:
             return None
-        return current.manifest_id if live_started(self.spark, p, current.manifest_id) else None
+        return current.manifest_id if live_started(self.spark, self.placement, current.manifest_id) else None
 
     def refuse_after_switch(self, reset: bool) -> None:
         """Raises PhaseStateError once the live phase of the latest manifest has started (unless reset)."""
@@ -138,19 +149,19 @@ class BacklogRunner:
         if not reset:
             raise PhaseStateError(
                 f"pipeline {p.name!r} has switched to live from manifest {switched} (checkpoint "
-                f"{live_checkpoint_root(p, switched)}): the live phase owns the state and the sink now, whether it "
-                "runs or is stopped, and keeps them current from where the backlog ended. A new backlog is needed "
-                "only for a changed definition: stop the live phase, then run the backlog with reset=True, which "
-                "rebuilds the state and the sink from the source."
+                f"{live_checkpoint_root(self.placement, switched)}): the live phase owns the state and the sink now, "
+                "whether it runs or is stopped, and keeps them current from where the backlog ended. A new backlog "
+                "is needed only for a changed definition: stop the live phase, then run the backlog with reset=True, "
+                "which rebuilds the state and the sink from the source."
             )
-        if tables.exists(self.spark, p.locations.quarantine):
+        if tables.exists(self.spark, self.placement.quarantine):
             self.spark.sql(
-                f"DELETE FROM delta.`{p.locations.quarantine}` WHERE pipeline = '{p.name}' AND phase = 'live'"
+                f"DELETE FROM delta.`{self.placement.quarantine}` WHERE pipeline = '{p.name}' AND phase = 'live'"
             )
 
     def logic(self):
         """The operator logic over the records as the operator sees them (after steps and enrichment)."""
-        return self.kind.logic_for(self.spark, self.pipeline, self.readers.values())
+        return self.kind.logic_for(self.spark, self.placement, self.readers.values())
 
     def refuse_increments(self, what: str) -> None:
         """Raises PhaseStateError, saying why and what to do instead, when the pipeline's backlog cannot take
@@ -205,7 +216,7 @@ class BacklogRunner:
             yield
             return
         try:
-            hold = leases.hold(self.spark, self.pipeline, "live", self.holder, take_over=self.take_over)
+            hold = leases.hold(self.spark, self.placement, "live", self.holder, take_over=self.take_over)
             hold.__enter__()
         except LeaseHeld as exc:
             raise LeaseHeld(
@@ -220,11 +231,10 @@ class BacklogRunner:
     def _run(self, end_version: int | None, reset: bool) -> manifest.HandoffManifest:
         started = time.perf_counter()
         self.refuse_after_switch(reset)
-        p = self.pipeline
-        fs.sweep_orphan_checksums(p.sink.path, p.locations.quarantine, p.locations.manifests)
-        self.removed_orphans = maintenance.remove_orphan_state(self.spark, self.pipeline)
+        fs.sweep_orphan_checksums(self.placement.sink_path, self.placement.quarantine, self.placement.manifests)
+        self.removed_orphans = maintenance.remove_orphan_state(self.spark, self.placement)
         v = self._end_version(end_version)
-        topic = topic_sinks.topic_sink(p, self.deployment.generation)
+        topic = topic_sinks.topic_sink(self.placement)
         if topic is not None:
             topic.check()  # before the backlog's passes: a missing topic is found first
             topic.close()
@@ -261,10 +271,14 @@ class BacklogRunner:
         done = None
         if not reset:
             try:
-                newest = manifest.latest(self.spark, p.locations.manifests, p.name)
+                newest = manifest.latest(self.spark, self.placement.manifests, p.name)
             except ManifestError:
                 newest = None
-            if newest is not None and newest.fingerprint == p.fingerprint() and newest.source_version in ends:
+            if (
+                newest is not None
+                and self.placement.is_fingerprint(newest.fingerprint)
+                and newest.source_version in ends
+            ):
                 done = newest
         if done is None:
             done = self._run_full(ends[0], started)
@@ -287,7 +301,7 @@ class BacklogRunner:
         if self.pipeline.end_of_stream:
             t = time.perf_counter()
             with self._step("end-of-stream steps"):
-                EndOfStreamRunner(self.spark, self.pipeline).run_all(v)  # blocking, before the stream operator
+                EndOfStreamRunner(self.spark, self.placement).run_all(v)  # blocking, before the stream operator
             self.timings["end_of_stream_s"] = time.perf_counter() - t
         p, spark = self.pipeline, self.spark
         logic = self.logic()  # checks the definition against the sources' schemas before any pass
@@ -299,7 +313,7 @@ class BacklogRunner:
                 ends[inp.label] = end = v if inp.label == SOURCE_LABEL else reader.head_version()
                 reader.require_change_feed(end)
                 tagged = tag_version_range(
-                    spark, p, reader, (0, end), None, self.timings, per_record_watermarks=per_record
+                    spark, self.placement, reader, (0, end), None, self.timings, per_record_watermarks=per_record
                 )
                 inputs.append(tagged)
             right = (ends[RIGHT_LABEL], inputs[1].running_max_us) if p.inputs.two else None
@@ -313,7 +327,7 @@ class BacklogRunner:
         empty = not any(i.has_quarantine for i in inputs)
 
         with self._step("quarantine"):
-            quarantined = quarantine.replace_all_backlog(spark, p.locations.quarantine, p.name, rows, empty=empty)
+            quarantined = quarantine.replace_all_backlog(spark, self.placement.quarantine, p.name, rows, empty=empty)
         self.timings["quarantine_s"] = time.perf_counter() - t
         write = self.kind.backlog(spark, p, logic, inputs)
         handoff = self.write_handoff(
@@ -331,7 +345,7 @@ class BacklogRunner:
         """A topic sink: the handoff's results published (after its manifest: the manifest's id names the write, and a
         live start publishes them when a crash came first; an increment's, what changed since the handoff it builds
         on: :mod:`phases._internal.topics.sink`)."""
-        topic = topic_sinks.topic_sink(self.pipeline, self.deployment.generation)
+        topic = topic_sinks.topic_sink(self.placement)
         if topic is None:
             return
         t = time.perf_counter()
@@ -340,9 +354,9 @@ class BacklogRunner:
                 topic.publish_handoff(
                     self.spark,
                     handoff.manifest_id,
-                    self.pipeline.sink.path,
+                    self.placement.sink_path,
                     handoff.sink_version,
-                    bases=lambda: manifest.base_sink_versions(self.spark, self.pipeline.locations.manifests, handoff),
+                    bases=lambda: manifest.base_sink_versions(self.spark, self.placement.manifests, handoff),
                 )
         finally:
             topic.close()
@@ -358,9 +372,9 @@ class BacklogRunner:
         self.refuse_increments("a catch-up increment")
         started = time.perf_counter()
         p = self.pipeline
-        base = manifest.latest(self.spark, p.locations.manifests, p.name)
-        manifest.check_matches(self.spark, base, p, self.deployment.redeploys.amended)
-        if live_started(self.spark, p, base.manifest_id):
+        base = manifest.latest(self.spark, self.placement.manifests, p.name)
+        manifest.check_matches(self.spark, base, self.placement, self.placement.redeploys.amended)
+        if live_started(self.spark, self.placement, base.manifest_id):
             raise PhaseStateError(
                 f"pipeline {p.name!r} already switched to live from manifest {base.manifest_id}; the live phase "
                 "reads every version after it, a catch-up increment would count them twice"
@@ -376,12 +390,12 @@ class BacklogRunner:
         with self._step("statistics (watermarks)"):
             pieces = self.kind.pieces(logic)
             part = version_range_partial(
-                self.spark, p, self.source, pieces, (lo, v), base.backlog_max_event_time_us, self.timings
+                self.spark, self.placement, self.source, pieces, (lo, v), base.backlog_max_event_time_us, self.timings
             )
         t = time.perf_counter()
         with self._step("quarantine"):
             quarantine.replace_backlog(
-                self.spark, p.locations.quarantine, p.name, part.quarantine, (lo, v), empty=not part.has_quarantine
+                self.spark, self.placement.quarantine, p.name, part.quarantine, (lo, v), empty=not part.has_quarantine
             )
         self.timings["quarantine_s"] = time.perf_counter() - t
         previous = self.spark.read.format("delta").load(base.state_path).select(*part.buffers.columns)
@@ -396,7 +410,7 @@ class BacklogRunner:
         firsts = {SOURCE_LABEL: base.source_version + 1}
         if p.inputs.two:
             firsts[RIGHT_LABEL] = (base.right_source_version if base.right_source_version is not None else -1) + 1
-        self.readers = continue_inputs(self.spark, p, positions=base.positions, firsts=firsts, plans=plans)
+        self.readers = continue_inputs(self.spark, self.placement, positions=base.positions, firsts=firsts, plans=plans)
         self.source = self.readers[SOURCE_LABEL]
 
     def _run_step_increment(self, base: manifest.HandoffManifest, v: int, started: float) -> manifest.HandoffManifest:
@@ -408,16 +422,16 @@ class BacklogRunner:
             ends[RIGHT_LABEL] = self.readers[RIGHT_LABEL].head_version()
         right_base = base.right_source_version if base.right_source_version is not None else -1
         fresh = v > base.source_version or (p.inputs.two and ends[RIGHT_LABEL] > right_base)
-        if not fresh and intents.open_intent(self.spark, p, base.manifest_id) is None:
+        if not fresh and intents.open_intent(self.spark, self.placement, base.manifest_id) is None:
             return base
         plans = {label: r.plan().to_json() for label, r in self.readers.items() if isinstance(r, KafkaTopicSource)}
-        intent = intents.Intent.fix(self.spark, p, base.manifest_id, ends, plans)
+        intent = intents.Intent.fix(self.spark, self.placement, base.manifest_id, ends, plans)
         if intent.plans != plans:  # an earlier attempt's range: the same offsets, whatever the topic holds now
             self._continue_topics(base, intent.plans)
         logic = self.logic()
         with self._step("increment"):
             done = increments.run_through_step(
-                self.spark, p, self.kind, logic, self.readers, base, intent, self.timings
+                self.spark, self.placement, self.kind, logic, self.readers, base, intent, self.timings
             )
         right = None
         if p.inputs.two:
@@ -433,7 +447,7 @@ class BacklogRunner:
             manifest_id=intent.manifest_id,
             state_store=done.write.position,
         )
-        intent.close(self.spark, p)
+        intent.close(self.spark, self.placement)
         return handoff
 
     def hand_off(
@@ -472,9 +486,8 @@ class BacklogRunner:
         invalid, future) counts when the caller observed them (else the manifest step counts them).
         ``manifest_id``: the id an increment's intent fixed (default: a new one); ``state_store``: where the live
         phase's state starts in its store, when not at version 1."""
-        p = self.pipeline
         manifest_id = manifest_id or uuid.uuid4().hex
-        state_path = uris.join(p.locations.state_root, manifest_id)
+        state_path = uris.join(self.placement.state_root, manifest_id)
         try:
             t = time.perf_counter()
             with self._step("state"):
@@ -482,14 +495,14 @@ class BacklogRunner:
             self.timings["state_s"] = time.perf_counter() - t
             t = time.perf_counter()
             with self._step("live state"):
-                write.write_live_state(state_store_root(p, manifest_id))
+                write.write_live_state(state_store_root(self.placement, manifest_id))
             self.timings["live_state_s"] = time.perf_counter() - t
             t = time.perf_counter()
             with self._step("sink"):
-                write.write_sink(p.sink.path)
+                write.write_sink(self.placement.sink_path)
             self.timings["sink_s"] = time.perf_counter() - t
             with self._step("manifest"):
-                counts = write.counts(self.spark, state_path, p.sink.path)
+                counts = write.counts(self.spark, state_path, self.placement.sink_path)
         finally:
             write.close()
         handoff = self._write_manifest(
@@ -533,9 +546,9 @@ class BacklogRunner:
         p = self.pipeline
         with self._step("manifest"):
             late, invalid, future = quarantined or quarantine.backlog_counts(
-                self.spark, p.locations.quarantine, p.name, source_version
+                self.spark, self.placement.quarantine, p.name, source_version
             )
-        sink_commit = table_stats.head_commit(self.spark, p.sink.path)
+        sink_commit = table_stats.head_commit(self.spark, self.placement.sink_path)
         handoff = manifest.HandoffManifest(
             manifest_id=manifest_id,
             pipeline=p.name,
@@ -545,7 +558,7 @@ class BacklogRunner:
             state_spec=json.dumps(p.state_spec(), sort_keys=True),
             state_schema_version=STATE_SCHEMA_VERSION,
             operator_version=OPERATOR_VERSION,
-            source_path=p.source.location,
+            source_path=self.placement.location(p.source),
             source_version=source_version,
             source_position=self.source.position_of(source_version),
             backlog_max_event_time_us=max_us,
@@ -558,11 +571,11 @@ class BacklogRunner:
             late_rows=late,
             invalid_rows=invalid,
             future_rows=future,
-            sink_version=tables.version(self.spark, p.sink.path),
+            sink_version=tables.version(self.spark, self.placement.sink_path),
             sink_commit_ms=table_stats.commit_ms(sink_commit) if sink_commit is not None else None,
             quarantine_version=(
-                tables.version(self.spark, p.locations.quarantine)
-                if tables.exists(self.spark, p.locations.quarantine)
+                tables.version(self.spark, self.placement.quarantine)
+                if tables.exists(self.spark, self.placement.quarantine)
                 else None
             ),
             sink_rows=sink_rows,
@@ -574,6 +587,6 @@ class BacklogRunner:
             backlog_seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )
-        manifest.write(self.spark, p.locations.manifests, handoff)
+        manifest.write(self.spark, self.placement.manifests, handoff)
         self.timings["total_s"] = time.perf_counter() - started
         return handoff

@@ -29,9 +29,9 @@ from phases._internal import uris
 from phases._internal.backlog import progress
 from phases._internal.backlog.runner import BacklogRunner, version_range_partial
 from phases._internal.definition import Pipeline
-from phases._internal.deployment import Deployment
 from phases._internal.errors import PhaseStateError
 from phases._internal.handoff.manifest import HandoffManifest
+from phases._internal.placement import Placement
 from phases._internal.records import split_invalid
 from phases._internal.storage import fs, quarantine, tables
 
@@ -84,16 +84,26 @@ def day_id(day: date) -> str:
 
 
 class SliceRunner:
-    def __init__(
-        self, spark: SparkSession, pipeline: Pipeline | Deployment, start_date: date, *, take_over: bool = False
-    ):
+    def __init__(self, spark: SparkSession, pipeline: Pipeline, start_date: date, *, take_over: bool = False):
         """``take_over``: take the backlog lease over from a run whose process is gone (see
-        :mod:`phases._internal.coordination.leases`)."""
+        :mod:`phases._internal.coordination.leases`). The definition runs as declared, as the generation that serves
+        it; a pipeline placed elsewhere: :meth:`at`."""
+        self._start(spark, BacklogRunner(spark, pipeline, take_over=take_over), start_date)
+
+    @classmethod
+    def at(cls, spark: SparkSession, where: Placement, start_date: date, *, take_over: bool = False) -> SliceRunner:
+        """The slices of ``where.definition`` where ``where`` places it."""
+        runner = cls.__new__(cls)
+        runner._start(spark, BacklogRunner.at(spark, where, take_over=take_over), start_date)
+        return runner
+
+    def _start(self, spark: SparkSession, backlog: BacklogRunner, start_date: date) -> None:
         self.spark = spark
-        self.backlog = BacklogRunner(spark, pipeline, take_over=take_over)
-        self.pipeline = pipeline = self.backlog.pipeline  # the generation that serves
+        self.backlog = backlog
+        self.placement = backlog.placement  # the generation that serves
+        self.pipeline = backlog.pipeline
         self.start_date = start_date
-        root = pipeline.locations.root
+        root = self.placement.engine_root
         self.partials_path = uris.join(root, "slices", "partials")
         self.log_path = uris.join(root, "slices", "log")
 
@@ -116,7 +126,7 @@ class SliceRunner:
         rows = (
             self.spark.read.format("delta")
             .load(self.log_path)
-            .filter((F.col("pipeline") == self.pipeline.name) & (F.col("fingerprint") == self.pipeline.fingerprint()))
+            .filter((F.col("pipeline") == self.pipeline.name) & F.col("fingerprint").isin(*self.placement.fingerprints))
             .collect()
         )
         out: dict[str, SliceRecord] = {}
@@ -164,11 +174,11 @@ class SliceRunner:
         else:
             with progress.step(spark, p.name, "backlog", f"slice {sid}"):
                 part = version_range_partial(
-                    spark, p, self.backlog.source, pieces, versions, self._prior_max(versions[0])
+                    spark, self.placement, self.backlog.source, pieces, versions, self._prior_max(versions[0])
                 )
                 q = part.quarantine.persist()
                 try:
-                    quarantine.replace_backlog(spark, p.locations.quarantine, p.name, q, versions)
+                    quarantine.replace_backlog(spark, self.placement.quarantine, p.name, q, versions)
                     quarantined = q.count()
                 finally:
                     q.unpersist()

@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from phases._internal import spark_internals, uris
-from phases._internal.definition import Pipeline
 from phases._internal.errors import LeaseHeld
+from phases._internal.placement import Placement
 
 ROLES = ("backlog", "live", "redeploy")
 HEARTBEAT_S = 10.0
@@ -149,10 +149,10 @@ def _store(spark: SparkSession, path: str):
     return _LocalStore() if uris.is_local(path) else _HadoopStore(spark)
 
 
-def lease_path(pipeline: Pipeline, role: str) -> str:
+def lease_path(where: Placement, role: str) -> str:
     if role not in ROLES:
         raise ValueError(f"lease role {role!r} is not one of {ROLES}")
-    return f"{pipeline.locations.root.rstrip('/')}/leases/{pipeline.name}.{role}.json"
+    return where.lease(role)
 
 
 def _read(store, path: str) -> tuple[Lease, int] | None:
@@ -189,7 +189,7 @@ def _heartbeat(store, path: str, stop: threading.Event, every_s: float) -> None:
 
 def acquire(
     spark: SparkSession,
-    pipeline: Pipeline,
+    where: Placement,
     role: str,
     holder: str,
     *,
@@ -198,7 +198,7 @@ def acquire(
     heartbeat_s: float = HEARTBEAT_S,
 ) -> Lease:
     """Takes the pipeline's ``role`` lease for ``holder`` or raises :class:`LeaseHeld` naming its holder."""
-    path = lease_path(pipeline, role)
+    path = lease_path(where, role)
     store = _store(spark, path)
     if isinstance(store, _LocalStore):
         path = uris.local_path(path)
@@ -208,7 +208,7 @@ def acquire(
             lease, count, stop = _held[path]
             _held[path] = (lease, count + 1, stop)
             return lease
-        mine = Lease(pipeline.name, role, holder, socket.gethostname(), os.getpid(), time.time_ns() // 1000, path)
+        mine = Lease(where.name, role, holder, socket.gethostname(), os.getpid(), time.time_ns() // 1000, path)
         for _ in range(2):
             if store.create(path, _body(mine)):
                 stop = threading.Event()
@@ -226,25 +226,25 @@ def acquire(
                     else f"it has sent no heartbeat for {stale_after_s:g} s"
                 )
                 raise LeaseHeld(
-                    f"pipeline {pipeline.name!r}: its {what} lease is held by {other.describe(beat)}, but {gone} "
+                    f"pipeline {where.name!r}: its {what} lease is held by {other.describe(beat)}, but {gone} "
                     f"(killed, or its machine lost). Taking it over is safe: start again with take_over=True "
                     f"(lease file {path})."
                 )
             if not take_over:
                 raise LeaseHeld(
-                    f"pipeline {pipeline.name!r}: its {what} is held by {other.describe(beat)}; a second one is "
+                    f"pipeline {where.name!r}: its {what} is held by {other.describe(beat)}; a second one is "
                     f"refused and the running one goes on. Stop that run first. If its process is gone "
                     f"(killed, machine lost), start again with take_over=True (lease file {path})."
                 )
             if _alive(other, beat, stale_after_s):
                 raise LeaseHeld(
-                    f"pipeline {pipeline.name!r}: cannot take over its {what} lease: the holder "
+                    f"pipeline {where.name!r}: cannot take over its {what} lease: the holder "
                     f"{other.describe(beat)} is still alive (its process runs, or its heartbeat is younger than "
                     f"{stale_after_s:g} s). Stop it first."
                 )
-            _remove_dead(store, path, other, stale_after_s, pipeline.name, what)
+            _remove_dead(store, path, other, stale_after_s, where.name, what)
             take_over = False  # the dead holder's file is out of the way; now create ours
-        raise LeaseHeld(f"pipeline {pipeline.name!r}: could not take the {what} lease at {path}")
+        raise LeaseHeld(f"pipeline {where.name!r}: could not take the {what} lease at {path}")
 
 
 def _remove_dead(store, path: str, dead: Lease, stale_after_s: float, pipeline: str, what: str) -> None:
@@ -288,9 +288,9 @@ def release(spark: SparkSession, lease: Lease) -> None:
             store.delete(lease.path)
 
 
-def holder(spark: SparkSession, pipeline: Pipeline, role: str) -> tuple[Lease, bool] | None:
+def holder(spark: SparkSession, where: Placement, role: str) -> tuple[Lease, bool] | None:
     """The holder of the pipeline's ``role`` lease and whether it is alive (None: the lease is free)."""
-    path = lease_path(pipeline, role)
+    path = lease_path(where, role)
     store = _store(spark, path)
     if isinstance(store, _LocalStore):
         path = uris.local_path(path)
@@ -313,24 +313,24 @@ class StopRequest:
     at_us: int
 
 
-def _stop_path(spark: SparkSession, pipeline: Pipeline, role: str):
-    path = lease_path(pipeline, role).removesuffix(".json") + ".stop.json"
+def _stop_path(spark: SparkSession, where: Placement, role: str):
+    path = lease_path(where, role).removesuffix(".json") + ".stop.json"
     store = _store(spark, path)
     return store, uris.local_path(path) if isinstance(store, _LocalStore) else path
 
 
-def request_stop(spark: SparkSession, pipeline: Pipeline, role: str, requested_by: str, reason: str) -> StopRequest:
+def request_stop(spark: SparkSession, where: Placement, role: str, requested_by: str, reason: str) -> StopRequest:
     """Asks the run holding the pipeline's ``role`` lease to stop at its next micro-batch boundary."""
-    store, path = _stop_path(spark, pipeline, role)
+    store, path = _stop_path(spark, where, role)
     request = StopRequest(requested_by, reason, time.time_ns() // 1000)
     store.delete(path)
     store.create(path, json.dumps(request.__dict__))
     return request
 
 
-def stop_request(spark: SparkSession, pipeline: Pipeline, role: str) -> StopRequest | None:
+def stop_request(spark: SparkSession, where: Placement, role: str) -> StopRequest | None:
     """The pending request to stop the pipeline's ``role`` run, if any."""
-    store, path = _stop_path(spark, pipeline, role)
+    store, path = _stop_path(spark, where, role)
     found = store.read(path)
     if found is None or not found[0]:
         return None
@@ -340,20 +340,20 @@ def stop_request(spark: SparkSession, pipeline: Pipeline, role: str) -> StopRequ
         return None
 
 
-def clear_stop_request(spark: SparkSession, pipeline: Pipeline, role: str) -> None:
-    store, path = _stop_path(spark, pipeline, role)
+def clear_stop_request(spark: SparkSession, where: Placement, role: str) -> None:
+    store, path = _stop_path(spark, where, role)
     store.delete(path)
 
 
 class hold:  # noqa: N801 - used as a context manager, like open()
     """``with hold(spark, pipeline, "backlog", holder): ...`` acquires and always releases."""
 
-    def __init__(self, spark: SparkSession, pipeline: Pipeline, role: str, holder: str, **kwargs):
-        self.spark, self.pipeline, self.role, self.holder, self.kwargs = spark, pipeline, role, holder, kwargs
+    def __init__(self, spark: SparkSession, where: Placement, role: str, holder: str, **kwargs):
+        self.spark, self.where, self.role, self.holder, self.kwargs = spark, where, role, holder, kwargs
         self.lease: Lease | None = None
 
     def __enter__(self) -> Lease:
-        self.lease = acquire(self.spark, self.pipeline, self.role, self.holder, **self.kwargs)
+        self.lease = acquire(self.spark, self.where, self.role, self.holder, **self.kwargs)
         return self.lease
 
     def __exit__(self, *exc) -> None:

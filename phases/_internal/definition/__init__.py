@@ -39,6 +39,7 @@ from phases._internal.definition.pipeline import (
     Locations,
     Maintenance,
     Pipeline,
+    fingerprint_of,
 )
 from phases._internal.definition.sources import (
     DeltaSink,
@@ -66,6 +67,7 @@ from phases._internal.definition.steps import (
 )
 
 __all__ = [
+    "fingerprint_of",
     "DEFAULT_MAX_FUTURE",
     "FULL_PARTITION_KINDS",
     "MAX_BUCKETS_PER_ROW",

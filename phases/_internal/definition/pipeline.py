@@ -420,8 +420,13 @@ class Pipeline(_Model):
         return spec
 
     def fingerprint(self) -> str:
-        blob = json.dumps(self.state_spec(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+        return fingerprint_of(self.state_spec())
+
+
+def fingerprint_of(state_spec: dict) -> str:
+    """The fingerprint of a state spec (:meth:`Pipeline.state_spec`): its hash."""
+    blob = json.dumps(state_spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
 def _read_by(spec: DeltaSource | KafkaSource | HybridSource) -> set[str]:

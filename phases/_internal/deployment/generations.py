@@ -15,23 +15,25 @@ The **redeploy log** (``<root>/redeploys``, a Delta table, one row a step) says 
 a crash): no live phase of the pipeline starts until a rerun of the redeploy finishes it. The log also keeps each
 generation's definition (``started``) and the changes applied to a handoff from now on (``amended``).
 
-:func:`phases._internal.deployment.deploy` binds a definition to the generation that serves, once at each entry point,
-so that a definition keeps working after a swap without naming a generation. The functions here take the definition as
-declared (its ``locations.root`` is generation 0's folder and holds the log).
+:func:`phases._internal.deployment.place` places a definition as the generation that serves, once at each entry point,
+so that a definition keeps working after a swap without naming a generation. The functions here take a placement and
+use its generation 0's folder (:attr:`Placement.base_root`: it holds the log) and its consumer-facing sink.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from phases._internal import uris
-from phases._internal.definition import Pipeline
 from phases._internal.errors import PhaseStateError, SourceError
+from phases._internal.placement import Generations, LogRow, Placement, generation_root, own_sink
 from phases._internal.storage import table_stats, tables
+
+__all__ = ["Generations", "LogRow", "generation_root", "own_sink"]  # and the log's reading and writing below
 
 # The commit metadata a swap's copy carries on the consumer-facing table (which redeploy, from which generation to
 # which, the handoff), and the one the copy of the table as it was before carries on the old generation's own sink.
@@ -56,90 +58,6 @@ SCHEMA = T.StructType(
         T.StructField("at_us", T.LongType(), False),
     ]
 )
-
-
-def log_path(definition: Pipeline) -> str:
-    """The redeploy log of a pipeline as declared (under its ``locations.root``)."""
-    return uris.join(definition.locations.root, "redeploys")
-
-
-def generation_root(root: str, n: int) -> str:
-    """Where generation ``n`` keeps its tables, for a pipeline whose ``locations.root`` is ``root``."""
-    return root if n == 0 else uris.join(root, "generations", str(n))
-
-
-def own_sink(root: str, n: int) -> str:
-    """Generation ``n``'s own sink: where it writes while it does not serve (and where a swap keeps its results)."""
-    return uris.join(root, "generations", str(n), "sink")
-
-
-@dataclass(frozen=True)
-class LogRow:
-    """One row of the redeploy log."""
-
-    pipeline: str
-    redeploy_id: str
-    step: str
-    generation: int
-    from_generation: int | None
-    fingerprint: str | None
-    state_spec: str | None
-    manifest_id: str | None
-    consumer_version: int | None
-    reason: str | None
-    detail: str | None
-    at_us: int
-
-
-@dataclass(frozen=True)
-class Generations:
-    """What the redeploy log says of a pipeline's generations."""
-
-    rows: tuple[LogRow, ...] = ()
-    serving: int = 0
-    swap_under_way: LogRow | None = None  # a ``swapping`` row not followed by its ``swapped`` row
-    fingerprints: dict[int, str] = field(default_factory=dict)  # generation -> its definition's fingerprint
-    specs: dict[int, str] = field(default_factory=dict)  # generation -> its state spec (JSON)
-    gone: frozenset[int] = frozenset()  # abandoned or removed generations
-    amended: frozenset[tuple[str, str]] = frozenset()  # (manifest id, fingerprint) accepted for a handoff
-    previous: dict[int, int] = field(default_factory=dict)  # generation -> the one it replaced at its last swap
-
-    @classmethod
-    def of(cls, rows: list[LogRow]) -> Generations:
-        ordered = tuple(sorted(rows, key=lambda s: s.at_us))
-        serving, under_way, previous = 0, None, {}
-        fingerprints, specs, gone, amended = {}, {}, set(), set()
-        for s in ordered:
-            if s.step == "started":
-                fingerprints[s.generation] = s.fingerprint
-                specs[s.generation] = s.state_spec
-                gone.discard(s.generation)
-            elif s.step == "amended":
-                amended.add((s.manifest_id, s.fingerprint))
-                fingerprints[s.generation] = s.fingerprint
-                specs[s.generation] = s.state_spec
-            elif s.step == "swapping":
-                under_way = s
-            elif s.step == "swapped":
-                serving, under_way = s.generation, None
-                if s.from_generation is not None:
-                    previous[s.generation] = s.from_generation
-            elif s.step in ("abandoned", "removed"):
-                gone.add(s.generation)
-        return cls(ordered, serving, under_way, fingerprints, specs, frozenset(gone), frozenset(amended), previous)
-
-    @property
-    def numbers(self) -> list[int]:
-        """Every generation the log knows (0 included), oldest first."""
-        return sorted({0, *self.fingerprints, *(s.generation for s in self.rows)})
-
-    def served(self, n: int) -> bool:
-        """Whether generation ``n`` has served (generation 0 served first; another after a swap to it)."""
-        return n == 0 or any(s.step == "swapped" and s.generation == n for s in self.rows)
-
-    def retained(self) -> list[int]:
-        """The generations whose tables are kept, serving or not (not abandoned or removed)."""
-        return [n for n in self.numbers if n not in self.gone]
 
 
 @dataclass(frozen=True)
@@ -190,13 +108,13 @@ def newest_swap(spark: SparkSession | None, path: str, *, redeploy_id: str | Non
     return None
 
 
-def unrecorded_swap(spark: SparkSession | None, definition: Pipeline, gens: Generations) -> SwapCommit | None:
+def unrecorded_swap(spark: SparkSession | None, where: Placement, gens: Generations) -> SwapCommit | None:
     """The consumer-facing table's newest swap when the redeploy log does not record it (the log is behind the
     table: its newest commits were removed, or it was restored from an older backup); None when the log is whole.
     The table's history is read only when a redeploy ever ran (a log with steps, or a generation's folder)."""
-    if not gens.rows and not _has_generations(spark, definition.locations.root):
+    if not gens.rows and not _has_generations(spark, where.base_root):
         return None
-    found = newest_swap(spark, definition.sink.path)  # the declared pipeline's sink: the consumers'
+    found = newest_swap(spark, where.consumer_sink)
     return found if found is not None and not recorded(gens, found) else None
 
 
@@ -211,14 +129,13 @@ def _has_generations(spark: SparkSession | None, root: str) -> bool:
     return fs.exists(spark, path)
 
 
-def log_behind_error(definition: Pipeline, swap: SwapCommit) -> PhaseStateError:
+def log_behind_error(where: Placement, swap: SwapCommit) -> PhaseStateError:
     """The refusal of a start that found a swap on the consumer-facing table that the redeploy log does not
     record."""
-    pipeline = definition
     return PhaseStateError(
-        f"pipeline {pipeline.name!r}: the table consumers read ({pipeline.sink.path}) holds, at version "
+        f"pipeline {where.name!r}: the table consumers read ({where.consumer_sink}) holds, at version "
         f"{swap.version}, the swap of redeploy {swap.redeploy_id} from generation {swap.from_generation} to "
-        f"generation {swap.generation}, which the redeploy log {log_path(pipeline)} does not record: the log is "
+        f"generation {swap.generation}, which the redeploy log {where.redeploy_log} does not record: the log is "
         "behind the table (its newest commits were removed, or it was restored from an older backup). Nothing was "
         f"started. Run the redeploy again with the definition generation {swap.generation} runs "
         "(Redeploy(spark, pipeline).run()): it repairs the log from the table's history, copies nothing, and "
@@ -226,15 +143,14 @@ def log_behind_error(definition: Pipeline, swap: SwapCommit) -> PhaseStateError:
     )
 
 
-def read(spark: SparkSession | None, definition: Pipeline) -> Generations:
+def read(spark: SparkSession | None, where: Placement) -> Generations:
     """The pipeline's generations from its redeploy log (no log: generation 0 serves). Read with delta-rs (a few
     rows, no Spark job: every live start reads it), through Spark when delta-rs cannot read the log (store settings
     given to Spark only; without a ``spark`` session that is a SourceError)."""
-    pipeline = definition
-    path = log_path(pipeline)
+    path, name = where.redeploy_log, where.name
     _refuse_gaps(path)
     try:
-        found = table_stats.rows(path, where=("pipeline", pipeline.name))
+        found = table_stats.rows(path, where=("pipeline", name))
         if found is None:
             return Generations()
     except SourceError as exc:
@@ -243,10 +159,7 @@ def read(spark: SparkSession | None, definition: Pipeline) -> Generations:
         if not tables.exists(spark, path):
             return Generations()
         try:
-            found = [
-                r.asDict()
-                for r in spark.read.format("delta").load(path).where(f"pipeline = '{pipeline.name}'").collect()
-            ]
+            found = [r.asDict() for r in spark.read.format("delta").load(path).where(f"pipeline = '{name}'").collect()]
         except Exception as err:  # noqa: BLE001 - Spark's own error, named with the way out
             raise damaged_log_error(path, str(err).splitlines()[0]) from err
     return Generations.of([LogRow(**{f.name: row.get(f.name) for f in SCHEMA.fields}) for row in found])
@@ -288,22 +201,21 @@ def _refuse_gaps(path: str) -> None:
         )
 
 
-def write(spark: SparkSession, definition: Pipeline, step: str, generation: int, redeploy_id: str, **values) -> LogRow:
+def write(spark: SparkSession, where: Placement, step: str, generation: int, redeploy_id: str, **values) -> LogRow:
     """Appends one step to the pipeline's redeploy log (one commit)."""
     if step not in ROW_KINDS:
         raise ValueError(f"redeploy step {step!r} is not one of {ROW_KINDS}")
-    pipeline = definition
-    _refuse_gaps(log_path(pipeline))
+    _refuse_gaps(where.redeploy_log)
     row = {f.name: None for f in SCHEMA.fields}
     row.update(values)
     row.update(
-        pipeline=pipeline.name,
+        pipeline=where.name,
         redeploy_id=redeploy_id,
         step=step,
         generation=generation,
         at_us=time.time_ns() // 1000,
     )
-    tables.append_row(spark, log_path(pipeline), SCHEMA, row)
+    tables.append_row(spark, where.redeploy_log, SCHEMA, row)
     return LogRow(**row)
 
 
@@ -320,28 +232,29 @@ def retired_since(gens: Generations, n: int) -> int | None:
     return max(newer) if newer and built and max(newer) > max(built) else None
 
 
-def _folders(definition: Pipeline, n: int) -> list[str]:
+def _folders(where: Placement, n: int) -> list[str]:
     """The folders that hold generation ``n``'s tables (generation 0's: the ones under ``locations.root``)."""
-    root = definition.locations.root
+    root = where.base_root
     if n > 0:
         return [generation_root(root, n)]
-    loc = definition.locations
-    folders = [loc.state_root, loc.manifests, loc.quarantine, loc.checkpoints, uris.join(root, "live")]
+    zero = where.at(0, serving=True)
+    folders = [zero.state_root, zero.manifests, zero.quarantine, zero.checkpoints, zero.live_root]
     return [*folders, uris.join(root, "generations", "0")]  # and its own sink
 
 
-def remove_retired(spark: SparkSession, definition: Pipeline, *, now_us: int | None = None) -> list[int]:
+def remove_retired(spark: SparkSession, where: Placement, *, now_us: int | None = None) -> list[int]:
     """Removes the tables of the generations that stopped serving longer than ``maintenance.retain`` ago (a
     rollback to them then needs a backlog again); returns their numbers. Holds the pipeline's redeploy lease, so
     no redeploy runs meanwhile; a ``removed`` row goes into the redeploy log before the files go."""
     from phases._internal.coordination import leases
     from phases._internal.storage import fs
 
-    pipeline = definition
+    retain = where.definition.maintenance.retain
     now_us = now_us if now_us is not None else time.time_ns() // 1000
-    retain_us = int(pipeline.maintenance.retain.total_seconds() * 1e6)
-    with leases.hold(spark, pipeline, "redeploy", f"maintenance {now_us}"):
-        gens = read(spark, pipeline)
+    retain_us = int(retain.total_seconds() * 1e6)
+    zero = where.at(0, serving=True)  # the redeploy lease is generation 0's
+    with leases.hold(spark, zero, "redeploy", f"maintenance {now_us}"):
+        gens = read(spark, where)
         if gens.swap_under_way is not None:
             return []
         removed = []
@@ -349,10 +262,8 @@ def remove_retired(spark: SparkSession, definition: Pipeline, *, now_us: int | N
             since = retired_since(gens, n)
             if since is None or now_us - since < retain_us:
                 continue
-            write(
-                spark, pipeline, "removed", n, "maintenance", reason=f"retired more than {pipeline.maintenance.retain}"
-            )
-            for folder in _folders(pipeline, n):
+            write(spark, where, "removed", n, "maintenance", reason=f"retired more than {retain}")
+            for folder in _folders(where, n):
                 fs.delete(spark, folder)
             removed.append(n)
         return removed

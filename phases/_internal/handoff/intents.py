@@ -12,15 +12,15 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from phases._internal.definition import Pipeline
 from phases._internal.errors import PhaseStateError
+from phases._internal.placement import Placement
 from phases._internal.storage import fs
 
 FOLDER = "increments"
 
 
-def _intent_path(pipeline: Pipeline, base_id: str) -> str:
-    return f"{pipeline.locations.root.rstrip('/')}/{FOLDER}/{base_id}.json"
+def _intent_path(where: Placement, base_id: str) -> str:
+    return f"{where.engine_root.rstrip('/')}/{FOLDER}/{base_id}.json"
 
 
 def write_run_name(manifest_id: str) -> str:
@@ -40,36 +40,34 @@ class Intent:
     plans: dict[str, str]
 
     @staticmethod
-    def fix(
-        spark: SparkSession, pipeline: Pipeline, base_id: str, ends: dict[str, int], plans: dict[str, str]
-    ) -> Intent:
+    def fix(spark: SparkSession, where: Placement, base_id: str, ends: dict[str, int], plans: dict[str, str]) -> Intent:
         """The intent of an increment of ``base_id``: a new one with ``ends`` and ``plans``, or the one an earlier
         attempt recorded (whose range it then finishes)."""
-        path = _intent_path(pipeline, base_id)
+        path = _intent_path(where, base_id)
         fresh = {"manifest_id": uuid.uuid4().hex, "ends": dict(ends), "plans": dict(plans)}
         fs.create_once(spark, path, json.dumps(fresh))
         data = json.loads(fs.read_text(spark, path))
         return Intent(base_id, data["manifest_id"], {k: int(v) for k, v in data["ends"].items()}, data["plans"])
 
-    def close(self, spark: SparkSession, pipeline: Pipeline) -> None:
+    def close(self, spark: SparkSession, where: Placement) -> None:
         """Removes the intent once its manifest is written."""
-        fs.delete_file(spark, _intent_path(pipeline, self.base_id))
+        fs.delete_file(spark, _intent_path(where, self.base_id))
 
 
-def open_intent(spark: SparkSession, pipeline: Pipeline, base_id: str) -> dict | None:
+def open_intent(spark: SparkSession, where: Placement, base_id: str) -> dict | None:
     """The recorded intent of an unfinished increment of ``base_id`` (None: none)."""
-    path = _intent_path(pipeline, base_id)
+    path = _intent_path(where, base_id)
     return json.loads(fs.read_text(spark, path)) if fs.exists(spark, path) else None
 
 
-def refuse_open(spark: SparkSession, pipeline: Pipeline, base_id: str) -> None:
+def refuse_open(spark: SparkSession, where: Placement, base_id: str) -> None:
     """Raises PhaseStateError when an increment of handoff ``base_id`` was cut short: its writes may be in the sink,
     and a live phase from ``base_id`` would write them again."""
-    intent = open_intent(spark, pipeline, base_id)
+    intent = open_intent(spark, where, base_id)
     if intent is None:
         return
     raise PhaseStateError(
-        f"pipeline {pipeline.name!r}: a catch-up increment from handoff {base_id} (to handoff "
+        f"pipeline {where.name!r}: a catch-up increment from handoff {base_id} (to handoff "
         f"{intent['manifest_id']}) was cut short, and the sink may already hold part of it; a live phase from "
         f"{base_id} would write that again. Finish the increment first: BacklogRunner(spark, pipeline)"
         ".run_increment() (the switch sensor's catch-up runs it), then start the live phase from its handoff"

@@ -16,9 +16,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases._internal.coordination import progress_log
-from phases._internal.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
+from phases._internal.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION
 from phases._internal.definition.changes import DefinitionChanges
 from phases._internal.errors import ManifestError
+from phases._internal.placement import Placement
 from phases._internal.storage import table_stats, tables
 
 
@@ -172,7 +173,7 @@ def base_sink_versions(spark: SparkSession, path: str, handoff: HandoffManifest)
 def check_matches(
     spark: SparkSession,
     manifest: HandoffManifest,
-    pipeline: Pipeline,
+    where: Placement,
     amended: frozenset[tuple[str, str]] = frozenset(),
 ) -> None:
     """Raises ManifestError saying what differs between the manifest and the pipeline (or its state). ``amended``:
@@ -185,7 +186,8 @@ def check_matches(
         )
     if manifest.operator_version != OPERATOR_VERSION:
         problems.append(f"operator version: manifest {manifest.operator_version}, engine {OPERATOR_VERSION}")
-    if manifest.fingerprint != pipeline.fingerprint():
+    pipeline = where.definition
+    if not where.is_fingerprint(manifest.fingerprint):
         changes = DefinitionChanges.between(manifest.state_spec, pipeline.state_spec())
         if changes.way == "forward" and (manifest.manifest_id, pipeline.fingerprint()) in amended:
             pass  # a redeploy recorded the change: the live phase goes on from the handoff's state
@@ -202,7 +204,7 @@ def check_matches(
     if not problems:
         if not tables.exists(spark, manifest.state_path):
             problems.append(f"state table {manifest.state_path} is missing")
-        elif progress_log.live_started(spark, pipeline.locations.live_run(manifest.manifest_id)):
+        elif progress_log.live_started(spark, where.live_run(manifest.manifest_id)):
             pass  # the live phase started: its state is the run's store; the table stays the handoff's record
         else:
             v, n = _version_and_rows(spark, manifest.state_path)

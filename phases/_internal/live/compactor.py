@@ -10,7 +10,7 @@ import threading
 from pyspark import InheritableThread
 from pyspark.sql import SparkSession
 
-from phases._internal.definition import Pipeline
+from phases._internal.placement import Placement
 from phases._internal.storage import changelog
 
 log = logging.getLogger(__name__)
@@ -21,8 +21,8 @@ class Compactor:
     failed compaction is logged and tried again at the next interval (the reader is exact either way). ``last`` is
     the compaction of the latest run that finished, its tidying included; ``last_error`` the latest run's failure."""
 
-    def __init__(self, spark: SparkSession, pipeline: Pipeline):
-        self.spark, self.pipeline = spark, pipeline
+    def __init__(self, spark: SparkSession, where: Placement):
+        self.spark, self.placement, self.pipeline = spark, where, where.definition
         self._stop = threading.Event()
         self._thread: InheritableThread | None = None
         self.runs = 0
@@ -38,8 +38,8 @@ class Compactor:
         every = self.pipeline.sink.compact_every.total_seconds()
         while not self._stop.wait(every):
             try:
-                compaction = changelog.compact_changelog(self.spark, self.pipeline)
-                changelog.tidy(self.spark, self.pipeline)
+                compaction = changelog.compact(self.spark, self.placement)
+                changelog.tidy(self.spark, self.placement)
                 # Published once the whole run is done: ``last`` names a run whose log checkpoint is written too.
                 self.last, self.last_error = compaction, None
                 self.runs += 1
@@ -48,7 +48,7 @@ class Compactor:
                 log.warning(
                     "pipeline %s: compaction of %s failed: %s",
                     self.pipeline.name,
-                    self.pipeline.sink.path,
+                    self.placement.sink_path,
                     self.last_error,
                 )
 

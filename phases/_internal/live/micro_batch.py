@@ -47,7 +47,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from phases._internal import spark_internals
 from phases._internal.coordination.progress_log import ProgressLog
-from phases._internal.deployment import Deployment, bind, generations
+from phases._internal.deployment import generations
 from phases._internal.errors import LiveResumeError, PhasesError, PhaseStateError, ProgressRecordDamaged
 from phases._internal.handoff import manifest
 from phases._internal.lateness import VERSION, watermark_after
@@ -80,7 +80,8 @@ class IncrementalLive:
 
     def __init__(self, spark: SparkSession, plan: LivePlan):
         self.spark, self.plan = spark, plan
-        self.pipeline, self.kind, self.inputs = plan.pipeline, plan.kind, plan.inputs
+        self.placement, self.kind, self.inputs = plan.placement, plan.kind, plan.inputs
+        self.pipeline = plan.pipeline  # the definition, as declared
         self.run_name, self.state_path, self.checkpoints = plan.paths.run_name, plan.paths.state, plan.paths.checkpoints
         self.start_progress, self.max_files_per_trigger = plan.start, plan.max_files_per_trigger
         self.progress_log = ProgressLog(spark, plan.paths.progress_log)
@@ -103,11 +104,9 @@ class IncrementalLive:
         # Set once a micro-batch's progress record is written: what a stop at a micro-batch boundary waits for.
         self.batch_recorded = threading.Event()
         self.first_batch_at_us: int | None = None  # when the query's first micro-batch recorded its progress
-        # Where the run writes (its generation, whether it serves), set by the runner; and the redeploy log as the
-        # start read it (which generation serves; the swaps it records).
-        self.deployment: Deployment = bind(plan.pipeline, 0, serving=True)
+        # The redeploy log as the start read it (which generation serves; the swaps it records), set by the runner.
         self.generations = generations.Generations()
-        # A topic sink's writer (phases._internal.topics.sink), started by prepare for the deployment's generation.
+        # A topic sink's writer (phases._internal.topics.sink), started by prepare for the placement's generation.
         self.topic: TopicSink | None = None
 
     @property
@@ -127,16 +126,16 @@ class IncrementalLive:
         fs.sweep_orphan_checksums(*self._write_targets().values())
         writes = self._recorded_writes()
         # Before the start writes anything: the tables against the handoff, where no live write is recorded yet.
-        start_checks.refuse_missing_tables(spark, p, self.plan.handoff, writes, self._write_targets())
+        start_checks.refuse_missing_tables(spark, self.placement, self.plan.handoff, writes, self._write_targets())
         start_checks.refuse_sink_not_as_handed_off(
-            spark, self.deployment, self.plan.handoff, self.run_name, writes, self.generations
+            spark, self.placement, self.plan.handoff, self.run_name, writes, self.generations
         )
-        quarantine.ensure(spark, p.locations.quarantine)
-        changelog.ensure_sink(spark, p, self.logic.output_schema)
+        quarantine.ensure(spark, self.placement.quarantine)
+        changelog.ensure_sink(spark, self.placement, self.logic.output_schema)
         self._open_topic()
         tables.ensure(spark, self.state_path, self.kind.state_schema(self.logic))
         if p.maintenance.auto_compact and p.sink.mode != "changelog":  # a changelog's is the compactor's work
-            maintenance.enable_auto_compaction(spark, p.sink.path)
+            maintenance.enable_auto_compaction(spark, self.placement.sink_path)
         # The switch's record: the live phase's immediate checkpoint.
         resume = live_resume.plan(
             spark,
@@ -156,11 +155,11 @@ class IncrementalLive:
         self._refuse_tables_behind_the_log(self._resumed_from, resume.latest_id)
 
     def _open_topic(self) -> None:
-        """A topic sink: its writer for the deployment's generation (fencing any older writer of it), and the
+        """A topic sink: its writer for the placement's generation (fencing any older writer of it), and the
         handoff's results published unless they are out already (the backlog stopped before it published them)."""
         if self.topic is not None:
             self.topic.close()
-        self.topic = topic_sink(self.pipeline, self.deployment.generation)
+        self.topic = topic_sink(self.placement)
         if self.topic is not None:
             handoff = self.plan.handoff
             self.topic.check()
@@ -168,9 +167,9 @@ class IncrementalLive:
                 self.topic.publish_handoff(
                     self.spark,
                     handoff.manifest_id,
-                    self.pipeline.sink.path,
+                    self.placement.sink_path,
                     handoff.sink_version,
-                    bases=lambda: manifest.base_sink_versions(self.spark, self.pipeline.locations.manifests, handoff),
+                    bases=lambda: manifest.base_sink_versions(self.spark, self.placement.manifests, handoff),
                 )
 
     def close_topic(self) -> None:
@@ -193,10 +192,9 @@ class IncrementalLive:
 
     def _write_targets(self) -> dict[str, str]:
         """The table each of the run's writes goes to (``what`` -> path)."""
-        p = self.pipeline
-        targets = {"sink": p.sink.path, "upsert": p.sink.path}
+        targets = {"sink": self.placement.sink_path, "upsert": self.placement.sink_path}
         for inp in self.inputs:
-            targets[inp.suffix("quarantine")] = p.locations.quarantine
+            targets[inp.suffix("quarantine")] = self.placement.quarantine
             targets[inp.suffix("pending")] = self._pending_path(inp)
         return targets
 
@@ -234,7 +232,7 @@ class IncrementalLive:
 
     def _applied_writes(self) -> dict[str, int]:
         """The newest micro-batch (progress-log batch id) each of the run's tables recorded a write of."""
-        paths = [self.state_path, self.pipeline.sink.path, self.pipeline.locations.quarantine]
+        paths = [self.state_path, self.placement.sink_path, self.placement.quarantine]
         paths += [self._pending_path(inp) for inp in self.inputs]
         newest: dict[str, int] = {}
         for path in dict.fromkeys(paths):
@@ -348,7 +346,7 @@ class IncrementalLive:
         """Holds back a version read in part (and keeps those rows in ``kept`` for the next micro-batch), tags the
         complete ones, quarantines; returns (on-time records or None, the input's progress after the batch, the
         persisted rows to unpersist)."""
-        p, spark, batch_id = self.pipeline, writes.spark, writes.batch
+        spark, batch_id = writes.spark, writes.batch
         rows = self._rows_of(batch, inp)
         if inp.source.arrival == "chunks":
             # One micro-batch = one arrival chunk: the number after the previous batch's (the same on a replay).
@@ -368,12 +366,12 @@ class IncrementalLive:
             if local is not None:
                 kept[inp.label] = (batch_id, local)
         complete = rows.filter(F.col(VERSION) < end_version)
-        tagged = tag_changes(spark, p, complete, before.running_max_us, phase="live", batch_id=batch_id)
+        tagged = tag_changes(spark, self.placement, complete, before.running_max_us, phase="live", batch_id=batch_id)
         if tagged.has_quarantine:
             q_rows = tagged.quarantine
             if inp.label:
                 q_rows = quarantine.of_input(q_rows, inp.label)
-            writes.append_once(q_rows, p.locations.quarantine, inp.suffix("quarantine"))
+            writes.append_once(q_rows, self.placement.quarantine, inp.suffix("quarantine"))
         after = InputProgress(max(end_version, before.complete_below), tagged.running_max_us, held_version)
         return (tagged.prepared if tagged.has_on_time else None), after, rows
 

@@ -22,6 +22,7 @@ from phases._internal.handoff.manifest import HandoffManifest
 from phases._internal.lateness import watermark_after
 from phases._internal.operators.base import OperatorKind
 from phases._internal.operators.registry import kind_of
+from phases._internal.placement import Placement
 from phases._internal.schema_changes import way_out as schema_way_out
 from phases._internal.sources.reader import SourceReader, open_inputs
 from phases._internal.state.keyed_store import StatePosition
@@ -167,9 +168,9 @@ class LivePaths:
 @dataclass
 class LivePlan:
     """One live run of a pipeline: its kind and logic (rebuilt after a schema change), its inputs, the progress it
-    starts from, and its paths."""
+    starts from, and its paths. ``placement``: the definition (``pipeline``) and where it runs."""
 
-    pipeline: Pipeline
+    placement: Placement
     kind: OperatorKind
     logic: Any
     inputs: list[LiveInput]
@@ -182,36 +183,36 @@ class LivePlan:
     def of(
         cls,
         spark: SparkSession,
-        pipeline: Pipeline,
+        where: Placement,
         handoff: HandoffManifest | None,
         *,
         max_files_per_trigger: int | None = None,
     ) -> LivePlan:
         """The plan of the live phase of ``handoff`` (None: one streaming job over every version)."""
+        pipeline = where.definition
         if handoff is None and pipeline.enrich is not None:
             raise PhaseStateError(
                 f"pipeline {pipeline.name!r} enriches with end-of-stream step {pipeline.enrich.step!r}, which emits "
                 "only after the backlog ends: it has no single-streaming-job form; start it from a handoff"
             )
-        readers = open_inputs(spark, pipeline, positions=handoff.positions if handoff else None)
+        readers = open_inputs(spark, where, positions=handoff.positions if handoff else None)
         inputs = [LiveInput(label, reader) for label, reader in readers.items()]
         run_name = handoff.manifest_id if handoff else STREAMING_ONLY
-        loc = pipeline.locations
         paths = LivePaths(
             run_name=run_name,
-            state=handoff.state_path if handoff else uris.join(loc.state_root, STREAMING_ONLY),
-            sink=pipeline.sink.path,
-            checkpoints=live_checkpoint_root(pipeline, run_name),
-            run_root=loc.live_run(run_name),
-            state_store=state_store_root(pipeline, run_name),
+            state=handoff.state_path if handoff else uris.join(where.state_root, STREAMING_ONLY),
+            sink=where.sink_path,
+            checkpoints=live_checkpoint_root(where, run_name),
+            run_root=where.live_run(run_name),
+            state_store=state_store_root(where, run_name),
         )
         kind = kind_of(pipeline)
         start = _switch_progress(pipeline, kind, handoff)
-        plan = cls(pipeline, kind, None, inputs, start, paths, max_files_per_trigger, handoff)
+        plan = cls(where, kind, None, inputs, start, paths, max_files_per_trigger, handoff)
         try:
             plan.logic = plan.build_logic(spark)
         except DefinitionError as exc:
-            changed = _source_changes_since(pipeline, handoff) if handoff is not None else []
+            changed = _source_changes_since(where, handoff) if handoff is not None else []
             if not changed:
                 raise
             raise SchemaChangeError(
@@ -222,7 +223,12 @@ class LivePlan:
 
     def build_logic(self, spark: SparkSession) -> Any:
         """The operator's logic for the inputs' current schemas (as the operator sees them)."""
-        return self.kind.logic_for(spark, self.pipeline, (i.source for i in self.inputs))
+        return self.kind.logic_for(spark, self.placement, (i.source for i in self.inputs))
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The definition, as declared."""
+        return self.placement.definition
 
     @property
     def source(self) -> SourceReader:
@@ -230,14 +236,15 @@ class LivePlan:
         return self.inputs[0].source
 
 
-def _source_changes_since(pipeline: Pipeline, handoff: HandoffManifest) -> list[str]:
+def _source_changes_since(where: Placement, handoff: HandoffManifest) -> list[str]:
     """The columns of the pipeline's Delta source whose type differs between the handoff's version and now (read
     from the Delta log with delta-rs), as "column 'c': <then> -> <now>"."""
-    source = pipeline.source
+    source = where.definition.source
     if not isinstance(source, DeltaSource):
         return []
-    then = table_stats.column_types(source.path, handoff.source_version)
-    now = table_stats.column_types(source.path)
+    path = where.source_path(source)
+    then = table_stats.column_types(path, handoff.source_version)
+    now = table_stats.column_types(path)
     return [f"column {name!r}: {then[name]} -> {now[name]}" for name in then if name in now and now[name] != then[name]]
 
 

@@ -123,7 +123,10 @@ class LiveMeter:
             if applied_offsets is None and position:
                 applied_offsets = ChunkPlan.from_json(position).end
             found = input_unapplied(
-                inp.spec, applied_version=latest.of(inp.label).complete_below - 1, applied_offsets=applied_offsets
+                inp.spec,
+                runner.placement,
+                applied_version=latest.of(inp.label).complete_below - 1,
+                applied_offsets=applied_offsets,
             )
             pending.append(found)
             if found.behind == 0:
@@ -134,7 +137,7 @@ class LiveMeter:
                 waited.append(None)  # unknown: no figure rather than a reassuring one
         waiting = pending[0]
         lag_s = None if None in waited else max(waited)
-        heads = source_heads(pipeline)
+        heads = source_heads(runner.placement)
         head = heads[0]
         head_max = head.max_event_time
         event_lag = None

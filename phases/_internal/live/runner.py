@@ -25,7 +25,7 @@ from pyspark.sql.streaming import StreamingQuery
 from phases._internal import spark_internals
 from phases._internal.coordination import leases
 from phases._internal.definition import SOURCE_LABEL, Pipeline
-from phases._internal.deployment import Deployment, bind, deploy, require_serving
+from phases._internal.deployment import Placement, place, require_serving
 from phases._internal.errors import (
     DefinitionError,
     LiveQueryStopped,
@@ -68,15 +68,15 @@ class LiveStart:
     first_batch_at_us: int | None = None
 
 
-def _after_a_swap(deployment: Deployment, exc: ManifestError) -> ManifestError:
+def _after_a_swap(where: Placement, exc: ManifestError) -> ManifestError:
     """A definition that does not match the serving generation's handoff: when a redeploy swapped another
     definition in, the refusal says so and names the rollback."""
-    declared, gens = deployment.definition, deployment.redeploys
+    declared, gens = where.definition, where.redeploys
     swapped = [s for s in gens.rows if s.step == "swapped"]
     if not swapped:
         return exc
     last = swapped[-1]
-    kept = [n for n in gens.retained() if n != gens.serving and gens.fingerprints.get(n) == declared.fingerprint()]
+    kept = [n for n in gens.retained() if n != gens.serving and where.is_fingerprint(gens.fingerprints.get(n))]
     how = (
         f"its generation {kept[-1]} is kept, so a rollback needs no backlog"
         if kept
@@ -94,7 +94,7 @@ class LiveRunner:
     def __init__(
         self,
         spark: SparkSession,
-        pipeline: Pipeline | Deployment,
+        where: Placement,
         handoff: manifest.HandoffManifest | None,
         *,
         max_files_per_trigger: int | None = None,
@@ -102,19 +102,17 @@ class LiveRunner:
     ):
         """Use :meth:`from_manifest` or :meth:`streaming_only`. ``max_files_per_trigger`` splits the source
         reads into micro-batches (a version may then span several: it is applied once complete). ``take_over``
-        takes the pipeline's live lease over from a holder whose process is gone. A definition runs as the
-        generation that serves it (bound once: :func:`phases._internal.deployment.deploy`); a :class:`Deployment` as
-        bound."""
+        takes the pipeline's live lease over from a holder whose process is gone. ``where``: the definition and
+        where it runs, as placed once (:func:`phases._internal.deployment.place`)."""
         self.spark = spark
         self.take_over = take_over
         self.lease: leases.Lease | None = None
-        self.deployment = deploy(spark, pipeline)
-        self.pipeline = pipeline = self.deployment.pipeline
+        self.placement = where
+        self.pipeline = where.definition
         self.handoff = handoff
-        self.plan = LivePlan.of(spark, pipeline, handoff, max_files_per_trigger=max_files_per_trigger)
+        self.plan = LivePlan.of(spark, where, handoff, max_files_per_trigger=max_files_per_trigger)
         self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
         self.incremental = IncrementalLive(spark, self.plan)
-        self.incremental.deployment = self.deployment
         self.compactor: Compactor | None = None
         # Why the running query was stopped on request (a redeploy's swap,
         # :func:`phases._internal.coordination.leases.request_stop`); None while it runs or when it stopped otherwise.
@@ -149,40 +147,47 @@ class LiveRunner:
 
     @classmethod
     def from_manifest(
-        cls, spark: SparkSession, pipeline: Pipeline | Deployment, manifest_id: str | None = None, **kwargs
+        cls, spark: SparkSession, pipeline: Pipeline, manifest_id: str | None = None, **kwargs
     ) -> LiveRunner:
         """The live phase of the newest handoff (which must be ``manifest_id`` when given); refuses a
-        missing, partial, superseded or mismatched manifest. A definition runs as the generation that serves it
-        (bound once: :func:`phases._internal.deployment.deploy`)."""
-        deployment = deploy(spark, pipeline)
-        pipeline = deployment.pipeline
-        handoff = manifest.latest(spark, pipeline.locations.manifests, pipeline.name, manifest_id)
-        try:
-            manifest.check_matches(spark, handoff, pipeline, deployment.redeploys.amended)
-        except ManifestError as exc:
-            raise _after_a_swap(deployment, exc) from exc
-        EndOfStreamRunner(spark, pipeline).require_finished(handoff.source_version, handoff.fingerprint)
-        intents.refuse_open(spark, pipeline, handoff.manifest_id)
-        return cls(spark, deployment, handoff, **kwargs)
+        missing, partial, superseded or mismatched manifest. The definition runs as declared, as the generation that
+        serves it (placed once: :func:`phases._internal.deployment.place`); a pipeline placed elsewhere: :meth:`at`."""
+        return cls.at(spark, place(spark, pipeline), manifest_id, **kwargs)
 
     @classmethod
-    def streaming_only(cls, spark: SparkSession, pipeline: Pipeline | Deployment, **kwargs) -> LiveRunner:
-        """One streaming job over all versions from the first, with empty initial state: a definition writes where
-        it is declared (generation 0's tables; no redeploy log is read)."""
-        if isinstance(pipeline, Pipeline):
-            pipeline = bind(pipeline, 0, serving=True)
-        for spec in (i.spec for i in pipeline.pipeline.inputs):
+    def at(cls, spark: SparkSession, where: Placement, manifest_id: str | None = None, **kwargs) -> LiveRunner:
+        """:meth:`from_manifest` of ``where.definition`` where ``where`` places it."""
+        handoff = manifest.latest(spark, where.manifests, where.name, manifest_id)
+        try:
+            manifest.check_matches(spark, handoff, where, where.redeploys.amended)
+        except ManifestError as exc:
+            raise _after_a_swap(where, exc) from exc
+        EndOfStreamRunner(spark, where).require_finished(handoff.source_version, handoff.fingerprint)
+        intents.refuse_open(spark, where, handoff.manifest_id)
+        return cls(spark, where, handoff, **kwargs)
+
+    @classmethod
+    def streaming_only(cls, spark: SparkSession, pipeline: Pipeline, **kwargs) -> LiveRunner:
+        """One streaming job over all versions from the first, with empty initial state: the definition writes
+        where it is declared (generation 0's tables; no redeploy log is read)."""
+        return cls.streaming_only_at(spark, Placement(pipeline), **kwargs)
+
+    @classmethod
+    def streaming_only_at(cls, spark: SparkSession, where: Placement, **kwargs) -> LiveRunner:
+        """:meth:`streaming_only` of ``where.definition`` where ``where`` places it (as placed: no redeploy log is
+        read)."""
+        for spec in (i.spec for i in where.definition.inputs):
             if spec.kind == "kafka":  # a topic is read from its earliest offsets
                 continue
             if spec.starting_version > 0:
                 raise PhaseStateError(
-                    f"pipeline {pipeline.name!r}: source {spec.path} reads versions 0..{spec.starting_version - 1} "
-                    "as one snapshot (starting_version), which a streaming job over its change feed cannot; "
-                    "start the live phase from a handoff"
+                    f"pipeline {where.name!r}: source {where.location(spec)} reads versions "
+                    f"0..{spec.starting_version - 1} as one snapshot (starting_version), which a streaming job over "
+                    "its change feed cannot; start the live phase from a handoff"
                 )
-            source = open_source(spark, spec)
+            source = open_source(spark, spec, where)
             source.require_change_feed(source.head_version())
-        return cls(spark, pipeline, None, **kwargs)
+        return cls(spark, where, None, **kwargs)
 
     # --- running ---------------------------------------------------------------------------------
     def _trigger(self, available_now: bool) -> dict:
@@ -206,12 +211,12 @@ class LiveRunner:
         q = self.incremental.query
         if q is not None and q.isActive:
             raise PhaseStateError(f"live phase {self.run_name} of {self.pipeline.name!r} is already running")
-        self.lease = leases.acquire(self.spark, self.pipeline, "live", self.holder, take_over=self.take_over)
+        self.lease = leases.acquire(self.spark, self.placement, "live", self.holder, take_over=self.take_over)
         try:
             if self.handoff is not None:
                 # Checked now, holding the live lease (a swap away from this generation takes it first), not when
                 # the runner was built: a runner built before a swap would mix both definitions in the sink.
-                self.incremental.generations = require_serving(self.spark, self.deployment)
+                self.incremental.generations = require_serving(self.spark, self.placement)
             started = self._start(available_now, drain, first_batch_wait_s)
         except BaseException:
             self.stop()
@@ -221,7 +226,7 @@ class LiveRunner:
             self._release()
             return started
         if self.pipeline.sink.mode == "changelog" and self.pipeline.sink.compact_every.total_seconds() > 0:
-            self.compactor = Compactor(self.spark, self.pipeline).start()
+            self.compactor = Compactor(self.spark, self.placement).start()
         self._watch_for_stop_requests()
         return started
 
@@ -236,7 +241,7 @@ class LiveRunner:
         def watch() -> None:
             while not done.wait(STOP_POLL_S):
                 try:
-                    request = leases.stop_request(self.spark, self.pipeline, "live")
+                    request = leases.stop_request(self.spark, self.placement, "live")
                 except Exception:  # noqa: BLE001 - the session is stopping; the next poll or the caller decides
                     continue
                 if request is None or request.at_us < since_us:
@@ -288,11 +293,11 @@ class LiveRunner:
         # Aggregations check their buffers against the change; process functions get the new columns (their
         # state is JSON); two-input operators keep rows as they are, their state and sink columns widen like
         # the source's.
-        records = prepared_schema(spark, p, self.source.schema())
+        records = prepared_schema(spark, self.placement, self.source.schema())
         sources = self.kind.schema_change_sources(spark, p, logic, records, self.state_path)
         for path, wanted, what in (
             (self.state_path, self.kind.state_schema(logic), "state table"),
-            (p.sink.path, changelog.sink_schema(p, logic.output_schema), "sink"),
+            (self.placement.sink_path, changelog.sink_schema(p, logic.output_schema), "sink"),
         ):
             if tables.exists(spark, path):
                 take_up(spark, path, wanted, what, p.name, sources)
@@ -488,7 +493,12 @@ class LiveRunner:
             label = "source" if inp.label == SOURCE_LABEL else inp.name
             out.append(
                 source_lag.input_lag(
-                    label, inp.spec, version=progress.complete_below - 1, position=position, watermark_us=watermark
+                    label,
+                    inp.spec,
+                    self.placement,
+                    version=progress.complete_below - 1,
+                    position=position,
+                    watermark_us=watermark,
                 )
             )
         return out

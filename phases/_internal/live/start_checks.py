@@ -18,9 +18,10 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from phases._internal.definition import Pipeline
-from phases._internal.deployment import Deployment, generations
+from phases._internal.deployment import generations
 from phases._internal.errors import LiveResumeError
 from phases._internal.handoff.manifest import HandoffManifest
+from phases._internal.placement import Placement
 from phases._internal.storage import live_writes, table_stats, tables
 
 # Commits a walk down the table's history reads at most past the first one it cannot explain, looking for a swap the
@@ -39,12 +40,13 @@ def way_out(pipeline: Pipeline) -> str:
 
 
 def refuse_missing_tables(
-    spark: SparkSession, pipeline: Pipeline, handoff: HandoffManifest | None, writes: dict, targets: dict[str, str]
+    spark: SparkSession, where: Placement, handoff: HandoffManifest | None, writes: dict, targets: dict[str, str]
 ) -> None:
     """Before the run creates its tables: every table the progress log records a live write to must be there
     (``writes``: what -> micro-batch; ``targets``: what -> table); the sink must be there (the handoff wrote it, or a
     swap copied it); the quarantine must hold the backlog's rows until the live phase recorded a write of its own
     there."""
+    pipeline = where.definition
     for what, path in sorted(targets.items()):
         if what in writes and not tables.exists(spark, path):
             raise LiveResumeError(
@@ -53,7 +55,7 @@ def refuse_missing_tables(
             )
     if handoff is None:
         return
-    sink = pipeline.sink.path
+    sink = where.sink_path
     if not tables.exists(spark, sink):
         raise LiveResumeError(
             f"the live phase of {pipeline.name!r} cannot start from handoff {handoff.manifest_id}: its sink {sink} is "
@@ -64,7 +66,7 @@ def refuse_missing_tables(
         return
     if not handoff.quarantined_rows:
         return
-    path = pipeline.locations.quarantine
+    path = where.quarantine
     head = tables.version(spark, path) if tables.exists(spark, path) else None
     problem = None
     if head is None:
@@ -87,7 +89,7 @@ def refuse_missing_tables(
 
 def refuse_sink_not_as_handed_off(
     spark: SparkSession,
-    deployment: Deployment,
+    where: Placement,
     handoff: HandoffManifest | None,
     run_name: str,
     writes: dict,
@@ -99,10 +101,10 @@ def refuse_sink_not_as_handed_off(
     swap the redeploy log does not record (:func:`phases._internal.deployment.generations.log_behind_error`)."""
     if handoff is None:
         return
-    pipeline = deployment.pipeline
-    path = pipeline.sink.path
-    generation = deployment.generation
-    consumer = deployment.serving
+    pipeline = where.definition
+    path = where.sink_path
+    generation = where.generation
+    consumer = where.serving
     handoff_wrote_here = (generation == 0) == consumer  # generation 0's backlog writes the consumer-facing table
     first_write = not ({"sink", "upsert"} & set(writes))
     own = {live_writes.app_id(pipeline.name, run_name, what) for what in live_writes.LIVE_WRITES}
@@ -139,7 +141,7 @@ def refuse_sink_not_as_handed_off(
             continue
         swap = generations.swap_of(commit)
         if swap is not None and not generations.recorded(gens, swap):
-            raise generations.log_behind_error(deployment.definition, swap)
+            raise generations.log_behind_error(where, swap)
         if unexplained:
             if len(unexplained) >= _LOOK_PAST:
                 break

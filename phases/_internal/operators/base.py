@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 from phases._internal import spark_internals
 from phases._internal.definition import SOURCE_LABEL
 from phases._internal.errors import PhaseStateError
+from phases._internal.placement import Placement
 from phases._internal.sources.reader import SourceReader
 from phases._internal.state.keyed_store import LiveStateStore, StatePosition
 from phases._internal.steps.end_of_stream import prepared_schema
@@ -175,9 +176,10 @@ class OperatorKind(ABC, Generic[Logic]):
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]) -> Logic:
         """The operator's logic for its inputs' record schemas (as the operator sees them)."""
 
-    def logic_for(self, spark: SparkSession, pipeline: Pipeline, readers: Iterable[SourceReader]) -> Logic:
+    def logic_for(self, spark: SparkSession, where: Placement, readers: Iterable[SourceReader]) -> Logic:
         """The logic for the inputs ``readers`` read (their current schemas, after the pipeline's record steps)."""
-        return self.logic(spark, pipeline, [prepared_schema(spark, pipeline, r.schema()) for r in readers])
+        schemas = [prepared_schema(spark, where, r.schema()) for r in readers]
+        return self.logic(spark, where.definition, schemas)
 
     def state_schema(self, logic: Logic) -> T.StructType:
         return logic.state_schema

@@ -49,11 +49,12 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.coordination import leases
 from phases._internal.definition import Pipeline
 from phases._internal.definition.changes import DefinitionChanges, Way
-from phases._internal.deployment import Deployment, bind, generations
+from phases._internal.deployment import generations
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases._internal.handoff import manifest
 from phases._internal.handoff.live_folders import live_started
 from phases._internal.live.runner import LiveRunner
+from phases._internal.placement import Placement
 from phases._internal.redeploy import swap
 from phases._internal.sources.reader import open_inputs
 from phases._internal.topics import sink as topic_sinks
@@ -66,7 +67,14 @@ STEPS = ("planned", "backlog", "live caught up", "checked", "serving live stoppe
 
 # A check of a generation before it is swapped in: given the session, the generation's pipeline and its handoff, the
 # problems it found (empty: passed).
-Check = Callable[[SparkSession, Pipeline, manifest.HandoffManifest], list[str]]
+# Why a redeploy asks the serving live phase to stop (its ``stopped_for``).
+SWAPPED_REASON = "the sink is swapped to a redeployed definition"
+AMENDED_REASON = (
+    "a redeploy recorded a change that applies to records from now on (an amendment of the serving handoff); "
+    "start the live phase again to take it up"
+)
+
+Check = Callable[[SparkSession, Placement, manifest.HandoffManifest], list[str]]
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,7 @@ class Redeploy:
     def __init__(
         self,
         spark: SparkSession,
-        pipeline: Pipeline | Deployment,
+        pipeline: Pipeline,
         *,
         checks: list[Check] | None = None,
         max_lag: int = 1,
@@ -148,8 +156,32 @@ class Redeploy:
         ``stop_timeout_s``: how long to wait for the serving live phase to stop. ``take_over``: take leases over
         from holders whose process is gone (a redeploy or live phase that was killed). ``on_step(step, detail)``
         is called after each step (:data:`STEPS`), for progress reports."""
+        self._start(spark, Placement(pipeline), checks, max_lag, live_rounds, stop_timeout_s, take_over, on_step)
+
+    @classmethod
+    def at(cls, spark: SparkSession, where: Placement, **kwargs) -> Redeploy:
+        """The redeploy of ``where.definition`` where ``where`` places it (a storage root, the environment's brokers;
+        its generation is the redeploy's to choose). ``kwargs``: as for the constructor."""
+        redeploy = cls.__new__(cls)
+        defaults = dict(checks=None, max_lag=1, live_rounds=5, stop_timeout_s=600.0, take_over=False, on_step=None)
+        defaults.update(kwargs)
+        redeploy._start(spark, where, **defaults)
+        return redeploy
+
+    def _start(
+        self,
+        spark: SparkSession,
+        where: Placement,
+        checks: list[Check] | None,
+        max_lag: int,
+        live_rounds: int,
+        stop_timeout_s: float,
+        take_over: bool,
+        on_step: Callable[[str, dict], None] | None,
+    ) -> None:
         self.spark = spark
-        self.pipeline = pipeline.definition if isinstance(pipeline, Deployment) else pipeline  # as declared
+        self.placement = where.at(0, serving=True)  # generation 0's place: it holds the log and the redeploy lease
+        self.pipeline = where.definition  # as declared
         self.checks = list(checks or [])
         self.max_lag = max_lag
         self.live_rounds = live_rounds
@@ -164,19 +196,19 @@ class Redeploy:
         if self.on_step is not None:
             self.on_step(step, detail)
 
-    def as_generation(self, n: int, *, serving: bool = False) -> Deployment:
+    def as_generation(self, n: int, *, serving: bool = False) -> Placement:
         """Generation ``n`` of this definition: its tables under the generation's folder, writing its own sink (the
         consumer-facing table when ``serving``). What a caller checks of a generation a redeploy builds."""
-        return bind(self.pipeline, n, serving=serving)
+        return self.placement.at(n, serving=serving)
 
     # --- the plan ----------------------------------------------------------------------------------
     def _newest_manifest(self, n: int) -> manifest.HandoffManifest | None:
-        return _newest_manifest(self.spark, bind(self.pipeline, n, serving=True).pipeline)
+        return _newest_manifest(self.spark, self.placement.at(n, serving=True))
 
     def plan(self, gens: generations.Generations | None = None) -> RedeployPlan:
         """The differences between the serving definition and this one, and the way they need. Raises
         ManifestError when the serving generation has no handoff (run its backlog first)."""
-        gens = gens if gens is not None else generations.read(self.spark, self.pipeline)
+        gens = gens if gens is not None else generations.read(self.spark, self.placement)
         serving = gens.serving
         handoff = self._newest_manifest(serving)
         if handoff is None:
@@ -191,9 +223,12 @@ class Redeploy:
         changes = DefinitionChanges.between(spec, self.pipeline.state_spec())
         target, reuse = serving, False
         if changes.way == "backfill":
-            fingerprint = self.pipeline.fingerprint()
             # A kept generation of this definition (a rollback, or a rerun after a crash) is taken up where it is.
-            kept = [n for n in gens.retained() if n != serving and self._fingerprint_of(gens, n) == fingerprint]
+            kept = [
+                n
+                for n in gens.retained()
+                if n != serving and self.placement.is_fingerprint(self._fingerprint_of(gens, n))
+            ]
             target = max(kept) if kept else max(gens.numbers) + 1
             reuse = bool(kept) and self._newest_manifest(target) is not None
         rollback = changes.way == "backfill" and gens.served(target)
@@ -217,8 +252,8 @@ class Redeploy:
         return self._run(reason, swap=True)
 
     def _run(self, reason: str, *, swap: bool) -> RedeployResult:
-        with leases.hold(self.spark, self.pipeline, "redeploy", self.holder, take_over=self.take_over):
-            gens = self._log_caught_up_with_the_table(generations.read(self.spark, self.pipeline))
+        with leases.hold(self.spark, self.placement, "redeploy", self.holder, take_over=self.take_over):
+            gens = self._log_caught_up_with_the_table(generations.read(self.spark, self.placement))
             if gens.swap_under_way is not None:
                 if not swap:
                     step = gens.swap_under_way
@@ -244,7 +279,7 @@ class Redeploy:
         """The redeploy log, with a swap the consumer-facing table holds but the log does not record (its newest
         commits removed, or restored from an older backup) recorded again as under way, from the swap's mark: the
         swap is then finished from the table's history (:meth:`_finish_swap`), which copies nothing."""
-        found = generations.unrecorded_swap(self.spark, self.pipeline, gens)
+        found = generations.unrecorded_swap(self.spark, self.placement, gens)
         if found is None:
             return gens
         under_way = gens.swap_under_way
@@ -252,10 +287,10 @@ class Redeploy:
             "redeploy of %r: the redeploy log %s does not record the swap of redeploy %s to generation %s that the "
             "table %s holds at version %s: recording it from the table's history",
             self.pipeline.name,
-            generations.log_path(self.pipeline),
+            self.placement.redeploy_log,
             found.redeploy_id,
             found.generation,
-            self.pipeline.sink.path,
+            self.placement.consumer_sink,
             found.version,
         )
         if under_way is not None and under_way.redeploy_id == found.redeploy_id:
@@ -266,7 +301,7 @@ class Redeploy:
             manifest_id = handoff.manifest_id if handoff is not None else None
         generations.write(
             self.spark,
-            self.pipeline,
+            self.placement,
             "swapping",
             found.generation,
             found.redeploy_id,
@@ -274,12 +309,12 @@ class Redeploy:
             manifest_id=manifest_id,
             reason="recorded again from the sink's history (the redeploy log was behind it)",
         )
-        return generations.read(self.spark, self.pipeline)
+        return generations.read(self.spark, self.placement)
 
     def _amend(self, plan: RedeployPlan, redeploy_id: str, reason: str) -> RedeployResult:
         generations.write(
             self.spark,
-            self.pipeline,
+            self.placement,
             "amended",
             plan.serving,
             redeploy_id,
@@ -289,7 +324,8 @@ class Redeploy:
             reason=reason or None,
             detail=plan.changes.describe("serving", "new"),
         )
-        stopped_at = self.stop_serving_live(plan.serving)  # its restart takes the amended definition up
+        # Its restart takes the amended definition up.
+        stopped_at = self.stop_serving_live(plan.serving, reason=AMENDED_REASON)
         return RedeployResult(
             redeploy_id,
             "forward",
@@ -304,15 +340,15 @@ class Redeploy:
         self, gens: generations.Generations, plan: RedeployPlan, redeploy_id: str, reason: str, *, swap: bool
     ) -> RedeployResult:
         n, timings = plan.target, {}
-        new = bind(self.pipeline, n, serving=False, redeploys=gens)
+        new = self.placement.at(n, serving=False, redeploys=gens)
         if not plan.reuse:
             self._refuse_unreadable_sources(self._newest_manifest(plan.serving))
             # A topic sink: the new generation publishes into a topic of its own, made like the serving one's.
-            topic_sinks.create_generation_topic(self.pipeline, n, like=plan.serving)
-            if n not in gens.fingerprints or gens.fingerprints[n] != self.pipeline.fingerprint():
+            topic_sinks.create_generation_topic(self.placement, n, like=plan.serving)
+            if n not in gens.fingerprints or not self.placement.is_fingerprint(gens.fingerprints[n]):
                 generations.write(
                     self.spark,
-                    self.pipeline,
+                    self.placement,
                     "started",
                     n,
                     redeploy_id,
@@ -346,7 +382,7 @@ class Redeploy:
         where the serving generation's backlog started (a Kafka topic whose retention deleted offsets since then
         is refused, naming the partitions and ranges: the new results would miss records the old ones hold)."""
         kinds = {i.label: i.spec.kind for i in self.pipeline.inputs}
-        for label, reader in open_inputs(self.spark, self.pipeline).items():
+        for label, reader in open_inputs(self.spark, self.placement).items():
             position = serving.positions.get(label) if serving is not None else None
             if kinds[label] == "kafka" and position:
                 reader.require_kept_from(
@@ -358,15 +394,15 @@ class Redeploy:
                 )
             reader.require_change_feed(reader.head_version())
 
-    def _backfill(self, new: Deployment, timings: dict[str, float]) -> manifest.HandoffManifest:
+    def _backfill(self, new: Placement, timings: dict[str, float]) -> manifest.HandoffManifest:
         """The new generation's handoff: its backlog (unless a handoff of this definition is there), then catch-up
         increments up to the head where its kind takes them (until its live phase has started)."""
-        handoff = _newest_manifest(self.spark, new.pipeline)
-        if handoff is not None and handoff.fingerprint != new.definition.fingerprint():
+        handoff = _newest_manifest(self.spark, new)
+        if handoff is not None and not new.is_fingerprint(handoff.fingerprint):
             handoff = None  # an earlier redeploy's definition under this number: start it over
-        started = live_started(self.spark, new.pipeline, handoff.manifest_id) if handoff is not None else False
+        started = live_started(self.spark, new, handoff.manifest_id) if handoff is not None else False
         t = time.perf_counter()
-        runner = BacklogRunner(self.spark, new, take_over=self.take_over)
+        runner = BacklogRunner.at(self.spark, new, take_over=self.take_over)
         if handoff is None:
             handoff = runner.run()
             timings["backlog_s"] = time.perf_counter() - t
@@ -375,12 +411,12 @@ class Redeploy:
             timings["increment_s"] = time.perf_counter() - t
         return handoff
 
-    def _catch_up_live(self, new: Deployment, handoff: manifest.HandoffManifest, timings: dict[str, float]) -> None:
+    def _catch_up_live(self, new: Placement, handoff: manifest.HandoffManifest, timings: dict[str, float]) -> None:
         """Rounds of the new generation's live phase on its own sink, each processing what is available, until what
         waits of each input after a round is at most ``max_lag`` (or ``live_rounds`` rounds ran)."""
         t = time.perf_counter()
         for round_ in range(1, self.live_rounds + 1):
-            runner = LiveRunner.from_manifest(self.spark, new, handoff.manifest_id, take_over=self.take_over)
+            runner = LiveRunner.at(self.spark, new, handoff.manifest_id, take_over=self.take_over)
             runner.start(available_now=True)
             behind = [lag.behind for lag in runner.lags()]
             timings["live_rounds"] = float(round_)
@@ -388,14 +424,14 @@ class Redeploy:
                 break
         timings["live_catch_up_s"] = time.perf_counter() - t
 
-    def _check(self, new: Deployment, handoff: manifest.HandoffManifest) -> None:
+    def _check(self, new: Placement, handoff: manifest.HandoffManifest) -> None:
         problems: list[str] = []
         try:
-            manifest.check_matches(self.spark, handoff, new.pipeline, new.redeploys.amended)
+            manifest.check_matches(self.spark, handoff, new, new.redeploys.amended)
         except ManifestError as exc:
             problems.append(str(exc))
         for check in self.checks:
-            problems += check(self.spark, new.pipeline, handoff)
+            problems += check(self.spark, new, handoff)
         if problems:
             raise PhaseStateError(
                 f"pipeline {self.pipeline.name!r}: generation {new.generation} failed its checks and is not "
@@ -411,7 +447,7 @@ class Redeploy:
         try:
             step = generations.write(
                 self.spark,
-                self.pipeline,
+                self.placement,
                 "swapping",
                 new,
                 redeploy_id,
@@ -442,8 +478,8 @@ class Redeploy:
         self, step: generations.LogRow, reason: str, timings: dict[str, float], stopped_at: int
     ) -> RedeployResult:
         old, new, spark = step.from_generation, step.generation, self.spark
-        target = bind(self.pipeline, new, serving=False).pipeline
-        consumer = self.pipeline.sink.path
+        target = self.placement.at(new, serving=False)
+        consumer = self.placement.consumer_sink
         mark = {
             "redeploy": step.redeploy_id,
             "generation": new,
@@ -457,7 +493,7 @@ class Redeploy:
             # matches its progress log). What arrived since, its live phase applies first thing on the
             # consumer-facing table: one query start in the time without fresh results, not two.
             t = time.perf_counter()
-            swap.copy_sink(spark, target.sink.path, consumer, swap=mark)
+            swap.copy_sink(spark, target.sink_path, consumer, swap=mark)
             timings["swap_commit_s"] = time.perf_counter() - t
             # The copy's own commit (an auto compaction may commit after it).
             made = generations.newest_swap(spark, consumer, redeploy_id=step.redeploy_id)
@@ -470,14 +506,14 @@ class Redeploy:
         swap.copy_sink(
             spark,
             consumer,
-            generations.own_sink(self.pipeline.locations.root, old),
+            self.placement.own_sink(old),
             version=version - 1,
             kept={"generation": old, "redeploy": step.redeploy_id, "consumer_version": version - 1},
         )
         timings["keep_old_s"] = time.perf_counter() - t
         generations.write(
             spark,
-            self.pipeline,
+            self.placement,
             "swapped",
             new,
             step.redeploy_id,
@@ -486,7 +522,7 @@ class Redeploy:
             consumer_version=version,
             reason=reason or step.reason,
         )
-        leases.clear_stop_request(spark, bind(self.pipeline, old, serving=True).pipeline, "live")
+        leases.clear_stop_request(spark, self.placement.at(old, serving=True), "live")
         self._done("swapped", generation=new, from_generation=old)
         return RedeployResult(
             step.redeploy_id,
@@ -502,26 +538,24 @@ class Redeploy:
         )
 
     # --- the serving live phase ----------------------------------------------------------------------
-    def stop_serving_live(self, generation: int | None = None) -> int:
+    def stop_serving_live(self, generation: int | None = None, *, reason: str = SWAPPED_REASON) -> int:
         """Stops the serving generation's live phase (if one runs) for a restart of the deployed definition: asks it
         to stop at a micro-batch boundary, waits for its lease, and frees the lease again. Returns when it had
         stopped (µs)."""
-        n = generation if generation is not None else generations.read(self.spark, self.pipeline).serving
+        n = generation if generation is not None else generations.read(self.spark, self.placement).serving
         try:
-            return self._stop_serving_live(n)
+            return self._stop_serving_live(n, reason)
         finally:
             self._release_serving_lease()
-            leases.clear_stop_request(self.spark, bind(self.pipeline, n, serving=True).pipeline, "live")
+            leases.clear_stop_request(self.spark, self.placement.at(n, serving=True), "live")
 
-    def _stop_serving_live(self, old: int) -> int:
+    def _stop_serving_live(self, old: int, reason: str = SWAPPED_REASON) -> int:
         """Asks the serving generation's live phase to stop and takes its live lease as soon as it is free, so that
         nothing writes the consumer-facing table until the swap is made. Returns when it had stopped (µs)."""
-        serving = bind(self.pipeline, old, serving=True).pipeline
+        serving = self.placement.at(old, serving=True)
         held = leases.holder(self.spark, serving, "live")
         if held is not None and held[1]:
-            leases.request_stop(
-                self.spark, serving, "live", self.holder, "the sink is swapped to a redeployed definition"
-            )
+            leases.request_stop(self.spark, serving, "live", self.holder, reason)
         deadline = time.monotonic() + self.stop_timeout_s
         while True:
             try:
@@ -542,9 +576,9 @@ class Redeploy:
             leases.release(self.spark, lease)
 
 
-def _newest_manifest(spark: SparkSession, pipeline: Pipeline) -> manifest.HandoffManifest | None:
+def _newest_manifest(spark: SparkSession, where: Placement) -> manifest.HandoffManifest | None:
     try:
-        return manifest.latest(spark, pipeline.locations.manifests, pipeline.name)
+        return manifest.latest(spark, where.manifests, where.name)
     except ManifestError:
         return None
 

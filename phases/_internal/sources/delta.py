@@ -31,9 +31,10 @@ _MISSING_FILE = re.compile(
 class DeltaTableSource:
     arrival = "versions"  # live: the records' commit versions (a version may span micro-batches)
 
-    def __init__(self, spark: SparkSession, spec: DeltaSource):
+    def __init__(self, spark: SparkSession, spec: DeltaSource, path: str):
+        """``path``: where the table is (the placement's, :meth:`phases._internal.placement.Placement.source_path`)."""
         self.spark = spark
-        self.path = spec.path
+        self.path = path
         self.starting_version = spec.starting_version
 
     def check(self) -> None:

@@ -14,8 +14,9 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from phases._internal.definition import SOURCE_LABEL, DeltaSource, HybridSource, KafkaSource, Pipeline
+from phases._internal.definition import SOURCE_LABEL, HybridSource, KafkaSource
 from phases._internal.errors import SourceError
+from phases._internal.placement import Placement
 from phases._internal.storage import table_stats
 
 
@@ -32,17 +33,17 @@ class SourceHead:
     error: str | None = None  # why the head could not be read (then only ``location`` is meaningful)
 
 
-def delta_head(label: str, spec: DeltaSource, event_time: str) -> SourceHead:
+def delta_head(label: str, path: str, event_time: str) -> SourceHead:
     try:
-        stats = table_stats.stats(spec.path, max_of=(event_time,))
+        stats = table_stats.stats(path, max_of=(event_time,))
     except SourceError as exc:
-        return SourceHead(label, spec.path, "", None, None, None, None, "", str(exc))
+        return SourceHead(label, path, "", None, None, None, None, "", str(exc))
     if stats is None:
-        return SourceHead(label, spec.path, "", None, None, None, None, "", "no Delta table (moved or deleted?)")
+        return SourceHead(label, path, "", None, None, None, None, "", "no Delta table (moved or deleted?)")
     top = stats.max_values.get(event_time)
     return SourceHead(
         label,
-        spec.path,
+        path,
         f"v{stats.version}",
         stats.version,
         None,
@@ -52,16 +53,16 @@ def delta_head(label: str, spec: DeltaSource, event_time: str) -> SourceHead:
     )
 
 
-def kafka_head(label: str, spec: KafkaSource, event_time: str, timeout: float = 10.0) -> SourceHead:
+def kafka_head(label: str, spec: KafkaSource, where: Placement, event_time: str, timeout: float = 10.0) -> SourceHead:
     from confluent_kafka import Consumer, TopicPartition
 
     from phases._internal.sources.kafka import client_conf, partition_watermarks
 
-    conf = client_conf(spec)
+    conf = client_conf(spec, where.source_brokers(spec))
     try:
         marks = partition_watermarks(conf, spec.topic, timeout=timeout)
     except SourceError as exc:
-        return SourceHead(label, spec.location, "", None, None, None, None, "", str(exc))
+        return SourceHead(label, where.location(spec), "", None, None, None, None, "", str(exc))
     end = {p: hi for p, (_, hi) in marks.items()}
     newest: list[datetime] = []
     wanted = [TopicPartition(spec.topic, p, hi - 1) for p, (lo, hi) in marks.items() if hi > lo]
@@ -83,7 +84,7 @@ def kafka_head(label: str, spec: KafkaSource, event_time: str, timeout: float = 
             consumer.close()
     return SourceHead(
         label,
-        spec.location,
+        where.location(spec),
         ",".join(f"{p}:{o}" for p, o in sorted(end.items())),
         None,
         end,
@@ -113,14 +114,15 @@ def _as_utc(at: datetime) -> datetime:
     return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
-def source_heads(pipeline: Pipeline) -> list[SourceHead]:
-    """The head of every input of ``pipeline`` (the source, and a two-input operator's right source)."""
+def source_heads(where: Placement) -> list[SourceHead]:
+    """The head of every input of the placed pipeline (the source, and a two-input operator's right source)."""
+    pipeline = where.definition
     heads = []
     for inp in pipeline.inputs:
         spec = inp.spec.live if isinstance(inp.spec, HybridSource) else inp.spec
         label = "source" if inp.label == SOURCE_LABEL else inp.name
         if isinstance(spec, KafkaSource):
-            heads.append(kafka_head(label, spec, pipeline.event_time))
+            heads.append(kafka_head(label, spec, where, pipeline.event_time))
         else:
-            heads.append(delta_head(label, spec, pipeline.event_time))
+            heads.append(delta_head(label, where.source_path(spec), pipeline.event_time))
     return heads

@@ -29,10 +29,13 @@ class HybridArchiveSource:
 
     arrival = "chunks"  # live: one arrival chunk per micro-batch
 
-    def __init__(self, spark: SparkSession, spec: HybridSource, *, position: str | None = None):
+    def __init__(
+        self, spark: SparkSession, spec: HybridSource, path: str, brokers: str, *, position: str | None = None
+    ):
+        """``path``: where the archive is; ``brokers``: where its topic is (both the placement's)."""
         self.spark = spark
         self.spec = spec
-        self.kafka = KafkaTopicSource(spark, spec.live, position=position)
+        self.kafka = KafkaTopicSource(spark, spec.live, brokers, position=position)
         if isinstance(spec.backlog, FileArchive):
             cut = []
             if spec.archive_partition_column is not None:  # else the archive is taken whole
@@ -41,9 +44,9 @@ class HybridArchiveSource:
                     T.StructField(spec.archive_offset_column, T.LongType(), True),
                 ]
             columns = [*self.kafka.schema().fields, *cut]
-            self.archive = FileArchiveSource(spark, spec.backlog, T.StructType(columns))
+            self.archive = FileArchiveSource(spark, spec.backlog, T.StructType(columns), path)
         else:
-            self.archive = DeltaTableSource(spark, spec.backlog)
+            self.archive = DeltaTableSource(spark, spec.backlog, path)
         self.topic = spec.live.topic
         self._handoff: dict[int, int] | None = None
 
@@ -74,7 +77,9 @@ class HybridArchiveSource:
                     )
                 self._handoff = {p: h.offsets.get(p, 0) for p in marks}
             else:
-                self._handoff = _offsets_for_time(client_conf(self.spec.live), self.topic, marks, h.timestamp)
+                self._handoff = _offsets_for_time(
+                    client_conf(self.spec.live, self.kafka.brokers), self.topic, marks, h.timestamp
+                )
         return self._handoff
 
     def head_version(self) -> int:
@@ -166,14 +171,15 @@ class FileArchiveSource:
 
     arrival = "versions"
 
-    def __init__(self, spark: SparkSession, spec: FileArchive, schema: T.StructType):
+    def __init__(self, spark: SparkSession, spec: FileArchive, schema: T.StructType, path: str):
         self.spark = spark
         self.spec = spec
+        self.path = path
         self._schema = schema
 
     def files(self) -> list[str]:
         """The archive's data files, by name (names starting with '_' or '.' skipped)."""
-        names = [n for n in fs.list_names(self.spark, self.spec.path) if not n.startswith(("_", "."))]
+        names = [n for n in fs.list_names(self.spark, self.path) if not n.startswith(("_", "."))]
         if not names:
             raise SourceError(f"archive {self.spec.location}: no data files (does the folder exist?)")
         return sorted(names)
@@ -205,7 +211,7 @@ class FileArchiveSource:
         Either error names the file, the column and the value."""
         names = self.files()[start_version : end_version + 1]
         index = F.create_map(*[x for i, n in enumerate(names, start_version) for x in (F.lit(n), F.lit(i))])
-        paths = [f"{self.spec.path.rstrip('/')}/{n}" for n in names]
+        paths = [f"{self.path.rstrip('/')}/{n}" for n in names]
         name = F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1)
         out = None
         for wide, group in self._by_wide_columns(paths).items():

@@ -140,6 +140,7 @@ class KafkaTopicSource:
         self,
         spark: SparkSession,
         spec: KafkaSource,
+        brokers: str,
         *,
         position: str | None = None,
         continue_from: str | None = None,
@@ -148,9 +149,11 @@ class KafkaTopicSource:
     ):
         """``position``: the handoff's chunk plan (JSON); the live phase starts at its end offsets. A catch-up
         increment's reader continues the plan ``continue_from`` (its base handoff's) with chunks numbered from
-        ``first``, up to the end offsets when it is first asked, or follows the recorded ``plan`` (a rerun's)."""
+        ``first``, up to the end offsets when it is first asked, or follows the recorded ``plan`` (a rerun's).
+        ``brokers``: where the topic is (:meth:`phases._internal.placement.Placement.source_brokers`)."""
         self.spark = spark
         self.spec = spec
+        self.brokers = brokers
         self.topic = spec.topic
         self.position = position
         self.continue_from, self.first = continue_from, first
@@ -159,7 +162,7 @@ class KafkaTopicSource:
 
     # --- the broker, without Spark ----------------------------------------------------------------
     def _client_conf(self) -> dict:
-        return client_conf(self.spec)
+        return client_conf(self.spec, self.brokers)
 
     def watermarks(self, timeout: float = 30.0) -> dict[int, tuple[int, int]]:
         """(earliest, end) offset of every partition of the topic, from the broker."""
@@ -326,7 +329,7 @@ class KafkaTopicSource:
     def _reader(self, reader):
         reader = (
             reader.format("kafka")
-            .option("kafka.bootstrap.servers", self.spec.bootstrap_servers)
+            .option("kafka.bootstrap.servers", self.brokers)
             .option("subscribe", self.topic)
             # Lost offsets fail the read, loudly (Spark's default, stated here on purpose).
             .option("failOnDataLoss", "true")
@@ -370,9 +373,9 @@ class KafkaTopicSource:
         )
 
 
-def client_conf(spec: KafkaSource) -> dict:
-    """The confluent-kafka settings for ``spec``'s broker (no consumer group is ever committed)."""
-    return {"bootstrap.servers": spec.bootstrap_servers, "log_level": 3, **spec.client_options}
+def client_conf(spec: KafkaSource, brokers: str) -> dict:
+    """The confluent-kafka settings for ``spec``'s topic at ``brokers`` (no consumer group is ever committed)."""
+    return {"bootstrap.servers": brokers, "log_level": 3, **spec.client_options}
 
 
 def partition_watermarks(conf: dict, topic: str, timeout: float = 30.0) -> dict[int, tuple[int, int]]:

@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from phases._internal.definition import DeltaSource, HybridSource, KafkaSource, Pipeline
+from phases._internal.definition import DeltaSource, HybridSource, KafkaSource
 from phases._internal.errors import SourceError
+from phases._internal.placement import Placement
 from phases._internal.storage import table_stats
 
 
@@ -43,30 +44,33 @@ def _head_version(path: str) -> tuple[int | None, str | None]:
     return (head, None) if head is not None else (None, "no Delta log (moved or deleted?)")
 
 
-def delta_lag(label: str, spec: DeltaSource, handoff_version: int, watermark_us: int | None) -> InputLag:
-    head, error = _head_version(spec.path)
+def delta_lag(label: str, path: str, handoff_version: int, watermark_us: int | None) -> InputLag:
+    head, error = _head_version(path)
     if head is None:
-        return InputLag(label, spec.path, None, "versions", watermark_us, error)
-    return InputLag(label, spec.path, max(0, head - handoff_version), "versions", watermark_us)
+        return InputLag(label, path, None, "versions", watermark_us, error)
+    return InputLag(label, path, max(0, head - handoff_version), "versions", watermark_us)
 
 
-def kafka_lag(label: str, spec: KafkaSource, position: str | None, watermark_us: int | None) -> InputLag:
+def kafka_lag(
+    label: str, spec: KafkaSource, where: Placement, position: str | None, watermark_us: int | None
+) -> InputLag:
     """Records after the handoff's end offsets, summed over the partitions (a partition the topic gained since
     counts from its earliest offset)."""
     from phases._internal.sources.kafka import ChunkPlan, client_conf, partition_watermarks
 
     try:
-        marks = partition_watermarks(client_conf(spec), spec.topic, timeout=10)
+        marks = partition_watermarks(client_conf(spec, where.source_brokers(spec)), spec.topic, timeout=10)
     except SourceError as exc:
-        return InputLag(label, spec.location, None, "records", watermark_us, str(exc))
+        return InputLag(label, where.location(spec), None, "records", watermark_us, str(exc))
     end = ChunkPlan.from_json(position).end if position else {}
     behind = sum(max(0, hi - end.get(p, lo)) for p, (lo, hi) in marks.items())
-    return InputLag(label, spec.location, behind, "records", watermark_us)
+    return InputLag(label, where.location(spec), behind, "records", watermark_us)
 
 
 def input_lag(
     label: str,
     spec: DeltaSource | KafkaSource | HybridSource,
+    where: Placement,
     *,
     version: int,
     position: str | None,
@@ -75,14 +79,14 @@ def input_lag(
     """One input's lag behind a position: its Delta version, or a Kafka chunk plan's end offsets (``position``; a
     hybrid source: its topic, in backlog while the topic has records after the handoff)."""
     if isinstance(spec, KafkaSource):
-        return kafka_lag(label, spec, position, watermark_us)
+        return kafka_lag(label, spec, where, position, watermark_us)
     if isinstance(spec, HybridSource):
-        return kafka_lag(label, spec.live, position, watermark_us)
-    return delta_lag(label, spec, version, watermark_us)
+        return kafka_lag(label, spec.live, where, position, watermark_us)
+    return delta_lag(label, where.source_path(spec), version, watermark_us)
 
 
 def input_lags(
-    pipeline: Pipeline,
+    where: Placement,
     *,
     source_version: int,
     source_position: str | None,
@@ -91,10 +95,16 @@ def input_lags(
     right_watermark_us: int | None = None,
     right_source_position: str | None = None,
 ) -> list[InputLag]:
-    """The lag of every input of ``pipeline`` behind the handoff described by the arguments."""
+    """The lag of every input of the placed pipeline behind the handoff described by the arguments."""
+    pipeline = where.definition
     lags = [
         input_lag(
-            "source", pipeline.source, version=source_version, position=source_position, watermark_us=watermark_us
+            "source",
+            pipeline.source,
+            where,
+            version=source_version,
+            position=source_position,
+            watermark_us=watermark_us,
         )
     ]
     if pipeline.inputs.two:
@@ -102,7 +112,12 @@ def input_lags(
         version = -1 if right_source_version is None else right_source_version
         lags.append(
             input_lag(
-                right.name, right.spec, version=version, position=right_source_position, watermark_us=right_watermark_us
+                right.name,
+                right.spec,
+                where,
+                version=version,
+                position=right_source_position,
+                watermark_us=right_watermark_us,
             )
         )
     return lags
@@ -128,44 +143,50 @@ class Unapplied:
         return "waits" if self.behind == 1 else "wait"
 
 
-def unapplied(pipeline: Pipeline, *, applied_version: int, applied_offsets: dict[int, int] | None) -> Unapplied:
-    """How much of the pipeline's source is after the applied position, and since when it waits."""
-    return input_unapplied(pipeline.source, applied_version=applied_version, applied_offsets=applied_offsets)
+def unapplied(where: Placement, *, applied_version: int, applied_offsets: dict[int, int] | None) -> Unapplied:
+    """How much of the placed pipeline's source is after the applied position, and since when it waits."""
+    return input_unapplied(
+        where.definition.source, where, applied_version=applied_version, applied_offsets=applied_offsets
+    )
 
 
 def input_unapplied(
-    spec: DeltaSource | KafkaSource | HybridSource, *, applied_version: int, applied_offsets: dict[int, int] | None
+    spec: DeltaSource | KafkaSource | HybridSource,
+    where: Placement,
+    *,
+    applied_version: int,
+    applied_offsets: dict[int, int] | None,
 ) -> Unapplied:
     """How much of one input is after the applied position (its version, or a Kafka input's end offsets), and since
     when it waits."""
     source = spec.live if isinstance(spec, HybridSource) else spec
     if isinstance(source, KafkaSource):
-        return _kafka_unapplied(source, applied_offsets or {})
-    head, error = _head_version(source.path)
+        return _kafka_unapplied(source, where, applied_offsets or {})
+    path = where.source_path(source)
+    head, error = _head_version(path)
     if head is None:
-        return Unapplied(source.path, None, "versions", None, error)
+        return Unapplied(path, None, "versions", None, error)
     if head <= applied_version:
-        return Unapplied(source.path, 0, "versions", None)
+        return Unapplied(path, 0, "versions", None)
     first = applied_version + 1
-    return Unapplied(
-        source.path, head - applied_version, "versions", table_stats.commit_times(source.path, first).get(first)
-    )
+    return Unapplied(path, head - applied_version, "versions", table_stats.commit_times(path, first).get(first))
 
 
-def _kafka_unapplied(spec: KafkaSource, applied: dict[int, int]) -> Unapplied:
+def _kafka_unapplied(spec: KafkaSource, where: Placement, applied: dict[int, int]) -> Unapplied:
     from confluent_kafka import Consumer, TopicPartition
 
     from phases._internal.sources.kafka import client_conf, partition_watermarks
 
-    conf = client_conf(spec)
+    conf = client_conf(spec, where.source_brokers(spec))
+    location = where.location(spec)
     try:
         marks = partition_watermarks(conf, spec.topic, timeout=10)
     except SourceError as exc:
-        return Unapplied(spec.location, None, "records", None, str(exc))
+        return Unapplied(location, None, "records", None, str(exc))
     waiting = {p: max(applied.get(p, lo), lo) for p, (lo, hi) in marks.items() if hi > max(applied.get(p, lo), lo)}
     behind = sum(hi - waiting[p] for p, (_, hi) in marks.items() if p in waiting)
     if not waiting:
-        return Unapplied(spec.location, 0, "records", None)
+        return Unapplied(location, 0, "records", None)
     consumer = Consumer({**conf, "group.id": "phases-probe", "enable.auto.commit": False})
     times = []
     try:
@@ -181,4 +202,4 @@ def _kafka_unapplied(spec: KafkaSource, applied: dict[int, int]) -> Unapplied:
                 times.append(datetime.fromtimestamp(ms / 1000, tz=UTC))
     finally:
         consumer.close()
-    return Unapplied(spec.location, behind, "records", min(times) if times else None)
+    return Unapplied(location, behind, "records", min(times) if times else None)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from phases._internal.definition import DeltaSource, HybridSource, KafkaSource, Pipeline
+from phases._internal.definition import DeltaSource, HybridSource, KafkaSource
+from phases._internal.placement import Placement
 from phases._internal.sources.delta import DeltaTableSource
 from phases._internal.sources.hybrid import HybridArchiveSource
 from phases._internal.sources.kafka import KafkaTopicSource
@@ -16,28 +17,37 @@ SourceReader = DeltaTableSource | KafkaTopicSource | HybridArchiveSource
 
 
 def open_source(
-    spark: SparkSession, spec: DeltaSource | KafkaSource | HybridSource, *, position: str | None = None
+    spark: SparkSession,
+    spec: DeltaSource | KafkaSource | HybridSource,
+    where: Placement,
+    *,
+    position: str | None = None,
 ) -> SourceReader:
-    """The reader for ``spec``; ``position``: the handoff's recorded source position (Kafka: its chunk plan)."""
+    """The reader for ``spec`` (an input of the placed definition) where ``where`` places it; ``position``: the
+    handoff's recorded source position (Kafka: its chunk plan)."""
     if isinstance(spec, KafkaSource):
-        return KafkaTopicSource(spark, spec, position=position)
+        return KafkaTopicSource(spark, spec, where.source_brokers(spec), position=position)
     if isinstance(spec, HybridSource):
-        return HybridArchiveSource(spark, spec, position=position)
-    return DeltaTableSource(spark, spec)
+        return HybridArchiveSource(
+            spark, spec, where.source_path(spec.backlog), where.source_brokers(spec.live), position=position
+        )
+    return DeltaTableSource(spark, spec, where.source_path(spec))
 
 
 def open_inputs(
-    spark: SparkSession, pipeline: Pipeline, *, positions: dict[str, str | None] | None = None
+    spark: SparkSession, where: Placement, *, positions: dict[str, str | None] | None = None
 ) -> dict[str, SourceReader]:
     """A reader for each of the pipeline's inputs, by label (the source first); ``positions``: the handoff's
     recorded position of each input, by label (a Kafka input's chunk plan)."""
     positions = positions or {}
-    return {i.label: open_source(spark, i.spec, position=positions.get(i.label)) for i in pipeline.inputs}
+    return {
+        i.label: open_source(spark, i.spec, where, position=positions.get(i.label)) for i in where.definition.inputs
+    }
 
 
 def continue_inputs(
     spark: SparkSession,
-    pipeline: Pipeline,
+    where: Placement,
     *,
     positions: dict[str, str | None],
     firsts: dict[str, int],
@@ -48,12 +58,17 @@ def continue_inputs(
     ``firsts``, or following the plan an earlier attempt recorded (``plans``)."""
     plans = plans or {}
     readers: dict[str, SourceReader] = {}
-    for i in pipeline.inputs:
+    for i in where.definition.inputs:
         if isinstance(i.spec, KafkaSource | HybridSource):
             topic = i.spec.live if isinstance(i.spec, HybridSource) else i.spec
             readers[i.label] = KafkaTopicSource(
-                spark, topic, continue_from=positions[i.label], first=firsts[i.label], plan=plans.get(i.label)
+                spark,
+                topic,
+                where.source_brokers(topic),
+                continue_from=positions[i.label],
+                first=firsts[i.label],
+                plan=plans.get(i.label),
             )
         else:
-            readers[i.label] = open_source(spark, i.spec)
+            readers[i.label] = open_source(spark, i.spec, where)
     return readers

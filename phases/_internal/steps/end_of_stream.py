@@ -16,8 +16,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases._internal.definition import EndOfStreamStep, Pipeline
+from phases._internal.definition import EndOfStreamStep
 from phases._internal.errors import DefinitionError, PhaseStateError
+from phases._internal.placement import Placement
 from phases._internal.records import split_invalid
 from phases._internal.sources.reader import open_source
 from phases._internal.steps.partition_ops import apply_record_steps, run_end_of_stream_step
@@ -50,15 +51,16 @@ class StepRecord(BaseModel):
     created_at_us: int
 
 
-def log_path(pipeline: Pipeline) -> str:
-    return f"{pipeline.locations.root.rstrip('/')}/end_of_stream_log"
+def log_path(where: Placement) -> str:
+    return f"{where.engine_root.rstrip('/')}/end_of_stream_log"
 
 
 class EndOfStreamRunner:
-    def __init__(self, spark: SparkSession, pipeline: Pipeline):
+    def __init__(self, spark: SparkSession, where: Placement):
         self.spark = spark
-        self.pipeline = pipeline
-        self.source = open_source(spark, pipeline.source)
+        self.placement = where
+        self.pipeline = where.definition
+        self.source = open_source(spark, where.definition.source, where)
 
     def run_all(self, version: int) -> list[StepRecord]:
         return [self.run(step, version) for step in self.pipeline.end_of_stream]
@@ -69,9 +71,10 @@ class EndOfStreamRunner:
         valid, _ = split_invalid(self.source.read_backlog(version), self.pipeline)
         records = valid.select(*[c for c in valid.columns if not c.startswith("_")])
         out = run_end_of_stream_step(records, step)
-        fs.sweep_orphan_checksums(step.output.path)
-        out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(step.output.path)
-        output = self.spark.read.format("delta").load(step.output.path)
+        path = self.placement.end_of_stream_output(step)
+        fs.sweep_orphan_checksums(path)
+        out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        output = self.spark.read.format("delta").load(path)
         enrich = self.pipeline.enrich
         if enrich is not None and enrich.step == step.name:
             dupes = output.groupBy(*enrich.on).count().filter(F.col("count") > 1).limit(5).collect()
@@ -87,16 +90,17 @@ class EndOfStreamRunner:
             step=step.name,
             source_version=version,
             rows=output.count(),
-            output_version=tables.version(self.spark, step.output.path),
+            output_version=tables.version(self.spark, path),
             seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )
-        tables.append_row(self.spark, log_path(self.pipeline), LOG_SCHEMA, record.model_dump())
+        tables.append_row(self.spark, log_path(self.placement), LOG_SCHEMA, record.model_dump())
         return record
 
     def latest(self, step: str, fingerprint: str | None = None) -> StepRecord | None:
-        """The newest record of ``step`` made under ``fingerprint`` (default: the pipeline's)."""
-        path = log_path(self.pipeline)
+        """The newest record of ``step`` made under ``fingerprint`` (default: the pipeline's, declared or as the
+        engine took it before placements, :meth:`Placement.fingerprints`)."""
+        path = log_path(self.placement)
         if not tables.exists(self.spark, path):
             return None
         rows = (
@@ -104,7 +108,7 @@ class EndOfStreamRunner:
             .load(path)
             .filter(
                 (F.col("pipeline") == self.pipeline.name)
-                & (F.col("fingerprint") == (fingerprint or self.pipeline.fingerprint()))
+                & (F.col("fingerprint").isin(*([fingerprint] if fingerprint else self.placement.fingerprints)))
                 & (F.col("step") == step)
             )
             .orderBy(F.col("created_at_us").desc())
@@ -128,21 +132,23 @@ class EndOfStreamRunner:
                 f"end-of-stream step {step.name!r} of pipeline {self.pipeline.name!r} {at}; the live phase "
                 f"enriches with its output and starts only after it finished at the handoff's version {version}"
             )
-        current = tables.version(self.spark, step.output.path) if tables.exists(self.spark, step.output.path) else -1
+        path = self.placement.end_of_stream_output(step)
+        current = tables.version(self.spark, path) if tables.exists(self.spark, path) else -1
         if current != record.output_version:
             raise PhaseStateError(
-                f"end-of-stream step {step.name!r}: its output {step.output.path} is at table version {current}, "
+                f"end-of-stream step {step.name!r}: its output {path} is at table version {current}, "
                 f"not the version {record.output_version} the step wrote; run the backlog again"
             )
 
 
-def prepare(df: DataFrame, pipeline: Pipeline, spark: SparkSession, exempt: Column | None = None) -> DataFrame:
+def prepare(df: DataFrame, where: Placement, spark: SparkSession, exempt: Column | None = None) -> DataFrame:
     """The enrichment join, then the record steps: what the stream operator sees, in both phases
     (``exempt``: see :func:`phases._internal.steps.partition_ops.apply_record_steps`)."""
+    pipeline = where.definition
     enrich = pipeline.enrich
     if enrich is not None:
         step = next(s for s in pipeline.end_of_stream if s.name == enrich.step)
-        table = spark.read.format("delta").load(step.output.path)
+        table = spark.read.format("delta").load(where.end_of_stream_output(step))
         missing = sorted((set(enrich.on) | set(enrich.columns)) - set(table.columns))
         if missing:
             raise DefinitionError(
@@ -156,5 +162,5 @@ def prepare(df: DataFrame, pipeline: Pipeline, spark: SparkSession, exempt: Colu
     return apply_record_steps(df, pipeline.steps, exempt)
 
 
-def prepared_schema(spark: SparkSession, pipeline: Pipeline, source_schema: T.StructType) -> T.StructType:
-    return prepare(spark.createDataFrame([], source_schema), pipeline, spark).schema
+def prepared_schema(spark: SparkSession, where: Placement, source_schema: T.StructType) -> T.StructType:
+    return prepare(spark.createDataFrame([], source_schema), where, spark).schema

@@ -30,6 +30,7 @@ from pyspark.sql import types as T
 
 from phases._internal import spark_internals
 from phases._internal.definition import Pipeline
+from phases._internal.placement import Placement
 from phases._internal.storage import fs, table_stats, tables
 
 BATCH_ID = "_batch_id"  # the live micro-batch (progress-log batch id) that wrote the row; -1: the handoff
@@ -66,12 +67,12 @@ def sink_schema(pipeline: Pipeline, output: T.StructType) -> T.StructType:
     return schema(output) if pipeline.sink.mode == "changelog" else output
 
 
-def ensure_sink(spark: SparkSession, pipeline: Pipeline, output: T.StructType) -> None:
-    """Creates the pipeline's sink for the operator's ``output`` unless it exists."""
-    if pipeline.sink.mode == "changelog":
-        ensure(spark, pipeline.sink.path, output)
+def ensure_sink(spark: SparkSession, where: Placement, output: T.StructType) -> None:
+    """Creates the placed pipeline's sink for the operator's ``output`` unless it exists."""
+    if where.definition.sink.mode == "changelog":
+        ensure(spark, where.sink_path, output)
     else:
-        tables.ensure(spark, pipeline.sink.path, output)
+        tables.ensure(spark, where.sink_path, output)
 
 
 # The changelog's table properties. The change data feed: the compaction reads it. Its Delta log checkpoint and its
@@ -99,13 +100,13 @@ def ensure(spark: SparkSession, path: str, output: T.StructType) -> None:
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
 
 
-def tidy(spark: SparkSession, pipeline: Pipeline) -> None:
+def tidy(spark: SparkSession, where: Placement) -> None:
     """The changelog's upkeep beside the live phase (its background compaction, :mod:`phases._internal.live.compactor`):
     its small files bin-packed (``OPTIMIZE``, when ``maintenance.auto_compact``; it changes no row and does not conflict
     with the micro-batches' appends) and a checkpoint of its Delta log written (through Delta's ``DeltaLog``:
     internal API, pinned by ``tests/phases/live/test_changelog_sink.py``)."""
-    path = pipeline.sink.path
-    if pipeline.maintenance.auto_compact:
+    path = where.sink_path
+    if where.definition.maintenance.auto_compact:
         spark.sql(f"OPTIMIZE delta.`{path}`")
     spark_internals.checkpoint_delta_log(spark, path)
 
@@ -188,8 +189,14 @@ def _newer_rows(spark: SparkSession, sink: str, position: int | None, head: int)
 
 def compact_changelog(spark: SparkSession, pipeline: Pipeline) -> Compaction:
     """Brings the current table up to the changelog's head (module docstring). Idempotent, and safe beside the
-    live phase's appends (it reads a changelog version; later appends wait for the next compaction)."""
-    sink, current, keys = pipeline.sink.path, pipeline.sink.current, list(pipeline.key_columns)
+    live phase's appends (it reads a changelog version; later appends wait for the next compaction). The sink as
+    declared: the table consumers read, whichever generation serves it."""
+    return compact(spark, Placement(pipeline))
+
+
+def compact(spark: SparkSession, where: Placement) -> Compaction:
+    """:func:`compact_changelog` of the sink the placement writes."""
+    sink, current, keys = where.sink_path, where.sink_current, list(where.definition.key_columns)
     fs.sweep_orphan_checksums(sink, current)
     position = _position(spark, current)
     head = tables.version(spark, sink)  # read after the position: the position is at most the head
@@ -229,8 +236,14 @@ def compact_changelog(spark: SparkSession, pipeline: Pipeline) -> Compaction:
 def read_current(spark: SparkSession, pipeline: Pipeline, *, with_change_columns: bool = False) -> DataFrame:
     """The latest row per key of a changelog sink, exactly: the current table plus the changelog's rows after
     the current table's position (a row in both is the same row; a compaction that ran meanwhile only makes the
-    result newer). ``with_change_columns`` keeps ``_batch_id``, ``_source_version`` and ``_op``."""
-    sink, current, keys = pipeline.sink.path, pipeline.sink.current, list(pipeline.key_columns)
+    result newer). ``with_change_columns`` keeps ``_batch_id``, ``_source_version`` and ``_op``. The sink as
+    declared: the table consumers read."""
+    return read_current_at(spark, Placement(pipeline), with_change_columns=with_change_columns)
+
+
+def read_current_at(spark: SparkSession, where: Placement, *, with_change_columns: bool = False) -> DataFrame:
+    """:func:`read_current` of the sink the placement writes."""
+    sink, current, keys = where.sink_path, where.sink_current, list(where.definition.key_columns)
     position = _position(spark, current)
     head = tables.version(spark, sink)  # read after the position: the position is at most the head
     newer = _newer_rows(spark, sink, position, head)

@@ -26,31 +26,31 @@ import re
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from phases._internal.definition import Pipeline
+from phases._internal.placement import Placement
 from phases._internal.storage import fs, table_stats, tables
 
 _MANIFEST_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
-def remove_orphan_state(spark: SparkSession, pipeline: Pipeline) -> list[str]:
+def remove_orphan_state(spark: SparkSession, where: Placement) -> list[str]:
     """Deletes the state tables under ``state_root`` that no manifest names; returns their paths. Call it
     only while holding the pipeline's backlog lease."""
-    root = pipeline.locations.root.rstrip("/")
+    root = where.engine_root.rstrip("/")
     others = [n for n in fs.list_names(spark, f"{root}/leases") if n.endswith(".backlog.json")]
-    if any(n != f"{pipeline.name}.backlog.json" for n in others):
+    if any(n != f"{where.name}.backlog.json" for n in others):
         return []  # another pipeline's backlog under this root may be writing its state table right now
-    live_root = f"{root}/live"
-    names = [n for n in fs.list_names(spark, pipeline.locations.state_root) if _MANIFEST_ID.match(n)]
+    live_root = where.live_root.rstrip("/")
+    names = [n for n in fs.list_names(spark, where.state_root) if _MANIFEST_ID.match(n)]
     runs = [n for n in fs.list_names(spark, live_root) if _MANIFEST_ID.match(n)]
     if not names and not runs:
         return []
     referenced: set[str] = set()
-    if tables.exists(spark, pipeline.locations.manifests):
-        rows = spark.read.format("delta").load(pipeline.locations.manifests).select("manifest_id").collect()
+    if tables.exists(spark, where.manifests):
+        rows = spark.read.format("delta").load(where.manifests).select("manifest_id").collect()
         referenced = {r["manifest_id"] for r in rows}
     removed = []
     # A crashed backlog's state table, and the live run folder it started (its state store's version 1).
-    for folder, found in ((pipeline.locations.state_root.rstrip("/"), names), (live_root, runs)):
+    for folder, found in ((where.state_root.rstrip("/"), names), (live_root, runs)):
         for name in found:
             if name not in referenced:
                 path = f"{folder}/{name}"
@@ -74,8 +74,8 @@ def enable_auto_compaction(spark: SparkSession, *paths: str) -> None:
 _AUTO_COMPACT = "delta.autoOptimize.autoCompact"
 
 
-def _live_tables(spark: SparkSession, pipeline: Pipeline) -> list[str]:
-    live = f"{pipeline.locations.root.rstrip('/')}/live"
+def _live_tables(spark: SparkSession, where: Placement) -> list[str]:
+    live = where.live_root.rstrip("/")
     return [
         f"{live}/{run}/{what}"
         for run in fs.list_names(spark, live)
@@ -84,17 +84,14 @@ def _live_tables(spark: SparkSession, pipeline: Pipeline) -> list[str]:
     ]
 
 
-def maintain_tables(spark: SparkSession, pipeline: Pipeline) -> dict[str, dict]:
-    """Compacts the append-only engine tables and vacuums every engine table and the sink of ``pipeline`` (a
-    deployment's, :attr:`phases._internal.deployment.Deployment.pipeline`) with its retention. Returns, per table, the
-    files
-    ``OPTIMIZE`` removed and whether it was vacuumed."""
-    loc = pipeline.locations
-    append_only = [loc.quarantine, loc.manifests, *_live_tables(spark, pipeline)]
-    state_tables = [f"{loc.state_root.rstrip('/')}/{n}" for n in fs.list_names(spark, loc.state_root)]
-    hours = pipeline.maintenance.retain.total_seconds() / 3600
+def maintain_tables(spark: SparkSession, where: Placement) -> dict[str, dict]:
+    """Compacts the append-only engine tables and vacuums every engine table and the sink of the placed pipeline
+    with its retention. Returns, per table, the files ``OPTIMIZE`` removed and whether it was vacuumed."""
+    append_only = [where.quarantine, where.manifests, *_live_tables(spark, where)]
+    state_tables = [f"{where.state_root.rstrip('/')}/{n}" for n in fs.list_names(spark, where.state_root)]
+    hours = where.definition.maintenance.retain.total_seconds() / 3600
     report: dict[str, dict] = {}
-    for path in [*append_only, *state_tables, pipeline.sink.path]:
+    for path in [*append_only, *state_tables, where.sink_path]:
         if not tables.exists(spark, path):
             continue
         entry: dict = {}

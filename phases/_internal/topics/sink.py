@@ -27,23 +27,18 @@ from pyspark.sql import DataFrame, SparkSession
 
 from phases._internal.definition import KafkaSink, Pipeline
 from phases._internal.errors import DefinitionError, SinkError
+from phases._internal.placement import Placement
 from phases._internal.topics import records
 from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter, create_topic_like
 
 log = logging.getLogger(__name__)
 
 
-def generation_topic(topic: str, generation: int) -> str:
-    """The result topic of ``generation`` of a pipeline whose topic sink names ``topic``: generation 0 writes ``topic``
-    itself, a generation a redeploy builds a topic of its own (``<topic>-g<n>``), so that a topic never mixes two
-    definitions' results. (The definition keeps the declared name: its fingerprint does not change with the
-    generation.)"""
-    return topic if generation == 0 else f"{topic}-g{generation}"
-
-
-def topic_sink(pipeline: Pipeline, generation: int) -> TopicSink | None:
-    """The result topic of ``pipeline`` (bound to where it runs) as ``generation`` writes it; None for a Delta sink."""
-    return TopicSink(pipeline, generation) if isinstance(pipeline.sink, KafkaSink) else None
+def topic_sink(where: Placement) -> TopicSink | None:
+    """The result topic of the placed pipeline as its generation writes it (:meth:`Placement.topic`: generation 0
+    the declared topic, a generation a redeploy builds a topic of its own, so that a topic never mixes two
+    definitions' results); None for a Delta sink."""
+    return TopicSink(where) if isinstance(where.definition.sink, KafkaSink) else None
 
 
 def refuse(pipeline: Pipeline, what: str) -> None:
@@ -57,31 +52,31 @@ def refuse(pipeline: Pipeline, what: str) -> None:
         )
 
 
-def create_generation_topic(pipeline: Pipeline, generation: int, like: int) -> None:
+def create_generation_topic(where: Placement, generation: int, like: int) -> None:
     """A topic sink: creates the result topic of ``generation`` (one a redeploy builds) like the topic of generation
     ``like`` (the serving one), unless it exists. A SinkError when it cannot."""
-    sink = pipeline.sink
+    sink = where.definition.sink
     if not isinstance(sink, KafkaSink):
         return
-    topic, model = generation_topic(sink.topic, generation), generation_topic(sink.topic, like)
-    if create_topic_like(sink.bootstrap_servers, model, topic, client_config=sink.client_options):
-        log.info("pipeline %r: created the result topic %r like %r", pipeline.name, topic, model)
+    topic, model = where.topic(generation), where.topic(like)
+    if create_topic_like(where.sink_brokers, model, topic, client_config=sink.client_options):
+        log.info("pipeline %r: created the result topic %r like %r", where.name, topic, model)
 
 
 class TopicSink:
     """The writes of one pipeline generation into its result topic."""
 
-    def __init__(self, pipeline: Pipeline, generation: int):
-        sink = pipeline.sink
+    def __init__(self, where: Placement):
+        sink = where.definition.sink
         if not isinstance(sink, KafkaSink):
-            raise TypeError(f"pipeline {pipeline.name!r} has no topic sink")
-        self.pipeline, self.sink = pipeline.name, sink
-        self.key_columns = list(pipeline.key_columns)
+            raise TypeError(f"pipeline {where.name!r} has no topic sink")
+        self.pipeline, self.sink = where.name, sink
+        self.key_columns = list(where.definition.key_columns)
         self.writer = TopicWriter(
-            sink.bootstrap_servers,
-            generation_topic(sink.topic, generation),
-            pipeline.name,
-            generation,
+            where.sink_brokers,
+            where.topic(),
+            where.name,
+            where.generation,
             client_config=sink.client_options,
             timeout_s=sink.transaction_timeout.total_seconds(),
         )
@@ -198,9 +193,8 @@ class TopicSink:
 
 def read_topic(
     spark: SparkSession,
-    pipeline: Pipeline,
+    where: Placement,
     *,
-    generation: int = 0,
     with_change_columns: bool = False,
     timeout_s: float = 60.0,
 ) -> DataFrame:
@@ -215,16 +209,16 @@ def read_topic(
 
     from phases._internal.topics.transactions import fold_upsert, read_committed
 
+    pipeline = where.definition
     sink = pipeline.sink
     if not isinstance(sink, KafkaSink):
         raise DefinitionError(f"pipeline {pipeline.name!r} has no topic sink (sink.kind {sink.kind!r})")
-    topic = generation_topic(sink.topic, generation)
-    read = read_committed(sink.bootstrap_servers, topic, timeout_s=timeout_s, client_config=sink.client_options)
+    read = read_committed(where.sink_brokers, where.topic(), timeout_s=timeout_s, client_config=sink.client_options)
     if pipeline.operator.upserts:
         values = list(fold_upsert(read).values())
     else:
         values = [r.value for r in read if r.value is not None]
-    schema = spark.read.format("delta").load(sink.path).schema
+    schema = spark.read.format("delta").load(where.sink_path).schema
     texts = pa.table({"value": pa.array([v.decode() for v in values], pa.string())})
     frame = spark.createDataFrame(texts).select(F.from_json("value", schema, records.JSON_OPTIONS).alias("r"))
     rows = frame.select("r.*")

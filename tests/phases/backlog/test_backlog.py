@@ -164,14 +164,14 @@ def test_backlog_of_versions_the_log_proves_on_time_skips_the_scan_and_hands_off
     assert snapshots == [3]  # versions 0..3 appended only: read as the snapshot at 3, not through the change feed
     expected, expected_q = reference.run(ORDERED, DELAY_S * S)
     assert expected_q == []
-    assert_results_equal(sink_rows(spark, proved.pipeline.sink.path), expected)
+    assert_results_equal(sink_rows(spark, proved.placement.sink_path), expected)
     assert handoff.backlog_max_event_time_us % 1000 == 777  # exact, below the millisecond the log keeps
 
     monkeypatch.setattr(DeltaTableSource, "log_bounds", lambda self, *args: None)  # the scan, as before
     scanned = BacklogRunner(spark, make_pipeline(path, str(tmp_path / "scan"), delay_s=DELAY_S))
     reference_handoff = scanned.run()
     assert "statistics_from_log" not in scanned.timings
-    assert_results_equal(sink_rows(spark, scanned.pipeline.sink.path), expected)
+    assert_results_equal(sink_rows(spark, scanned.placement.sink_path), expected)
     same = ("backlog_max_event_time_us", "final_watermark_us", "state_rows", "aggregated_rows", "late_rows")
     assert {f: getattr(handoff, f) for f in same} == {f: getattr(reference_handoff, f) for f in same}
 

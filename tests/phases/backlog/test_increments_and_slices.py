@@ -11,6 +11,7 @@ from phases._internal.backlog.slices import SliceRunner
 from phases._internal.errors import DefinitionError, PhaseStateError
 from phases._internal.handoff import manifest
 from phases._internal.live.runner import LiveRunner
+from phases._internal.placement import Placement
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import (
@@ -88,7 +89,7 @@ def test_slices_follow_commit_days_and_combine_to_the_whole_backlog(spark, tmp_p
     expected, expected_q = reference.run(VERSIONS, DELAY_S * S)
     assert_results_equal(sink_rows(spark, p.sink.path), expected)
     assert quarantine_rows(spark, p.locations.root) == sorted(expected_q, key=repr)
-    manifest.check_matches(spark, handoff, p)
+    manifest.check_matches(spark, handoff, Placement(p))
     assert (handoff.state_rows, handoff.late_rows, handoff.invalid_rows) == (4, 2, 1)
 
 

@@ -15,6 +15,7 @@ import pytest
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.coordination import leases
 from phases._internal.live.runner import LiveRunner
+from phases._internal.placement import Placement
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
@@ -45,7 +46,7 @@ def test_a_second_live_start_is_refused_and_the_running_one_goes_on(spark, pipel
         first.stop()
     expected, _ = reference.run({**BACKLOG, 3: LIVE[3]}, DELAY_S * S)
     assert_results_equal(sink_rows(spark, pipeline.sink.path), expected)
-    assert not os.path.exists(leases.lease_path(pipeline, "live")), "stop() did not release the lease"
+    assert not os.path.exists(leases.lease_path(Placement(pipeline), "live")), "stop() did not release the lease"
 
 
 def test_a_reset_is_refused_while_the_live_phase_runs_and_names_its_holder(spark, pipeline):
@@ -66,7 +67,7 @@ def test_a_reset_is_refused_while_the_live_phase_runs_and_names_its_holder(spark
     expected, _ = reference.run({**BACKLOG, 3: LIVE[3]}, DELAY_S * S)
     assert_results_equal(sink_rows(spark, pipeline.sink.path), expected)
     BacklogRunner(spark, pipeline).run(reset=True)  # once stopped, a reset goes through
-    assert not os.path.exists(leases.lease_path(pipeline, "live"))
+    assert not os.path.exists(leases.lease_path(Placement(pipeline), "live"))
 
 
 def test_a_second_backlog_is_refused_while_one_runs_and_the_first_finishes(spark, pipeline):
@@ -74,7 +75,7 @@ def test_a_second_backlog_is_refused_while_one_runs_and_the_first_finishes(spark
     done: dict = {}
     thread = threading.Thread(target=lambda: done.setdefault("handoff", first.run()))
     thread.start()
-    path = leases.lease_path(pipeline, "backlog")
+    path = leases.lease_path(Placement(pipeline), "backlog")
     deadline = time.time() + 60
     while not os.path.exists(path) and time.time() < deadline:
         time.sleep(0.05)
@@ -91,7 +92,7 @@ def test_a_dead_holders_lease_is_taken_over_only_explicitly(spark, pipeline):
     BacklogRunner(spark, pipeline).run()
     gone = subprocess.Popen(["true"])
     gone.wait()
-    path = leases.lease_path(pipeline, "live")
+    path = leases.lease_path(Placement(pipeline), "live")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     stale = {"pipeline": pipeline.name, "role": "live", "holder": "live run crashed", "host": socket.gethostname()}
     with open(path, "w") as f:
@@ -116,13 +117,13 @@ def test_a_lease_under_a_file_uri_root_is_the_folders_file_not_a_relative_file_f
     the working directory, which another process's lease check would never see."""
     monkeypatch.chdir(tmp_path)
     p = make_pipeline(f"file:{tmp_path}/source", f"file:{tmp_path}/run")
-    lease = leases.acquire(spark, p, "backlog", "test-holder")
+    lease = leases.acquire(spark, Placement(p), "backlog", "test-holder")
     try:
         assert os.path.exists(f"{tmp_path}/run/leases/{p.name}.backlog.json")
         assert not os.path.exists(tmp_path / "file:")
         with pytest.raises(leases.LeaseHeld):
-            leases.acquire(spark, p.model_copy(update={"locations": p.locations.model_copy(
-                update={"root": f"{tmp_path}/run"})}), "backlog", "other-holder")  # fmt: skip
+            other = p.model_copy(update={"locations": p.locations.model_copy(update={"root": f"{tmp_path}/run"})})
+            leases.acquire(spark, Placement(other), "backlog", "other-holder")
     finally:
         leases.release(spark, lease)
     assert not os.path.exists(f"{tmp_path}/run/leases/{p.name}.backlog.json")

@@ -245,7 +245,6 @@ def test_a_reduce_that_folds_passes_the_analysis(spark):
 
 def test_a_topic_sink_is_validated_and_its_topic_is_part_of_the_fingerprint_not_its_brokers():
     from phases._internal.definition import KafkaSink
-    from phases._internal.deployment.paths import resolve_paths
 
     def sink(**fields) -> KafkaSink:
         return KafkaSink(**{"topic": "totals", "bootstrap_servers": "b1:9092", "path": "results", **fields})
@@ -258,12 +257,16 @@ def test_a_topic_sink_is_validated_and_its_topic_is_part_of_the_fingerprint_not_
     # A definition read back (JSON, as the Dagster layer and the child processes pass it) keeps its topic sink.
     assert Pipeline.model_validate_json(base.model_dump_json()) == base
     # Where it runs: its table under the storage root, its brokers the environment's.
-    moved = resolve_paths(base, "/data", "broker:9092")
-    assert (moved.sink.path, moved.sink.bootstrap_servers, moved.sink.topic) == (
+    from phases._internal.placement import Placement
+
+    moved = Placement(base, root="/data", brokers="broker:9092")
+    assert (moved.sink_path, moved.sink_brokers, moved.topic(), moved.topic(2)) == (
         "/data/results",
         "broker:9092",
         "totals",
+        "totals-g2",
     )
+    assert base.sink.path == "results" and base.sink.bootstrap_servers == "b1:9092"  # the definition is as declared
     for fields, fragment in [
         ({"topic": "a topic"}, "not a Kafka topic name"),
         ({"topic": ".."}, "not a Kafka topic name"),

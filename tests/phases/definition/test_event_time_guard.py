@@ -108,7 +108,7 @@ def test_the_log_does_not_prove_a_far_future_last_version_on_time(spark, tmp_pat
     assert handoff.future_rows == 1 and handoff.backlog_max_event_time_us < FAR
     from phases._internal.sources.delta import DeltaTableSource
 
-    reader = DeltaTableSource(spark, runner.pipeline.source)
+    reader = DeltaTableSource(spark, runner.pipeline.source, runner.pipeline.source.path)
     spark_times, log_times = dict(reader.commit_times()), reader.log_commit_times(1)
     assert sorted(log_times) == [1, 2, 3] == sorted(v for v in spark_times if v >= 1)
     assert all(abs((log_times[v] - spark_times[v]).total_seconds()) < 5 for v in log_times)

@@ -1,6 +1,7 @@
-"""A definition is bound to where it runs once (:mod:`phases._internal.deployment`): the definition carries no engine
-state, a deployment is immutable, and a runner given a deployment neither binds nor reads the redeploy log again before
-its start."""
+"""Where a definition runs is a value of its own (:class:`phases.Placement`), placed once at each entry point
+(:func:`phases.place`): the definition carries no engine state and is never copied, a placement is immutable and
+derives every path from the declaration, and a runner given a placement reads the redeploy log no more before its
+start."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import dataclasses
 
 import pytest
 
-from phases import deploy
+from phases import Placement, place
 from phases._internal.backlog.runner import BacklogRunner
-from phases._internal.definition import Locations, Pipeline
-from phases._internal.deployment import bind, generations
+from phases._internal.definition import Locations, Pipeline, fingerprint_of
+from phases._internal.deployment import generations
 from phases._internal.live.runner import LiveRunner
 from tests.conftest import make_pipeline
 from tests.helpers import write_source
-from tests.phases.backlog.test_backlog import VERSIONS
+from tests.phases.backlog.test_backlog import DELAY_S, VERSIONS, S
 
 
 def _engine_fields(model: type) -> list[str]:
@@ -32,45 +33,82 @@ def test_the_definition_carries_no_engine_state():
     assert _engine_fields(Pipeline) == [] and _engine_fields(Locations) == []
 
 
-def test_a_definition_is_bound_to_the_serving_generation_and_the_deployment_is_immutable(tmp_path):
+def test_a_placement_derives_every_path_from_the_declaration_and_never_changes_it(tmp_path):
     p = make_pipeline("rel/source", "engine").model_copy(update={"sink": make_pipeline("x", "y").sink})
-    d = deploy(None, p, root=str(tmp_path))  # no redeploy log: generation 0 serves
-    assert (d.generation, d.serving, d.redeployed) == (0, True, False)
-    assert d.definition.source.path == f"{tmp_path}/rel/source" and d.pipeline.locations.root == f"{tmp_path}/engine"
-    assert deploy(None, d) is d  # a deployment is taken as it is
+    where = place(None, p, root=str(tmp_path))  # no redeploy log: generation 0 serves
+    assert where.definition is p and p.locations.root == "engine" and p.source.path == "rel/source"
+    assert (where.generation, where.serving, where.redeployed) == (0, True, False)
+    assert where.source_path(p.source) == f"{tmp_path}/rel/source"
+    assert where.quarantine == f"{tmp_path}/engine/quarantine" and where.sink_path == f"{tmp_path}/y/sink"
+    assert where.redeploy_log == f"{tmp_path}/engine/redeploys"
     with pytest.raises(dataclasses.FrozenInstanceError):
-        d.generation = 1  # type: ignore[misc]
-    built = bind(d.definition, 2, serving=False)
-    assert built.pipeline.locations.root == f"{tmp_path}/engine/generations/2"
-    assert built.pipeline.sink.path == f"{tmp_path}/engine/generations/2/sink"
-    assert built.definition is d.definition and p.locations.root == "engine"  # the user's definition is unchanged
+        where.generation = 1  # type: ignore[misc]
+    built = where.at(2, serving=False)
+    assert built.engine_root == f"{tmp_path}/engine/generations/2" and built.definition is p
+    assert built.sink_path == f"{tmp_path}/engine/generations/2/sink"
+    assert built.consumer_sink == where.sink_path and built.redeploy_log == where.redeploy_log
+    assert built.lease("live") == f"{tmp_path}/engine/generations/2/leases/events.live.json"
+    with pytest.raises(TypeError, match="takes a phases.Pipeline"):
+        place(None, where)  # type: ignore[arg-type]
 
 
-def test_a_runner_given_a_deployment_binds_and_reads_the_log_no_more_until_its_start(spark, tmp_path, monkeypatch):
+def test_the_fingerprint_is_the_declarations_wherever_it_runs(tmp_path):
+    p = make_pipeline("rel/source", "engine")
+    here, there = place(None, p, root=str(tmp_path / "a")), place(None, p, root=str(tmp_path / "b"))
+    assert here.fingerprint() == there.fingerprint() == p.fingerprint()
+    assert here.at(3, serving=False).fingerprint() == p.fingerprint()
+    # What the engine wrote before: the fingerprint of the definition with its source path resolved. Accepted.
+    spec = p.state_spec()
+    spec["source"] = {**spec["source"], "path": f"{tmp_path}/a/rel/source"}
+    assert here.is_fingerprint(fingerprint_of(spec)) and not there.is_fingerprint(fingerprint_of(spec))
+    assert here.fingerprints[0] == p.fingerprint()
+
+
+def test_a_handoff_named_by_the_resolved_definition_still_starts_its_live_phase(spark, tmp_path):
+    """A manifest written before the placement was a value of its own carries the fingerprint of the definition
+    with its relative paths resolved: its live phase starts, and the sink equals the reference."""
+    from phases._internal.handoff import manifest
+    from tests import reference
+    from tests.helpers import append_version, assert_results_equal, sink_rows
+
+    write_source(spark, f"{tmp_path}/rel/source", VERSIONS)
+    p = make_pipeline("rel/source", "engine", delay_s=DELAY_S).model_copy(
+        update={"sink": make_pipeline("x", "out").sink}
+    )
+    where = place(spark, p, root=str(tmp_path))
+    BacklogRunner.at(spark, where).run()
+    handoff = manifest.latest(spark, where.manifests, p.name)
+    legacy = where.placed_fingerprint()
+    assert legacy != p.fingerprint() and handoff.fingerprint == p.fingerprint()
+    spark.sql(f"UPDATE delta.`{where.manifests}` SET fingerprint = '{legacy}'")  # as the earlier engine wrote it
+    more = [("a", 70 * S, 10), ("e", 66 * S, 11)]
+    append_version(spark, f"{tmp_path}/rel/source", more)
+    LiveRunner.at(spark, place(spark, p, root=str(tmp_path))).start(available_now=True)
+    expected, _ = reference.run({**VERSIONS, 4: more}, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, where.sink_path), expected)
+
+
+def test_a_runner_given_a_placement_reads_the_log_no_more_until_its_start(spark, tmp_path, monkeypatch):
     write_source(spark, f"{tmp_path}/source", VERSIONS)
     p = make_pipeline(f"{tmp_path}/source", str(tmp_path / "run"))
     BacklogRunner(spark, p).run()
-    d = deploy(spark, p)
-    reads, binds = [], []
-    real_read, real_bind = generations.read, bind
+    where = place(spark, p)
+    reads = []
+    real_read = generations.read
 
-    def counting_read(spark_, definition):
-        reads.append(definition.name)
-        return real_read(spark_, definition)
-
-    def counting_bind(*args, **kwargs):
-        binds.append(args[1])
-        return real_bind(*args, **kwargs)
+    def counting_read(spark_, placed):
+        assert isinstance(placed, Placement)
+        reads.append(placed.name)
+        return real_read(spark_, placed)
 
     monkeypatch.setattr(generations, "read", counting_read)
-    monkeypatch.setattr("phases._internal.deployment.binding.bind", counting_bind)
-    runner = LiveRunner.from_manifest(spark, d)
-    assert runner.deployment is d and (reads, binds) == ([], [])
-    BacklogRunner(spark, d)
-    assert (reads, binds) == ([], [])
-    # A definition is bound once at the entry: one read of the log, one bind.
+    runner = LiveRunner.at(spark, where)
+    assert runner.placement is where and reads == []
+    BacklogRunner.at(spark, where)
+    assert reads == []
+    # A definition is placed once at the entry: one read of the log.
     LiveRunner.from_manifest(spark, p)
-    assert (reads, binds) == (["events"], [0])
+    assert reads == ["events"]
     # The start checks again that the generation still serves (a swap since would refuse it).
     reads.clear()
     runner.start(available_now=True)

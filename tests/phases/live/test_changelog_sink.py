@@ -19,6 +19,7 @@ from phases._internal.definition import DeltaSink, Window, WindowedAggregate
 from phases._internal.errors import DefinitionError
 from phases._internal.live.compactor import Compactor
 from phases._internal.live.runner import LiveRunner
+from phases._internal.placement import Placement
 from phases._internal.storage import changelog
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
@@ -154,10 +155,10 @@ def test_a_compaction_run_is_reported_only_once_its_log_checkpoint_is_written(tm
         time.sleep(1)
         tidied.append(compactor.last)
 
-    monkeypatch.setattr(changelog, "compact_changelog", compact)
+    monkeypatch.setattr(changelog, "compact", compact)
     monkeypatch.setattr(changelog, "tidy", slow_tidy)
     p = _changelog_pipeline(str(tmp_path / "source"), str(tmp_path / "run"), compact_every=timedelta(seconds=0.1))
-    compactor = Compactor(None, p).start()  # type: ignore[arg-type]
+    compactor = Compactor(None, Placement(p)).start()  # type: ignore[arg-type]
     try:
         deadline = time.monotonic() + 30
         while compactor.last is None and time.monotonic() < deadline:

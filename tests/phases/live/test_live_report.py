@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from phases._internal.live import report as live_report
 from phases._internal.live.plan import Progress
+from phases._internal.placement import Placement
 from phases._internal.sources.lag import Unapplied
 from tests.conftest import make_pipeline
 
@@ -45,8 +46,10 @@ def _meter(monkeypatch):
     monkeypatch.setattr(live_report, "source_heads", lambda p: [SimpleNamespace(max_event_time=None, position="v5")])
     query = _Query()
     progress = Progress(batch_id=0, complete_below=6, running_max_us=None, closed_us=None, held_version=None)
+    pipeline = make_pipeline("/data/source", "/data/run")
     runner = SimpleNamespace(
-        pipeline=make_pipeline("/data/source", "/data/run"),
+        pipeline=pipeline,
+        placement=Placement(pipeline),
         query=query,
         handoff=None,
         incremental=SimpleNamespace(latest_progress=lambda: progress),

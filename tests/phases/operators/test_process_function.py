@@ -23,6 +23,7 @@ from phases._internal.lateness import VERSION, WATERMARK_US
 from phases._internal.live.runner import LiveRunner
 from phases._internal.operators.process_function import to_us
 from phases._internal.operators.process_pass import KIND, OUT, ProcessLogic, pass_partition
+from phases._internal.placement import Placement
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (
@@ -173,7 +174,7 @@ def test_backlog_output_is_grouped_by_key_and_state_holds_open_sessions(spark, t
     runner = BacklogRunner(spark, p)
     from phases._internal.tagging import tag_version_range
 
-    tagged = tag_version_range(spark, p, runner.source, (0, 2), None)
+    tagged = tag_version_range(spark, Placement(p), runner.source, (0, 2), None)
     logic = ProcessLogic(spark, p, tagged.prepared.schema)
     passed = logic.backlog_pass(tagged.prepared, handoff.final_watermark_us).collect()
     keys = [r["key"] for r in passed]

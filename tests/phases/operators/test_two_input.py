@@ -16,6 +16,7 @@ from phases._internal.definition import CoGroup, DeltaSource, Filter, IntervalJo
 from phases._internal.errors import DefinitionError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.operators import registry as operators
+from phases._internal.placement import Placement
 from phases._internal.sources.delta import DeltaTableSource
 from phases._internal.tagging import tag_version_range
 from tests import reference
@@ -206,8 +207,10 @@ def test_two_input_backlog_output_is_grouped_by_key(spark, tmp_path):
     write_source(spark, right, {1: [(f"k{i % 5}", i * SECOND + 2 * SECOND, i) for i in range(90)]})
     for operator in (_join(right), _co_group(right)):
         p = make_pipeline(left, str(tmp_path / operator.kind), delay_s=DELAY_S, operator=operator)
-        lt = tag_version_range(spark, p, DeltaTableSource(spark, p.source), (0, 1), None)
-        rt = tag_version_range(spark, p, DeltaTableSource(spark, p.right_source), (0, 1), None)
+        lt = tag_version_range(spark, Placement(p), DeltaTableSource(spark, p.source, p.source.path), (0, 1), None)
+        rt = tag_version_range(
+            spark, Placement(p), DeltaTableSource(spark, p.right_source, p.right_source.path), (0, 1), None
+        )
         logic = operators.kind_of(p).logic(spark, p, [lt.prepared.schema, rt.prepared.schema])
         wm = [t.running_max_us - p.delay_us for t in (lt, rt)]
         out, _ = logic.backlog(lt.prepared, rt.prepared, *wm)

@@ -55,7 +55,7 @@ def main() -> None:
 
         def prepare(self):
             real_prepare(self)
-            if self.deployment.generation:
+            if self.placement.generation:
                 _die()
 
         micro_batch.IncrementalLive.prepare = prepare

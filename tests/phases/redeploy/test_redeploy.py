@@ -15,9 +15,10 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.coordination import leases
 from phases._internal.definition import KeyedAggregate
 from phases._internal.definition.changes import DefinitionChanges
-from phases._internal.deployment import bind, generations
+from phases._internal.deployment import generations
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases._internal.live.runner import LiveRunner
+from phases._internal.placement import Placement
 from phases._internal.redeploy.runner import STEPS
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
@@ -137,7 +138,7 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
     assert result.swapped and (result.from_generation, result.generation) == (0, 1)
     assert serving.stopped_for is not None and "redeploy" in serving.stopped_for
     assert serving.query is not None and not serving.query.isActive
-    assert leases.holder(spark, old, "live") is None  # released by the stopped phase and by the redeploy
+    assert leases.holder(spark, Placement(old), "live") is None  # released by the stopped phase and by the redeploy
 
     # Every read between steps is the old definition's complete result, until the swap; then the new one's.
     steps = [s for s, _ in reads]
@@ -147,13 +148,13 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
             step
         )
     assert_results_equal(reads[-1][1], _expected_new(_upto(versions, 6)))
-    gens = generations.read(spark, old)
+    gens = generations.read(spark, Placement(old))
     assert gens.serving == 1 and gens.swap_under_way is None
 
     # The new definition's live phase resumes on the consumer-facing table from its generation's progress log.
     append_version(spark, source, versions[7])
     live = LiveRunner.from_manifest(spark, new)
-    assert live.deployment.generation == 1 and live.pipeline.sink.path == new.sink.path
+    assert live.placement.generation == 1 and live.placement.sink_path == new.sink.path
     live.start(available_now=True)
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(versions, 7)))
     # The old definition's pipeline now binds to generation 1, whose handoff it does not match.
@@ -224,7 +225,7 @@ def test_after_the_swap_the_sink_equals_the_new_definitions_one_streaming_job(
     for v in range(head[0] + 1, last + 1):
         append_version(spark, source, versions[v])
     if log_behind:  # the redeploy log loses its newest commits: refused, then repaired by the redeploy the error names
-        remove_newest_commits(generations.log_path(old), log_behind)
+        remove_newest_commits(Placement(old).redeploy_log, log_behind)
         with pytest.raises((PhaseStateError, ManifestError)):
             LiveRunner.from_manifest(spark, new).start(available_now=True)
         with pytest.raises(PhaseStateError, match=r"Redeploy\(spark, pipeline\)\.run\(\)"):
@@ -264,7 +265,7 @@ def test_a_second_redeploy_is_refused_naming_the_one_that_runs(spark, tmp_path):
     old, new = _old(source, root), _new(source, root)
     BacklogRunner(spark, old).run()
     first = Redeploy(spark, new)
-    with leases.hold(spark, new, "redeploy", first.holder), pytest.raises(LeaseHeld, match=first.holder):
+    with leases.hold(spark, Placement(new), "redeploy", first.holder), pytest.raises(LeaseHeld, match=first.holder):
         Redeploy(spark, new).run()
 
 
@@ -278,7 +279,7 @@ def test_a_generation_whose_checks_fail_is_never_swapped_in(spark, tmp_path):
 
     with pytest.raises(PhaseStateError, match="refused by the test"):
         Redeploy(spark, new, checks=[refuse]).run()
-    assert generations.read(spark, old).serving == 0
+    assert generations.read(spark, Placement(old)).serving == 0
     assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(versions))
     # A rerun with passing checks continues the generation that is there: no second backlog.
     result = Redeploy(spark, new).run()
@@ -349,7 +350,7 @@ def test_a_redeploy_killed_at_each_step_in_turn_leaves_the_old_definition_servin
             assert child.returncode == -9, (kill_at, child.stderr[-3000:])
             ran_at, head = head, head + 1
             append_version(spark, source, versions[head])
-            gens = generations.read(spark, old)
+            gens = generations.read(spark, Placement(old))
             if kill_at == "swapped":  # the swap's commit is made: the new results serve, no live phase starts yet
                 assert gens.swap_under_way is not None
                 # ... as the new generation's last catch-up round left them on its own sink (a run killed earlier
@@ -372,8 +373,8 @@ def test_a_redeploy_killed_at_each_step_in_turn_leaves_the_old_definition_servin
         assert (result.from_generation, result.generation, result.swapped) == (0, 1, True)
         LiveRunner.from_manifest(spark, new, take_over=True).start(available_now=True)
         assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(versions))
-        assert generations.read(spark, old).serving == 1
-        built = bind(new, 1, serving=False).pipeline.locations.manifests
+        assert generations.read(spark, Placement(old)).serving == 1
+        built = Placement(new).at(1, serving=False).manifests
         kinds = [r.kind for r in spark.read.format("delta").load(built).collect()]
         assert kinds.count("full") == 1 and "increment" in kinds, kinds
     finally:
@@ -402,7 +403,7 @@ def test_a_kafka_source_whose_retention_dropped_its_start_is_refused_before_anyt
     before = sink_rows(spark, old.sink.path)
     with pytest.raises(SourceError, match=r"partition 1 from offset 0.*offsets 0\.\.2 were deleted by retention"):
         Redeploy(spark, new).run()
-    assert generations.read(spark, old).rows == ()  # nothing was recorded, nothing ran
+    assert generations.read(spark, Placement(old)).rows == ()  # nothing was recorded, nothing ran
     assert not (tmp_path / "run" / "generations").exists()
     assert sink_rows(spark, old.sink.path) == before
 
@@ -445,16 +446,16 @@ def test_a_generation_retired_longer_than_the_retention_is_removed_and_a_rollbac
     LiveRunner.from_manifest(spark, old).start(available_now=True)
     Redeploy(spark, new).run()
     now_us = clock.time_ns() // 1000
-    assert generations.remove_retired(spark, old, now_us=now_us) == []  # retired just now: kept (7 days)
+    assert generations.remove_retired(spark, Placement(old), now_us=now_us) == []  # retired just now: kept (7 days)
     assert "retired_generations" not in maintain(spark, new)
     assert (tmp_path / "run" / "state").exists()
     eight_days = 8 * 24 * 3600 * SECOND
-    assert generations.remove_retired(spark, old, now_us=now_us + eight_days) == [0]
+    assert generations.remove_retired(spark, Placement(old), now_us=now_us + eight_days) == [0]
     for folder in ("state", "manifests", "checkpoints", "live", "generations/0"):
         assert not (tmp_path / "run" / folder).exists(), folder
     assert (tmp_path / "run" / "generations" / "1").exists()
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(versions))
-    gens = generations.read(spark, old)
+    gens = generations.read(spark, Placement(old))
     assert 0 in gens.gone and gens.serving == 1
     plan = Redeploy(spark, old).plan()  # the old definition's generation is gone: a rollback is a new backfill
     assert (plan.way, plan.target, plan.reuse, plan.rollback) == ("backfill", 2, False, False)

@@ -15,6 +15,7 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.deployment import generations
 from phases._internal.errors import LiveResumeError, ManifestError, PhasesError, PhaseStateError
 from phases._internal.live.runner import LiveRunner
+from phases._internal.placement import Placement
 from tests.helpers import append_version, assert_results_equal, remove_newest_commits, sink_rows, write_source
 from tests.phases.redeploy.test_redeploy import _expected_new, _expected_old, _handed_off, _old, _upto, _version
 
@@ -42,7 +43,7 @@ def test_a_redeploy_log_behind_the_sink_is_repaired_by_the_redeploy_its_refusal_
     root, source, old, new = _swapped(spark, tmp_path)
     kept_old = sink_rows(spark, generations.own_sink(root, 0))
     assert_results_equal(kept_old, _expected_old(_upto(VERSIONS, 3)))
-    remove_newest_commits(generations.log_path(old), behind)
+    remove_newest_commits(Placement(old).redeploy_log, behind)
 
     append_version(spark, source, VERSIONS[5])
     for definition in (old, new):
@@ -55,7 +56,7 @@ def test_a_redeploy_log_behind_the_sink_is_repaired_by_the_redeploy_its_refusal_
     assert result.generation == 1
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(VERSIONS, 4)))
     assert_results_equal(sink_rows(spark, generations.own_sink(root, 0)), kept_old)
-    gens = generations.read(spark, old)
+    gens = generations.read(spark, Placement(old))
     assert (gens.serving, gens.swap_under_way) == (1, None)
 
     LiveRunner.from_manifest(spark, new).start(available_now=True)
@@ -122,7 +123,7 @@ def test_a_sink_missing_or_behind_its_handoff_before_the_first_live_micro_batch_
 def test_a_gapped_redeploy_log_is_an_engine_error_naming_it_and_the_way_out(spark, tmp_path):
     root, source, old, new = _handed_off(spark, tmp_path, VERSIONS, 3)
     Redeploy(spark, new).run()
-    log = generations.log_path(old)
+    log = Placement(old).redeploy_log
     import os
 
     middle = sorted(n for n in os.listdir(f"{log}/_delta_log") if n.endswith(".json"))[1]
@@ -181,7 +182,7 @@ def test_a_stop_a_redeploy_requests_is_recorded_before_the_query_stops(spark, tm
     monkeypatch.setattr(LiveRunner, "_stop_between_batches", stop_then_linger)
     runner.start()
     try:
-        leases.request_stop(spark, old, "live", "the test", "a redeploy's swap")
+        leases.request_stop(spark, Placement(old), "live", "the test", "a redeploy's swap")
         deadline = time.monotonic() + 60
         while runner.query.isActive and time.monotonic() < deadline:
             runner.raise_if_failed()
@@ -192,4 +193,4 @@ def test_a_stop_a_redeploy_requests_is_recorded_before_the_query_stops(spark, tm
         assert runner.stopped_for is not None and "a redeploy's swap" in runner.stopped_for
     finally:
         runner.stop()
-        leases.clear_stop_request(spark, old, "live")
+        leases.clear_stop_request(spark, Placement(old), "live")

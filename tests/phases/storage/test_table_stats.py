@@ -7,7 +7,6 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from phases._internal.definition import DeltaSource
 from phases._internal.errors import SourceError
 from phases._internal.sources.lag import delta_lag
 from phases._internal.storage import table_stats
@@ -33,14 +32,14 @@ def test_the_sensor_lag_counts_versions_after_the_handoff_and_names_an_unreadabl
     path = str(tmp_path / "source")
     for _ in range(4):
         _append(path, 1)
-    lag = delta_lag("source", DeltaSource(path=path), handoff_version=1, watermark_us=None)
+    lag = delta_lag("source", path, handoff_version=1, watermark_us=None)
     assert (lag.behind, lag.error) == (2, None)
     (tmp_path / "source" / "_delta_log" / "00000000000000000004.json").write_text("not json\n")
     with pytest.raises(SourceError, match="cannot read the Delta log"):
         table_stats.head_version(path)
-    broken = delta_lag("source", DeltaSource(path=path), handoff_version=1, watermark_us=None)
+    broken = delta_lag("source", path, handoff_version=1, watermark_us=None)
     assert broken.behind is None and "cannot read the Delta log" in broken.error
-    missing = delta_lag("source", DeltaSource(path=str(tmp_path / "gone")), handoff_version=1, watermark_us=None)
+    missing = delta_lag("source", str(tmp_path / "gone"), handoff_version=1, watermark_us=None)
     assert missing.behind is None and "no Delta log" in missing.error
 
 

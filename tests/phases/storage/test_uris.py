@@ -54,7 +54,7 @@ def test_local_locations_and_their_paths(location, local, path):
 
 
 def test_relative_pipeline_paths_resolve_under_an_object_store_root():
-    from phases._internal.deployment.paths import under
+    from phases._internal.placement import under
 
     assert under("s3a://lake/pipelines/", "engine") == "s3a://lake/pipelines/engine"
     assert under("s3a://lake/pipelines", "gs://other/x") == "gs://other/x"
