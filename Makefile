@@ -33,7 +33,7 @@ ui: setup
 	.venv/bin/python -m scripts.ui $(ARGS)
 
 lint: setup
-	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/pyright
 
 format: setup
 	.venv/bin/ruff format . && .venv/bin/ruff check --fix .

@@ -71,8 +71,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "phases._internal.backlog.runner": ("BacklogRunner",),
     "phases._internal.backlog.slices": ("SliceRunner",),
-    "phases._internal.live.runner": ("LiveRunner", "LiveStart"),
-    "phases._internal.redeploy.runner": ("Redeploy", "RedeployPlan", "RedeployResult"),
+    "phases._internal.live.runner": ("LiveRunner",),
+    "phases._internal.live.report": ("LiveStart",),
+    "phases._internal.redeploy.runner": ("Redeploy",),
+    "phases._internal.redeploy.plan": ("RedeployPlan", "RedeployResult"),
     "phases._internal.definition.changes": ("DefinitionChanges",),
     "phases._internal.definition.model": ("SettingsModel",),
     "phases._internal.handoff.manifest": ("HandoffManifest",),
@@ -238,9 +240,11 @@ if TYPE_CHECKING:
         StateStoreError,
     )
     from phases._internal.handoff.manifest import HandoffManifest
-    from phases._internal.live.runner import LiveRunner, LiveStart
+    from phases._internal.live.report import LiveStart
+    from phases._internal.live.runner import LiveRunner
     from phases._internal.operators.process_function import KeyedProcessFunction, ProcessContext
-    from phases._internal.redeploy.runner import Redeploy, RedeployPlan, RedeployResult
+    from phases._internal.redeploy.plan import RedeployPlan, RedeployResult
+    from phases._internal.redeploy.runner import Redeploy
     from phases._internal.runtime.session import SparkSettings, build_session
     from phases._internal.runtime.shipping import package_archive
     from phases._internal.sources.lag import InputLag

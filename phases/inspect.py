@@ -48,7 +48,7 @@ from phases._internal.storage import fs, quarantine, tables
 from phases._internal.storage import table_stats as _table_stats
 from phases._internal.storage.table_stats import Column, TableStats
 from phases._internal.topics import sink as topic_sinks
-from phases._internal.topics.transactions import TopicFigures, topic_figures
+from phases._internal.topics.reading import TopicFigures, topic_figures
 
 __all__ = [
     "AppliedPosition",
@@ -166,7 +166,7 @@ def unapplied(where: Placement, applied: AppliedPosition) -> Unapplied:
 
 def state_store_folder(where: Placement, manifest_id: str, layout: str) -> str:
     """The folder of the live phase's state store of ``layout`` (one per state layout of the run)."""
-    return f"{live_folders.state_store_root(where, manifest_id)}/{layout}"
+    return f"{where.state_store(manifest_id)}/{layout}"
 
 
 # --- tables ---------------------------------------------------------------------------------------------------------

@@ -115,9 +115,9 @@ def _dump(target: str, work: str) -> None:
         watermark_delay=timedelta(seconds=15),
         operator=KeyedAggregate(
             aggregations=[
-                Aggregation(name="n", kind="count"),
-                Aggregation(name="total", kind="sum", column="value"),
-                Aggregation(name="xor", kind="reduce", column="value", reduce="acc ^ x"),
+                Aggregation(name="n", kind="count"),  # pyright: ignore[reportArgumentType]
+                Aggregation(name="total", kind="sum", column="value"),  # pyright: ignore[reportArgumentType]
+                Aggregation(name="xor", kind="reduce", column="value", reduce="acc ^ x"),  # pyright: ignore[reportArgumentType]
             ]
         ),
         sink=DeltaSink(path=f"{work}/unused-sink"),

@@ -75,7 +75,7 @@ def _frame(spark: SparkSession, version: Version, schema: T.StructType) -> DataF
         return spark.createDataFrame(version, schema)
     rows = list(version)
     if rows and isinstance(rows[0], dict):
-        rows = [tuple(r.get(f.name) for f in schema.fields) for r in rows]
+        rows = [tuple(r.get(f.name) for f in schema.fields) for r in rows]  # pyright: ignore[reportAttributeAccessIssue]
     return spark.createDataFrame(rows, schema)
 
 
@@ -139,7 +139,7 @@ def _result(spark: SparkSession, where: Placement) -> RunResult:
     if tables.exists(spark, q_path):
         quarantine = spark.read.format("delta").load(q_path).select(*columns).toPandas()
     else:
-        quarantine = pd.DataFrame(columns=columns)
+        quarantine = pd.DataFrame(columns=columns)  # pyright: ignore[reportArgumentType]
     return RunResult(_sorted(sink if sink is not None else pd.DataFrame()), _sorted(quarantine))
 
 

@@ -26,18 +26,18 @@ class BacklogMode(Enum):
 
 class BacklogConfig(dg.Config):
     mode: BacklogMode | None = Field(
-        None,
+        default=None,
         description="full: versions 0..head in one batch job; increment: catch up from the last handoff to the "
         "head; slices: combine the finished daily slices. Default: slices when the pipeline has a daily "
         "backfill, else full.",
     )
-    end_version: int | None = Field(None, ge=0, description="Last source version to read (full/increment).")
-    reset: bool = Field(False, description="full: start over even though the live phase already started.")
+    end_version: int | None = Field(default=None, ge=0, description="Last source version to read (full/increment).")
+    reset: bool = Field(default=False, description="full: start over even though the live phase already started.")
     progress_interval_seconds: float = Field(
-        5.0, gt=0, description="How often the run logs its progress (step, Spark stage, tasks, rows read)."
+        default=5.0, gt=0, description="How often the run logs its progress (step, Spark stage, tasks, rows read)."
     )
     take_over_dead_lease: bool = Field(
-        True,
+        default=True,
         description="Take the pipeline's backlog lease over from a backlog run whose process is gone (a crashed or "
         "killed run): re-running is how a crashed backlog recovers. A holder that is alive is never taken over.",
     )
@@ -339,5 +339,5 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                 },
             )
 
-        out.append(slices)
+        out.append(slices)  # pyright: ignore[reportArgumentType]
     return out

@@ -78,7 +78,7 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
         ],
         jobs=jobs,
         sensors=[
-            build_switch_sensor(pipeline, settings, live_job, backlog_job),
+            build_switch_sensor(pipeline, settings, live_job, backlog_job),  # pyright: ignore[reportArgumentType]
             build_health_sensor(pipeline, settings, live_job),
         ],
         schedules=schedules,

@@ -2,6 +2,7 @@
 handoff of the generation that serves (after a redeploy, the next generation's, read from its manifests)."""
 
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
@@ -47,7 +48,7 @@ def read_handoff(instance: dg.DagsterInstance, key: dg.AssetKey) -> Handoff | No
     meta = records[0].asset_materialization.metadata
     if "handoff" not in meta:  # a materialization that recorded no handoff
         return None
-    fields = meta["handoff"].value  # exact fields in one JSON entry
+    fields: dict[str, Any] = meta["handoff"].value  # type: ignore[assignment]  # exact fields in one JSON entry
     return Handoff(
         manifest_id=fields["manifest_id"],
         fingerprint=fields["fingerprint"],

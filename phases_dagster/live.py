@@ -20,8 +20,8 @@ whenever the live phase committed a new version of them, and an observation of t
 store's version.
 
 Any run that runs this step is the live phase, whatever launched it (the live job, this asset's own
-"Materialize", "Materialize all"): the step tags its run with :data:`phases_dagster.health.LIVE_RUN_TAG`, so the health
-sensor watches and relaunches it like the live job's. A new run resumes from the live run's checkpoint.
+"Materialize", "Materialize all"): the step tags its run with :data:`phases_dagster.live_status.LIVE_RUN_TAG`, so
+the health sensor watches and relaunches it like the live job's. A new run resumes from the live run's checkpoint.
 """
 
 import time
@@ -34,7 +34,8 @@ from phases import LiveRunner, Pipeline, Placement, inspect
 from phases.inspect import LiveMeter, LiveReport
 from phases_dagster import catalog
 from phases_dagster.handoff_events import of_manifest
-from phases_dagster.health import LIVE_RUN_TAG, check_evaluation, sink_freshness
+from phases_dagster.health import check_evaluation
+from phases_dagster.live_status import LIVE_RUN_TAG, sink_freshness
 from phases_dagster.redeploy import RedeployConfig, not_in_the_redeploy_job, run_swap, swap_spec
 from phases_dagster.resources.spark import SparkResource
 from phases_dagster.resources.storage import StorageResource
@@ -45,23 +46,25 @@ RUNNING, STOPPED, FAILED = "running", "stopped", "failed"
 
 class LiveConfig(dg.Config):
     manifest_id: str | None = Field(
-        None, description="Handoff to start from (the switch sensor sets it); default: the newest manifest."
+        default=None, description="Handoff to start from (the switch sensor sets it); default: the newest manifest."
     )
-    report_interval_seconds: float | None = Field(None, gt=0, description="Default: the pipeline's setting.")
+    report_interval_seconds: float | None = Field(default=None, gt=0, description="Default: the pipeline's setting.")
     take_over_dead_lease: bool = Field(
-        False,
+        default=False,
         description="Take the pipeline's live lease over from a live run whose process is gone (killed, machine "
         "lost). A live holder is never taken over.",
     )
     max_runtime_seconds: float | None = Field(
-        None,
+        default=None,
         gt=0,
         description="After this long, process what is available and stop (default: run until terminated).",
     )
     # The swap's settings: read only in the redeploy job, whose swap is this step's first part.
-    reason: str = Field("", description="The redeploy job: why the pipeline is redeployed (the redeploy log, tags).")
+    reason: str = Field(
+        default="", description="The redeploy job: why the pipeline is redeployed (the redeploy log, tags)."
+    )
     stop_timeout_seconds: float = Field(
-        600.0, gt=0, description="The redeploy job: how long the swap waits for the serving live phase to stop."
+        default=600.0, gt=0, description="The redeploy job: how long the swap waits for the serving live phase to stop."
     )
 
 
@@ -149,7 +152,7 @@ class _Tables:
                 verdict = sink_freshness(
                     where, self.handoff, health.max_lag, RUNNING, datetime.now(UTC), health.when_live_down
                 )
-                self.context.log_event(check_evaluation(self.sink_key, self.fresh, verdict))
+                self.context.log_event(check_evaluation(self.sink_key, self.fresh, verdict))  # pyright: ignore[reportArgumentType]
         if self._changed("quarantine", where.quarantine):
             self.context.log_event(
                 dg.AssetMaterialization(

@@ -38,12 +38,15 @@ REASON_TAG = "phases/redeploy_reason"
 
 
 class RedeployConfig(dg.Config):
-    reason: str = Field("", description="Why the pipeline is redeployed: kept in the redeploy log and the run's tags.")
+    reason: str = Field(
+        default="", description="Why the pipeline is redeployed: kept in the redeploy log and the run's tags."
+    )
     take_over_dead_lease: bool = Field(
-        False, description="Take leases over from holders whose process is gone (a redeploy or live run killed)."
+        default=False,
+        description="Take leases over from holders whose process is gone (a redeploy or live run killed).",
     )
     stop_timeout_seconds: float = Field(
-        600.0, gt=0, description="How long the swap waits for the serving live phase to stop at its request."
+        default=600.0, gt=0, description="How long the swap waits for the serving live phase to stop at its request."
     )
 
 

@@ -18,17 +18,17 @@ class SwitchPolicy(_Model):
     """When the switch sensor hands the backlog over to the live phase (FLIP-309's watermark-lag rule)."""
 
     lag_threshold: timedelta = Field(
-        timedelta(minutes=10),
+        default=timedelta(minutes=10),
         description="Caught up when now - final backlog watermark <= this (or the source has no newer version).",
     )
     max_records_behind: int = Field(
-        0,
+        default=0,
         ge=0,
         description="A Kafka input with at most this many records after the handoff's end offsets counts as caught "
         "up (FLIP-328's 'offsets behind' rule), whatever its watermark.",
     )
-    minimum_interval_seconds: int = Field(30, ge=1, description="How often the daemon evaluates the sensor.")
-    running_by_default: bool = Field(True, description="Start the sensor with the daemon, no click needed.")
+    minimum_interval_seconds: int = Field(default=30, ge=1, description="How often the daemon evaluates the sensor.")
+    running_by_default: bool = Field(default=True, description="Start the sensor with the daemon, no click needed.")
 
     @field_validator("lag_threshold")
     @classmethod
@@ -40,7 +40,10 @@ class SwitchPolicy(_Model):
 
 class CheckPolicy(_Model):
     max_quarantine_fraction: float = Field(
-        0.01, ge=0.0, le=1.0, description="Blocking check: quarantined / input rows of the backlog at most this."
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="Blocking check: quarantined / input rows of the backlog at most this.",
     )
 
 
@@ -48,11 +51,13 @@ class DailyBackfill(_Model):
     """Backlog slices by commit day (UTC), materialized by a daily schedule and by partition backfills."""
 
     start_date: date = Field(description="First slice; it also takes every source version committed before it.")
-    hour_of_day: int = Field(1, ge=0, le=23, description="When the schedule runs the previous day's slice (UTC).")
+    hour_of_day: int = Field(
+        default=1, ge=0, le=23, description="When the schedule runs the previous day's slice (UTC)."
+    )
 
 
 class LiveReporting(_Model):
-    report_interval_seconds: float = Field(10.0, gt=0, description="Progress events and observations cadence.")
+    report_interval_seconds: float = Field(default=10.0, gt=0, description="Progress events and observations cadence.")
 
 
 class WhenLiveDown(StrEnum):
@@ -68,30 +73,34 @@ class LiveHealth(_Model):
     """The health sensor: the sink's freshness check, source observations, and relaunching a dead live run."""
 
     max_lag: timedelta = Field(
-        timedelta(minutes=10),
+        default=timedelta(minutes=10),
         description="The sink's freshness check fails when the oldest source data the live phase has not applied "
         "was committed longer ago than this.",
     )
     when_live_down: WhenLiveDown = Field(
-        WhenLiveDown.WARN,
+        default=WhenLiveDown.WARN,
         description="The freshness check while the live phase is stopped or failed and nothing waits yet: 'warn' "
         "(fails, severity WARN), 'fail' (fails, severity ERROR) or 'pass'. Data waiting longer than max_lag always "
         "fails it (ERROR).",
     )
-    minimum_interval_seconds: int = Field(30, ge=1, description="How often the daemon evaluates the health sensor.")
-    relaunch: bool = Field(True, description="Relaunch a failed live run from its checkpoint.")
-    max_relaunches: int = Field(5, ge=0, description="Consecutive relaunches of one handoff's live phase, at most.")
-    backoff_seconds: float = Field(
-        30.0, ge=0, description="Wait after the first failure; doubled after each further one (capped below)."
+    minimum_interval_seconds: int = Field(
+        default=30, ge=1, description="How often the daemon evaluates the health sensor."
     )
-    max_backoff_seconds: float = Field(600.0, ge=0, description="The longest wait between relaunches.")
-    running_by_default: bool = Field(True, description="Start the sensor with the daemon, no click needed.")
+    relaunch: bool = Field(default=True, description="Relaunch a failed live run from its checkpoint.")
+    max_relaunches: int = Field(
+        default=5, ge=0, description="Consecutive relaunches of one handoff's live phase, at most."
+    )
+    backoff_seconds: float = Field(
+        default=30.0, ge=0, description="Wait after the first failure; doubled after each further one (capped below)."
+    )
+    max_backoff_seconds: float = Field(default=600.0, ge=0, description="The longest wait between relaunches.")
+    running_by_default: bool = Field(default=True, description="Start the sensor with the daemon, no click needed.")
 
 
 class Orchestration(_Model):
     switch: SwitchPolicy = SwitchPolicy()
     checks: CheckPolicy = CheckPolicy()
-    backfill: DailyBackfill | None = Field(None, description="None: one unpartitioned backlog asset.")
+    backfill: DailyBackfill | None = Field(default=None, description="None: one unpartitioned backlog asset.")
     live: LiveReporting = LiveReporting()
     health: LiveHealth = LiveHealth()
 

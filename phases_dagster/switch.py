@@ -27,7 +27,7 @@ from phases.inspect import input_lags, newest_handoff_row
 from phases_dagster.backlog import NOT_RUN_TAG
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
 from phases_dagster.handoff_events import Handoff, read_handoff
-from phases_dagster.health import live_runs, live_status
+from phases_dagster.live_status import live_runs, live_status
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names, Orchestration
 

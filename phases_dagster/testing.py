@@ -47,7 +47,7 @@ def materialize_backlog(
     leaves it running. Without ``instance``, a throwaway SQLite instance."""
     # build_session in a process that already has a session returns that one (getOrCreate); the run
     # leaves it running.
-    shuffle = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    shuffle = int(spark.conf.get("spark.sql.shuffle.partitions"))  # pyright: ignore[reportArgumentType]
     resources = {
         "spark": SparkResource(shuffle_partitions=shuffle, stop_after_run=False),
         "storage": StorageResource(root=str(root)),

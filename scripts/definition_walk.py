@@ -2,10 +2,13 @@
 
 Static, with :mod:`ast` only (nothing is imported or run). From the entry function and its parameter (by default the
 ``pipeline`` of ``phases_dagster/live.py:build_live_asset``), the walk follows every call that passes the definition
-on: a name assigned from it or from a call given it (``p = storage.deployment(pipeline)``,
-``runner = LiveRunner.from_manifest(session, p)``), its carriers (``d.pipeline``, ``d.definition``), and, within a
-function, an attribute of ``self`` set from it (``self.pipeline``). Values read from it (``p.sink.path``), or returned
-as a plain value by a helper given it (a path: ``-> str``), are not followed. A call is followed when the callee can
+on: a name assigned from it or from a call given it (``where = storage.placement(pipeline)``,
+``runner = LiveRunner.at(session, where)``), its carriers (``where.definition``, ``runner.placement``), and, within a
+function, an attribute of ``self`` set from it (``self.placement``). A constructor call is followed into the class's
+``__init__`` (``Class(...)``, and ``cls(...)`` in a classmethod), and a name imported from the public package
+(``from phases import LiveRunner``) into the module its lazy ``__init__`` names for it. Values read from it
+(``where.sink_path``), or returned as a plain value by a helper given it (a path: ``-> str``), are not
+followed. A call is followed when the callee can
 be found in the project's own modules: a function or class imported by name, ``module.function`` of an imported
 module, ``Class.method``, ``self.method``, ``x.method`` where ``x`` was made by a call to a known class or classmethod
 or is a parameter annotated with one (``storage: StorageResource``), when the call passes the definition as an
@@ -17,11 +20,12 @@ depth first, in source order). Along the sequence of stops:
   another package (``phases._internal.live`` calling into ``phases._internal.backlog``): the layers are
   ``tests/test_architecture.py``'s
   ``LAYERS``, with ``phases_dagster`` above them all;
-* a **bind** is a call, from outside the binding modules, to :func:`phases._internal.deployment.deploy` or
-  :func:`phases._internal.deployment.bind` (before that module existed: ``generations.resolve``, ``generations.bind``,
-  ``resolve_paths``) on the way. It counts call sites: ``deploy`` returns a
-  :class:`~phases._internal.deployment.Deployment` it is given as it is, which only running shows
-  (``tests/phases/deployment/test_deployment.py``).
+* a **placing** is a call site, from outside the placing module, of :func:`phases._internal.deployment.place` or
+  :func:`~phases._internal.deployment.settle` (each reads the redeploy log and makes a placement), or of an older
+  binding (``deploy``, ``bind``, ``resolve_paths``, ``generations.resolve``), on the way;
+* a **copy** is a call of ``model_copy``, ``copy`` or ``model_validate`` on the definition itself (a rewrite of it).
+
+``tests/test_definition_walk.py`` compares both counts with a run that records every placing and every copy.
 
 Run: ``.venv/bin/python -m scripts.definition_walk`` (``--entry phases_dagster/live.py:build_live_asset:pipeline``,
 ``--stops`` lists them).
@@ -37,15 +41,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("phases", "phases_dagster")
-BINDS = {"deploy", "bind", "resolve", "resolve_paths"}
+BINDS = {"place", "settle", "deploy", "bind", "resolve", "resolve_paths"}
+COPIES = {"model_copy", "copy", "model_validate", "__copy__", "__deepcopy__"}
 PLAIN = {"str", "int", "float", "bool", "dict", "list", "tuple", "set", "None"}
-CARRIERS = {"pipeline", "definition", "deployment"}  # attributes that hold the definition (d.pipeline)
+# Attributes that hold the definition, or a value that carries it (where.definition, runner.placement).
+CARRIERS = {"pipeline", "definition", "deployment", "placement"}
 BIND_MODULES = {
     "phases._internal.deployment.binding",
     "phases._internal.deployment.paths",
     "phases._internal.storage.generations",
     "phases._internal.storage.resolve",
 }
+PUBLIC = "phases"  # the public package: its names load lazily from the modules ``_EXPORTS`` names
 
 
 @dataclass
@@ -110,6 +117,7 @@ class Walk:
         self.stops: list[tuple[Function, Function | None]] = []  # (stop, reached from)
         self.seen: set[tuple[str, str]] = set()
         self.binds: list[str] = []
+        self.copies: list[str] = []
 
     # --- resolving a callee -------------------------------------------------------------------------------------
     def _target(self, ref: str) -> tuple[str, str] | None:
@@ -125,8 +133,27 @@ class Walk:
                 return (mod, attr)
             if attr in m.imports:  # re-exported (a package's __init__)
                 return self._target(m.imports[attr])
-            return None
+            lazy = self._exported(mod, attr)
+            return self._target(lazy) if lazy else None
         return (ref, "") if ref in self.modules else None
+
+    def _exported(self, mod: str, attr: str) -> str | None:
+        """A name the public package loads lazily (its ``_EXPORTS``: module -> names), as "module:attr"."""
+        if mod != PUBLIC:
+            return None
+        for node in self.modules[mod].tree.body:
+            target = (
+                node.target
+                if isinstance(node, ast.AnnAssign)
+                else (node.targets[0] if isinstance(node, ast.Assign) else None)
+            )
+            if isinstance(target, ast.Name) and target.id == "_EXPORTS" and isinstance(node.value, ast.Dict):
+                for key, names in zip(node.value.keys, node.value.values, strict=True):
+                    if isinstance(names, ast.Tuple) and any(
+                        isinstance(e, ast.Constant) and e.value == attr for e in names.elts
+                    ):
+                        return f"{key.value}:{attr}"  # type: ignore[union-attr]
+        return None
 
     def _function(self, mod: str, qual: str) -> Function | None:
         m = self.modules.get(mod)
@@ -142,6 +169,8 @@ class Walk:
         m = self.modules[fn.module]
         f = call.func
         if isinstance(f, ast.Name):
+            if f.id == "cls" and fn.cls:  # a classmethod's constructor call
+                return self._function(fn.module, fn.cls)
             if f.id in m.functions or f.id in m.classes:
                 return self._function(fn.module, f.id)
             ref = m.imports.get(f.id)
@@ -221,6 +250,9 @@ class Walk:
             if holds(expr):
                 return True
             if isinstance(expr, ast.Call):
+                f = expr.func
+                if isinstance(f, ast.Attribute) and f.attr in COPIES and holds(f.value):
+                    return True  # a copy of the definition carries it on
                 if not any(holds(a) for a in [*expr.args, *(k.value for k in expr.keywords)]):
                     return False
                 made = self.callee(fn, expr, instances)  # a helper that returns a plain value (a path) does not
@@ -248,6 +280,9 @@ class Walk:
         for node in body:
             if not isinstance(node, ast.Call):
                 continue
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr in COPIES and holds(f.value):
+                self.copies.append(f"{f.attr} of the definition in {fn.module}.{fn.qualname}")
             passes = [holds(a) for a in node.args]
             kw = {k.arg: holds(k.value) for k in node.keywords if k.arg}
             if not any(passes) and not any(holds(k.value) for k in node.keywords):
@@ -322,6 +357,7 @@ def summarize(walk: Walk) -> dict:
         "returns": returns,
         "climbs": climbs,
         "binds": walk.binds,
+        "copies": walk.copies,
         "rows": rows,
     }
 
@@ -336,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(r["rows"]))
     print(
         f"{r['stops']} stops over {r['modules']} modules, {r['returns']} returns, {r['climbs']} climbs, "
-        f"{len(r['binds'])} bind(s): " + "; ".join(r["binds"])
+        f"{len(r['binds'])} placing(s): " + "; ".join(r["binds"]) + f"; {len(r['copies'])} copies"
     )
     return 0
 

@@ -443,3 +443,17 @@ def test_neither_phase_imports_the_other():
         if (a == mine or a.startswith(mine + ".")) and (b == other or b.startswith(other + "."))
     ]
     assert not found, "\n".join(found)
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_of_the_engine_or_the_dagster_layer_is_over_500_lines():
+    """A room holds one job: a module past this has two, and is split by what they hold."""
+    over = {
+        str(path.relative_to(ROOT)): n
+        for package in (PACKAGE, "phases_dagster")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"

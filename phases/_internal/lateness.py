@@ -93,7 +93,7 @@ def version_watermarks(
     marks: dict[int, int] = {}
     for version, max_us in sorted(maxima):
         if running is not None:
-            marks[version] = watermark_after(running, delay_us)
+            marks[version] = watermark_after(running, delay_us)  # pyright: ignore[reportArgumentType]
         running = max_us if running is None else max(running, max_us)
     return marks, running
 

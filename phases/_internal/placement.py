@@ -170,8 +170,9 @@ class Placement:
             return source_spec
 
         spec["source"] = placed(spec["source"], d.source)
-        if d.operator.two_inputs:
-            spec["operator"] = {**spec["operator"], "right": placed(spec["operator"]["right"], d.operator.right)}
+        right = d.right_source
+        if right is not None:
+            spec["operator"] = {**spec["operator"], "right": placed(spec["operator"]["right"], right)}
         if "end_of_stream" in spec:
             spec["end_of_stream"] = [
                 {**s, "output": {**s["output"], "path": self.end_of_stream_output(step)}}
@@ -243,6 +244,28 @@ class Placement:
         """The live phase's own tables of one run (its progress and the held-back part of a split version)."""
         return uris.join(self.live_root, run_name)
 
+    def live_checkpoint(self, run_name: str) -> str:
+        """The streaming checkpoints of one live run (one folder per query generation under it)."""
+        return uris.join(self.checkpoints, run_name)
+
+    def state_store(self, run_name: str) -> str:
+        """One live run's state stores (a folder per state layout, :mod:`phases._internal.state.keyed_store`): the
+        backlog writes the handoff's version 1 there before the manifest names the run."""
+        return f"{self.live_run(run_name)}/state-store"
+
+    def increment_intent(self, base_id: str) -> str:
+        """The intent file of a catch-up increment of handoff ``base_id`` (:mod:`phases._internal.handoff.intents`)."""
+        return f"{self.engine_root.rstrip('/')}/increments/{base_id}.json"
+
+    @property
+    def end_of_stream_log(self) -> str:
+        """The log of the end-of-stream steps' runs."""
+        return f"{self.engine_root.rstrip('/')}/end_of_stream_log"
+
+    def slices(self, table: str) -> str:
+        """A table of the daily slices (``partials``, ``log``)."""
+        return uris.join(self.engine_root, "slices", table)
+
     def lease(self, role: str) -> str:
         """The lease file of the pipeline's ``role`` (backlog, live, redeploy) in this generation."""
         return f"{self.engine_root.rstrip('/')}/leases/{self.name}.{role}.json"
@@ -279,9 +302,9 @@ class Placement:
         for one a redeploy builds."""
         if self.generation > 0:
             return uris.join(self.engine_root, "end_of_stream", step.name)
-        return self.source_path(step.output)
+        return self.resolve(step.output.path)
 
-    def source_path(self, spec: SourceSpec) -> str:
+    def source_path(self, spec: DeltaSource | FileArchive) -> str:
         """Where a Delta source or a file archive of the definition is read."""
         if self.source_path_at is not None and spec is self.definition.source:
             return self.source_path_at

@@ -8,6 +8,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from phases._internal.definition import Pipeline
+from phases._internal.errors import SourceError
 
 REASON = "_reason"
 COMMIT_TIME = "_commit_timestamp"  # the change feed's commit time of the record's source version
@@ -19,7 +20,19 @@ def rejection_reason(pipeline: Pipeline, columns: list[str] | None = None) -> Co
     """A column holding why a change-feed row is not a valid record, or null when it is valid: undecodable
     (a source's ``_decode_error``, when ``columns`` has it), not an insert, a null key or event time, an event
     time more than ``max_future`` after its version's commit, or before ``min_event_time``. Invalid records
-    are quarantined and never move the watermark."""
+    are quarantined and never move the watermark. A key column or the event time that ``columns`` lacks is a
+    SourceError naming it."""
+    if columns is not None:
+        needed = [*pipeline.key_columns, pipeline.event_time]
+        missing = [c for c in needed if c not in columns]
+        if missing:
+            held = sorted(c for c in columns if not c.startswith("_"))
+            raise SourceError(
+                f"pipeline {pipeline.name!r}: the key and event-time columns {missing} are not in its source's "
+                f"records (key_columns {list(pipeline.key_columns)}, event_time {pipeline.event_time!r}); the "
+                f"records' columns: {held}. Nothing was written. Name columns the source has (they are checked "
+                "before the record steps run), or add the column to the source table"
+            )
     reason = F.when(F.lit(False), F.lit(None).cast("string"))
     if columns is not None and DECODE_ERROR in columns:
         reason = reason.when(F.col(DECODE_ERROR).isNotNull(), F.col(DECODE_ERROR))
@@ -39,10 +52,11 @@ def rejection_reason(pipeline: Pipeline, columns: list[str] | None = None) -> Co
         # Against the version's commit time, not the wall clock: both phases and a single streaming job
         # quarantine the same records.
         after = F.unix_micros(F.col(COMMIT_TIME)) + F.lit(pipeline.max_future_us)
-        reason = reason.when(F.unix_micros(event_time) > after, F.lit(future_reason(pipeline.max_future)))
+        reason = reason.when(F.unix_micros(event_time) > after, F.lit(future_reason(pipeline.max_future)))  # pyright: ignore[reportArgumentType]
     if pipeline.min_event_time_us is not None:
         reason = reason.when(
-            F.unix_micros(event_time) < F.lit(pipeline.min_event_time_us), F.lit(past_reason(pipeline.min_event_time))
+            F.unix_micros(event_time) < F.lit(pipeline.min_event_time_us),
+            F.lit(past_reason(pipeline.min_event_time)),  # pyright: ignore[reportArgumentType]
         )
     return reason
 

@@ -140,7 +140,7 @@ def _tag_proved_on_time(
     if pipeline.min_event_time_us is not None and any(b.min_floor_us < pipeline.min_event_time_us for b in filled):
         return None
     if pipeline.max_future_us is not None and filled:
-        commits = {v: int(t.timestamp() * 1_000_000) for v, t in source.log_commit_times(lo).items()}
+        commits = {v: int(t.timestamp() * 1_000_000) for v, t in source.log_commit_times(lo).items()}  # pyright: ignore[reportAttributeAccessIssue]
         slack = 60_000_000  # the log's commit time and the change feed's may differ by the commit's duration
         if any(
             b.version not in commits or b.max_ceil_us > commits[b.version] + pipeline.max_future_us - slack

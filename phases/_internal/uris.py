@@ -86,4 +86,4 @@ def pyarrow_filesystem(location: str):
         raise DefinitionError(
             f"{location!r}: no reader without Spark for scheme {name!r}; valid: {sorted(_PYARROW_SCHEMES)} and local"
         )
-    return pafs.FileSystem.from_uri(mapped + location[len(name) :])
+    return pafs.FileSystem.from_uri(mapped + location[len(name) :])  # pyright: ignore[reportArgumentType]

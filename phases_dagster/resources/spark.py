@@ -18,17 +18,17 @@ class SparkResource(dg.ConfigurableResource):
     state_store: str = "rocksdb"
     ui_enabled: bool = False
     python: str | None = Field(
-        None, description="The executors' Python interpreter on a cluster (see SparkSettings.python)."
+        default=None, description="The executors' Python interpreter on a cluster (see SparkSettings.python)."
     )
     py_files: list[str] = Field(
         default_factory=list,
         description="Archives shipped to the executors' Python path (see SparkSettings.py_files; "
         "phases.package_archive builds one).",
     )
-    s3a: bool = Field(False, description="Load the S3A connector for s3a:// tables (see SparkSettings.s3a).")
+    s3a: bool = Field(default=False, description="Load the S3A connector for s3a:// tables (see SparkSettings.s3a).")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark configuration.")
     stop_after_run: bool = Field(
-        True, description="Stop the session when the run ends (False: leave a shared session, e.g. in tests)."
+        default=True, description="Stop the session when the run ends (False: leave a shared session, e.g. in tests)."
     )
 
     _session: SparkSession | None = PrivateAttr(default=None)
@@ -38,7 +38,7 @@ class SparkResource(dg.ConfigurableResource):
             master=self.master,
             shuffle_partitions=self.shuffle_partitions,
             driver_memory=self.driver_memory,
-            state_store=self.state_store,
+            state_store=self.state_store,  # pyright: ignore[reportArgumentType]
             ui_enabled=self.ui_enabled,
             python=self.python,
             py_files=list(self.py_files),

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 
 from phases._internal.definition import SOURCE_LABEL
 from phases._internal.handoff.intents import Intent, write_run_name
-from phases._internal.handoff.live_folders import state_store_root
 from phases._internal.handoff.manifest import HandoffManifest
 from phases._internal.lateness import watermark_after
 from phases._internal.operators.base import HandoffCounts, OperatorKind, table_counts
@@ -144,16 +144,37 @@ def run_through_step(
         t = time.perf_counter()
         watermarks = {label: watermark_after(m, pipeline.delay_us) for label, m in maxima.items()}
         closing = kind.closing(watermarks)
-        store_root = state_store_root(where, intent.manifest_id)
+        store_root = where.state_store(intent.manifest_id)
         step = kind.live_step(logic, base.state_path, where.sink_path, store_root)
         writes = BatchWrites(spark, pipeline.name, write_run_name(intent.manifest_id), 0, first=True)
         position = step.apply_inputs(spark, records, watermarks, closing, writes, state=None)
         if position is None:  # nothing to do: the state is still the base's, as version 1 of the new store
-            version = step.start_version(spark, None)
-            position = StatePosition(step.store(spark).layout, version)
+            version = step.start_version(spark, None)  # pyright: ignore[reportAttributeAccessIssue]
+            position = StatePosition(step.store(spark).layout, version)  # pyright: ignore[reportAttributeAccessIssue]
         timings["step_s"] = time.perf_counter() - t
     finally:
         for df in persisted:
             df.unpersist()
     columns = [f.name for f in kind.state_schema(logic).fields]
     return StepRange(StepHandoff(spark, step, position, columns, base, taken, watermarks), maxima)
+
+
+def increment_ends(commit_times, end_version: int, interval: timedelta) -> list[int]:
+    """The last version of each increment of a backlog over 0..``end_version`` when
+    ``checkpoint_interval_during_backlog`` > 0 (``interval``): greedy from version 0 over the source's ``(version,
+    commit time)`` pairs, an increment takes the versions committed less than the interval after its first one.
+    Appends never move an earlier boundary."""
+    ends: list[int] = []
+    first_at, previous = None, None
+    for version, at in commit_times:
+        if version > end_version:
+            break
+        if first_at is None:
+            first_at = at
+        elif at - first_at >= interval:
+            ends.append(previous)  # pyright: ignore[reportArgumentType]
+            first_at = at
+        previous = version
+    if not ends or ends[-1] != end_version:
+        ends.append(end_version)
+    return ends

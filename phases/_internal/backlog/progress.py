@@ -33,7 +33,7 @@ def step(spark: SparkSession, pipeline: str, phase: str, name: str) -> Iterator[
     try:
         yield
     finally:
-        sc.setLocalProperty("spark.job.description", previous)  # None removes it
+        sc.setLocalProperty("spark.job.description", previous)  # None removes it  # pyright: ignore[reportArgumentType]
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def console(spark: SparkSession, every_s: float = 1.0) -> Iterator[None]:
 
     def show(snap: Snapshot) -> None:
         if current["stage"] != snap.stage_id:
-            current["stage"] = snap.stage_id
+            current["stage"] = snap.stage_id  # pyright: ignore[reportArgumentType]
             bar.reset(total=snap.tasks_total)
         bar.set_description_str(snap.step or snap.stage_name)
         bar.set_postfix_str(f"{snap.input_rows:,} rows read")

@@ -27,24 +27,24 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 
 from pyspark.sql import DataFrame, SparkSession
 
 from phases._internal import uris
-from phases._internal.backlog import increments, progress
+from phases._internal.backlog import increments, progress, refusals
+from phases._internal.backlog.partials import version_range_partial
 from phases._internal.coordination import leases
 from phases._internal.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
 from phases._internal.deployment import Placement, place, require_serving
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases._internal.handoff import intents, manifest
-from phases._internal.handoff.live_folders import live_checkpoint_root, live_started, state_store_root
+from phases._internal.handoff.live_folders import live_started
 from phases._internal.lateness import watermark_after
-from phases._internal.operators.base import HandoffWrite, Pieces
+from phases._internal.operators.base import HandoffWrite
 from phases._internal.operators.registry import kind_of
 from phases._internal.sources.kafka import KafkaTopicSource
-from phases._internal.sources.reader import SourceReader, continue_inputs, open_inputs
+from phases._internal.sources.reader import continue_inputs, open_inputs
 from phases._internal.state.keyed_store import StatePosition
 from phases._internal.steps.end_of_stream import EndOfStreamRunner
 from phases._internal.storage import fs, maintenance, quarantine, table_stats, tables
@@ -52,40 +52,6 @@ from phases._internal.tagging import tag_version_range
 from phases._internal.topics import sink as topic_sinks
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Partial:
-    """What a version range lo..hi contributes: per-key merged buffers, quarantine rows, maxima."""
-
-    buffers: DataFrame  # the range's piece of the state (the kind's Pieces): one row per state key
-    quarantine: DataFrame
-    range_max_us: int | None  # max event time of the range's valid records
-    running_max_us: int | None  # max event time of all valid records in versions 0..hi
-    has_quarantine: bool = True  # whether ``quarantine`` can hold any row
-
-
-def version_range_partial(
-    spark: SparkSession,
-    where: Placement,
-    source: SourceReader,
-    pieces: Pieces,
-    versions: tuple[int, int],
-    prior_max_us: int | None,
-    timings: dict[str, float] | None = None,
-) -> Partial:
-    """Validates, tags late records and merges per key (``pieces``: the kind's) the changes of versions lo..hi
-    (inclusive).
-
-    ``prior_max_us`` is the max event time of the valid records of all versions before ``lo``: it
-    continues the version watermark, so a range's late records are the same whether it runs alone, as a
-    slice, as a catch-up increment or as part of one backlog job.
-    """
-    tagged = tag_version_range(spark, where, source, versions, prior_max_us, timings, per_record_watermarks=False)
-    buffers = pieces.of(tagged.prepared)
-    return Partial(
-        buffers, tagged.quarantine, tagged.range_max_us, tagged.running_max_us, has_quarantine=tagged.has_quarantine
-    )
 
 
 class BacklogRunner:
@@ -141,60 +107,12 @@ class BacklogRunner:
         return current.manifest_id if live_started(self.spark, self.placement, current.manifest_id) else None
 
     def refuse_after_switch(self, reset: bool) -> None:
-        """Raises PhaseStateError once the live phase of the latest manifest has started (unless reset)."""
-        p = self.pipeline
-        switched = self.switched_to_live()
-        if switched is None:
-            return
-        if not reset:
-            raise PhaseStateError(
-                f"pipeline {p.name!r} has switched to live from manifest {switched} (checkpoint "
-                f"{live_checkpoint_root(self.placement, switched)}): the live phase owns the state and the sink now, "
-                "whether it runs or is stopped, and keeps them current from where the backlog ended. A new backlog "
-                "is needed only for a changed definition: stop the live phase, then run the backlog with reset=True, "
-                "which rebuilds the state and the sink from the source."
-            )
-        if tables.exists(self.spark, self.placement.quarantine):
-            self.spark.sql(
-                f"DELETE FROM delta.`{self.placement.quarantine}` WHERE pipeline = '{p.name}' AND phase = 'live'"
-            )
+        """:func:`phases._internal.backlog.refusals.refuse_after_switch` of this runner's generation."""
+        refusals.refuse_after_switch(self.spark, self.placement, self.switched_to_live(), reset)
 
     def logic(self):
         """The operator logic over the records as the operator sees them (after steps and enrichment)."""
         return self.kind.logic_for(self.spark, self.placement, self.readers.values())
-
-    def refuse_increments(self, what: str) -> None:
-        """Raises PhaseStateError, saying why and what to do instead, when the pipeline's backlog cannot take
-        catch-up increments (:attr:`phases._internal.definition.Pipeline.no_increments_because`)."""
-        because = self.pipeline.no_increments_because
-        if because is not None:
-            raise PhaseStateError(
-                f"{what} is not available for pipeline {self.pipeline.name!r}: {because}; run the full backlog instead"
-            )
-
-    def refuse_pieces(self, what: str) -> None:
-        """Raises PhaseStateError unless the backlog can be built from independent pieces (daily slices): a mergeable
-        state, one Delta source, no end-of-stream steps."""
-        self.refuse_increments(what)
-        topic_sinks.refuse(self.pipeline, what)
-        if self.pipeline.source.kind != "delta":
-            raise PhaseStateError(
-                f"{what} is not available for pipeline {self.pipeline.name!r}: its source is a "
-                f"{self.pipeline.source.kind} source (Kafka topic), which has no commit days; catch it up with "
-                "increments instead (BacklogRunner(spark, pipeline).run_increment())"
-            )
-        if not self.kind.supports_increments:
-            raise PhaseStateError(
-                f"{what} is not available for pipeline {self.pipeline.name!r}: its {self.kind.name} operator "
-                f"{self.kind.no_increments_because}; run the full backlog, or catch it up with increments "
-                "(BacklogRunner(spark, pipeline).run_increment(), checkpoint_interval_during_backlog), instead"
-            )
-        if self.pipeline.end_of_stream:
-            raise PhaseStateError(
-                f"{what} is not available for pipeline {self.pipeline.name!r}: its end_of_stream steps "
-                f"({[s.name for s in self.pipeline.end_of_stream]}) consume the whole backlog 0..V in one run; "
-                "run the full backlog instead"
-            )
 
     def _end_version(self, end_version: int | None) -> int:
         head = self.source.head_version()
@@ -243,24 +161,9 @@ class BacklogRunner:
         return self._run_full(v, started)
 
     def increment_ends(self, end_version: int) -> list[int]:
-        """The last version of each increment of a backlog over 0..``end_version`` when
-        ``checkpoint_interval_during_backlog`` > 0: greedy from version 0, an increment takes the versions
-        committed less than the interval after its first one. Appends never move an earlier boundary."""
+        """:func:`phases._internal.backlog.increments.increment_ends` of this runner's source."""
         interval = self.pipeline.checkpoint_interval_during_backlog
-        ends: list[int] = []
-        first_at, previous = None, None
-        for version, at in self.source.commit_times():
-            if version > end_version:
-                break
-            if first_at is None:
-                first_at = at
-            elif at - first_at >= interval:
-                ends.append(previous)
-                first_at = at
-            previous = version
-        if not ends or ends[-1] != end_version:
-            ends.append(end_version)
-        return ends
+        return increments.increment_ends(self.source.commit_times(), end_version, interval)
 
     def _run_in_increments(self, v: int, reset: bool, started: float) -> manifest.HandoffManifest:
         """FLIP-309's checkpoint interval during backlog, for a batch backlog (FLIP-383's recovery): the
@@ -369,7 +272,7 @@ class BacklogRunner:
             return self._run_increment(end_version)
 
     def _run_increment(self, end_version: int | None) -> manifest.HandoffManifest:
-        self.refuse_increments("a catch-up increment")
+        refusals.refuse_increments(self.pipeline, "a catch-up increment")
         started = time.perf_counter()
         p = self.pipeline
         base = manifest.latest(self.spark, self.placement.manifests, p.name)
@@ -495,7 +398,7 @@ class BacklogRunner:
             self.timings["state_s"] = time.perf_counter() - t
             t = time.perf_counter()
             with self._step("live state"):
-                write.write_live_state(state_store_root(self.placement, manifest_id))
+                write.write_live_state(self.placement.state_store(manifest_id))
             self.timings["live_state_s"] = time.perf_counter() - t
             t = time.perf_counter()
             with self._step("sink"):

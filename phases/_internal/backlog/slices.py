@@ -25,9 +25,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases._internal import uris
-from phases._internal.backlog import progress
-from phases._internal.backlog.runner import BacklogRunner, version_range_partial
+from phases._internal.backlog import progress, refusals
+from phases._internal.backlog.partials import version_range_partial
+from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import Pipeline
 from phases._internal.errors import PhaseStateError
 from phases._internal.handoff.manifest import HandoffManifest
@@ -103,9 +103,8 @@ class SliceRunner:
         self.placement = backlog.placement  # the generation that serves
         self.pipeline = backlog.pipeline
         self.start_date = start_date
-        root = self.placement.engine_root
-        self.partials_path = uris.join(root, "slices", "partials")
-        self.log_path = uris.join(root, "slices", "log")
+        self.partials_path = self.placement.slices("partials")
+        self.log_path = self.placement.slices("log")
 
     # --- which versions a day holds ----------------------------------------------------------------
     def day_versions(self, day: date, commit_times: list[tuple[int, datetime]] | None = None) -> tuple[int, int] | None:
@@ -157,7 +156,7 @@ class SliceRunner:
                 "a slice runs once its day has ended, so that it never changes afterwards"
             )
         self.backlog.refuse_after_switch(reset=False)
-        self.backlog.refuse_pieces("a daily slice")
+        refusals.refuse_pieces(self.pipeline, self.backlog.kind, "a daily slice")
         started = time.perf_counter()
         p, spark = self.pipeline, self.spark
         logic = self.backlog.logic()
@@ -251,7 +250,7 @@ class SliceRunner:
         self.backlog.refuse_after_switch(reset=False)
         started = time.perf_counter()
         done = self.finished()
-        chain = sorted((r for r in done.values() if r.first_version is not None), key=lambda r: r.first_version)
+        chain = sorted((r for r in done.values() if r.first_version is not None), key=lambda r: r.first_version)  # pyright: ignore[reportArgumentType,reportCallIssue]
         if not chain:
             raise PhaseStateError(
                 f"pipeline {self.pipeline.name!r} has no finished slice holding source versions; "

@@ -59,8 +59,8 @@ class Aggregation(_Model):
 
     name: str
     kind: AggKind
-    column: str | None = Field(None, description="Input column; optional for count (counts rows).")
-    reduce: str | None = Field(None, description="For kind=reduce: SQL over `acc` and `x`, e.g. 'acc * x'.")
+    column: str | None = Field(default=None, description="Input column; optional for count (counts rows).")
+    reduce: str | None = Field(default=None, description="For kind=reduce: SQL over `acc` and `x`, e.g. 'acc * x'.")
 
     @field_validator("name", "column")
     @classmethod
@@ -275,7 +275,7 @@ class IntervalJoin(OperatorModel):
     lower: timedelta = Field(description="right.ts >= left.ts + lower (may be negative).")
     upper: timedelta = Field(description="right.ts <= left.ts + upper.")
     bucket: timedelta | None = Field(
-        None,
+        default=None,
         description="Width of the event-time buckets the join matches on besides the keys: each left row meets "
         "the right rows of the buckets its interval touches, so a key with many rows is not compared pair by "
         "pair. None: upper - lower (at least 1 ms), which puts a left row in at most two buckets. Changes no "

@@ -23,6 +23,8 @@ from phases._internal.definition.operators import (
     OPERATOR_VERSION,
     WINDOW_END,
     WINDOW_START,
+    CoGroup,
+    IntervalJoin,
     Operator,
 )
 from phases._internal.definition.sources import DeltaSink, DeltaSource, HybridSource, KafkaSink, KafkaSource
@@ -78,12 +80,12 @@ class Maintenance(_Model):
     part of the fingerprint: it shapes no state."""
 
     auto_compact: bool = Field(
-        True,
+        default=True,
         description="Compaction of the sink's small files: Delta auto compaction on an upserted sink (every live "
         "micro-batch rewrites it); a changelog sink is bin-packed by its background compaction instead.",
     )
     retain: timedelta = Field(
-        timedelta(days=7),
+        default=timedelta(days=7),
         description="VACUUM retention of the engine's tables and the sink; Delta refuses less than its 7-day "
         "safety interval unless spark.databricks.delta.retentionDurationCheck.enabled is false.",
     )
@@ -150,28 +152,30 @@ class Pipeline(_Model):
     sink: DeltaSink | KafkaSink = Field(discriminator="kind")
     locations: Locations
     checkpoint_interval: timedelta = Field(
-        timedelta(seconds=5), description="Live phase: micro-batch trigger (and checkpoint) interval."
+        default=timedelta(seconds=5), description="Live phase: micro-batch trigger (and checkpoint) interval."
     )
     maintenance: Maintenance = Field(default_factory=Maintenance)
     max_future: timedelta | None = Field(
-        DEFAULT_MAX_FUTURE,
+        default=DEFAULT_MAX_FUTURE,
         description="A record whose event time is more than this after its source version's commit time is "
         "quarantined (reason 'future') and does not move the watermark, so one far-future event cannot turn "
         "every later record late. None turns the guard off.",
     )
     min_event_time: datetime | None = Field(
-        None,
+        default=None,
         description="A record whose event time is before this is quarantined (reason 'past'). None: no bound. "
         "Naive datetimes are UTC.",
     )
     checkpoint_interval_during_backlog: timedelta = Field(
-        timedelta(0),
+        default=timedelta(0),
         description="FLIP-309: 0 = the backlog runs as one batch job with no checkpoints; otherwise (>= "
         "checkpoint_interval) it commits a handoff after each increment of at most this much source time "
         "(commit time), so a crash re-runs at most one increment.",
     )
     # Catalog only (what an orchestrator shows of the pipeline's tables); not part of the fingerprint.
-    description: str | None = Field(None, description="What the pipeline computes, shown on each of its assets.")
+    description: str | None = Field(
+        default=None, description="What the pipeline computes, shown on each of its assets."
+    )
     owners: list[str] = Field(
         default_factory=list, description="Who owns the pipeline's tables: e-mail addresses or 'team:<name>'."
     )
@@ -251,6 +255,16 @@ class Pipeline(_Model):
 
     @model_validator(mode="after")
     def _cross_fields(self) -> Pipeline:
+        derived = [s.name for s in self.steps if s.kind == "derive"]
+        for field, columns in (("key_columns", list(self.key_columns)), ("event_time", [self.event_time])):
+            made = [c for c in columns if c in derived]
+            if made:
+                raise ValueError(
+                    f"{field} {made} are made by a record step (Derive), but the key columns and the event time are "
+                    "checked on the records as the source holds them, before the record steps run (a record with a "
+                    "null key or event time is quarantined). Use a column the source has, or derive the column "
+                    "upstream, in the source table itself"
+                )
         backlog, live = self.checkpoint_interval_during_backlog, self.checkpoint_interval
         if backlog != timedelta(0) and backlog < live:
             raise ValueError(
@@ -305,7 +319,7 @@ class Pipeline(_Model):
                     f"{self.operator.kind} has two inputs; {used} would apply to one of them only and are not "
                     "supported with two-input operators. Prepare the inputs upstream."
                 )
-            shared = sorted(_read_by(self.operator.right) & _read_by(self.source))
+            shared = sorted(_read_by(self.operator.right) & _read_by(self.source))  # pyright: ignore[reportAttributeAccessIssue]
             if shared:
                 raise ValueError(
                     f"{self.operator.kind}: right source is the pipeline's own source ({', '.join(shared)}): "
@@ -359,7 +373,8 @@ class Pipeline(_Model):
     @property
     def inputs(self) -> Inputs:
         """The pipeline's inputs: its source, and the second source of a two-input operator."""
-        right = (Input(RIGHT_LABEL, "right source", self.operator.right),) if self.operator.two_inputs else ()
+        op = self.operator
+        right = (Input(RIGHT_LABEL, "right source", op.right),) if isinstance(op, IntervalJoin | CoGroup) else ()
         return Inputs((Input(SOURCE_LABEL, "source", self.source), *right))
 
     @property
@@ -416,7 +431,7 @@ class Pipeline(_Model):
         reads, not where its broker is (a Delta input's spec is its whole declaration, as it always was)."""
         spec = self.operator.model_dump(mode="json", exclude={"bucket"})
         if self.operator.two_inputs:
-            spec["right"] = self.operator.right.state_spec()
+            spec["right"] = self.operator.right.state_spec()  # pyright: ignore[reportAttributeAccessIssue]
         return spec
 
     def fingerprint(self) -> str:
@@ -434,5 +449,5 @@ def _read_by(spec: DeltaSource | KafkaSource | HybridSource) -> set[str]:
     if isinstance(spec, KafkaSource):
         return {f"kafka topic {spec.topic!r}"}
     if isinstance(spec, HybridSource):
-        return _read_by(spec.backlog) | _read_by(spec.live)
+        return _read_by(spec.backlog) | _read_by(spec.live)  # pyright: ignore[reportArgumentType]
     return {spec.path}

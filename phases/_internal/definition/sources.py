@@ -24,7 +24,7 @@ class DeltaSource(_Model):
     kind: Literal["delta"] = "delta"
     path: str = Field(min_length=1)
     starting_version: int = Field(
-        0,
+        default=0,
         ge=0,
         description="For a table whose change data feed was turned on after it was created: versions "
         "0..starting_version-1 are read as one snapshot of version starting_version-1 (one arrival, with that "
@@ -113,7 +113,9 @@ class KafkaSource(_Model):
         "that is not JSON of this shape is quarantined (reason 'undecodable'), with its topic, partition and offset.",
     )
     backlog_chunk_records: int = Field(
-        100_000, gt=0, description="Arrival chunks of the backlog: this many offsets of each partition per chunk."
+        default=100_000,
+        gt=0,
+        description="Arrival chunks of the backlog: this many offsets of each partition per chunk.",
     )
     options: dict[str, str] = Field(
         default_factory=dict,
@@ -176,9 +178,9 @@ class KafkaHandoff(_Model):
     manifest, and the live phase starts at exactly them."""
 
     offsets: dict[int, int] | None = Field(
-        None, description="partition -> the first offset the live phase reads (a partition left out: from 0)."
+        default=None, description="partition -> the first offset the live phase reads (a partition left out: from 0)."
     )
-    timestamp: datetime | None = Field(None, description="Resolved to offsets per partition; naive is UTC.")
+    timestamp: datetime | None = Field(default=None, description="Resolved to offsets per partition; naive is UTC.")
 
     @field_validator("timestamp")
     @classmethod
@@ -295,19 +297,21 @@ class DeltaSink(_Model):
     kind: Literal["delta"] = "delta"
     path: str = Field(min_length=1)
     mode: Literal["upsert", "changelog"] = Field(
-        "upsert", description=f"How a keyed aggregation's live results reach the sink: one of {list(SINK_MODES)}."
+        default="upsert",
+        description=f"How a keyed aggregation's live results reach the sink: one of {list(SINK_MODES)}.",
     )
     upsert_write: Literal["auto", "merge", "rewrite"] = Field(
-        "auto",
+        default="auto",
         description=f"upsert mode: how a live micro-batch writes the changed keys, one of {list(UPSERT_WRITES)} "
         "(auto: rewrite when the updated keys reach nearly every file of the sink, else merge). Choose merge for a "
         "sink clustered by its key (OPTIMIZE ZORDER BY the key), where a MERGE touches few files.",
     )
     current_path: str | None = Field(
-        None, description="changelog mode: the compacted table of the latest row per key (default: <path>_current)."
+        default=None,
+        description="changelog mode: the compacted table of the latest row per key (default: <path>_current).",
     )
     compact_every: timedelta = Field(
-        timedelta(minutes=1),
+        default=timedelta(minutes=1),
         description="changelog mode: how often the running live phase compacts the changelog into current_path, "
         "in a background thread (0: only when phases.compact_changelog is called).",
     )
@@ -369,7 +373,7 @@ class KafkaSink(DeltaSink):
         "{'security.protocol': 'SSL'}. Not part of the fingerprint.",
     )
     transaction_timeout: timedelta = Field(
-        timedelta(seconds=60),
+        default=timedelta(seconds=60),
         description="How long one write (a transaction) may take before the broker aborts it.",
     )
 

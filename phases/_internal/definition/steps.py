@@ -47,7 +47,7 @@ class SortPartition(_Model):
 
     kind: Literal["sort_partition"] = "sort_partition"
     by: list[str] | None = None
-    key: str | None = Field(None, description="Import path of a function row(dict) -> sort key.")
+    key: str | None = Field(default=None, description="Import path of a function row(dict) -> sort key.")
     descending: bool = False
 
     @model_validator(mode="after")
@@ -95,7 +95,7 @@ class EndOfStreamStep(_Model):
 
     name: str
     operators: list[PartitionOperator] = Field(min_length=1)
-    partitions: int = Field(1, ge=1, le=10_000)
+    partitions: int = Field(default=1, ge=1, le=10_000)
     partition_by: list[str] | None = None
     output: DeltaSink
 

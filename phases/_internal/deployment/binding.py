@@ -53,7 +53,7 @@ def settle(spark: SparkSession | None, where: Placement, *, strict: bool = True)
     under_way = gens.swap_under_way
     if under_way is not None and strict:
         raise under_way_error(where, under_way)
-    serving = under_way.from_generation if under_way is not None else gens.serving
+    serving = gens.serving if under_way is None or under_way.from_generation is None else under_way.from_generation
     return where.at(serving, serving=True, redeploys=gens)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -162,7 +163,7 @@ def read(spark: SparkSession | None, where: Placement) -> Generations:
             found = [r.asDict() for r in spark.read.format("delta").load(path).where(f"pipeline = '{name}'").collect()]
         except Exception as err:  # noqa: BLE001 - Spark's own error, named with the way out
             raise damaged_log_error(path, str(err).splitlines()[0]) from err
-    return Generations.of([LogRow(**{f.name: row.get(f.name) for f in SCHEMA.fields}) for row in found])
+    return Generations.of([LogRow(**{f.name: row.get(f.name) for f in SCHEMA.fields}) for row in found])  # pyright: ignore[reportArgumentType]
 
 
 def damaged_log_error(path: str, what: str) -> PhaseStateError:
@@ -206,7 +207,7 @@ def write(spark: SparkSession, where: Placement, step: str, generation: int, red
     if step not in ROW_KINDS:
         raise ValueError(f"redeploy step {step!r} is not one of {ROW_KINDS}")
     _refuse_gaps(where.redeploy_log)
-    row = {f.name: None for f in SCHEMA.fields}
+    row: dict[str, Any] = {f.name: None for f in SCHEMA.fields}
     row.update(values)
     row.update(
         pipeline=where.name,

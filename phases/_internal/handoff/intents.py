@@ -16,12 +16,6 @@ from phases._internal.errors import PhaseStateError
 from phases._internal.placement import Placement
 from phases._internal.storage import fs
 
-FOLDER = "increments"
-
-
-def _intent_path(where: Placement, base_id: str) -> str:
-    return f"{where.engine_root.rstrip('/')}/{FOLDER}/{base_id}.json"
-
 
 def write_run_name(manifest_id: str) -> str:
     """The live-write run name of the increment that writes ``manifest_id`` (never a live run's: its writes must not
@@ -43,7 +37,7 @@ class Intent:
     def fix(spark: SparkSession, where: Placement, base_id: str, ends: dict[str, int], plans: dict[str, str]) -> Intent:
         """The intent of an increment of ``base_id``: a new one with ``ends`` and ``plans``, or the one an earlier
         attempt recorded (whose range it then finishes)."""
-        path = _intent_path(where, base_id)
+        path = where.increment_intent(base_id)
         fresh = {"manifest_id": uuid.uuid4().hex, "ends": dict(ends), "plans": dict(plans)}
         fs.create_once(spark, path, json.dumps(fresh))
         data = json.loads(fs.read_text(spark, path))
@@ -51,12 +45,12 @@ class Intent:
 
     def close(self, spark: SparkSession, where: Placement) -> None:
         """Removes the intent once its manifest is written."""
-        fs.delete_file(spark, _intent_path(where, self.base_id))
+        fs.delete_file(spark, where.increment_intent(self.base_id))
 
 
 def open_intent(spark: SparkSession, where: Placement, base_id: str) -> dict | None:
     """The recorded intent of an unfinished increment of ``base_id`` (None: none)."""
-    path = _intent_path(where, base_id)
+    path = where.increment_intent(base_id)
     return json.loads(fs.read_text(spark, path)) if fs.exists(spark, path) else None
 
 

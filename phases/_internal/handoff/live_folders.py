@@ -7,19 +7,8 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from phases._internal import uris
 from phases._internal.coordination import progress_log
 from phases._internal.placement import Placement
-
-
-def live_checkpoint_root(where: Placement, run_name: str) -> str:
-    return uris.join(where.checkpoints, run_name)
-
-
-def state_store_root(where: Placement, run_name: str) -> str:
-    """The live run's state stores (one folder per layout, :mod:`phases._internal.state.keyed_store`). The backlog
-    writes the handoff's version 1 there before the manifest names the run."""
-    return f"{where.live_run(run_name)}/state-store"
 
 
 def live_started(spark: SparkSession, where: Placement, manifest_id: str) -> bool:

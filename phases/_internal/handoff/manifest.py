@@ -96,7 +96,7 @@ def _schema() -> T.StructType:
     fields = []
     for name, info in HandoffManifest.model_fields.items():
         base = info.annotation
-        base = next(t for t in _TYPES if t is base or (hasattr(base, "__args__") and t in base.__args__))
+        base = next(t for t in _TYPES if t is base or (hasattr(base, "__args__") and t in base.__args__))  # pyright: ignore[reportAttributeAccessIssue]
         fields.append(T.StructField(name, _TYPES[base], True))
     return T.StructType(fields)
 

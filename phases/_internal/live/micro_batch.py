@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -48,13 +47,13 @@ from pyspark.sql.streaming import StreamingQuery
 from phases._internal import spark_internals
 from phases._internal.coordination.progress_log import ProgressLog
 from phases._internal.deployment import generations
-from phases._internal.errors import LiveResumeError, PhasesError, PhaseStateError, ProgressRecordDamaged
+from phases._internal.errors import PhasesError, PhaseStateError, ProgressRecordDamaged
 from phases._internal.handoff import manifest
 from phases._internal.lateness import VERSION, watermark_after
 from phases._internal.live import resume as live_resume
 from phases._internal.live import start_checks
 from phases._internal.live.plan import InputProgress, LiveInput, LivePlan, Progress
-from phases._internal.storage import changelog, fs, live_writes, maintenance, quarantine, table_stats, tables
+from phases._internal.storage import changelog, fs, live_writes, maintenance, quarantine, tables
 from phases._internal.tagging import tag_changes
 from phases._internal.topics.sink import TopicSink, topic_sink
 
@@ -152,7 +151,15 @@ class IncrementalLive:
         self._resumed_id = resume.latest_id
         self._progress = {}
         self._held_rows = {}
-        self._refuse_tables_behind_the_log(self._resumed_from, resume.latest_id)
+        start_checks.refuse_tables_behind_the_log(
+            self.spark,
+            self.pipeline.name,
+            self.run_name,
+            self._resumed_from,
+            resume.latest_id,
+            self._write_targets(),
+            (self.checkpoints, self.progress_log.root),
+        )
 
     def _open_topic(self) -> None:
         """A topic sink: its writer for the placement's generation (fencing any older writer of it), and the
@@ -198,35 +205,6 @@ class IncrementalLive:
             targets[inp.suffix("pending")] = self._pending_path(inp)
         return targets
 
-    def _refuse_tables_behind_the_log(self, record: Progress, latest_id: int) -> None:
-        """Every start: each table the live phase writes must hold the newest write the progress log says it made
-        (a table restored from an older backup, or whose newest commits were removed, would otherwise stay wrong
-        for good: later micro-batches only add to it). One that does not is refused, naming what it holds."""
-        targets = self._write_targets()
-        behind = []
-        for what, batch in sorted((record.writes or {}).items()):
-            path = targets.get(what)
-            if path is None:
-                continue
-            app = live_writes.app_id(self.pipeline.name, self.run_name, what)
-            holds = table_stats.applied_transactions(self.spark, path, [app]).get(app)
-            if holds is None or holds < batch:
-                held = f"micro-batch {holds}" if holds is not None else "none of this run's writes"
-                behind.append(
-                    f"{path} holds {held} of its {what!r} writes, the progress log expects micro-batch {batch}"
-                )
-        if behind:
-            raise LiveResumeError(
-                f"the live phase of {self.pipeline.name!r} cannot resume exactly: tables are behind its progress log "
-                f"(whose newest record is micro-batch {latest_id}): "
-                + "; ".join(behind)
-                + ". They were restored from an older backup, or their newest commits were removed; the live phase "
-                "would never write those micro-batches again. Nothing was started. To proceed: restore each such "
-                "table to its newest version; or restore the run's tables, its checkpoint "
-                f"{self.checkpoints} and its progress log {self.progress_log.root} together, from one backup; or "
-                "start over: BacklogRunner(spark, pipeline).run(reset=True)"
-            )
-
     def _way_out(self) -> str:
         return live_resume.way_out(self.pipeline.name, self.checkpoints, self.progress_log.root)
 
@@ -245,7 +223,7 @@ class IncrementalLive:
         """Batch ``batch_id``'s writes: the query's first micro-batch after a start may be a replay (its predecessor's
         record is the newest one the start found), every later one writes after its predecessor's record."""
         first = batch_id == self._resumed_id + 1
-        publish = None
+        publish = None  # pyright: ignore[reportAssignmentType]
         if self.topic is not None:
             topic, run, after_handoff = self.topic, self.run_name, self.plan.handoff is not None
 
@@ -290,9 +268,9 @@ class IncrementalLive:
         entry = spark_internals.read_offset_log(self.spark, self.query_folder, batch_id)
         out = {}
         for inp in chunked:
-            offsets = entry.kafka_offsets(inp.source.topic)
+            offsets = entry.kafka_offsets(inp.source.topic)  # pyright: ignore[reportAttributeAccessIssue]
             if offsets is None:
-                raise PhaseStateError(f"no offsets of kafka topic {inp.source.topic!r} in {entry.path}")
+                raise PhaseStateError(f"no offsets of kafka topic {inp.source.topic!r} in {entry.path}")  # pyright: ignore[reportAttributeAccessIssue]
             out[inp.label] = {str(p): o for p, o in sorted(offsets.items())}
         return out
 
@@ -481,7 +459,7 @@ class IncrementalLive:
         after_version = start.complete_below - 1 if start.complete_below > 0 else None
         offsets = self._resumed_from.offsets_of(inp.label)
         if inp.source.arrival == "chunks" and offsets is not None:
-            return inp.source.read_live(after_version, self.max_files_per_trigger, start_offsets=offsets)
+            return inp.source.read_live(after_version, self.max_files_per_trigger, start_offsets=offsets)  # pyright: ignore[reportCallIssue]
         return inp.source.read_live(after_version, self.max_files_per_trigger)
 
     def start(self, trigger: dict, name: str) -> StreamingQuery:
@@ -499,27 +477,6 @@ class IncrementalLive:
         )
         return self.query
 
-    def status(self) -> dict:
-        """The query's rates, and the pipeline's own watermark and last applied version (Spark has none)."""
-        q = self.query
-        prog = q.lastProgress if q is not None else None
-        latest = self.latest_progress()
-        watermark = None
-        if latest.running_max_us is not None:
-            watermark = _iso(latest.running_max_us - self.pipeline.delay_us)
-        return {
-            "active": bool(q and q.isActive),
-            "batch_id": prog.get("batchId") if prog else None,
-            "input_rows_per_second": prog.get("inputRowsPerSecond") if prog else None,
-            "processed_rows_per_second": prog.get("processedRowsPerSecond") if prog else None,
-            "watermark": watermark,
-            "source_version": latest.complete_below - 1,
-        }
-
 
 def _now_us() -> int:
     return time.time_ns() // 1000
-
-
-def _iso(us: int) -> str:
-    return datetime.fromtimestamp(us / 1e6, tz=UTC).isoformat().replace("+00:00", "Z")

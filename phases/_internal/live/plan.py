@@ -17,7 +17,6 @@ from phases._internal import uris
 from phases._internal.coordination import progress_log
 from phases._internal.definition import RIGHT_LABEL, SOURCE_LABEL, DeltaSource, Pipeline
 from phases._internal.errors import DefinitionError, PhaseStateError, SchemaChangeError
-from phases._internal.handoff.live_folders import live_checkpoint_root, state_store_root
 from phases._internal.handoff.manifest import HandoffManifest
 from phases._internal.lateness import watermark_after
 from phases._internal.operators.base import OperatorKind
@@ -154,7 +153,7 @@ class LivePaths:
     sink: str
     checkpoints: str  # the run's streaming checkpoints: one folder per query generation
     run_root: str  # the run's folder: its progress log and the inputs' held-back rows
-    state_store: str  # the run's state stores (:func:`phases._internal.handoff.live_folders.state_store_root`)
+    state_store: str  # the run's state stores (:meth:`phases._internal.placement.Placement.state_store`)
 
     @property
     def progress_log(self) -> str:
@@ -202,9 +201,9 @@ class LivePlan:
             run_name=run_name,
             state=handoff.state_path if handoff else uris.join(where.state_root, STREAMING_ONLY),
             sink=where.sink_path,
-            checkpoints=live_checkpoint_root(where, run_name),
+            checkpoints=where.live_checkpoint(run_name),
             run_root=where.live_run(run_name),
-            state_store=state_store_root(where, run_name),
+            state_store=where.state_store(run_name),
         )
         kind = kind_of(pipeline)
         start = _switch_progress(pipeline, kind, handoff)
@@ -253,7 +252,7 @@ def _switch_progress(pipeline: Pipeline, kind: OperatorKind, handoff: HandoffMan
     h, p = handoff, pipeline
     if h is None:
         right = {"right_complete_below": 0} if p.inputs.two else {}
-        return Progress(batch_id=-1, complete_below=0, running_max_us=None, closed_us=None, held_version=None, **right)
+        return Progress(batch_id=-1, complete_below=0, running_max_us=None, closed_us=None, held_version=None, **right)  # pyright: ignore[reportArgumentType]
     watermarks = {SOURCE_LABEL: h.final_watermark_us}
     right = {}
     if p.inputs.two:

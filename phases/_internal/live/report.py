@@ -136,13 +136,13 @@ class LiveMeter:
             else:
                 waited.append(None)  # unknown: no figure rather than a reassuring one
         waiting = pending[0]
-        lag_s = None if None in waited else max(waited)
+        lag_s = None if None in waited else max(waited)  # pyright: ignore[reportArgumentType]
         heads = source_heads(runner.placement)
         head = heads[0]
         head_max = head.max_event_time
         event_lag = None
         if head_max is not None and applied_max is not None:
-            event_lag = max(0.0, (head_max - _dt(applied_max)).total_seconds())
+            event_lag = max(0.0, (head_max - _dt(applied_max)).total_seconds())  # pyright: ignore[reportOperatorIssue]
         offsets = latest.offsets_of(SOURCE_LABEL)
         if offsets is not None:
             applied = ",".join(f"{p}:{o}" for p, o in sorted(offsets.items()))
@@ -162,7 +162,7 @@ class LiveMeter:
             applied_max_event_time=_dt(applied_max),
             head_max_event_time=head_max,
             event_time_lag_s=event_lag,
-            watermark_age_s=None if watermark is None else (now - _dt(watermark)).total_seconds(),
+            watermark_age_s=None if watermark is None else (now - _dt(watermark)).total_seconds(),  # pyright: ignore[reportOperatorIssue]
             behind=waiting.behind,
             behind_unit=waiting.unit,
             lag_s=lag_s,
@@ -170,3 +170,35 @@ class LiveMeter:
             head_position=head.position,
             running_batch=running_batch,
         )
+
+
+@dataclass(frozen=True)
+class LiveStart:
+    """What starting the live phase took."""
+
+    run_name: str
+    start_seconds: float  # query started -> its first micro-batch's progress committed
+    first_checkpoint_at_us: int  # wall clock of that commit
+    # When the query's first micro-batch had applied what waited at the start (its progress recorded); None when
+    # nothing waited. What arrives while the start drains a busy source is applied batch by batch after it.
+    first_batch_at_us: int | None = None
+
+
+def query_status(runner) -> dict:
+    """A live runner's query: its rates (Spark's last progress), and the pipeline's own watermark and last applied
+    version (Spark has none)."""
+    q = runner.incremental.query
+    prog = q.lastProgress if q is not None else None
+    latest = runner.incremental.latest_progress()
+    watermark = None
+    if latest.running_max_us is not None:
+        at = datetime.fromtimestamp((latest.running_max_us - runner.pipeline.delay_us) / 1e6, tz=UTC)
+        watermark = at.isoformat().replace("+00:00", "Z")
+    return {
+        "active": bool(q and q.isActive),
+        "batch_id": prog.get("batchId") if prog else None,
+        "input_rows_per_second": prog.get("inputRowsPerSecond") if prog else None,
+        "processed_rows_per_second": prog.get("processedRowsPerSecond") if prog else None,
+        "watermark": watermark,
+        "source_version": latest.complete_below - 1,
+    }

@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
@@ -25,6 +24,7 @@ from pyspark.sql.streaming import StreamingQuery
 from phases._internal import spark_internals
 from phases._internal.coordination import leases
 from phases._internal.definition import SOURCE_LABEL, Pipeline
+from phases._internal.definition.changes import DefinitionChanges
 from phases._internal.deployment import Placement, place, require_serving
 from phases._internal.errors import (
     DefinitionError,
@@ -36,9 +36,12 @@ from phases._internal.errors import (
 )
 from phases._internal.handoff import intents, manifest
 from phases._internal.lateness import watermark_after
+from phases._internal.live import start_checks
+from phases._internal.live.arrivals import arrival_chunks
 from phases._internal.live.compactor import Compactor
 from phases._internal.live.micro_batch import IncrementalLive
 from phases._internal.live.plan import LivePlan, Progress
+from phases._internal.live.report import LiveStart, query_status
 from phases._internal.schema_changes import is_schema_change_stop, take_up
 from phases._internal.sources.delta import DeltaTableSource
 from phases._internal.sources.reader import open_source
@@ -54,40 +57,6 @@ FIRST_BATCH_WAIT_S = 30.0
 FIRST_BATCH_POLL_S = 0.05
 # How long a wait for the applied positions may run past one trigger interval before Spark's own wait takes over.
 APPLIED_GRACE_S = 30.0
-
-
-@dataclass(frozen=True)
-class LiveStart:
-    """What starting the live phase took."""
-
-    run_name: str
-    start_seconds: float  # query started -> its first micro-batch's progress committed
-    first_checkpoint_at_us: int  # wall clock of that commit
-    # When the query's first micro-batch had applied what waited at the start (its progress recorded); None when
-    # nothing waited. What arrives while the start drains a busy source is applied batch by batch after it.
-    first_batch_at_us: int | None = None
-
-
-def _after_a_swap(where: Placement, exc: ManifestError) -> ManifestError:
-    """A definition that does not match the serving generation's handoff: when a redeploy swapped another
-    definition in, the refusal says so and names the rollback."""
-    declared, gens = where.definition, where.redeploys
-    swapped = [s for s in gens.rows if s.step == "swapped"]
-    if not swapped:
-        return exc
-    last = swapped[-1]
-    kept = [n for n in gens.retained() if n != gens.serving and where.is_fingerprint(gens.fingerprints.get(n))]
-    how = (
-        f"its generation {kept[-1]} is kept, so a rollback needs no backlog"
-        if kept
-        else "a rollback builds it again as a new generation"
-    )
-    return ManifestError(
-        f"{exc}; generation {gens.serving} serves pipeline {declared.name!r} since redeploy {last.redeploy_id} "
-        f"swapped it in (from generation {last.from_generation}). To run this definition, roll back: "
-        f"Redeploy(spark, pipeline).run() with it ({how}); to go on, start the live phase of the definition that "
-        "serves."
-    )
 
 
 class LiveRunner:
@@ -161,7 +130,9 @@ class LiveRunner:
         try:
             manifest.check_matches(spark, handoff, where, where.redeploys.amended)
         except ManifestError as exc:
-            raise _after_a_swap(where, exc) from exc
+            if DefinitionChanges.between(handoff.state_spec, where.definition.state_spec()).way == "forward":
+                raise  # its way out is a redeploy that records the change (no generation, no rollback)
+            raise start_checks.after_a_swap(where, exc) from exc
         EndOfStreamRunner(spark, where).require_finished(handoff.source_version, handoff.fingerprint)
         intents.refuse_open(spark, where, handoff.manifest_id)
         return cls(spark, where, handoff, **kwargs)
@@ -179,10 +150,10 @@ class LiveRunner:
         for spec in (i.spec for i in where.definition.inputs):
             if spec.kind == "kafka":  # a topic is read from its earliest offsets
                 continue
-            if spec.starting_version > 0:
+            if spec.starting_version > 0:  # pyright: ignore[reportAttributeAccessIssue]
                 raise PhaseStateError(
                     f"pipeline {where.name!r}: source {where.location(spec)} reads versions "
-                    f"0..{spec.starting_version - 1} as one snapshot (starting_version), which a streaming job over "
+                    f"0..{spec.starting_version - 1} as one snapshot (starting_version), which a streaming job over "  # pyright: ignore[reportAttributeAccessIssue]
                     "its change feed cannot; start the live phase from a handoff"
                 )
             source = open_source(spark, spec, where)
@@ -488,7 +459,7 @@ class LiveRunner:
             position = self.handoff.positions.get(inp.label) if self.handoff else None
             end = latest.offsets_of(inp.label)
             if end is not None:
-                topic = (inp.spec.live if inp.spec.kind == "hybrid" else inp.spec).topic
+                topic = (inp.spec.live if inp.spec.kind == "hybrid" else inp.spec).topic  # pyright: ignore[reportAttributeAccessIssue]
                 position = ChunkPlan(topic, end, end, 1).to_json()
             label = "source" if inp.label == SOURCE_LABEL else inp.name
             out.append(
@@ -504,41 +475,8 @@ class LiveRunner:
         return out
 
     def arrival_chunks(self, label: str = SOURCE_LABEL) -> dict[int, dict[int, tuple[int, int]]]:
-        """A Kafka input's arrival-chunk log (``label``: the source's, or a two-input operator's right input's):
-        chunk -> {partition: (from offset, until offset)}, for the backlog's chunks (the manifest's plan) and the
-        live micro-batches still in the progress log (the newest
-        :data:`phases._internal.coordination.progress_log.RETAIN`). What W(chunk) was computed over: a reference replays
-        exactly these."""
-        from phases._internal.sources.kafka import ChunkPlan
-
-        spec = next(i.spec for i in self.pipeline.inputs if i.label == label)
-        if spec.kind == "delta":
-            raise PhaseStateError(
-                f"pipeline {self.pipeline.name!r}: input {label or 'source'!r} reads a Delta table: its arrival order "
-                "is versions"
-            )
-        chunks: dict[int, dict[int, tuple[int, int]]] = {}
-        previous: dict[int, int] = {}
-        if self.handoff is not None:
-            plan = ChunkPlan.from_json(self.handoff.positions[label])
-            # The backlog's plan and those of its catch-up increments; a hybrid source's first plan is its archive's
-            # handoff, whose chunks are the archive's versions, not offset ranges.
-            segments = plan.segments if spec.kind == "kafka" else plan.segments[1:]
-            for segment in segments:
-                for chunk in range(segment.first, segment.last + 1):
-                    lo, hi = segment.offsets(chunk, chunk)
-                    chunks[chunk] = {p: (lo[p], hi[p]) for p in segment.end}
-            previous = dict(plan.end)
-        log = self.incremental.progress_log
-        records = [Progress.from_record(log.read(b)) for b in log.batch_ids() if b >= 0]
-        for before, after in zip([None, *records], records, strict=False):
-            end = after.offsets_of(label)
-            if end is None:
-                continue
-            if before is not None and before.offsets_of(label) is not None:
-                previous = before.offsets_of(label)
-            chunks[after.of(label).complete_below - 1] = {p: (previous.get(p, 0), o) for p, o in end.items()}
-        return chunks
+        """A Kafka input's arrival-chunk log: :func:`phases._internal.live.arrivals.arrival_chunks`."""
+        return arrival_chunks(self.pipeline, self.handoff, self.incremental.progress_log, label)
 
     def latest_progress(self) -> Progress:
         """What the live phase has applied so far: its newest progress record (the switch's before its first
@@ -548,4 +486,4 @@ class LiveRunner:
     def status(self) -> dict:
         """Batch id, input rates, the pipeline's watermark and last applied source version, for progress
         reports."""
-        return {"run": self.run_name, "live": self.incremental.status()}
+        return {"run": self.run_name, "live": query_status(self)}

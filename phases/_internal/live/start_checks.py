@@ -19,8 +19,9 @@ from pyspark.sql import SparkSession
 
 from phases._internal.definition import Pipeline
 from phases._internal.deployment import generations
-from phases._internal.errors import LiveResumeError
+from phases._internal.errors import LiveResumeError, ManifestError
 from phases._internal.handoff.manifest import HandoffManifest
+from phases._internal.live.plan import Progress
 from phases._internal.placement import Placement
 from phases._internal.storage import live_writes, table_stats, tables
 
@@ -122,6 +123,17 @@ def refuse_sink_not_as_handed_off(
 
     for commit in table_stats.commits_newest_first(spark, path) or ():
         version = int(commit["version"])
+        if (
+            not handoff_wrote_here
+            and first_write
+            and not unexplained
+            and version == handoff.sink_version
+            and handoff.sink_commit_ms is not None
+            and table_stats.commit_ms(commit) == handoff.sink_commit_ms
+        ):
+            # A catch-up increment made while this generation does not serve (a rollback's, of a generation whose
+            # live phase never started) wrote its own sink: the handoff's write, by version and time.
+            return
         if head is None:
             head = version
             if handoff_wrote_here and first_write and head < handoff.sink_version:
@@ -170,3 +182,62 @@ def refuse_sink_not_as_handed_off(
 
 def _rows(n: int | None) -> str:
     return "its rows unknown" if n is None else f"{n} rows"
+
+
+def after_a_swap(where: Placement, exc: ManifestError) -> ManifestError:
+    """A definition that does not match the serving generation's handoff: when a redeploy swapped another
+    definition in, the refusal says so and names the rollback."""
+    declared, gens = where.definition, where.redeploys
+    swapped = [s for s in gens.rows if s.step == "swapped"]
+    if not swapped:
+        return exc
+    last = swapped[-1]
+    kept = [n for n in gens.retained() if n != gens.serving and where.is_fingerprint(gens.fingerprints.get(n))]
+    how = (
+        f"its generation {kept[-1]} is kept, so a rollback needs no backlog"
+        if kept
+        else "a rollback builds it again as a new generation"
+    )
+    return ManifestError(
+        f"{exc}; generation {gens.serving} serves pipeline {declared.name!r} since redeploy {last.redeploy_id} "
+        f"swapped it in (from generation {last.from_generation}). To run this definition, roll back: "
+        f"Redeploy(spark, pipeline).run() with it ({how}); to go on, start the live phase of the definition that "
+        "serves."
+    )
+
+
+def refuse_tables_behind_the_log(
+    spark: SparkSession,
+    name: str,
+    run_name: str,
+    record: Progress,
+    latest_id: int,
+    targets: dict[str, str],
+    folders: tuple[str, str],
+) -> None:
+    """Every start: each table the live phase writes must hold the newest write the progress log says it made
+    (a table restored from an older backup, or whose newest commits were removed, would otherwise stay wrong
+    for good: later micro-batches only add to it). One that does not is refused, naming what it holds. ``targets``:
+    what -> the table the run writes it to; ``folders``: the run's checkpoint and progress log."""
+    checkpoints, progress_root = folders
+    behind = []
+    for what, batch in sorted((record.writes or {}).items()):
+        path = targets.get(what)
+        if path is None:
+            continue
+        app = live_writes.app_id(name, run_name, what)
+        holds = table_stats.applied_transactions(spark, path, [app]).get(app)
+        if holds is None or holds < batch:
+            held = f"micro-batch {holds}" if holds is not None else "none of this run's writes"
+            behind.append(f"{path} holds {held} of its {what!r} writes, the progress log expects micro-batch {batch}")
+    if behind:
+        raise LiveResumeError(
+            f"the live phase of {name!r} cannot resume exactly: tables are behind its progress log "
+            f"(whose newest record is micro-batch {latest_id}): "
+            + "; ".join(behind)
+            + ". They were restored from an older backup, or their newest commits were removed; the live phase "
+            "would never write those micro-batches again. Nothing was started. To proceed: restore each such "
+            "table to its newest version; or restore the run's tables, its checkpoint "
+            f"{checkpoints} and its progress log {progress_root} together, from one backup; or "
+            "start over: BacklogRunner(spark, pipeline).run(reset=True)"
+        )

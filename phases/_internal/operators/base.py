@@ -88,17 +88,17 @@ class Pieces(Protocol):
     A piece is one row per state key; pieces of disjoint version ranges merge into the state of their union."""
 
     @property
-    def schema(self) -> T.StructType:
+    def schema(self) -> T.StructType:  # pyright: ignore[reportReturnType]
         """A piece's columns (the state's)."""
 
     @property
-    def rows(self) -> Column:
+    def rows(self) -> Column:  # pyright: ignore[reportReturnType]
         """The aggregate of a piece's rows that counts the records it took."""
 
-    def of(self, records: DataFrame) -> DataFrame:
+    def of(self, records: DataFrame) -> DataFrame:  # pyright: ignore[reportReturnType]
         """The piece of a version range's on-time records (as the operator sees them)."""
 
-    def merge(self, pieces: DataFrame) -> DataFrame:
+    def merge(self, pieces: DataFrame) -> DataFrame:  # pyright: ignore[reportReturnType]
         """Pieces (rows of :attr:`schema`, several per key) merged into one row per key."""
 
 
@@ -182,7 +182,7 @@ class OperatorKind(ABC, Generic[Logic]):
         return self.logic(spark, where.definition, schemas)
 
     def state_schema(self, logic: Logic) -> T.StructType:
-        return logic.state_schema
+        return logic.state_schema  # pyright: ignore[reportAttributeAccessIssue]
 
     @abstractmethod
     def backlog(self, spark: SparkSession, pipeline: Pipeline, logic: Logic, inputs: list[TaggedRange]) -> HandoffWrite:
@@ -320,7 +320,7 @@ class ClosingStoreStep(StoreStep):
         rows = self.batch_rows(spark, records)
         if rows is None:
             rows = spark.createDataFrame([], store.schema)
-        update = store.store.update_and_close(rows.select(*store.schema.names), self.combine_sql(), version, closing_us)
+        update = store.store.update_and_close(rows.select(*store.schema.names), self.combine_sql(), version, closing_us)  # pyright: ignore[reportAttributeAccessIssue]
         try:
             if update.changed_keys:
                 self.write_closed(update.rows, update.changed_keys, writes)

@@ -58,7 +58,7 @@ class IntervalJoinStoreStep(StoreStep):
         try:
             news = [df.select(*keys) for df in (new_left, new_right) if df is not None]
             touched = news[0] if len(news) == 1 else news[0].unionByName(news[1])
-            found = store.store.lookup(touched, version, None)
+            found = store.store.lookup(touched, version, None)  # pyright: ignore[reportAttributeAccessIssue]
             held = found.rows
             pairs = []
             if new_left is not None:
@@ -106,7 +106,7 @@ class IntervalJoinStoreStep(StoreStep):
                 F.expr(f"filter(flatten(collect_list({RIGHT_ROWS})), {keep_right})").alias(RIGHT_ROWS),
                 F.max(MAX_TS).alias(MAX_TS),
             )
-            store.store.replace(replaced, version).release()
+            store.store.replace(replaced, version).release()  # pyright: ignore[reportAttributeAccessIssue]
         finally:
             if found is not None:
                 found.release()

@@ -93,7 +93,7 @@ class TwoInputLogic:
 class IntervalJoinLogic(TwoInputLogic):
     def __init__(self, pipeline: Pipeline, left_schema: T.StructType, right_schema: T.StructType):
         super().__init__(pipeline, left_schema, right_schema)
-        op: IntervalJoin = pipeline.operator
+        op: IntervalJoin = pipeline.operator  # pyright: ignore[reportAssignmentType]
         self.lower_ms, self.upper_ms = _us(op.lower) // 1000, _us(op.upper) // 1000
         self.bucket_us = _us(op.bucket_width)
         out_left = [f for f in self.left_fields if f.name not in self.keys]
@@ -164,7 +164,7 @@ class IntervalJoinLogic(TwoInputLogic):
         self, left: DataFrame, right: DataFrame, left_wm: int | None, right_wm: int | None
     ) -> tuple[DataFrame, DataFrame]:
         """(output pairs grouped by key, state: per key the rows that can still match a future row)."""
-        partitions = int(left.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+        partitions = int(left.sparkSession.conf.get("spark.sql.shuffle.partitions"))  # pyright: ignore[reportArgumentType]
         out = self.pairs(left, right).repartition(partitions, *self.keys).sortWithinPartitions(*self.keys)
         ts = F.col(self.event_time)
         # A future right row has ts > right_wm: a left row can match one iff ts + upper > right_wm.
@@ -201,7 +201,7 @@ class IntervalJoinLogic(TwoInputLogic):
 class CoGroupLogic(TwoInputLogic):
     def __init__(self, pipeline: Pipeline, left_schema: T.StructType, right_schema: T.StructType):
         super().__init__(pipeline, left_schema, right_schema)
-        op: CoGroup = pipeline.operator
+        op: CoGroup = pipeline.operator  # pyright: ignore[reportAssignmentType]
         self.function_path = op.function
         load_function(op.function)  # fail on the driver, with the path, when it does not import
         self.size_us = _us(op.window.size)
@@ -209,15 +209,15 @@ class CoGroupLogic(TwoInputLogic):
             out = T._parse_datatype_string(op.output_schema)
         except Exception as exc:  # noqa: BLE001 - Spark raises several parse error types
             raise DefinitionError(f"co_group: output_schema {op.output_schema!r} is not Spark DDL: {exc}") from exc
-        clash = sorted({f.name for f in out.fields} & {*self.keys, WINDOW_START, WINDOW_END})
+        clash = sorted({f.name for f in out.fields} & {*self.keys, WINDOW_START, WINDOW_END})  # pyright: ignore[reportAttributeAccessIssue]
         if clash:
             raise DefinitionError(f"co_group: output columns {clash} clash with the keys or the window bounds")
         bounds = [
             T.StructField(WINDOW_START, T.TimestampType(), True),
             T.StructField(WINDOW_END, T.TimestampType(), True),
         ]
-        self.output_columns = [f.name for f in out.fields]
-        self.output_schema = T.StructType([*self.key_fields, *bounds, *out.fields])
+        self.output_columns = [f.name for f in out.fields]  # pyright: ignore[reportAttributeAccessIssue]
+        self.output_schema = T.StructType([*self.key_fields, *bounds, *out.fields])  # pyright: ignore[reportAttributeAccessIssue]
         self.group = [*self.keys, WINDOW_START, WINDOW_END]
         self.state_schema = T.StructType(
             [
@@ -265,7 +265,7 @@ class CoGroupLogic(TwoInputLogic):
 
     def apply(self, windows: DataFrame) -> DataFrame:
         """Calls the user's function once per closed window (sorted by key: output grouped by key)."""
-        partitions = int(windows.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+        partitions = int(windows.sparkSession.conf.get("spark.sql.shuffle.partitions"))  # pyright: ignore[reportArgumentType]
         ordered = windows.repartition(partitions, *self.keys).sortWithinPartitions(*self.group)
         path, keys, out_cols, event_time = self.function_path, self.keys, self.output_columns, self.event_time
         arrow_schema = to_arrow_schema(self.output_schema, timezone="UTC")

@@ -72,7 +72,7 @@ class AggregationHandoff:
         observation = None
         if self.windowed:
             self.rows_merged = int(merged.agg(F.sum(ROWS)).collect()[0][0] or 0)
-            merged = merged.filter(~self.logic.closed(merged, self.watermark))
+            merged = merged.filter(~self.logic.closed(merged, self.watermark))  # pyright: ignore[reportAttributeAccessIssue]
         else:
             # Keyed: the state is every key; its key and row counts come from the write itself (no re-scan).
             merged, observation = counted(merged, "handoff state", merged=F.sum(ROWS))
@@ -88,7 +88,7 @@ class AggregationHandoff:
 
     def _handed_over(self) -> DataFrame:
         """The state table's rows (cached): every key, or the windows still open."""
-        return self.state.filter(~self.logic.closed(self.state, self.watermark)) if self.windowed else self.state
+        return self.state.filter(~self.logic.closed(self.state, self.watermark)) if self.windowed else self.state  # pyright: ignore[reportAttributeAccessIssue]
 
     def write_sink(self, path: str) -> None:
         logic, spark = self.logic, self.spark
@@ -103,7 +103,7 @@ class AggregationHandoff:
             out = logic.finalize(state_table)
         else:
             self.keys = int(table_counts(spark, self.state_path)["rows"])
-            out = logic.finalize(self.state.filter(logic.closed(self.state, self.watermark)))
+            out = logic.finalize(self.state.filter(logic.closed(self.state, self.watermark)))  # pyright: ignore[reportAttributeAccessIssue]
             lower = self.base.final_watermark_us if self.base is not None else None
             if lower is not None:
                 where = f"{WINDOW_END} > timestamp_micros({lower})"
@@ -181,9 +181,9 @@ class KeyedStoreStep(AggregationStoreStep):
         logic, on_time = self.logic, records[SOURCE_LABEL]
         # Each record lifted into buffers goes to its key's store partition as it is: the store combines a key's
         # rows in turn (no aggregation, and no shuffle, before the one that routes keys to their partitions).
-        lifted = logic.lift(on_time, carry=(VERSION,))
+        lifted = logic.lift(on_time, carry=(VERSION,))  # pyright: ignore[reportArgumentType]
         partial = lifted.select(*logic.keys, *logic.buffer_names, F.col(VERSION).alias(changelog.SOURCE_VERSION))
-        update = store.store.update(partial, self.combine_sql(), version)
+        update = store.store.update(partial, self.combine_sql(), version)  # pyright: ignore[reportAttributeAccessIssue]
         try:
             # One file per ROWS_PER_FILE changed keys, not one per store partition.
             changed = update.rows.coalesce(max(1, -(-update.changed_keys // ROWS_PER_FILE)))

@@ -95,7 +95,7 @@ class ProcessStoreStep(StoreStep):
             keys = spark.createDataFrame([], T.StructType([logic.state_schema[k] for k in logic.keys]))
         else:
             keys = on_time.select(*logic.keys)
-        found = store.store.lookup(keys, version, closing_us)
+        found = store.store.lookup(keys, version, closing_us)  # pyright: ignore[reportAttributeAccessIssue]
         try:
             if on_time is None and not found.changed_keys:
                 return version  # no records, no timer due: nothing to write
@@ -105,7 +105,7 @@ class ProcessStoreStep(StoreStep):
                 out = logic.outputs(passed)
                 if not out.isEmpty():
                     writes.append_owned(out, self.sink_path, "sink")
-                store.store.replace(logic.states(passed), version).release()
+                store.store.replace(logic.states(passed), version).release()  # pyright: ignore[reportAttributeAccessIssue]
             finally:
                 passed.unpersist()
         finally:

@@ -74,15 +74,15 @@ class ProcessLogic:
                 f"process function {self.function_path!r}: output_schema {function.output_schema!r} is not Spark "
                 f"DDL ('name type, ...'): {exc}"
             ) from exc
-        clash = sorted({f.name for f in out.fields} & set(self.keys))
+        clash = sorted({f.name for f in out.fields} & set(self.keys))  # pyright: ignore[reportAttributeAccessIssue]
         if clash:
             raise DefinitionError(
                 f"process function {self.function_path!r}: output columns {clash} clash with the key columns "
                 "(which are added to every output row)"
             )
-        self.output_columns = [f.name for f in out.fields]
-        self.output_schema = T.StructType([fields[k] for k in self.keys] + list(out.fields))
-        self.output_ts = [f.name for f in out.fields if isinstance(f.dataType, T.TimestampType)]
+        self.output_columns = [f.name for f in out.fields]  # pyright: ignore[reportAttributeAccessIssue]
+        self.output_schema = T.StructType([fields[k] for k in self.keys] + list(out.fields))  # pyright: ignore[reportAttributeAccessIssue]
+        self.output_ts = [f.name for f in out.fields if isinstance(f.dataType, T.TimestampType)]  # pyright: ignore[reportAttributeAccessIssue]
         self.state_schema = T.StructType(
             [
                 *(fields[k] for k in self.keys),
@@ -141,7 +141,7 @@ class ProcessLogic:
         watermark after these versions). The backlog is the pass with no previous state; a live micro-batch
         passes the keys it has records for and the keys whose timers the new watermark makes due."""
         spark = (on_time if on_time is not None else previous).sparkSession
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))  # pyright: ignore[reportArgumentType]
         et = self.pipeline.event_time
         record_cols = [c for c in self.user_columns if c not in self.keys]
         encoded_types = {f.name: f.dataType for f in self.encoded_schema.fields}
@@ -219,21 +219,21 @@ def pass_partition(
     first = next(stream, None)
     if first is None:
         return
-    at = {n: i for i, n in enumerate(names)}
+    at = {n: i for i, n in enumerate(names)}  # pyright: ignore[reportArgumentType]
     key_of = itemgetter(*(at[k] for k in keys)) if len(keys) > 1 else (lambda r, i=at[keys[0]]: (r[i],))
     version_of = itemgetter(at[VERSION])
     i_order, i_watermark, i_et = at[_ORDER], at[WATERMARK_US], at[et]
     i_state, i_timers, i_rows, i_max = at[STATE], at[TIMERS], at[ROWS], at[_MAX_US]
     # What the user's function sees of a record: the key and record columns, in the input's order.
     engine = {_ORDER, VERSION, WATERMARK_US, STATE, TIMERS, ROWS, _MAX_US}
-    user = [n for n in names if n not in engine]
+    user = [n for n in names if n not in engine]  # pyright: ignore[reportGeneralTypeIssues]
     user_values = itemgetter(*(at[n] for n in user)) if len(user) > 1 else (lambda r, i=at[user[0]]: (r[i],))
 
     def out_rows(produced: list[dict]) -> None:
         for o in produced:
             row = dict(empty)
             row.update(logic.encode_row(o))
-            row[KIND] = OUT
+            row[KIND] = OUT  # pyright: ignore[reportArgumentType]
             pending.append(row)
 
     rows_of_keys = itertools.groupby(itertools.chain((first,), stream), key=key_of)
@@ -258,7 +258,7 @@ def pass_partition(
         state, timers = driver.state()
         row = dict(empty)
         row.update(zip(keys, key, strict=True))
-        row[KIND], row[STATE], row[TIMERS], row[ROWS], row[MAX_TS] = STATE_ROW, state, timers, seen + len(rows), max_us
+        row[KIND], row[STATE], row[TIMERS], row[ROWS], row[MAX_TS] = STATE_ROW, state, timers, seen + len(rows), max_us  # pyright: ignore[reportArgumentType]
         pending.append(row)
         if len(pending) >= _ARROW_CHUNK:
             yield pa.RecordBatch.from_pylist(pending, schema=arrow_schema)

@@ -76,7 +76,7 @@ class TwoInputKind(OperatorKind[TwoInputLogic]):
     step_class: type[StoreStep]
 
     def logic(self, spark: SparkSession, pipeline: Pipeline, schemas: list[T.StructType]):
-        return self.logic_class(pipeline, schemas[0], schemas[1])
+        return self.logic_class(pipeline, schemas[0], schemas[1])  # pyright: ignore[reportAttributeAccessIssue]
 
     def closing(self, watermarks: Watermarks) -> int | None:
         return CoGroupLogic.closing_watermark(watermarks[SOURCE_LABEL], watermarks[RIGHT_LABEL])
@@ -87,7 +87,7 @@ class TwoInputKind(OperatorKind[TwoInputLogic]):
         (left_in, left_rows), (right_in, right_rows) = (
             counted(t.prepared, f"{side} input") for t, side in zip(inputs, ("left", "right"), strict=True)
         )
-        out, state = logic.backlog(left_in, right_in, wm[0], wm[1])
+        out, state = logic.backlog(left_in, right_in, wm[0], wm[1])  # pyright: ignore[reportAttributeAccessIssue]
         inputs_read = [left.prepared, right.prepared]
         return TwoInputHandoff(spark, out, state, inputs_read, [left_rows, right_rows], logic, self.step_class)
 

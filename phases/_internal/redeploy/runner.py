@@ -36,19 +36,17 @@ finishes the swap: it makes the swap's commit unless the consumer-facing table a
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.coordination import leases
 from phases._internal.definition import Pipeline
-from phases._internal.definition.changes import DefinitionChanges, Way
+from phases._internal.definition.changes import DefinitionChanges
 from phases._internal.deployment import generations
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases._internal.handoff import manifest
@@ -56,84 +54,19 @@ from phases._internal.handoff.live_folders import live_started
 from phases._internal.live.runner import LiveRunner
 from phases._internal.placement import Placement
 from phases._internal.redeploy import swap
-from phases._internal.sources.reader import open_inputs
+from phases._internal.redeploy.plan import (
+    AMENDED_REASON,
+    SWAPPED_REASON,
+    Check,
+    RedeployPlan,
+    RedeployResult,
+    newest_manifest,
+    refuse_unreadable_sources,
+    spec_json,
+)
 from phases._internal.topics import sink as topic_sinks
 
 log = logging.getLogger(__name__)
-
-# The steps a redeploy reports as it goes (``on_step``), in order; a redeploy that needs no swap reports only the
-# first.
-STEPS = ("planned", "backlog", "live caught up", "checked", "serving live stopped", "swapped")
-
-# A check of a generation before it is swapped in: given the session, the generation's pipeline and its handoff, the
-# problems it found (empty: passed).
-# Why a redeploy asks the serving live phase to stop (its ``stopped_for``).
-SWAPPED_REASON = "the sink is swapped to a redeployed definition"
-AMENDED_REASON = (
-    "a redeploy recorded a change that applies to records from now on (an amendment of the serving handoff); "
-    "start the live phase again to take it up"
-)
-
-Check = Callable[[SparkSession, Placement, manifest.HandoffManifest], list[str]]
-
-
-@dataclass(frozen=True)
-class RedeployPlan:
-    """What a redeploy will do, shown before anything runs."""
-
-    pipeline: str
-    serving: int  # the generation that serves now
-    serving_manifest: str  # its newest handoff
-    changes: DefinitionChanges  # the serving definition -> the new one
-    target: int  # the generation that will serve after the swap (the serving one for the ways none and forward)
-    reuse: bool  # the target generation has a handoff already (a rerun, or a rollback to a kept generation)
-    rollback: bool = False  # the target generation served before: this redeploy swaps it back
-
-    @property
-    def way(self) -> Way:
-        return self.changes.way
-
-    def describe(self) -> str:
-        head = f"pipeline {self.pipeline!r}: generation {self.serving} serves (handoff {self.serving_manifest})."
-        if self.way == "backfill":
-            how = (
-                f"generation {self.target} served before and is kept: its live phase catches up from where it "
-                "stopped serving, then it is swapped back in (a rollback)"
-                if self.rollback
-                else f"generation {self.target} is kept from before: its live phase catches up, then it is swapped in"
-                if self.reuse
-                else f"generation {self.target} is built beside it (backlog, catch-up, live), then swapped in"
-            )
-        elif self.way == "forward":
-            how = "the change is recorded as an amendment of the serving handoff; restart the live phase to apply it"
-        else:
-            how = "nothing to redeploy"
-        return "\n".join([head, self.changes.describe("serving", "new"), how])
-
-
-@dataclass
-class RedeployResult:
-    """What a redeploy did. Times are wall-clock microseconds; ``timings`` seconds per step."""
-
-    redeploy_id: str
-    way: Way
-    from_generation: int
-    generation: int  # the generation that serves now
-    swapped: bool
-    manifest_id: str | None = None  # the handoff of the generation that serves (or, prepared, of the prepared one)
-    prepared: int | None = None  # prepare(): the generation built and checked, not swapped in yet
-    consumer_version: int | None = None  # the consumer-facing table's version made by the swap
-    old_stopped_at_us: int | None = None  # the old live phase had stopped (its lease was the redeploy's)
-    swapped_at_us: int | None = None  # the swap's commit was made
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def swap_gap_s(self) -> float | None:
-        """From the old live phase's stop to the swap's commit: the part of the time with no fresh results that the
-        redeploy itself takes (the new live phase's start on the consumer-facing table comes after)."""
-        if self.old_stopped_at_us is None or self.swapped_at_us is None:
-            return None
-        return (self.swapped_at_us - self.old_stopped_at_us) / 1e6
 
 
 class Redeploy:
@@ -159,13 +92,22 @@ class Redeploy:
         self._start(spark, Placement(pipeline), checks, max_lag, live_rounds, stop_timeout_s, take_over, on_step)
 
     @classmethod
-    def at(cls, spark: SparkSession, where: Placement, **kwargs) -> Redeploy:
+    def at(
+        cls,
+        spark: SparkSession,
+        where: Placement,
+        *,
+        checks: list[Check] | None = None,
+        max_lag: int = 1,
+        live_rounds: int = 5,
+        stop_timeout_s: float = 600.0,
+        take_over: bool = False,
+        on_step: Callable[[str, dict], None] | None = None,
+    ) -> Redeploy:
         """The redeploy of ``where.definition`` where ``where`` places it (a storage root, the environment's brokers;
-        its generation is the redeploy's to choose). ``kwargs``: as for the constructor."""
+        its generation is the redeploy's to choose). The other arguments: as for the constructor."""
         redeploy = cls.__new__(cls)
-        defaults = dict(checks=None, max_lag=1, live_rounds=5, stop_timeout_s=600.0, take_over=False, on_step=None)
-        defaults.update(kwargs)
-        redeploy._start(spark, where, **defaults)
+        redeploy._start(spark, where, checks, max_lag, live_rounds, stop_timeout_s, take_over, on_step)
         return redeploy
 
     def _start(
@@ -203,7 +145,7 @@ class Redeploy:
 
     # --- the plan ----------------------------------------------------------------------------------
     def _newest_manifest(self, n: int) -> manifest.HandoffManifest | None:
-        return _newest_manifest(self.spark, self.placement.at(n, serving=True))
+        return newest_manifest(self.spark, self.placement.at(n, serving=True))
 
     def plan(self, gens: generations.Generations | None = None) -> RedeployPlan:
         """The differences between the serving definition and this one, and the way they need. Raises
@@ -319,7 +261,7 @@ class Redeploy:
             plan.serving,
             redeploy_id,
             fingerprint=self.pipeline.fingerprint(),
-            state_spec=_spec_json(self.pipeline),
+            state_spec=spec_json(self.pipeline),
             manifest_id=plan.serving_manifest,
             reason=reason or None,
             detail=plan.changes.describe("serving", "new"),
@@ -342,7 +284,7 @@ class Redeploy:
         n, timings = plan.target, {}
         new = self.placement.at(n, serving=False, redeploys=gens)
         if not plan.reuse:
-            self._refuse_unreadable_sources(self._newest_manifest(plan.serving))
+            refuse_unreadable_sources(self.spark, self.placement, self._newest_manifest(plan.serving))
             # A topic sink: the new generation publishes into a topic of its own, made like the serving one's.
             topic_sinks.create_generation_topic(self.placement, n, like=plan.serving)
             if n not in gens.fingerprints or not self.placement.is_fingerprint(gens.fingerprints[n]):
@@ -354,7 +296,7 @@ class Redeploy:
                     redeploy_id,
                     from_generation=plan.serving,
                     fingerprint=self.pipeline.fingerprint(),
-                    state_spec=_spec_json(self.pipeline),
+                    state_spec=spec_json(self.pipeline),
                     reason=reason or None,
                     detail=plan.changes.describe("serving", "new"),
                 )
@@ -377,27 +319,10 @@ class Redeploy:
             )
         return self._swap(plan.serving, n, handoff.manifest_id, redeploy_id, reason, timings)
 
-    def _refuse_unreadable_sources(self, serving: manifest.HandoffManifest | None) -> None:
-        """Before anything runs: every input of the new definition must still hold what its backlog reads, from
-        where the serving generation's backlog started (a Kafka topic whose retention deleted offsets since then
-        is refused, naming the partitions and ranges: the new results would miss records the old ones hold)."""
-        kinds = {i.label: i.spec.kind for i in self.pipeline.inputs}
-        for label, reader in open_inputs(self.spark, self.placement).items():
-            position = serving.positions.get(label) if serving is not None else None
-            if kinds[label] == "kafka" and position:
-                reader.require_kept_from(
-                    position,
-                    "a redeploy's backlog, from where the serving generation's backlog started,",
-                    "nothing was run and the serving generation goes on. Restore the missing records, or rebuild "
-                    "from the topic as it is now (stop the live phase, then BacklogRunner(spark, pipeline).run("
-                    "reset=True)), which gives up the records retention deleted",
-                )
-            reader.require_change_feed(reader.head_version())
-
     def _backfill(self, new: Placement, timings: dict[str, float]) -> manifest.HandoffManifest:
         """The new generation's handoff: its backlog (unless a handoff of this definition is there), then catch-up
         increments up to the head where its kind takes them (until its live phase has started)."""
-        handoff = _newest_manifest(self.spark, new)
+        handoff = newest_manifest(self.spark, new)
         if handoff is not None and not new.is_fingerprint(handoff.fingerprint):
             handoff = None  # an earlier redeploy's definition under this number: start it over
         started = live_started(self.spark, new, handoff.manifest_id) if handoff is not None else False
@@ -461,13 +386,9 @@ class Redeploy:
 
     def _finish_swap(self, step: generations.LogRow, reason: str) -> RedeployResult:
         """A rerun after a crash past the ``swapping`` row: the swap is made (again) unless its commit is there."""
-        log.warning(
-            "redeploy of %r: finishing the swap from generation %s to %s of redeploy %s",
-            self.pipeline.name,
-            step.from_generation,
-            step.generation,
-            step.redeploy_id,
-        )
+        what = (self.pipeline.name, step.from_generation, step.generation, step.redeploy_id)
+        log.warning("redeploy of %r: finishing the swap from generation %s to %s of redeploy %s", *what)
+        assert step.from_generation is not None, "a swapping row names the generation it swaps from"
         stopped_at = self._stop_serving_live(step.from_generation)
         try:
             return self._make_swap(step, reason, {}, stopped_at)
@@ -477,6 +398,7 @@ class Redeploy:
     def _make_swap(
         self, step: generations.LogRow, reason: str, timings: dict[str, float], stopped_at: int
     ) -> RedeployResult:
+        assert step.from_generation is not None, "a swapping row names the generation it swaps from"
         old, new, spark = step.from_generation, step.generation, self.spark
         target = self.placement.at(new, serving=False)
         consumer = self.placement.consumer_sink
@@ -574,14 +496,3 @@ class Redeploy:
         lease, self._serving_lease = self._serving_lease, None
         if lease is not None:
             leases.release(self.spark, lease)
-
-
-def _newest_manifest(spark: SparkSession, where: Placement) -> manifest.HandoffManifest | None:
-    try:
-        return manifest.latest(spark, where.manifests, where.name)
-    except ManifestError:
-        return None
-
-
-def _spec_json(pipeline: Pipeline) -> str:
-    return json.dumps(pipeline.state_spec(), sort_keys=True)

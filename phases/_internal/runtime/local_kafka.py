@@ -186,7 +186,7 @@ class LocalKafka:
 
     def create_topic(self, name: str, partitions: int = 1, **config: str) -> None:
         """Creates ``name`` and waits until every partition has a leader."""
-        create_topic(self.bootstrap_servers, name, partitions, **config)
+        create_topic(self.bootstrap_servers, name, partitions, **config)  # pyright: ignore[reportArgumentType]
 
     def __enter__(self) -> LocalKafka:
         return self.start()

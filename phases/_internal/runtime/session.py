@@ -64,32 +64,32 @@ def snapshot_partitions(settings: SparkSettings) -> int:
 class SparkSettings(SettingsModel):
     """Everything that shapes the SparkSession, in one place."""
 
-    master: str = Field("local[2]", description="Spark master URL; local[N] by default.")
+    master: str = Field(default="local[2]", description="Spark master URL; local[N] by default.")
     app_name: str = "two-phase-pipelines"
-    shuffle_partitions: int = Field(8, gt=0)
+    shuffle_partitions: int = Field(default=8, gt=0)
     driver_memory: str = "2g"
     state_store: Literal["rocksdb", "hdfs"] = Field(
-        "rocksdb",
+        default="rocksdb",
         description="Streaming state store. RocksDB is required by transformWithState and is fixed in a "
         "checkpoint at its first run.",
     )
     rocksdb_changelog_checkpointing: bool = True
     live_state_partitions: int | None = Field(
-        None,
+        default=None,
         gt=0,
         description="Partitions of a new live run's state store (each is one task of every micro-batch, which loads "
         "and commits its part of the store). None: the session's task slots (local[N]: N; a cluster: "
         "spark.default.parallelism). A run keeps the partitions its store was first written with.",
     )
     codegen_cache_entries: int = Field(
-        1000,
+        default=1000,
         gt=0,
         description="Compiled generated classes Spark keeps (spark.sql.codegen.cache.maxEntries). Spark's 100 is "
         "four LRU segments of 25: the ~100 classes of a live micro-batch (the store update, the MERGE, Delta's log "
         "replay) evict each other, and every micro-batch compiled ~40 of them again, in Janino and then in the JIT.",
     )
     arrow_batch_bytes: int | None = Field(
-        None,
+        default=None,
         gt=0,
         description="Bytes an Arrow batch sent to a Python worker may hold (spark.sql.execution.arrow.maxBytesPerBatch)"
         ". None: no byte limit, batches bounded by spark.sql.execution.arrow.maxRecordsPerBatch rows (10,000) alone, "
@@ -99,20 +99,20 @@ class SparkSettings(SettingsModel):
     )
     ui_enabled: bool = False
     class_archive: bool = Field(
-        True,
+        default=True,
         description="A local session's driver JVM maps the setup's class archive (built by `python -m "
         "phases.setup`) when one is built for this JDK and these jars: it starts and runs its first queries sooner. "
         "Off, or with no current archive, the JVM loads every class from its jar as usual.",
     )
     listing_parallelism: int | None = Field(
-        None,
+        default=None,
         gt=0,
         description="Tasks Spark and Delta use to list files (VACUUM's listing among them). Spark's default, "
         "10,000, makes a VACUUM of a small table take half a minute on a small machine; None uses "
         "shuffle_partitions.",
     )
     python: str | None = Field(
-        None,
+        default=None,
         description="Interpreter of the executors' Python workers (PYSPARK_PYTHON). On a cluster it must exist on "
         "every worker with pyspark, pandas, pyarrow and protobuf installed; the engine's own code arrives through "
         "py_files. None: the driver's interpreter (right for local[N]).",
@@ -124,7 +124,7 @@ class SparkSettings(SettingsModel):
         "(phases.package_archive builds one). Not needed on local[N].",
     )
     s3a: bool = Field(
-        False,
+        default=False,
         description="Load Hadoop's S3A connector and the AWS SDK (the setup's jar cache) for s3a:// tables, with "
         "Delta's single-driver S3 log store. The store itself (endpoint, credentials) is configured through "
         "spark.hadoop.fs.s3a.* entries in extra_conf, or the AWS SDK's environment variables.",
@@ -233,7 +233,7 @@ def adaptive_execution_off(spark: SparkSession) -> Iterator[None]:
     try:
         yield
     finally:
-        spark.conf.set(ADAPTIVE_EXECUTION, before)
+        spark.conf.set(ADAPTIVE_EXECUTION, before)  # pyright: ignore[reportArgumentType]
 
 
 # Spark's streaming drivers log an ERROR line and the whole JVM stack when a query stops with an exception. The engine

@@ -23,7 +23,7 @@ def create_source(spark: SparkSession, path: str, schema: T.StructType | str = E
     """Creates an empty append-only source table at ``path`` with the change data feed on from version 0
     (``schema``: a StructType or a DDL string such as ``"key string, ts timestamp, value long"``)."""
     columns = spark.createDataFrame([], schema).schema  # a DDL string parsed (no job runs)
-    tables.create(spark, path, columns, **{"delta.enableChangeDataFeed": "true"})
+    tables.create(spark, path, columns, **{"delta.enableChangeDataFeed": "true"})  # pyright: ignore[reportArgumentType]
 
 
 def append(
@@ -34,7 +34,7 @@ def append(
     df = rows
     if not isinstance(rows, DataFrame):
         df = spark.createDataFrame(list(rows), schema or spark.read.format("delta").load(path).schema)
-    df.write.format("delta").mode("append").save(path)
+    df.write.format("delta").mode("append").save(path)  # pyright: ignore[reportAttributeAccessIssue]
     from phases._internal.storage import tables
 
     return tables.version(spark, path)

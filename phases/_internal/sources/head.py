@@ -76,7 +76,7 @@ def kafka_head(label: str, spec: KafkaSource, where: Placement, event_time: str,
                 msg = consumer.poll(0.5)
                 if msg is None or msg.error() is not None or msg.partition() not in remaining:
                     continue
-                remaining.discard(msg.partition())
+                remaining.discard(msg.partition())  # pyright: ignore[reportArgumentType]
                 at = _event_time_of(msg.value(), event_time)
                 if at is not None:
                     newest.append(at)

@@ -41,7 +41,7 @@ class HybridArchiveSource:
             if spec.archive_partition_column is not None:  # else the archive is taken whole
                 cut = [
                     T.StructField(spec.archive_partition_column, T.IntegerType(), True),
-                    T.StructField(spec.archive_offset_column, T.LongType(), True),
+                    T.StructField(spec.archive_offset_column, T.LongType(), True),  # pyright: ignore[reportArgumentType]
                 ]
             columns = [*self.kafka.schema().fields, *cut]
             self.archive = FileArchiveSource(spark, spec.backlog, T.StructType(columns), path)
@@ -117,7 +117,7 @@ class HybridArchiveSource:
         if s.archive_partition_column is not None:
             offsets = self.handoff_offsets()
             limit = F.create_map(*[x for p, o in sorted(offsets.items()) for x in (F.lit(p), F.lit(o))])
-            partition, offset = F.col(s.archive_partition_column), F.col(s.archive_offset_column)
+            partition, offset = F.col(s.archive_partition_column), F.col(s.archive_offset_column)  # pyright: ignore[reportArgumentType]
             # A record of a partition the topic no longer has is the archive's alone: kept.
             before = F.coalesce(offset < limit[partition.cast("int")], F.lit(True))
             changes = changes.filter(before)
@@ -226,7 +226,7 @@ class FileArchiveSource:
                 F.col("_metadata.file_modification_time").alias("_commit_timestamp"),
             )
             out = frame if out is None else out.unionByName(frame)
-        return out
+        return out  # pyright: ignore[reportReturnType]
 
     def _by_wide_columns(self, paths: list[str]) -> dict[frozenset[tuple[str, str]], list[str]]:
         """The files grouped by which schema columns they store as 64-bit integers Spark will not read into the

@@ -300,7 +300,7 @@ class KafkaTopicSource:
         marks = self.watermarks()
         if after is None and self.position is None:
             return {p: EARLIEST for p in marks}
-        end = after if after is not None else ChunkPlan.from_json(self.position).end
+        end = after if after is not None else ChunkPlan.from_json(self.position).end  # pyright: ignore[reportArgumentType]
         self._require_available(end, "the live phase")
         return {p: end.get(p, EARLIEST) for p in marks}
 

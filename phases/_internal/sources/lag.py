@@ -196,7 +196,7 @@ def _kafka_unapplied(spec: KafkaSource, where: Placement, applied: dict[int, int
             msg = consumer.poll(0.5)
             if msg is None or msg.error() is not None or msg.partition() not in remaining:
                 continue
-            remaining.discard(msg.partition())
+            remaining.discard(msg.partition())  # pyright: ignore[reportArgumentType]
             kind, ms = msg.timestamp()
             if ms is not None and ms >= 0:
                 times.append(datetime.fromtimestamp(ms / 1000, tz=UTC))

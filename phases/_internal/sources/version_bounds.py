@@ -100,14 +100,14 @@ def _bounds(version: int, adds, event_time: str, keys: list[str]) -> VersionBoun
         return VersionBounds(version, 0, None, None, 0)
     if any(c not in adds.column_names or adds.column(c).null_count for c in needed[:1] + needed[3:]):
         return None
-    rows = int(pc.sum(adds.column("num_records")).as_py())
-    nulls = sum(int(pc.sum(adds.column(c)).as_py()) for c in needed[3:])
+    rows = int(pc.sum(adds.column("num_records")).as_py())  # pyright: ignore[reportAttributeAccessIssue]
+    nulls = sum(int(pc.sum(adds.column(c)).as_py()) for c in needed[3:])  # pyright: ignore[reportAttributeAccessIssue]
     lo, hi = _micros(adds.column(needed[1])), _micros(adds.column(needed[2]))
     if not (pa.types.is_integer(lo.type) and pa.types.is_integer(hi.type)):
         return None  # an event-time column the statistics do not keep as a timestamp
-    if rows - int(pc.sum(adds.column(needed[3])).as_py()) > 0 and (lo.null_count or hi.null_count):
+    if rows - int(pc.sum(adds.column(needed[3])).as_py()) > 0 and (lo.null_count or hi.null_count):  # pyright: ignore[reportAttributeAccessIssue]
         return None  # a file with event times but no min/max statistic
-    min_floor, max_floor = pc.min(lo).as_py(), pc.max(hi).as_py()
+    min_floor, max_floor = pc.min(lo).as_py(), pc.max(hi).as_py()  # pyright: ignore[reportAttributeAccessIssue]
     if min_floor is not None and min_floor < 0:
         return None  # before 1970 a truncation toward zero would round up, and the floor would not be one
     return VersionBounds(version, rows, min_floor, max_floor, nulls)
@@ -127,5 +127,5 @@ def proves_all_on_time(bounds: list[VersionBounds], prior_max_us: int | None, de
         if running_ceil is not None and b.min_floor_us <= running_ceil - delay_us:
             return False
         ceil = b.max_ceil_us
-        running_ceil = ceil if running_ceil is None else max(running_ceil, ceil)
+        running_ceil = ceil if running_ceil is None else max(running_ceil, ceil)  # pyright: ignore[reportArgumentType]
     return True

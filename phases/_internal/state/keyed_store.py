@@ -67,7 +67,7 @@ class StoreUpdate:
     route: str = "shuffled"  # how the rows reached the store's partitions: grouped (no shuffle) or shuffled
 
     def release(self) -> None:
-        self._handle.release()
+        self._handle.release()  # pyright: ignore[reportAttributeAccessIssue]
 
     @property
     def profile(self) -> dict[str, int]:
@@ -75,7 +75,7 @@ class StoreUpdate:
         shuffle read included, combining them, the store's gets and puts), ``commitMs``, and every figure RocksDB
         reports for a task (``rocksdbLoadLatencyMs``, ``rocksdbGetLatency``, ``rocksdbPutLatency`` and their counts,
         ``rocksdbReadBlockCacheMissCount``, the commit's steps, ...). Empty for a lookup, which commits nothing."""
-        return {str(k): int(v) for k, v in dict(self._handle.profiled()).items()}
+        return {str(k): int(v) for k, v in dict(self._handle.profiled()).items()}  # pyright: ignore[reportAttributeAccessIssue]
 
     @property
     def new_keys(self) -> int | None:
@@ -397,7 +397,7 @@ class LiveStateStore:
         described["partitions"] = partitions
         self.description = json.dumps(described, sort_keys=True)
         self.layout = f"p{partitions}-{hashlib.sha256(self.description.encode()).hexdigest()[:12]}"
-        self.store = layout.open(spark, f"{root}/{self.layout}", self.schema, partitions, None)
+        self.store = layout.open(spark, f"{root}/{self.layout}", self.schema, partitions, None)  # pyright: ignore[reportArgumentType]
 
     def _written_partitions(self, described: dict) -> int | None:
         """The partitions of a layout of this run written before with the same columns (the first, by name)."""
@@ -449,7 +449,7 @@ class LiveStateStore:
             f"{self.root}/{position.layout}",
             T.StructType.fromJson(before["schema"]),
             int(before["partitions"]),
-            None,
+            None,  # pyright: ignore[reportArgumentType]
         )
         self.write_start(old.read(position.version))
         return 1

@@ -51,10 +51,6 @@ class StepRecord(BaseModel):
     created_at_us: int
 
 
-def log_path(where: Placement) -> str:
-    return f"{where.engine_root.rstrip('/')}/end_of_stream_log"
-
-
 class EndOfStreamRunner:
     def __init__(self, spark: SparkSession, where: Placement):
         self.spark = spark
@@ -94,13 +90,13 @@ class EndOfStreamRunner:
             seconds=time.perf_counter() - started,
             created_at_us=time.time_ns() // 1000,
         )
-        tables.append_row(self.spark, log_path(self.placement), LOG_SCHEMA, record.model_dump())
+        tables.append_row(self.spark, self.placement.end_of_stream_log, LOG_SCHEMA, record.model_dump())
         return record
 
     def latest(self, step: str, fingerprint: str | None = None) -> StepRecord | None:
         """The newest record of ``step`` made under ``fingerprint`` (default: the pipeline's, declared or as the
         engine took it before placements, :meth:`Placement.fingerprints`)."""
-        path = log_path(self.placement)
+        path = self.placement.end_of_stream_log
         if not tables.exists(self.spark, path):
             return None
         rows = (

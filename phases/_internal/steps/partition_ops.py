@@ -68,7 +68,7 @@ def _sort_partition(df: DataFrame, op: SortPartition) -> DataFrame:
         if missing:
             raise DefinitionError(f"sort_partition by {missing}: no such columns; columns: {df.columns}")
         return df.sortWithinPartitions(*[F.col(c).desc() if op.descending else F.col(c).asc() for c in op.by])
-    key = load_function(op.key)
+    key = load_function(op.key)  # pyright: ignore[reportArgumentType]
     descending = op.descending
 
     def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -88,9 +88,9 @@ def _aggregate_column(agg: Aggregation, df: DataFrame) -> Column:
     if agg.kind is AggKind.COUNT:
         return (F.count(F.lit(1)) if col is None else F.count(col)).alias(agg.name)
     if agg.kind is AggKind.REDUCE:
-        return fold(agg.column, df.schema[agg.column].dataType, agg.reduce).alias(agg.name)
+        return fold(agg.column, df.schema[agg.column].dataType, agg.reduce).alias(agg.name)  # pyright: ignore[reportArgumentType]
     fn = {AggKind.SUM: F.sum, AggKind.MIN: F.min, AggKind.MAX: F.max, AggKind.AVG: F.avg}[agg.kind]
-    return fn(col).alias(agg.name)
+    return fn(col).alias(agg.name)  # pyright: ignore[reportArgumentType]
 
 
 def _aggregate_partition(df: DataFrame, aggregations: list[Aggregation]) -> DataFrame:

@@ -71,7 +71,7 @@ def invalid_and_late(
 ) -> DataFrame:
     """Quarantine rows for the invalid records (their own reasons) and the late ones."""
     common = dict(pipeline=pipeline, phase=phase, event_time=event_time, batch_id=batch_id)
-    return rows(invalid, reason=None, **common).unionByName(rows(late, reason=LATE_REASON, **common))
+    return rows(invalid, reason=None, **common).unionByName(rows(late, reason=LATE_REASON, **common))  # pyright: ignore[reportArgumentType]
 
 
 def ensure(spark: SparkSession, path: str) -> None:

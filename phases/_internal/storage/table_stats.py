@@ -96,7 +96,7 @@ def stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:
     rows = None
     if "num_records" in actions.column_names:
         counts = actions.column("num_records")
-        rows = int(pc.sum(counts).as_py() or 0) if counts.null_count == 0 else None
+        rows = int(pc.sum(counts).as_py() or 0) if counts.null_count == 0 else None  # pyright: ignore[reportAttributeAccessIssue]
     maxima: dict = {}
     for name in max_of:
         column = f"max.{name}"
@@ -107,7 +107,7 @@ def stats(path: str, *, max_of: tuple[str, ...] = ()) -> TableStats | None:
         ):
             maxima[name] = None
         else:
-            maxima[name] = pc.max(actions.column(column)).as_py()
+            maxima[name] = pc.max(actions.column(column)).as_py()  # pyright: ignore[reportAttributeAccessIssue]
     history = table.history(1)
     columns = tuple(Column(f.name, _type_name(f.type), f.nullable) for f in table.schema().fields)
     return TableStats(
@@ -180,7 +180,7 @@ def counted_rows(path: str) -> tuple[int, int | None] | None:
     actions = pa.table(table.get_add_actions(flatten=True))
     if "num_records" not in actions.column_names or actions.column("num_records").null_count:
         return table.version(), None
-    return table.version(), int(pc.sum(actions.column("num_records")).as_py() or 0)
+    return table.version(), int(pc.sum(actions.column("num_records")).as_py() or 0)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def column_types(path: str, version: int | None = None) -> dict[str, str]:
@@ -203,7 +203,7 @@ def value_counts(path: str, column: str, *, where: tuple[str, str] | None = None
     data = table.to_pyarrow_dataset().to_table(
         columns=columns, filter=None if where is None else ds.field(where[0]) == where[1]
     )
-    counts = pc.value_counts(data.column(column))
+    counts = pc.value_counts(data.column(column))  # pyright: ignore[reportAttributeAccessIssue]
     return {str(c["values"]): int(c["counts"]) for c in counts.to_pylist()}
 
 
@@ -264,7 +264,7 @@ def version_adding(path: str, file_name: str, first: int, last: int) -> int | No
     None when no version in the range added it. A diagnostic for a file that is gone: the log still names it."""
     steps = version_adds(path, first, last)
     for step in steps or ():
-        if any(name.rsplit("/", 1)[-1] == file_name for name in step.added.column("path").to_pylist()):
+        if any(name.rsplit("/", 1)[-1] == file_name for name in step.added.column("path").to_pylist()):  # pyright: ignore[reportAttributeAccessIssue]
             return step.version
     return None
 

@@ -61,7 +61,7 @@ def create(
     ``properties``), no data file and no Spark job to write one. Its columns are nullable at every depth, as a
     DataFrame write makes them. Raises when a table is there, unless ``if_missing``."""
     builder = DeltaTable.createIfNotExists(spark) if if_missing else DeltaTable.create(spark)
-    builder = builder.location(path).addColumns(_nullable(schema))
+    builder = builder.location(path).addColumns(_nullable(schema))  # pyright: ignore[reportArgumentType]
     for key, value in properties.items():
         builder = builder.property(key, value)
     builder.execute()

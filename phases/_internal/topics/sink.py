@@ -155,10 +155,10 @@ class TopicSink:
         produced = self._records(rows, handoff_id, batch)
         if replay_possible:
             committed = self.writer.committed() if self._newest is False else self._newest
-            if (committed is None and after_handoff) or (committed is not None and committed.handoff != handoff_id):
-                raise self._other_handoff(committed, marker)
-            self._handoff_records = committed.records if committed is not None else 0
-            if committed is not None and committed.batch >= batch:
+            if (committed is None and after_handoff) or (committed is not None and committed.handoff != handoff_id):  # pyright: ignore[reportAttributeAccessIssue]
+                raise self._other_handoff(committed, marker)  # pyright: ignore[reportArgumentType]
+            self._handoff_records = committed.records if committed is not None else 0  # pyright: ignore[reportAttributeAccessIssue]
+            if committed is not None and committed.batch >= batch:  # pyright: ignore[reportAttributeAccessIssue]
                 log.info("%s: micro-batch %d is out already (a replay): not published again", self.where, batch)
                 return None
         before = self._handoff_records
@@ -207,7 +207,7 @@ def read_topic(
     import pyarrow as pa
     from pyspark.sql import functions as F
 
-    from phases._internal.topics.transactions import fold_upsert, read_committed
+    from phases._internal.topics.reading import fold_upsert, read_committed
 
     pipeline = where.definition
     sink = pipeline.sink

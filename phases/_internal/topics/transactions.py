@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from phases._internal.errors import SinkError
@@ -107,11 +107,11 @@ class TopicRecord:
     headers: dict[str, bytes] = field(default_factory=dict)
 
 
-def _client_config(servers: str, extra: dict[str, str] | None) -> dict:
+def client_settings(servers: str, extra: dict[str, str] | None) -> dict:
     return {"bootstrap.servers": servers, "log_level": 3, **(extra or {})}
 
 
-def _marker_reader(config: dict, group: str):
+def marker_reader(config: dict, group: str):
     """A read_committed consumer of the marker group ``group`` (it never joins the group: it only reads its
     committed offsets, and a writer commits them through its transactions)."""
     from confluent_kafka import Consumer
@@ -129,7 +129,7 @@ def create_topic_like(
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, ResourceType
 
-    admin = AdminClient(_client_config(servers, client_config))
+    admin = AdminClient(client_settings(servers, client_config))
     topics = admin.list_topics(timeout=timeout_s).topics
     if name in topics and topics[name].error is None:
         return False
@@ -188,7 +188,7 @@ class TopicWriter:
         self.servers, self.topic, self.timeout_s = servers, topic, timeout_s
         self.transactional_id = transactional_id(pipeline, generation)
         self.group = marker_group(pipeline, generation)
-        self._config = _client_config(servers, client_config)
+        self._config = client_settings(servers, client_config)
         self._producer = None
         self._consumer = None
         self._admin = None
@@ -228,7 +228,7 @@ class TopicWriter:
 
     def _marker_consumer(self):
         if self._consumer is None:
-            self._consumer = _marker_reader(self._config, self.group)
+            self._consumer = marker_reader(self._config, self.group)
         return self._consumer
 
     def check_topic(self) -> int:
@@ -337,7 +337,7 @@ class TopicWriter:
         level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
         query = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self._partitions)}
         try:
-            answers = self._admin.list_offsets(query, isolation_level=level, request_timeout=self.timeout_s)
+            answers = self._admin.list_offsets(query, isolation_level=level, request_timeout=self.timeout_s)  # pyright: ignore[reportArgumentType]
             return {tp.partition: future.result().offset for tp, future in answers.items()}
         except KafkaException as exc:
             raise SinkError(
@@ -413,117 +413,3 @@ class TopicWriter:
             self._producer.flush(5)
             self._producer = None
         self._admin = None
-
-
-def read_committed(
-    servers: str, topic: str, *, timeout_s: float = 60.0, client_config: dict[str, str] | None = None
-) -> Iterator[TopicRecord]:
-    """Every record a ``read_committed`` consumer sees in ``topic`` as of the call, in partition then offset order:
-    each partition from its start to its last stable offset (the broker's answer to a read_committed consumer, which
-    stops before the first transaction still open: a write in flight, or one a crashed writer left until the writer
-    that takes over aborts it). A SinkError when that end is not reached within ``timeout_s``."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-
-    consumer = Consumer(
-        {
-            **_client_config(servers, client_config),
-            "group.id": f"phases.read.{topic}.{time.time_ns()}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        topics = consumer.list_topics(topic, timeout=timeout_s).topics
-        if topic not in topics or topics[topic].error is not None:
-            raise SinkError(f"topic {topic!r} does not exist on {servers}")
-        partitions = sorted(topics[topic].partitions)
-        # A read_committed consumer's query of the end offsets answers the last stable offsets.
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in partitions}
-        pending = {p for p in partitions if ends[p] > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        by_partition: dict[int, list[TopicRecord]] = {p: [] for p in partitions}
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            if time.monotonic() > deadline:
-                behind = {p: ends[p] for p in sorted(pending)}
-                raise SinkError(
-                    f"topic {topic!r}: the read stopped short of the last stable offsets {behind} of these partitions "
-                    f"for {timeout_s:g} s; is the broker at {servers} up?"
-                )
-            for msg in consumer.consume(1000, 0.5):
-                if msg.error() is not None:
-                    raise SinkError(f"topic {topic!r}: {msg.error()}")
-                p = msg.partition()
-                if msg.offset() < ends[p]:
-                    by_partition[p].append(
-                        TopicRecord(p, msg.offset(), msg.key(), msg.value(), dict(msg.headers() or []))
-                    )
-            for p in list(pending):
-                [position] = consumer.position([TopicPartition(topic, p)])
-                if position.offset >= ends[p]:
-                    pending.discard(p)
-        for p in partitions:
-            yield from by_partition[p]
-    except KafkaException as exc:
-        raise SinkError(f"topic {topic!r} could not be read ({exc.args[0]})") from exc
-    finally:
-        consumer.close()
-
-
-def fold_upsert(records: Iterable[TopicRecord]) -> dict[bytes, bytes]:
-    """The current value of each key of an upsert topic: its newest record's value; a tombstone removes the key."""
-    current: dict[bytes, bytes] = {}
-    for record in records:
-        if record.key is None:
-            raise SinkError(f"partition {record.partition} offset {record.offset}: a record without a key")
-        if record.value is None:
-            current.pop(record.key, None)
-        else:
-            current[record.key] = record.value
-    return current
-
-
-@dataclass(frozen=True)
-class TopicFigures:
-    """A result topic as a read_committed consumer sees it: its partitions' last stable offsets (the end a
-    read_committed consumer reads to; offsets count Kafka's transaction markers too, so they are positions, not a
-    record count) and the newest committed write's marker (None: nothing written yet)."""
-
-    topic: str
-    end_offsets: dict[int, int]
-    marker: Marker | None
-
-
-def topic_figures(
-    servers: str,
-    topic: str,
-    pipeline: str,
-    generation: int = 0,
-    *,
-    client_config: dict[str, str] | None = None,
-    timeout_s: float = 30.0,
-) -> TopicFigures:
-    """The figures of a pipeline generation's result topic, read without a producer (so no writer is fenced and no
-    open transaction aborted: a write in flight is simply not in them). A SinkError names the topic when it cannot
-    be read."""
-    from confluent_kafka import KafkaException, TopicPartition
-
-    where = f"topic {topic!r}"
-    consumer = _marker_reader(_client_config(servers, client_config), marker_group(pipeline, generation))
-    try:
-        found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if found is None or found.error is not None or not found.partitions:
-            raise SinkError(f"{where} does not exist on {servers}")
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-            for p in sorted(found.partitions)
-        }
-        [tp] = consumer.committed([TopicPartition(topic, 0)], timeout=timeout_s)
-        if tp.error is not None:
-            raise SinkError(f"{where}: its committed marker could not be read ({tp.error})")
-        marker = None if tp.offset < 0 else Marker.parse(tp.offset, tp.metadata, where)
-        return TopicFigures(topic, ends, marker)
-    except KafkaException as exc:
-        raise SinkError(f"{where} could not be read ({exc.args[0]})") from exc
-    finally:
-        consumer.close()

@@ -180,3 +180,33 @@ def test_backlog_with_a_late_record_is_not_proved_by_the_log(spark, tmp_path, so
     runner = BacklogRunner(spark, make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S))
     runner.run()
     assert "statistics_from_log" not in runner.timings
+
+
+def test_a_key_made_by_a_record_step_is_refused_at_definition_naming_the_rule(tmp_path):
+    from phases._internal.definition import Derive
+
+    with pytest.raises(DefinitionError, match=r"key_columns \['user'\] are made by a record step \(Derive\)"):
+        make_pipeline("src", str(tmp_path), key_columns=["user"], steps=[Derive(name="user", expression="upper(key)")])
+    with pytest.raises(DefinitionError, match=r"event_time \['at'\] are made by a record step"):
+        make_pipeline("src", str(tmp_path), event_time="at", steps=[Derive(name="at", expression="ts")])
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "names"),
+    [
+        ({"key_columns": ["user_id"]}, SourceError, r"\['user_id'\] are not in its source's records"),
+        ({"event_time": "at"}, SourceError, r"\['at'\] are not in its source's records"),
+        (
+            {"operator": KeyedAggregate(aggregations=[Aggregation(name="s", kind="sum", column="nope")])},
+            DefinitionError,
+            "nope",
+        ),
+    ],
+)
+def test_a_column_missing_from_the_source_at_run_time_is_an_engine_error_naming_it(
+    spark, tmp_path, source, fields, error, names
+):
+    p = make_pipeline(source, str(tmp_path / "run"), **fields)
+    with pytest.raises(error, match=names) as refused:
+        BacklogRunner(spark, p).run()
+    assert "AnalysisException" not in str(refused.value)

@@ -19,7 +19,7 @@ from phases._internal.deployment import generations
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.placement import Placement
-from phases._internal.redeploy.runner import STEPS
+from phases._internal.redeploy.plan import STEPS
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
 from tests.helpers import (
@@ -459,3 +459,37 @@ def test_a_generation_retired_longer_than_the_retention_is_removed_and_a_rollbac
     assert 0 in gens.gone and gens.serving == 1
     plan = Redeploy(spark, old).plan()  # the old definition's generation is gone: a rollback is a new backfill
     assert (plan.way, plan.target, plan.reuse, plan.rollback) == ("backfill", 2, False, False)
+
+
+def test_a_rollback_right_after_a_redeploy_that_followed_a_backlog_swaps_the_old_generation_back(spark, tmp_path):
+    """The old generation's live phase never wrote after its handoff: the rollback's catch-up increment writes the old
+    generation's own sink (its kept results), and its live start builds on that increment's write. It was refused as
+    "neither the handoff's write nor the swap" for the way out the stale-runner error names."""
+    versions = {i: _version(i) for i in range(1, 7)}
+    root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
+    append_version(spark, source, versions[4])
+    assert Redeploy(spark, new).run(reason="forward").swapped
+    append_version(spark, source, versions[5])
+    result = Redeploy(spark, old).run(reason="roll back")
+    assert result.swapped and (result.from_generation, result.generation) == (1, 0)
+    assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(_upto(versions, 5)))
+    append_version(spark, source, versions[6])
+    serving = LiveRunner.from_manifest(spark, old)
+    serving.start()
+    serving.process_available()
+    assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(versions))
+
+    # After the rollback, a forward-only change started without a redeploy names the redeploy that records it, and
+    # not a rollback; the redeploy records it (no generation) and the serving live phase says why it stopped.
+    forward = old.model_copy(update={"max_future": timedelta(days=3)})
+    with pytest.raises(ManifestError, match="need no new backlog") as refused:
+        LiveRunner.from_manifest(spark, forward)
+    assert "roll back" not in str(refused.value) and "new generation" not in str(refused.value)
+    gens_before = generations.read(spark, Placement(old)).numbers
+    result = Redeploy(spark, forward).run(reason="a looser future bound")
+    assert (result.way, result.swapped) == ("forward", False)
+    assert generations.read(spark, Placement(old)).numbers == gens_before
+    assert serving.stopped_for is not None and "from now on" in serving.stopped_for, serving.stopped_for
+    assert "swapped" not in serving.stopped_for
+    LiveRunner.from_manifest(spark, forward).start(available_now=True)
+    assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(versions))

@@ -21,8 +21,8 @@ from phases._internal.coordination.progress_log import ProgressLog
 from phases._internal.definition import SessionAggregate, Window, WindowedAggregate
 from phases._internal.errors import DefinitionError, SinkError
 from phases._internal.live.runner import LiveRunner
+from phases._internal.topics.reading import fold_upsert, read_committed
 from phases._internal.topics.records import HEADER_BATCH, HEADER_HANDOFF
-from phases._internal.topics.transactions import fold_upsert, read_committed
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import (

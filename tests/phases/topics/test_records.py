@@ -10,7 +10,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from phases._internal.topics import records
-from phases._internal.topics.transactions import Marker, TopicWriter, fold_upsert, read_committed
+from phases._internal.topics.reading import fold_upsert, read_committed
+from phases._internal.topics.transactions import Marker, TopicWriter
 
 SCHEMA = (
     "key string, n bigint, total decimal(38,9), ts timestamp, day date, ratio double, tags array<string>, gone boolean"

@@ -13,14 +13,8 @@ import uuid
 import pytest
 
 from phases._internal.errors import SinkError
-from phases._internal.topics.transactions import (
-    HANDOFF_BATCH,
-    Marker,
-    Record,
-    TopicWriter,
-    fold_upsert,
-    read_committed,
-)
+from phases._internal.topics.reading import fold_upsert, read_committed
+from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, Record, TopicWriter
 
 
 def _topic(kafka, partitions: int = 3) -> str:
