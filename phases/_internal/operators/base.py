@@ -251,7 +251,7 @@ class StoreStep:
         return rows
 
     def release(self) -> int:
-        """Unloads the store this step opened, if any (:meth:`phases._internal.state.keyed_store.HelperStore.unload`);
+        """Unloads the store this step opened, if any (:meth:`phases._internal.state.keyed_store.StoreBase.unload`);
         the next micro-batch opens it again."""
         store, self._store = self._store, None
         return store.store.unload() if store is not None else 0

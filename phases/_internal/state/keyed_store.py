@@ -15,7 +15,7 @@ Every store: rows are its layout's columns; ``partitions`` store partitions, a k
 ``repartition(partitions, keys)`` sends it to (the same every micro-batch, so a key always meets its own state);
 version ``v`` is the state after ``v`` updates: an update at ``v`` loads ``v`` and commits ``v + 1`` (a replayed
 update loads the same ``v`` again, so it writes what the first attempt wrote); version 1 is written from the
-handoff's state (:meth:`HelperStore.write`), version 0 is the empty store. Combining happens in the JVM by SQL
+handoff's state (:meth:`StoreBase.write`), version 0 is the empty store. Combining happens in the JVM by SQL
 expressions bound there: no Python runs per record.
 
 Spark's own watermark is not involved: the caller tags records by the version watermark before they get here.
@@ -126,7 +126,7 @@ class StoreLayout:
     def described(self) -> dict:
         return {"keys": list(self.keys), "values": list(self.values)}
 
-    def open(self, spark: SparkSession, path: str, schema: T.StructType, partitions: int, run_id: str) -> HelperStore:
+    def open(self, spark: SparkSession, path: str, schema: T.StructType, partitions: int, run_id: str) -> StoreBase:
         raise NotImplementedError
 
     @staticmethod
@@ -203,7 +203,7 @@ class RowLayout(StoreLayout):
         return RowStateStore(spark, path, self, schema, partitions, run_id)
 
 
-class HelperStore:
+class StoreBase:
     """The store at ``path`` of a :class:`StoreLayout` (rows of the layout's columns, typed by ``schema``), in
     ``partitions`` partitions: what every layout's store does (write version 1, read a version, unload). Open one with
     ``layout.open(...)``; each layout's own operations are on its subclass."""
@@ -284,7 +284,12 @@ class HelperStore:
         )
 
 
-class KeyedStateStore(HelperStore):
+class CombiningStore(StoreBase):
+    """The stores that combine the batch's rows into their key's stored values (the helper's ``CombiningStore``, the
+    base of its ``KeyedStateStore`` and ``OrderedStateStore``)."""
+
+
+class KeyedStateStore(CombiningStore):
     """:class:`CombinedLayout`'s store (the helper's ``KeyedStateStore``)."""
 
     _helper_class = "KeyedStateStore"
@@ -296,9 +301,10 @@ class KeyedStateStore(HelperStore):
         return self._call("update", version, spark_internals.java_frame(partials), combine, version)
 
 
-class ClosingStore(HelperStore):
-    """A store whose update also closes: the batch's rows combined in, then the rows at or below a bound removed and
-    returned, in one commit (:class:`OrderedStateStore`, :class:`SessionStateStore`)."""
+class ClosingUpdate(StoreBase):
+    """The call a store whose update also closes makes (the helper's ``updateAndClose`` of ``OrderedStateStore`` and
+    ``SessionStateStore``): the batch's rows combined in, then the rows at or below a bound removed and returned, in
+    one commit."""
 
     def update_and_close(self, rows: DataFrame, combine: list[str], version: int, close_at: int | None) -> StoreUpdate:
         """Combines ``rows`` into version ``version`` (an ordered store: by key, as :meth:`KeyedStateStore.update`
@@ -308,7 +314,7 @@ class ClosingStore(HelperStore):
         return self._call("updateAndClose", version, spark_internals.java_frame(rows), combine, version, close_at)
 
 
-class OrderedStateStore(ClosingStore):
+class OrderedStateStore(CombiningStore, ClosingUpdate):
     """:class:`OrderedLayout`'s store (the helper's ``OrderedStateStore``)."""
 
     _helper_class = "OrderedStateStore"
@@ -318,7 +324,7 @@ class OrderedStateStore(ClosingStore):
         return [*super()._open_arguments(schema), self.layout.order]
 
 
-class SessionStateStore(ClosingStore):
+class SessionStateStore(ClosingUpdate):
     """:class:`SessionLayout`'s store (the helper's ``SessionStateStore``)."""
 
     _helper_class = "SessionStateStore"
@@ -328,7 +334,7 @@ class SessionStateStore(ClosingStore):
         return [self.keys, self.layout.start, self.layout.end, self.values, schema.json(), self.partitions, self.run_id]
 
 
-class RowStateStore(HelperStore):
+class RowStateStore(StoreBase):
     """:class:`RowLayout`'s store (the helper's ``RowStateStore``)."""
 
     _helper_class = "RowStateStore"

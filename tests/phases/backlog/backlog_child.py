@@ -20,13 +20,13 @@ def main() -> None:
     spark = build_session(
         SparkSettings(shuffle_partitions=2, app_name="backlog-child", extra_conf=SHORT_LIVED_JVM_CONF)
     )
-    real = keyed_store.HelperStore.write
+    real = keyed_store.StoreBase.write
 
     def write_then_die(self, state):
         real(self, state)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    keyed_store.HelperStore.write = write_then_die
+    keyed_store.StoreBase.write = write_then_die
     BacklogRunner(spark, pipeline).run()
     sys.exit(3)  # not reached
 
