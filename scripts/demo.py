@@ -22,9 +22,9 @@ import pandas as pd
 from pyspark.sql import functions as F
 
 from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_REVISED
-from phases._internal.definition import Pipeline
-from phases._internal.deployment import deploy
+from phases._internal.deployment import place
 from phases._internal.live.runner import LiveRunner
+from phases._internal.placement import Placement
 from phases._internal.runtime.local_kafka import LocalKafka
 from phases._internal.runtime.session import SparkSettings, build_session
 from phases._internal.sources import synthetic
@@ -61,14 +61,14 @@ def pandas_reference(changes: pd.DataFrame, delay_us: int) -> tuple[pd.DataFrame
 class DeltaFeed:
     """The demo's input as a Delta table: one appended batch = one source version."""
 
-    def __init__(self, spark, p: Pipeline):
+    def __init__(self, spark, p: Placement):
         self.spark, self.p = spark, p
 
     def create(self) -> None:
-        synthetic.create_source(self.spark, self.p.source.path)
+        synthetic.create_source(self.spark, self.p.source_path(self.p.definition.source))
 
     def append(self, batch) -> None:
-        synthetic.append(self.spark, self.p.source.path, batch)
+        synthetic.append(self.spark, self.p.source_path(self.p.definition.source), batch)
 
     def changes(self) -> pd.DataFrame:
         """Every record with its arrival (commit version), for the reference."""
@@ -76,7 +76,7 @@ class DeltaFeed:
             self.spark.read.format("delta")
             .option("readChangeFeed", "true")
             .option("startingVersion", 0)
-            .load(self.p.source.path)
+            .load(self.p.source_path(self.p.definition.source))
             .select("key", F.unix_micros("ts").alias("ts_us"), "value", "_commit_version")
             .toPandas()
         )
@@ -88,25 +88,25 @@ class DeltaFeed:
 class KafkaFeed:
     """The demo's input as a Kafka topic (3 partitions, JSON values) on a broker started here."""
 
-    def __init__(self, spark, p: Pipeline, broker: LocalKafka):
+    def __init__(self, spark, p: Placement, broker: LocalKafka):
         self.spark, self.p, self.broker = spark, p, broker
 
     def create(self) -> None:
-        self.broker.create_topic(self.p.source.topic, 3)
+        self.broker.create_topic(self.p.definition.source.topic, 3)
 
     def append(self, batch) -> None:
         (
             batch.select(F.col("key"), F.to_json(F.struct("key", "ts", "value")).alias("value"))
             .write.format("kafka")
             .option("kafka.bootstrap.servers", self.broker.bootstrap_servers)
-            .option("topic", self.p.source.topic)
+            .option("topic", self.p.definition.source.topic)
             .save()
         )
 
     def changes(self) -> pd.DataFrame:
         """Every record with its arrival chunk (the backlog's chunk plan and the live micro-batches, as the run
         recorded them), for the reference."""
-        chunks = LiveRunner.from_manifest(self.spark, self.p).arrival_chunks()
+        chunks = LiveRunner.at(self.spark, serving(self.spark, self.p)).arrival_chunks()
         spans = self.spark.createDataFrame(
             [(c, p, lo, hi) for c, parts in chunks.items() for p, (lo, hi) in parts.items()],
             "_commit_version long, part int, lo long, hi long",
@@ -114,10 +114,12 @@ class KafkaFeed:
         records = (
             self.spark.read.format("kafka")
             .option("kafka.bootstrap.servers", self.broker.bootstrap_servers)
-            .option("subscribe", self.p.source.topic)
+            .option("subscribe", self.p.definition.source.topic)
             .load()
             .select(
-                "partition", "offset", F.from_json(F.col("value").cast("string"), self.p.source.value_schema).alias("r")
+                "partition",
+                "offset",
+                F.from_json(F.col("value").cast("string"), self.p.definition.source.value_schema).alias("r"),
             )
         )
         inside = (
@@ -139,7 +141,7 @@ def daily_source(spark, data: Path, days: int = 3, rows: int = 2000) -> Path:
     """The daily-partitioned demo pipeline's source: one version committed on each of the last ``days`` days
     (commit times set the way a table written over days has them), so that its partitions can be backfilled from
     the UI."""
-    path = Path(StorageResource(root=str(data)).declared(DEMO_DAILY).source.path)
+    path = Path(StorageResource(root=str(data)).placement(DEMO_DAILY).source_path(DEMO_DAILY.source))
     synthetic.create_source(spark, str(path))
     today = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
     for i in range(days):
@@ -161,29 +163,33 @@ def _line(label: str, value: str) -> None:
     print(f"{label:>22}: {value}", flush=True)
 
 
-def accounted(spark, pipeline: Pipeline) -> tuple[int, int]:
-    """(events counted in the sink, records quarantined) by the generation that serves ``pipeline`` now."""
-    bound = deploy(spark, pipeline, strict=False).pipeline
-    counted = spark.read.format("delta").load(bound.sink.path).agg(F.sum("events")).collect()[0][0] or 0
-    return int(counted), quarantine.count(spark, bound.locations.quarantine, pipeline.name)
+def serving(spark, where: Placement) -> Placement:
+    """``where`` as the generation that serves it now (the redeploy log read again)."""
+    return place(spark, where.definition, root=where.root, kafka_bootstrap_servers=where.brokers, strict=False)
 
 
-def wait_accounted(spark, pipeline: Pipeline, want: int, timeout_s: float = 1800) -> None:
+def accounted(spark, where: Placement) -> tuple[int, int]:
+    """(events counted in the sink, records quarantined) by the generation that serves ``where``'s pipeline now."""
+    bound = serving(spark, where)
+    counted = spark.read.format("delta").load(bound.sink_path).agg(F.sum("events")).collect()[0][0] or 0
+    return int(counted), quarantine.count(spark, bound.quarantine, where.name)
+
+
+def wait_accounted(spark, pipeline: Placement, want: int, timeout_s: float = 1800) -> None:
     """Waits until every one of ``want`` records is counted in the sink or quarantined."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and sum(accounted(spark, pipeline)) != want:
         time.sleep(2)
 
 
-def same_as_reference(spark, pipeline: Pipeline, feed, want: int) -> bool:
-    """Whether the sink of the generation serving ``pipeline`` equals the pandas reference of its definition."""
-    wait_accounted(spark, pipeline, want)
-    bound = deploy(spark, pipeline, strict=False).pipeline
+def same_as_reference(spark, where: Placement, feed, want: int) -> bool:
+    """Whether the sink of the generation serving ``where``'s pipeline equals the pandas reference of its definition."""
+    wait_accounted(spark, where, want)
+    pipeline = where.definition
+    bound = serving(spark, where)
     expected, expected_late = pandas_reference(feed.changes(), pipeline.delay_us)
-    actual = spark.read.format("delta").load(bound.sink.path).toPandas().set_index("key").sort_index()
-    late = (
-        spark.read.format("delta").load(bound.locations.quarantine).filter(F.col("reason").startswith("late")).count()
-    )
+    actual = spark.read.format("delta").load(bound.sink_path).toPandas().set_index("key").sort_index()
+    late = spark.read.format("delta").load(bound.quarantine).filter(F.col("reason").startswith("late")).count()
     columns = [a.name for a in pipeline.operator.aggregations if a.name != "mean"]
     return (
         actual.index.equals(expected.index)
@@ -232,7 +238,7 @@ def redeploy_walkthrough(stack, spark, data: Path, feed, location, args, want: i
         )
         gap = started["first_batch_at"] - swapped["serving_live_stopped_at"]
         built = stack.latest_materialization(names.next_generation)
-        same = same_as_reference(spark, storage.declared(pipeline), feed, want)
+        same = same_as_reference(spark, Placement(pipeline, root=storage.root), feed, want)
         backlog = f", its backlog {built['backlog_s']:.1f} s" if "backlog_s" in built else ", no backlog (kept)"
         figures[label] = (
             f"{time.perf_counter() - t:.1f} s to the new live phase (generation {swapped['from_generation']} -> "
@@ -278,11 +284,11 @@ def main() -> None:
         os.environ["PHASES_KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap_servers  # dagster dev serves DEMO_KAFKA
         _line("kafka broker", f"{broker.bootstrap_servers} (KRaft, started in {time.perf_counter() - t:.1f} s)")
         pipeline = DEMO_KAFKA
-        p = StorageResource(root=str(data), kafka_bootstrap_servers=broker.bootstrap_servers).declared(pipeline)
+        p = Placement(pipeline, root=str(data), brokers=broker.bootstrap_servers)
         feed = KafkaFeed(spark, p, broker)
     else:
         pipeline = DEMO
-        p = StorageResource(root=str(data)).declared(pipeline)
+        p = Placement(pipeline, root=str(data))
         feed = DeltaFeed(spark, p)
     names = Names(pipeline)
 
@@ -351,13 +357,13 @@ def main() -> None:
         deadline = time.monotonic() + 1800
         got = None
         while time.monotonic() < deadline:  # every record either in the sink or quarantined
-            got = spark.read.format("delta").load(p.sink.path).agg(F.sum("events")).collect()[0][0]
-            quarantined = quarantine.count(spark, p.locations.quarantine, p.name)
+            got = spark.read.format("delta").load(p.consumer_sink).agg(F.sum("events")).collect()[0][0]
+            quarantined = quarantine.count(spark, p.quarantine, p.name)
             if (got or 0) + quarantined == want:
                 break
             time.sleep(2)
         changes = feed.changes()
-        expected, expected_late = pandas_reference(changes, p.delay_us)
+        expected, expected_late = pandas_reference(changes, pipeline.delay_us)
         figures["live catch-up"] = (
             f"{time.perf_counter() - t:.1f} s ({args.live_versions * args.live_rows:,} rows appended -> in the sink; "
             "includes the pandas reference)"
@@ -374,7 +380,7 @@ def main() -> None:
                 raise SystemExit("the two-phase result differs from the reference before the redeploy")
             serving_run, want = redeploy_walkthrough(stack, spark, data, feed, location, args, want, figures)
             changes = feed.changes()
-            expected, expected_late = pandas_reference(changes, p.delay_us)
+            expected, expected_late = pandas_reference(changes, pipeline.delay_us)
             got = accounted(spark, p)[0]
 
         t = time.perf_counter()
@@ -382,10 +388,8 @@ def main() -> None:
         status = stack.wait_run(serving_run, {"CANCELED", "SUCCESS"}, timeout_s=300)
         _line("terminated", f"live run {status.lower()} in {time.perf_counter() - t:.1f} s (queries stopped)")
 
-        actual = spark.read.format("delta").load(p.sink.path).toPandas().set_index("key").sort_index()
-        late = (
-            spark.read.format("delta").load(p.locations.quarantine).filter(F.col("reason").startswith("late")).count()
-        )
+        actual = spark.read.format("delta").load(p.consumer_sink).toPandas().set_index("key").sort_index()
+        late = spark.read.format("delta").load(p.quarantine).filter(F.col("reason").startswith("late")).count()
         same = (
             got == int(expected["events"].sum())
             and actual.index.equals(expected.index)

@@ -275,7 +275,7 @@ def test_a_generation_whose_checks_fail_is_never_swapped_in(spark, tmp_path):
     LiveRunner.from_manifest(spark, old).start(available_now=True)
 
     def refuse(spark, generation, handoff):
-        return [f"{generation.locations.root}: refused by the test"]
+        return [f"{generation.engine_root}: refused by the test"]
 
     with pytest.raises(PhaseStateError, match="refused by the test"):
         Redeploy(spark, new, checks=[refuse]).run()
