@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
 
 from benchmarks import live, live_peers, variants
-from phases import inspect
+from phases import inspect, place
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import KafkaSink
 from phases._internal.live.runner import LiveRunner
@@ -203,7 +203,9 @@ def _framework(spark: SparkSession, base: Path, servers: str, topic: str, keys: 
     result["handoff"] = {
         "results": handoff.sink_rows,
         "topic_s": round(runner.timings["topic_s"], 2),
-        "records": inspect.result_topic(p).marker.records,  # what the handoff's committed marker counts
+        "records": inspect.result_topic(
+            place(None, p, strict=False)
+        ).marker.records,  # what the handoff's committed marker counts
     }
     print(f"{label} backlog of {handoff.state_rows:,} keys: {result['backlog_s']} s; {result['handoff']}", flush=True)
     batch_topic = f"{topic}-plain-batch"

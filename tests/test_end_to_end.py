@@ -65,8 +65,8 @@ def _events_in(sink_path: str) -> int:
 
 def _sink_events(p) -> tuple[int, int]:
     """(events counted in the sink, records the live phase quarantined)."""
-    late_live = len(table_stats.rows(p.locations.quarantine, where=("phase", "live")) or [])
-    return _events_in(p.sink.path), late_live
+    late_live = len(table_stats.rows(p.quarantine, where=("phase", "live")) or [])
+    return _events_in(p.sink_path), late_live
 
 
 def _wait_sink(p, expected_events: int, timeout_s: float = 180) -> None:
@@ -160,10 +160,11 @@ def _materialize_all_in_the_browser(
 
 def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spark, tmp_path):
     data_root, timings = tmp_path / "data", {}
-    p = StorageResource(root=str(data_root)).deployment(DEMO).pipeline
-    synthetic.create_source(spark, p.source.path)
+    p = StorageResource(root=str(data_root)).placement(DEMO)
+    source = p.source_path(DEMO.source)
+    synthetic.create_source(spark, source)
     for i in range(4):
-        synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=5000, keys=2000, batch_index=i))
+        synthetic.append(spark, source, synthetic.event_batch(spark, rows=5000, keys=2000, batch_index=i))
 
     # A short freshness bound and a relaunch backoff long enough to see the check fail while the live run is dead.
     env = {
@@ -215,7 +216,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         sink = stack.latest_materialization(NAMES.sink)
         assert sink["run_id"] == backlog_run and sink["dagster/row_count"] == meta["keys"]
         assert [c["name"] for c in sink["dagster/column_schema"]][0] == "key"
-        assert sink["dagster/table_name"] == "demo_events.sink" and sink["dagster/uri"] == p.sink.path
+        assert sink["dagster/table_name"] == "demo_events.sink" and sink["dagster/uri"] == p.sink_path
         [latest] = stack.materialization_entries(NAMES.backlog, 1)
         types = {e["label"]: e["__typename"] for e in latest["metadataEntries"]}
         assert types["final_watermark"] == "TimestampMetadataEntry" and types["handoff"] == "JsonMetadataEntry"
@@ -255,7 +256,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         t = time.monotonic()
         # Some of the new records are late: the quarantine's count and reasons move while the live phase runs.
         batch = synthetic.event_batch(spark, rows=3000, keys=2000, batch_index=4, late_fraction=0.02)
-        synthetic.append(spark, p.source.path, batch)
+        synthetic.append(spark, source, batch)
         expected_events = (
             meta["aggregated_rows"] + 3000
         )  # _wait_sink subtracts the late ones the live phase quarantined
@@ -341,7 +342,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         t = time.monotonic()
         _kill_tree(stack.run_pid(live["runId"]))
         stack.wait_run(live["runId"], {"FAILURE"}, timeout_s=120)
-        synthetic.append(spark, p.source.path, synthetic.event_batch(spark, rows=2000, keys=2000, batch_index=5))
+        synthetic.append(spark, source, synthetic.event_batch(spark, rows=2000, keys=2000, batch_index=5))
         with browser_page() as page:
             node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "Failed", 60)
             assert "Materializing" not in node, node

@@ -140,9 +140,9 @@ def test_the_demos_daily_data_lands_on_its_days_and_a_day_without_data_warns(spa
     from tests.phases_dagster.conftest import definitions
 
     daily_source(spark, tmp_path, days=3, rows=40)
-    p = StorageResource(root=str(tmp_path)).deployment(DEMO_DAILY).pipeline
+    p = StorageResource(root=str(tmp_path)).placement(DEMO_DAILY)
     today = datetime.now(UTC).date()
-    runner = SliceRunner(spark, p, DAILY_SETTINGS.backfill.start_date)
+    runner = SliceRunner.at(spark, p, DAILY_SETTINGS.backfill.start_date)
     assert [runner.day_versions(today - timedelta(days=d)) for d in (3, 2, 1)] == [(1, 1), (2, 2), (3, 3)]
 
     names = Names(DEMO_DAILY)

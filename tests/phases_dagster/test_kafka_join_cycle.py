@@ -55,11 +55,11 @@ def test_a_topic_of_events_joined_to_a_table_through_backlog_increment_switch_li
         checks=CheckPolicy(max_quarantine_fraction=0.5), switch=SwitchPolicy(lag_threshold=timedelta(0))
     )
     names, defs = Names(p), definitions(spark, root, p, settings)
-    resolved = StorageResource(root=root).deployment(p).pipeline
+    resolved = StorageResource(root=root).placement(p)
     with dg.instance_for_test() as instance:
         result = defs.resolve_job_def(names.backlog_job).execute_in_process(instance=instance)
         assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
-        first = manifest.latest(spark, resolved.locations.manifests, p.name)
+        first = manifest.latest(spark, resolved.manifests, p.name)
         assert first.right_source_version == 1
 
         # Both inputs grow: the sensor catches the backlog up by an increment before it switches.
@@ -77,7 +77,7 @@ def test_a_topic_of_events_joined_to_a_table_through_backlog_increment_switch_li
         ), reason
         backlog = defs.resolve_job_def(names.backlog_job)
         assert backlog.execute_in_process(instance=instance, run_config=catch_up.run_config).success
-        increment = manifest.latest(spark, resolved.locations.manifests, p.name)
+        increment = manifest.latest(spark, resolved.manifests, p.name)
         assert (increment.kind, increment.base_manifest_id, increment.right_source_version) == (
             "increment",
             first.manifest_id,
@@ -99,14 +99,14 @@ def test_a_topic_of_events_joined_to_a_table_through_backlog_increment_switch_li
         append_version(spark, f"{root}/dimensions", dimensions[4])
         assert live.execute_in_process(instance=instance, run_config=run_config).success
 
-    runner = LiveRunner.from_manifest(spark, resolved)
+    runner = LiveRunner.at(spark, resolved)
     assert runner.incremental.latest_progress().right_complete_below == 5
     chunks = runner.arrival_chunks()
     versions = chunk_versions(chunks, produced)
     assert sum(len(rows) for rows in versions.values()) == len(produced)  # every event in exactly one chunk
     expected = reference.run_interval_join(versions, dimensions, DELAY_S * S, LOWER_S * S, UPPER_S * S)
     assert len(expected) >= 6
-    assert _pairs(spark, resolved.sink.path) == expected
-    quarantined = kafka_quarantine(spark, resolved.locations.root)
+    assert _pairs(spark, resolved.sink_path) == expected
+    quarantined = kafka_quarantine(spark, resolved.engine_root)
     late = {(row, reason.split(":")[0]) for _, row, reason in quarantined}
     assert late == {(("a", 1 * S, 7), "late"), (("c", 20 * S, 11), "late"), (("a", 2 * S, 120), "right input")}

@@ -51,6 +51,6 @@ def test_windowed_backlog_checks_pass_and_increments_emit_each_window_once(spark
         # A crash after the sink write but before the manifest: drop the manifest row, run the increment again.
         manifests = f"{root}/engine/manifests"
         spark.sql(f"DELETE FROM delta.`{manifests}` WHERE manifest_id = '{handoff.manifest_id}'")
-        again = BacklogRunner(spark, StorageResource(root=root).deployment(p)).run_increment()
+        again = BacklogRunner.at(spark, StorageResource(root=root).placement(p)).run_increment()
         assert again.base_manifest_id == handoff.base_manifest_id and again.sink_rows == handoff.sink_rows
         assert _emitted(spark, f"{root}/engine/sink") == expected  # _emitted fails on a duplicated window

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phases import KafkaSink, Redeploy, inspect, read_topic
+from phases import KafkaSink, Redeploy, inspect, place, read_topic
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.coordination.progress_log import ProgressLog
 from phases._internal.definition import SessionAggregate, Window, WindowedAggregate
@@ -131,7 +131,7 @@ def test_a_topic_sink_read_committed_equals_the_reference_and_the_engines_table(
     # source version and batch, a result row its new figures).
     assert len({(r.key, r.value) for r in read}) == len(read), "a record was published twice"
     # The figures an orchestrator shows: the newest marker counts every record the newest handoff's writes published.
-    figures = inspect.result_topic(p)
+    figures = inspect.result_topic(place(None, p, strict=False))
     assert figures.marker.handoff == handoff.manifest_id
     assert figures.marker.records == len([r for r in read if r.headers[HEADER_HANDOFF] == handoff.manifest_id.encode()])
     newest = [int(r.headers[HEADER_BATCH]) for r in read if r.headers[HEADER_HANDOFF] == handoff.manifest_id.encode()]
@@ -226,9 +226,11 @@ def test_an_increment_stopped_before_its_publish_goes_out_at_the_live_start_with
     with pytest.raises(RuntimeError, match="between the increment's manifest"):
         BacklogRunner(spark, p).run_increment()
     monkeypatch.setattr(TopicSink, "publish_handoff", real_publish)
-    increment = inspect.latest_handoff(spark, p)
+    increment = inspect.latest_handoff(spark, place(spark, p))
     assert increment.kind == "increment" and increment.base_manifest_id == backlog.manifest_id
-    assert inspect.result_topic(p).marker.handoff == backlog.manifest_id  # the increment is not out yet
+    assert (
+        inspect.result_topic(place(None, p, strict=False)).marker.handoff == backlog.manifest_id
+    )  # the increment is not out yet
 
     append_version(spark, source, versions[3])
     LiveRunner.from_manifest(spark, p).start(available_now=True)
@@ -313,7 +315,9 @@ def test_a_redeploy_publishes_into_a_topic_of_its_own_and_a_rollback_goes_on_in_
     result = Redeploy(spark, new).run(reason="a new definition")
     assert result.swapped and result.generation == 1
     ours = f"{topic}-g1"
-    assert inspect.result_topic(new).topic == ours  # what an orchestrator shows a consumer: the serving topic
+    assert (
+        inspect.result_topic(place(None, new, strict=False)).topic == ours
+    )  # what an orchestrator shows a consumer: the serving topic
     assert Redeploy(spark, new).plan().way == "none"  # the generation's topic is not a change of the definition
     append_version(spark, source, versions[4])
     LiveRunner.from_manifest(spark, new).start(available_now=True)
@@ -331,7 +335,7 @@ def test_a_redeploy_publishes_into_a_topic_of_its_own_and_a_rollback_goes_on_in_
 
     back = Redeploy(spark, old).run(reason="roll back")
     assert back.swapped and back.generation == 0
-    assert inspect.result_topic(old).topic == topic
+    assert inspect.result_topic(place(None, old, strict=False)).topic == topic
     append_version(spark, source, versions[5])
     LiveRunner.from_manifest(spark, old).start(available_now=True)
     assert list(read_committed(kafka.bootstrap_servers, ours)) == new_read  # nothing after the rollback's swap
