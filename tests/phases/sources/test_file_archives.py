@@ -90,9 +90,8 @@ def test_every_archive_file_kind_reads_exactly_with_and_without_kafka_positions(
             fmt = "json" if writer == "json lines" else "parquet"
             # With positions the handoff cuts inside the archive (offset 3 goes live); without, it is where it ends.
             cut = 3 if positions else 4
-            source = HybridArchiveSource(
-                spark, _spec(archive, fmt, topic, kafka.bootstrap_servers, positions, {0: cut})
-            )
+            spec = _spec(archive, fmt, topic, kafka.bootstrap_servers, positions, {0: cut})
+            source = HybridArchiveSource(spark, spec, spec.backlog.path, spec.live.bootstrap_servers)
             source.require_change_feed(source.head_version())
             got = _rows(source.read_backlog(source.head_version()))
             want = sorted(
@@ -112,7 +111,8 @@ def test_a_nanosecond_value_that_is_no_whole_microsecond_names_the_file_column_a
     frame = _frame(FILES[1], False)
     frame.loc[1, "ts"] = frame.loc[1, "ts"] + pd.Timedelta(nanoseconds=1)
     frame.to_parquet(archive / "part-00001.parquet")
-    source = HybridArchiveSource(spark, _spec(archive, "parquet", topic, kafka.bootstrap_servers, False, {0: 0}))
+    spec = _spec(archive, "parquet", topic, kafka.bootstrap_servers, False, {0: 0})
+    source = HybridArchiveSource(spark, spec, spec.backlog.path, spec.live.bootstrap_servers)
     with pytest.raises(SourceError) as err:
         source.read_backlog(source.head_version())
     msg = str(err.value)
