@@ -161,10 +161,10 @@ def _materialize_all_in_the_browser(
 def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spark, tmp_path):
     data_root, timings = tmp_path / "data", {}
     p = StorageResource(root=str(data_root)).placement(DEMO)
-    source = p.source_path(DEMO.source)
-    synthetic.create_source(spark, source)
+    source_path = p.source_path(DEMO.source)
+    synthetic.create_source(spark, source_path)
     for i in range(4):
-        synthetic.append(spark, source, synthetic.event_batch(spark, rows=5000, keys=2000, batch_index=i))
+        synthetic.append(spark, source_path, synthetic.event_batch(spark, rows=5000, keys=2000, batch_index=i))
 
     # A short freshness bound and a relaunch backoff long enough to see the check fail while the live run is dead.
     env = {
@@ -256,7 +256,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         t = time.monotonic()
         # Some of the new records are late: the quarantine's count and reasons move while the live phase runs.
         batch = synthetic.event_batch(spark, rows=3000, keys=2000, batch_index=4, late_fraction=0.02)
-        synthetic.append(spark, source, batch)
+        synthetic.append(spark, source_path, batch)
         expected_events = (
             meta["aggregated_rows"] + 3000
         )  # _wait_sink subtracts the late ones the live phase quarantined
@@ -342,7 +342,7 @@ def test_backlog_sensor_live_relaunch_and_termination_through_the_dagster_ui(spa
         t = time.monotonic()
         _kill_tree(stack.run_pid(live["runId"]))
         stack.wait_run(live["runId"], {"FAILURE"}, timeout_s=120)
-        synthetic.append(spark, source, synthetic.event_batch(spark, rows=2000, keys=2000, batch_index=5))
+        synthetic.append(spark, source_path, synthetic.event_batch(spark, rows=2000, keys=2000, batch_index=5))
         with browser_page() as page:
             node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "Failed", 60)
             assert "Materializing" not in node, node
