@@ -31,6 +31,13 @@ from phases._internal.definition import (
     Pipeline,
     fingerprint_of,
 )
+from phases._internal.definition.pipeline import (
+    CHECKPOINTS_FOLDER,
+    LIVE_FOLDER,
+    MANIFESTS_FOLDER,
+    QUARANTINE_FOLDER,
+    STATE_FOLDER,
+)
 
 __all__ = ["Generations", "LogRow", "Placement", "generation_root", "own_sink", "under"]
 
@@ -221,24 +228,24 @@ class Placement:
 
     @property
     def state_root(self) -> str:
-        return self._sub("state")
+        return self._sub(STATE_FOLDER)
 
     @property
     def manifests(self) -> str:
-        return self._sub("manifests")
+        return self._sub(MANIFESTS_FOLDER)
 
     @property
     def quarantine(self) -> str:
-        return self._sub("quarantine")
+        return self._sub(QUARANTINE_FOLDER)
 
     @property
     def checkpoints(self) -> str:
-        return self._sub("checkpoints")
+        return self._sub(CHECKPOINTS_FOLDER)
 
     @property
     def live_root(self) -> str:
         """The folder of the live phase's runs (one per handoff)."""
-        return self._sub("live")
+        return self._sub(LIVE_FOLDER)
 
     def live_run(self, run_name: str) -> str:
         """The live phase's own tables of one run (its progress and the held-back part of a split version)."""

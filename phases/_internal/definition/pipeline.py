@@ -46,8 +46,15 @@ _TAG_VALUE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
 _TAG_KEY = re.compile(r"^([A-Za-z0-9_.\-]{1,63}/)?[A-Za-z0-9_.\-]{1,63}$")
 
 
+# The engine's folders under a generation's root: one set of names, for the declaration (:class:`Locations`) and for
+# where it runs (:class:`phases._internal.placement.Placement`).
+STATE_FOLDER, MANIFESTS_FOLDER, QUARANTINE_FOLDER = "state", "manifests", "quarantine"
+CHECKPOINTS_FOLDER, LIVE_FOLDER = "checkpoints", "live"
+
+
 class Locations(_Model):
-    """Where the engine keeps its own tables. Everything lives under ``root`` unless overridden."""
+    """Where the engine keeps its own tables. Everything lives under ``root`` unless overridden. The paths below are
+    generation 0's as declared (not resolved under a storage root); the engine reads them from its placement."""
 
     root: str = Field(min_length=1)
 
@@ -56,23 +63,23 @@ class Locations(_Model):
 
     @property
     def state_root(self) -> str:
-        return self._sub("state")
+        return self._sub(STATE_FOLDER)
 
     @property
     def manifests(self) -> str:
-        return self._sub("manifests")
+        return self._sub(MANIFESTS_FOLDER)
 
     @property
     def quarantine(self) -> str:
-        return self._sub("quarantine")
+        return self._sub(QUARANTINE_FOLDER)
 
     @property
     def checkpoints(self) -> str:
-        return self._sub("checkpoints")
+        return self._sub(CHECKPOINTS_FOLDER)
 
     def live_run(self, run_name: str) -> str:
         """The live phase's own tables of one run (its progress and the held-back part of a split version)."""
-        return uris.join(self.root, "live", run_name)
+        return uris.join(self.root, LIVE_FOLDER, run_name)
 
 
 class Maintenance(_Model):
