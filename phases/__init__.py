@@ -80,6 +80,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phases._internal.handoff.manifest": ("HandoffManifest",),
     "phases._internal.deployment": ("Placement", "place", "maintain"),
     "phases._internal.storage.changelog": ("Compaction", "compact_changelog", "read_current"),
+    "phases._internal.live.republish": ("republish_topic",),
     "phases.inspect": ("read_topic",),
     "phases._internal.runtime.session": ("SparkSettings", "build_session"),
     "phases._internal.runtime.shipping": ("package_archive",),
@@ -171,6 +172,7 @@ __all__ = [
     "place",
     "read_current",
     "read_topic",
+    "republish_topic",
     "run_streaming",
     "run_two_phase",
 ]
@@ -241,6 +243,7 @@ if TYPE_CHECKING:
     )
     from phases._internal.handoff.manifest import HandoffManifest
     from phases._internal.live.report import LiveStart
+    from phases._internal.live.republish import republish_topic
     from phases._internal.live.runner import LiveRunner
     from phases._internal.operators.process_function import KeyedProcessFunction, ProcessContext
     from phases._internal.redeploy.plan import RedeployPlan, RedeployResult

@@ -67,7 +67,7 @@ class LogRow:
 
     pipeline: str
     redeploy_id: str
-    step: str
+    kind: str  # one of ROW_KINDS (logs written before 2026-12 name the column ``step``)
     generation: int
     from_generation: int | None
     fingerprint: str | None
@@ -98,21 +98,21 @@ class Generations:
         serving, under_way, previous = 0, None, {}
         fingerprints, specs, gone, amended = {}, {}, set(), set()
         for s in ordered:
-            if s.step == "started":
+            if s.kind == "started":
                 fingerprints[s.generation] = s.fingerprint
                 specs[s.generation] = s.state_spec
                 gone.discard(s.generation)
-            elif s.step == "amended":
+            elif s.kind == "amended":
                 amended.add((s.manifest_id, s.fingerprint))
                 fingerprints[s.generation] = s.fingerprint
                 specs[s.generation] = s.state_spec
-            elif s.step == "swapping":
+            elif s.kind == "swapping":
                 under_way = s
-            elif s.step == "swapped":
+            elif s.kind == "swapped":
                 serving, under_way = s.generation, None
                 if s.from_generation is not None:
                     previous[s.generation] = s.from_generation
-            elif s.step in ("abandoned", "removed"):
+            elif s.kind in ("abandoned", "removed"):
                 gone.add(s.generation)
         return cls(ordered, serving, under_way, fingerprints, specs, frozenset(gone), frozenset(amended), previous)
 
@@ -123,7 +123,7 @@ class Generations:
 
     def served(self, n: int) -> bool:
         """Whether generation ``n`` has served (generation 0 served first; another after a swap to it)."""
-        return n == 0 or any(s.step == "swapped" and s.generation == n for s in self.rows)
+        return n == 0 or any(s.kind == "swapped" and s.generation == n for s in self.rows)
 
     def retained(self) -> list[int]:
         """The generations whose tables are kept, serving or not (not abandoned or removed)."""

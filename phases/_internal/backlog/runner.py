@@ -36,7 +36,7 @@ from phases._internal.backlog import increments, progress, refusals
 from phases._internal.backlog.partials import version_range_partial
 from phases._internal.coordination import leases
 from phases._internal.definition import OPERATOR_VERSION, RIGHT_LABEL, SOURCE_LABEL, STATE_SCHEMA_VERSION, Pipeline
-from phases._internal.deployment import Placement, place, require_serving
+from phases._internal.deployment import Placement, generations, place, require_serving
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError, SourceError
 from phases._internal.handoff import intents, manifest
 from phases._internal.handoff.live_folders import live_started
@@ -91,7 +91,11 @@ class BacklogRunner:
         with hold, progress.console(self.spark):
             # Which generation serves is checked now, not when the runner was built: a runner built before a swap
             # would write the old definition's results into the sink the new one serves.
-            require_serving(self.spark, self.placement)
+            gens = require_serving(self.spark, self.placement)
+            if self.placement.serving:  # it writes the table consumers read: a swap the log lost would be overwritten
+                unrecorded = generations.unrecorded_swap(self.spark, self.placement, gens)
+                if unrecorded is not None:
+                    raise generations.log_behind_error(self.placement, unrecorded)
             yield
 
     def _step(self, name: str):

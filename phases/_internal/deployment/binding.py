@@ -70,7 +70,7 @@ def require_serving(spark: SparkSession | None, placed: Placement) -> generation
     if under_way is not None:
         raise under_way_error(placed, under_way)
     if gens.serving != bound:
-        swapped = [s for s in gens.rows if s.step == "swapped" and s.generation == gens.serving]
+        swapped = [s for s in gens.rows if s.kind == "swapped" and s.generation == gens.serving]
         by = f" (swapped in by redeploy {swapped[-1].redeploy_id})" if swapped else ""
         raise PhaseStateError(
             f"pipeline {name!r}: generation {gens.serving} serves the table consumers read"

@@ -10,10 +10,11 @@ move under its folder as well.
 ``sink.path`` is the **consumer-facing** table: the serving generation's live phase writes it. A swap
 (:mod:`phases._internal.redeploy.swap`) makes another generation the serving one with one commit on that table.
 
-The **redeploy log** (``<root>/redeploys``, a Delta table, one row a step) says which generation serves: the newest
-``swapped`` row's, else 0. A ``swapping`` row with no ``swapped`` row after it is a swap under way (or cut short by
-a crash): no live phase of the pipeline starts until a rerun of the redeploy finishes it. The log also keeps each
-generation's definition (``started``) and the changes applied to a handoff from now on (``amended``).
+The **redeploy log** (``<root>/redeploys``, a Delta table, one row per event, its ``kind`` one of :data:`ROW_KINDS`)
+says which generation serves: the newest ``swapped`` row's, else 0. A ``swapping`` row with no ``swapped`` row after it
+is a swap under way (or cut short by a crash): no live phase of the pipeline starts until a rerun of the redeploy
+finishes it. The log also keeps each generation's definition (``started``) and the changes applied to a handoff from now
+on (``amended``).
 
 :func:`phases._internal.deployment.place` places a definition as the generation that serves, once at each entry point,
 so that a definition keeps working after a swap without naming a generation. The functions here take a placement and
@@ -43,19 +44,23 @@ KEPT_MARK = "phases_kept"
 
 ROW_KINDS = ("started", "amended", "swapping", "swapped", "abandoned", "removed")
 
+# The column that holds a row's kind. Logs written before 2026-12 name it ``step``: they are read as they are and
+# appended to under that name (a rename would need Delta's column mapping, a protocol upgrade older readers refuse).
+KIND_COLUMN, LEGACY_KIND_COLUMN = "kind", "step"
+
 SCHEMA = T.StructType(
     [
         T.StructField("pipeline", T.StringType(), False),
         T.StructField("redeploy_id", T.StringType(), False),
-        T.StructField("step", T.StringType(), False),  # one of ROW_KINDS
-        T.StructField("generation", T.LongType(), False),  # the generation the step is about (a swap's target)
+        T.StructField(KIND_COLUMN, T.StringType(), False),  # one of ROW_KINDS
+        T.StructField("generation", T.LongType(), False),  # the generation the row is about (a swap's target)
         T.StructField("from_generation", T.LongType(), True),  # a swap's previous serving generation
         T.StructField("fingerprint", T.StringType(), True),  # the generation's definition (amended: the new one)
         T.StructField("state_spec", T.StringType(), True),  # its state spec, JSON (to show a later diff)
-        T.StructField("manifest_id", T.StringType(), True),  # the handoff a step names (amended, swapped)
+        T.StructField("manifest_id", T.StringType(), True),  # the handoff a row names (amended, swapped)
         T.StructField("consumer_version", T.LongType(), True),  # swapped: the consumer-facing table's version
         T.StructField("reason", T.StringType(), True),
-        T.StructField("detail", T.StringType(), True),  # the diff, or what a step measured (JSON)
+        T.StructField("detail", T.StringType(), True),  # the diff, or what a swap measured (JSON)
         T.StructField("at_us", T.LongType(), False),
     ]
 )
@@ -94,7 +99,7 @@ def kept_of(commit: dict | None) -> int | None:
 
 def recorded(gens: Generations, swap: SwapCommit) -> bool:
     """Whether the redeploy log records the swap's commit as made (its ``swapped`` row)."""
-    return any(s.step == "swapped" and s.redeploy_id == swap.redeploy_id for s in gens.rows)
+    return any(s.kind == "swapped" and s.redeploy_id == swap.redeploy_id for s in gens.rows)
 
 
 def newest_swap(spark: SparkSession | None, path: str, *, redeploy_id: str | None = None) -> SwapCommit | None:
@@ -112,7 +117,7 @@ def newest_swap(spark: SparkSession | None, path: str, *, redeploy_id: str | Non
 def unrecorded_swap(spark: SparkSession | None, where: Placement, gens: Generations) -> SwapCommit | None:
     """The consumer-facing table's newest swap when the redeploy log does not record it (the log is behind the
     table: its newest commits were removed, or it was restored from an older backup); None when the log is whole.
-    The table's history is read only when a redeploy ever ran (a log with steps, or a generation's folder)."""
+    The table's history is read only when a redeploy ever ran (a log with rows, or a generation's folder)."""
     if not gens.rows and not _has_generations(spark, where.base_root):
         return None
     found = newest_swap(spark, where.consumer_sink)
@@ -163,7 +168,24 @@ def read(spark: SparkSession | None, where: Placement) -> Generations:
             found = [r.asDict() for r in spark.read.format("delta").load(path).where(f"pipeline = '{name}'").collect()]
         except Exception as err:  # noqa: BLE001 - Spark's own error, named with the way out
             raise damaged_log_error(path, str(err).splitlines()[0]) from err
-    return Generations.of([LogRow(**{f.name: row.get(f.name) for f in SCHEMA.fields}) for row in found])  # pyright: ignore[reportArgumentType]
+    return Generations.of([_row(found_row) for found_row in found])
+
+
+def _row(found: dict[str, Any]) -> LogRow:
+    """A log row as read, whichever name its kind column has."""
+    values: dict[str, Any] = {f.name: found.get(f.name) for f in SCHEMA.fields}
+    if values[KIND_COLUMN] is None:
+        values[KIND_COLUMN] = found.get(LEGACY_KIND_COLUMN)
+    return LogRow(**values)
+
+
+def _kind_column(spark: SparkSession, path: str) -> str:
+    """The name of the kind column in the log at ``path``: ``kind``, or ``step`` in a log written before 2026-12."""
+    try:
+        columns = set(table_stats.column_types(path))
+    except SourceError:  # a store delta-rs cannot read: ask Spark
+        columns = set(spark.read.format("delta").load(path).columns) if tables.exists(spark, path) else set()
+    return LEGACY_KIND_COLUMN if LEGACY_KIND_COLUMN in columns and KIND_COLUMN not in columns else KIND_COLUMN
 
 
 def damaged_log_error(path: str, what: str) -> PhaseStateError:
@@ -202,21 +224,24 @@ def _refuse_gaps(path: str) -> None:
         )
 
 
-def write(spark: SparkSession, where: Placement, step: str, generation: int, redeploy_id: str, **values) -> LogRow:
-    """Appends one step to the pipeline's redeploy log (one commit)."""
-    if step not in ROW_KINDS:
-        raise ValueError(f"redeploy step {step!r} is not one of {ROW_KINDS}")
-    _refuse_gaps(where.redeploy_log)
+def write(spark: SparkSession, where: Placement, kind: str, generation: int, redeploy_id: str, **values) -> LogRow:
+    """Appends one row of ``kind`` (one of :data:`ROW_KINDS`) to the pipeline's redeploy log (one commit)."""
+    if kind not in ROW_KINDS:
+        raise PhaseStateError(f"a redeploy log row's kind {kind!r} is not one of {', '.join(ROW_KINDS)}")
+    path = where.redeploy_log
+    _refuse_gaps(path)
     row: dict[str, Any] = {f.name: None for f in SCHEMA.fields}
     row.update(values)
-    row.update(
-        pipeline=where.name,
-        redeploy_id=redeploy_id,
-        step=step,
-        generation=generation,
-        at_us=time.time_ns() // 1000,
-    )
-    tables.append_row(spark, where.redeploy_log, SCHEMA, row)
+    row.update(pipeline=where.name, redeploy_id=redeploy_id, generation=generation, at_us=time.time_ns() // 1000)
+    row[KIND_COLUMN] = kind
+    column = _kind_column(spark, path)
+    if column == KIND_COLUMN:
+        tables.append_row(spark, path, SCHEMA, row)
+    else:  # an existing log that names the column ``step``
+        legacy = T.StructType(
+            [T.StructField(column, f.dataType, f.nullable) if f.name == KIND_COLUMN else f for f in SCHEMA.fields]
+        )
+        tables.append_row(spark, path, legacy, {column if k == KIND_COLUMN else k: v for k, v in row.items()})
     return LogRow(**row)
 
 
@@ -225,11 +250,11 @@ def retired_since(gens: Generations, n: int) -> int | None:
     it never served and nothing replaced it."""
     if n == gens.serving or n in gens.gone:
         return None
-    away = [s.at_us for s in gens.rows if s.step == "swapped" and s.from_generation == n]
+    away = [s.at_us for s in gens.rows if s.kind == "swapped" and s.from_generation == n]
     if away:
         return max(away)
-    newer = [s.at_us for s in gens.rows if s.step == "started" and s.generation > n]  # built, never swapped in
-    built = [s.at_us for s in gens.rows if s.step == "started" and s.generation == n]
+    newer = [s.at_us for s in gens.rows if s.kind == "started" and s.generation > n]  # built, never swapped in
+    built = [s.at_us for s in gens.rows if s.kind == "started" and s.generation == n]
     return max(newer) if newer and built and max(newer) > max(built) else None
 
 

@@ -171,6 +171,10 @@ class IncrementalLive:
             handoff = self.plan.handoff
             self.topic.check()
             if handoff is not None:  # one streaming job (no handoff) publishes its micro-batches only
+                recorded = self._recorded_writes()
+                self.topic.refuse_lost_writes(
+                    handoff.manifest_id, max(recorded.get("sink", -1), recorded.get("upsert", -1))
+                )
                 self.topic.publish_handoff(
                     self.spark,
                     handoff.manifest_id,

@@ -132,7 +132,7 @@ class LiveRunner:
         except ManifestError as exc:
             if DefinitionChanges.between(handoff.state_spec, where.definition.state_spec()).way == "forward":
                 raise  # its way out is a redeploy that records the change (no generation, no rollback)
-            raise start_checks.after_a_swap(where, exc) from exc
+            raise start_checks.after_a_swap(spark, where, exc) from exc
         EndOfStreamRunner(spark, where).require_finished(handoff.source_version, handoff.fingerprint)
         intents.refuse_open(spark, where, handoff.manifest_id)
         return cls(spark, where, handoff, **kwargs)

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from phases._internal.definition import Pipeline
 from phases._internal.deployment import generations
-from phases._internal.errors import LiveResumeError, ManifestError
+from phases._internal.errors import LiveResumeError, ManifestError, PhasesError
 from phases._internal.handoff.manifest import HandoffManifest
 from phases._internal.live.plan import Progress
 from phases._internal.placement import Placement
@@ -184,11 +184,15 @@ def _rows(n: int | None) -> str:
     return "its rows unknown" if n is None else f"{n} rows"
 
 
-def after_a_swap(where: Placement, exc: ManifestError) -> ManifestError:
+def after_a_swap(spark: SparkSession | None, where: Placement, exc: ManifestError) -> PhasesError:
     """A definition that does not match the serving generation's handoff: when a redeploy swapped another
-    definition in, the refusal says so and names the rollback."""
+    definition in, the refusal says so and names the rollback; when the table consumers read holds a swap the
+    redeploy log lost, it names the redeploy that repairs the log."""
     declared, gens = where.definition, where.redeploys
-    swapped = [s for s in gens.rows if s.step == "swapped"]
+    unrecorded = generations.unrecorded_swap(spark, where, gens)
+    if unrecorded is not None:
+        return generations.log_behind_error(where, unrecorded)
+    swapped = [s for s in gens.rows if s.kind == "swapped"]
     if not swapped:
         return exc
     last = swapped[-1]

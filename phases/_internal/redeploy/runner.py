@@ -159,9 +159,9 @@ class Redeploy:
                 "is nothing running to redeploy beside; run its backlog (BacklogRunner(spark, pipeline).run())"
             )
         spec = handoff.state_spec
-        for step in gens.rows:  # the newest amendment of the serving handoff is what serves
-            if step.step == "amended" and step.manifest_id == handoff.manifest_id and step.state_spec:
-                spec = step.state_spec
+        for row in gens.rows:  # the newest amendment of the serving handoff is what serves
+            if row.kind == "amended" and row.manifest_id == handoff.manifest_id and row.state_spec:
+                spec = row.state_spec
         changes = DefinitionChanges.between(spec, self.pipeline.state_spec())
         target, reuse = serving, False
         if changes.way == "backfill":

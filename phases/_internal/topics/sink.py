@@ -70,7 +70,7 @@ class TopicSink:
         sink = where.definition.sink
         if not isinstance(sink, KafkaSink):
             raise TypeError(f"pipeline {where.name!r} has no topic sink")
-        self.pipeline, self.sink = where.name, sink
+        self.pipeline, self.sink, self.table = where.name, sink, where.sink_path
         self.key_columns = list(where.definition.key_columns)
         self.writer = TopicWriter(
             where.sink_brokers,
@@ -97,6 +97,44 @@ class TopicSink:
 
     def committed(self) -> Marker | None:
         return self.writer.committed()
+
+    def refuse_lost_writes(self, handoff_id: str, recorded_batch: int) -> None:
+        """At a live start: a SinkError when the live phase of handoff ``handoff_id`` has recorded a write of
+        micro-batch ``recorded_batch`` (>= 0) but the topic's newest write is of no handoff, or of another one: the
+        topic was deleted and made again, or its records or the marker's consumer group removed. Publishing on would
+        leave its consumers without the results published before. Nothing is written; the way out is
+        :func:`phases.republish_topic`."""
+        if recorded_batch < 0:
+            return
+        committed = self._newest = self.writer.committed()
+        if committed is not None and committed.handoff == handoff_id:
+            return
+        holds = "no write of the engine" if committed is None else f"the write of handoff {committed.handoff}"
+        raise SinkError(
+            f"{self.where}: the live phase of handoff {handoff_id} has published up to micro-batch {recorded_batch}, "
+            f"but the topic holds {holds}: it was deleted and made again, or its records or the consumer group "
+            f"{self.writer.group!r} (the engine's marker) were removed. Its consumers miss the results published "
+            "before, so nothing was written. To give them the whole result again, run "
+            "phases.republish_topic(spark, pipeline) while no live phase runs: it publishes the engine's table of "
+            f"the results ({self.table}) in one transaction; then start the live phase, which goes on from there"
+        )
+
+    def republish(self, spark: SparkSession, table: str, handoff_id: str, batch: int) -> int:
+        """Publishes every row of the engine's table of the results (``table`` now) in one transaction whose marker
+        is (``batch``, ``handoff_id``): ``batch`` is the newest live micro-batch whose write the table holds (-1:
+        none), so the live phase goes on after it. Returns the records produced."""
+        rows = spark.read.format("delta").load(table)
+        count = self.writer.write(self._records(rows, handoff_id, batch), Marker(batch, handoff_id), records_before=0)
+        self._handoff_records, self._newest = count, Marker(batch, handoff_id, count)
+        self.published += count
+        log.info(
+            "%s: the results of handoff %s up to micro-batch %d published again (%d)",
+            self.where,
+            handoff_id,
+            batch,
+            count,
+        )
+        return count
 
     def publish_handoff(
         self,

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -196,7 +197,7 @@ class TopicWriter:
 
     @property
     def where(self) -> str:
-        return f"topic {self.topic!r} (transactional id {self.transactional_id!r})"
+        return f"topic {self.topic!r} on {self.servers} (transactional id {self.transactional_id!r})"
 
     def _start(self):
         """The producer, started once: ``init_transactions`` fences an older producer of this id and has the
@@ -233,7 +234,16 @@ class TopicWriter:
 
     def check_topic(self) -> int:
         """The topic's partition count; a SinkError naming the topic when it does not exist."""
-        metadata = self._marker_consumer().list_topics(self.topic, timeout=self.timeout_s)
+        from confluent_kafka import KafkaException
+
+        try:
+            metadata = self._marker_consumer().list_topics(self.topic, timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise SinkError(
+                f"{self.where}: the brokers did not answer within sink.transaction_timeout ({self.timeout_s:.0f} s): "
+                f"{exc.args[0]}. Nothing was written. Check sink.bootstrap_servers ({self.servers}); once the "
+                "brokers answer, run again: a live phase resumes from its checkpoint and publishes nothing twice"
+            ) from exc
         found = metadata.topics.get(self.topic)
         if found is None or found.error is not None or not found.partitions:
             raise SinkError(
@@ -303,21 +313,32 @@ class TopicWriter:
                 marker if records_before is None else dataclasses.replace(marker, records=records_before + count)
             )
             offsets = [TopicPartition(self.topic, 0, committed.offset, committed.metadata)]
-            producer.send_offsets_to_transaction(
-                offsets, self._marker_consumer().consumer_group_metadata(), self.timeout_s
+            group = self._marker_consumer().consumer_group_metadata()
+            self._bounded(
+                "the marker's offsets",
+                marker,
+                lambda: producer.send_offsets_to_transaction(offsets, group, self.timeout_s),
             )
-            producer.commit_transaction(self.timeout_s)
+            self._bounded("the commit", marker, lambda: producer.commit_transaction(self.timeout_s))
+        except SinkError:
+            raise  # a call that did not return (_bounded): the producer is dropped, not aborted (it holds the lock)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
                 self._producer = None
                 raise SinkError(
-                    f"{self.where}: a newer writer of this pipeline generation started, and this one was fenced "
-                    f"before its write of batch {marker.batch} committed; nothing of that write will be read. The "
-                    "newer writer owns the topic now"
+                    f"{self.where}: this writer was fenced before its write of batch {marker.batch} committed: a "
+                    "newer writer of this pipeline generation started, or the broker ended this writer's session "
+                    "(it restarted while the write was open). Nothing of that write will be read. When no other run "
+                    "of this pipeline generation runs, start the live phase again (a backlog: run it again): it "
+                    "resumes from its checkpoint and publishes nothing twice"
                 ) from exc
             self._abort(producer)
-            raise SinkError(f"{self.where}: the write of batch {marker.batch} was aborted ({error})") from exc
+            raise SinkError(
+                f"{self.where}: the write of batch {marker.batch} was aborted ({error}); nothing of it will be read. "
+                f"Once the brokers (sink.bootstrap_servers {self.servers}) answer, run it again: a live phase "
+                "resumes from its checkpoint, a backlog publishes at its rerun, neither publishes anything twice"
+            ) from exc
         except BaseException:
             self._abort(producer)
             raise
@@ -336,13 +357,24 @@ class TopicWriter:
             self._partitions = self.check_topic()
         level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
         query = {TopicPartition(self.topic, p): OffsetSpec.latest() for p in range(self._partitions)}
-        try:
-            answers = self._admin.list_offsets(query, isolation_level=level, request_timeout=self.timeout_s)  # pyright: ignore[reportArgumentType]
-            return {tp.partition: future.result().offset for tp, future in answers.items()}
-        except KafkaException as exc:
-            raise SinkError(
-                f"{self.where}: the end offsets around batch {marker.batch}'s write could not be read ({exc.args[0]})"
-            ) from exc
+        # A broker that does not answer (restarting, a partition without its leader for a moment) is asked again
+        # until the sink's transaction_timeout has passed: a short outage delays the micro-batch, not the phase.
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                answers = self._admin.list_offsets(query, isolation_level=level, request_timeout=self.timeout_s)  # pyright: ignore[reportArgumentType]
+                return {tp.partition: future.result().offset for tp, future in answers.items()}
+            except KafkaException as exc:
+                if time.monotonic() < deadline and _unanswered(exc.args[0]):
+                    time.sleep(1.0)
+                    self._admin = AdminClient(self._config)  # fresh metadata: a restarted broker's leader epochs
+                    continue
+                raise SinkError(
+                    f"{self.where}: the end offsets around batch {marker.batch}'s write could not be read within "
+                    f"sink.transaction_timeout ({self.timeout_s:.0f} s): {exc.args[0]}. Nothing of the write was "
+                    f"committed. Once the brokers (sink.bootstrap_servers {self.servers}) answer, start the live "
+                    "phase again: it resumes from its checkpoint and publishes nothing twice"
+                ) from exc
 
     def _await_stable(self, before: dict[int, int], marker: Marker) -> None:
         """Returns once a read_committed consumer sees the write just committed: the broker answers a commit before
@@ -380,6 +412,35 @@ class TopicWriter:
                 ) from failure
             time.sleep(0.002)
 
+    def _bounded(self, what: str, marker: Marker, call) -> None:
+        """Runs a transactional call of the client and waits for it at most ``timeout_s`` (and a little): librdkafka
+        can block in ``send_offsets_to_transaction`` past its own timeout when the group coordinator went away and
+        came back (a broker restarted: confluentinc/librdkafka#5456, #5511). Then the producer is dropped without an
+        abort (the stuck call holds its lock) and a SinkError says so; the next writer's ``init_transactions``
+        fences it, and the broker aborts its open transaction."""
+        box: dict[str, BaseException] = {}
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name=f"phases-topic-{self.topic}", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s + 5.0)
+        if worker.is_alive():
+            self._producer = None
+            raise SinkError(
+                f"{self.where}: {what} of batch {marker.batch}'s write did not complete within "
+                f"sink.transaction_timeout ({self.timeout_s:.0f} s): the brokers (sink.bootstrap_servers "
+                f"{self.servers}) did not answer, or the client lost its group coordinator when a broker restarted. "
+                "Nothing of the write was committed (the broker aborts it). Once the brokers answer, start the live "
+                "phase again (a backlog: run it again): it resumes from its checkpoint and publishes nothing twice"
+            )
+        if "error" in box:
+            raise box["error"]
+
     def _abort(self, producer) -> None:
         """Aborts the open transaction, and drops the producer: after a failed write its state may need a new epoch
         (a record the broker refused leaves its sequence numbers out of order), which the next write's new producer
@@ -413,3 +474,22 @@ class TopicWriter:
             self._producer.flush(5)
             self._producer = None
         self._admin = None
+
+
+def _unanswered(error) -> bool:
+    """Whether a client error says a broker did not answer (down, restarting, a partition without a leader): asked
+    again, it may answer."""
+    from confluent_kafka import KafkaError
+
+    codes = {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._NOENT,  # "no leaders found" while a restarted broker takes its partitions up
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.FENCED_LEADER_EPOCH,  # a client's leader epoch from before the broker restarted
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+    return getattr(error, "code", lambda: None)() in codes or bool(getattr(error, "retriable", lambda: False)())

@@ -13,6 +13,7 @@ from phases import Placement, place
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import Locations, Pipeline, fingerprint_of
 from phases._internal.deployment import generations
+from phases._internal.errors import PhaseStateError
 from phases._internal.live.runner import LiveRunner
 from tests.conftest import make_pipeline
 from tests.helpers import write_source
@@ -113,3 +114,39 @@ def test_a_runner_given_a_placement_reads_the_log_no_more_until_its_start(spark,
     reads.clear()
     runner.start(available_now=True)
     assert reads == ["events"]
+
+
+def test_a_redeploy_log_written_with_a_step_column_is_read_and_appended_to_as_it_is(spark, tmp_path):
+    """Logs written before the column was named ``kind`` name it ``step``: their rows are read by kind, and a new
+    row goes under the column the table has (no schema change)."""
+    from pyspark.sql import types as T
+
+    from phases._internal.storage import table_stats
+
+    p = make_pipeline(f"{tmp_path}/source", str(tmp_path / "run"))
+    where = place(None, p)
+    legacy = T.StructType(
+        [T.StructField("step", f.dataType, f.nullable) if f.name == "kind" else f for f in generations.SCHEMA.fields]
+    )
+    blank = {f.name: None for f in legacy.fields}
+    rows = [
+        {**blank, "pipeline": "events", "redeploy_id": "r1", "step": kind, "generation": 1, "at_us": at}
+        for kind, at in (("started", 1), ("swapping", 2), ("swapped", 3), ("started", 4))
+    ]
+    rows[2]["from_generation"] = 0
+    rows[3].update(redeploy_id="r2", generation=2)
+    spark.createDataFrame(rows, legacy).write.format("delta").save(where.redeploy_log)
+
+    assert place(spark, p).generation == 1  # the newest swapped row, read from the step column
+    generations.write(spark, where, "abandoned", 2, "r2", reason="test")
+    gens = generations.read(spark, where)
+    assert [r.kind for r in gens.rows] == ["started", "swapping", "swapped", "started", "abandoned"]
+    assert gens.serving == 1 and gens.gone == {2}
+    assert "kind" not in table_stats.column_types(where.redeploy_log)
+    with pytest.raises(PhaseStateError, match="not one of started, amended"):
+        generations.write(spark, where, "swept", 2, "r2")
+
+    fresh = place(None, make_pipeline(f"{tmp_path}/source", str(tmp_path / "new")))
+    generations.write(spark, fresh, "started", 1, "r3")
+    assert "kind" in table_stats.column_types(fresh.redeploy_log)
+    assert [r.kind for r in generations.read(spark, fresh).rows] == ["started"]
