@@ -55,10 +55,15 @@ def wait_for_texts(page, texts: tuple[str, ...], timeout_s: float = 120) -> None
 
 
 def screenshot(url: str, png: Path, *, wait_for: tuple[str, ...] = (), timeout_s: float = 120) -> str:
-    """Opens ``url``, waits until every text of ``wait_for`` is visible, saves a PNG and returns the page's text."""
+    """Opens ``url``, waits until every text of ``wait_for`` is visible and the page has loaded what it shows (no
+    "Loading..." left: the asset nodes fill in their latest events after their names), saves a PNG and returns the
+    page's text. A page still loading at the timeout is a BrowserError, not a screenshot of placeholders."""
     with browser_page() as page:
         page.goto(url)
         wait_for_texts(page, wait_for, timeout_s)
+        text = _settled_text(page.locator("body"), timeout_s)
+        if "Loading" in text:
+            raise BrowserError(f"{url} still showed 'Loading' after {timeout_s:.0f} s")
         Path(png).parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(png))
         return page.inner_text("body")
