@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from phases._internal import uris
 from phases._internal.definition import (
@@ -77,6 +78,15 @@ class LogRow:
     reason: str | None
     detail: str | None
     at_us: int
+
+    @classmethod
+    def of(cls, found: dict) -> LogRow:
+        """A row as read from the log, whichever name its kind column has (``step`` in logs written before
+        2026-12)."""
+        values: dict[str, Any] = {name: found.get(name) for name in cls.__dataclass_fields__}
+        if values["kind"] is None:
+            values["kind"] = found.get("step")
+        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -168,15 +168,7 @@ def read(spark: SparkSession | None, where: Placement) -> Generations:
             found = [r.asDict() for r in spark.read.format("delta").load(path).where(f"pipeline = '{name}'").collect()]
         except Exception as err:  # noqa: BLE001 - Spark's own error, named with the way out
             raise damaged_log_error(path, str(err).splitlines()[0]) from err
-    return Generations.of([_row(found_row) for found_row in found])
-
-
-def _row(found: dict[str, Any]) -> LogRow:
-    """A log row as read, whichever name its kind column has."""
-    values: dict[str, Any] = {f.name: found.get(f.name) for f in SCHEMA.fields}
-    if values[KIND_COLUMN] is None:
-        values[KIND_COLUMN] = found.get(LEGACY_KIND_COLUMN)
-    return LogRow(**values)
+    return Generations.of([LogRow.of(row) for row in found])
 
 
 def _kind_column(spark: SparkSession, path: str) -> str:

@@ -194,9 +194,38 @@ def compact_changelog(spark: SparkSession, pipeline: Pipeline) -> Compaction:
     return compact(spark, Placement(pipeline))
 
 
+def _keys(where: Placement) -> list[str]:
+    """The key columns the changelog is folded by: the definition's, which must be those of the definition that
+    serves the table consumers read (the redeploy log's, read with delta-rs). A definition whose keys a redeploy
+    changed would fold the serving definition's rows by other keys: PhaseStateError."""
+    import json
+
+    from phases._internal.errors import PhaseStateError, SourceError
+    from phases._internal.placement import Generations, LogRow
+
+    keys = list(where.definition.key_columns)
+    if not where.serving:
+        return keys  # a generation's own sink, written by this definition
+    try:
+        found = table_stats.rows(where.redeploy_log, where=("pipeline", where.name))
+    except SourceError:  # a store delta-rs cannot read: the live start and the redeploy check the log
+        return keys
+    gens = Generations.of([LogRow.of(row) for row in found or ()])
+    spec = gens.specs.get(gens.serving)
+    serving = None if spec is None else json.loads(spec).get("key_columns")
+    if serving is not None and list(serving) != keys:
+        raise PhaseStateError(
+            f"pipeline {where.name!r}: generation {gens.serving} serves its changelog sink {where.sink_path} with key "
+            f"columns {list(serving)}, and this definition has key columns {keys}: folded by them, the latest row "
+            "per key would not be the serving definition's. Nothing was read or written. Call it with the "
+            "definition that serves (or roll back to this one first: Redeploy(spark, pipeline).run())"
+        )
+    return keys
+
+
 def compact(spark: SparkSession, where: Placement) -> Compaction:
     """:func:`compact_changelog` of the sink the placement writes."""
-    sink, current, keys = where.sink_path, where.sink_current, list(where.definition.key_columns)
+    sink, current, keys = where.sink_path, where.sink_current, _keys(where)
     fs.sweep_orphan_checksums(sink, current)
     position = _position(spark, current)
     head = tables.version(spark, sink)  # read after the position: the position is at most the head
@@ -243,7 +272,7 @@ def read_current(spark: SparkSession, pipeline: Pipeline, *, with_change_columns
 
 def read_current_at(spark: SparkSession, where: Placement, *, with_change_columns: bool = False) -> DataFrame:
     """:func:`read_current` of the sink the placement writes."""
-    sink, current, keys = where.sink_path, where.sink_current, list(where.definition.key_columns)
+    sink, current, keys = where.sink_path, where.sink_current, _keys(where)
     position = _position(spark, current)
     head = tables.version(spark, sink)  # read after the position: the position is at most the head
     newer = _newer_rows(spark, sink, position, head)

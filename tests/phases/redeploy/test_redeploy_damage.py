@@ -274,3 +274,30 @@ def test_a_changelog_compaction_with_the_old_definition_after_a_swap_compacts_wh
     assert_results_equal(current_rows(spark, new), _expected_new(_upto(VERSIONS, 4)))
     compact_changelog(spark, new)
     assert_results_equal(current_rows(spark, new), _expected_new(_upto(VERSIONS, 4)))
+
+
+def test_a_changelog_read_or_compaction_with_other_key_columns_than_the_serving_definitions_is_refused(spark, tmp_path):
+    """After a redeploy that changed the key columns, compact_changelog and read_current given the old definition
+    folded the table consumers read by the old keys: one row per old key where the serving definition has one per
+    new key, silently. Both are refused naming the two key lists; with the serving definition they go on."""
+    from datetime import timedelta
+
+    from phases import compact_changelog, read_current
+    from phases._internal.definition import DeltaSink
+
+    root, source = str(tmp_path / "run"), str(tmp_path / "source")
+    write_source(spark, source, _upto(VERSIONS, 3))
+    sink = DeltaSink(path=f"{root}/sink", mode="changelog", compact_every=timedelta(0))
+    old = _old(source, root, sink=sink)
+    new = _old(source, root, sink=sink, key_columns=["key", "value"])
+    BacklogRunner(spark, old).run()
+    Redeploy(spark, new).run()
+    append_version(spark, source, VERSIONS[4])
+    LiveRunner.from_manifest(spark, new).start(available_now=True)
+    for call in (lambda: compact_changelog(spark, old), lambda: read_current(spark, old).collect()):
+        with pytest.raises(PhaseStateError, match=r"key columns \['key', 'value'\].*key columns \['key'\]"):
+            call()
+    compact_changelog(spark, new)
+    served = [(r["key"], r["value"]) for r in read_current(spark, new).collect()]
+    changes = spark.read.format("delta").load(new.sink.path).select("key", "value").distinct().collect()
+    assert sorted(served) == sorted((r["key"], r["value"]) for r in changes)  # one row per (key, value)
