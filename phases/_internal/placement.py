@@ -62,6 +62,12 @@ def own_sink(root: str, n: int) -> str:
     return uris.join(root, "generations", str(n), "sink")
 
 
+# The redeploy log's column that holds a row's kind. Logs written before 2026-12 name it ``step``: they are read as
+# they are and appended to under that name (a rename would need Delta's column mapping, a protocol upgrade older
+# readers refuse).
+KIND_COLUMN, LEGACY_KIND_COLUMN = "kind", "step"
+
+
 @dataclass(frozen=True)
 class LogRow:
     """One row of the redeploy log."""
@@ -84,8 +90,8 @@ class LogRow:
         """A row as read from the log, whichever name its kind column has (``step`` in logs written before
         2026-12)."""
         values: dict[str, Any] = {name: found.get(name) for name in cls.__dataclass_fields__}
-        if values["kind"] is None:
-            values["kind"] = found.get("step")
+        if values[KIND_COLUMN] is None:
+            values[KIND_COLUMN] = found.get(LEGACY_KIND_COLUMN)
         return cls(**values)
 
 

@@ -32,7 +32,15 @@ from pyspark.sql import types as T
 
 from phases._internal import uris
 from phases._internal.errors import PhaseStateError, SourceError
-from phases._internal.placement import Generations, LogRow, Placement, generation_root, own_sink
+from phases._internal.placement import (
+    KIND_COLUMN,
+    LEGACY_KIND_COLUMN,
+    Generations,
+    LogRow,
+    Placement,
+    generation_root,
+    own_sink,
+)
 from phases._internal.storage import table_stats, tables
 
 __all__ = ["Generations", "LogRow", "generation_root", "own_sink"]  # and the log's reading and writing below
@@ -43,10 +51,6 @@ SWAP_MARK = "phases_swap"
 KEPT_MARK = "phases_kept"
 
 ROW_KINDS = ("started", "amended", "swapping", "swapped", "abandoned", "removed")
-
-# The column that holds a row's kind. Logs written before 2026-12 name it ``step``: they are read as they are and
-# appended to under that name (a rename would need Delta's column mapping, a protocol upgrade older readers refuse).
-KIND_COLUMN, LEGACY_KIND_COLUMN = "kind", "step"
 
 SCHEMA = T.StructType(
     [

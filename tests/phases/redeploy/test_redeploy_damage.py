@@ -34,6 +34,22 @@ def _swapped(spark, tmp_path):
     return root, source, old, new
 
 
+def _live_start(spark, pipeline) -> None:
+    LiveRunner.from_manifest(spark, pipeline).start(available_now=True)
+
+
+def _each_refused_naming_the_repair(
+    spark, definitions, start, serving, expected: dict, errors=(PhaseStateError, LiveResumeError, ManifestError)
+) -> None:
+    """``start`` of each definition is refused naming the redeploy that repairs the log, and the sink consumers read
+    keeps the serving definition's ``expected`` results."""
+    for definition in definitions:
+        with pytest.raises(errors) as refused:
+            start(spark, definition)
+        assert "Redeploy(spark, pipeline).run()" in str(refused.value), str(refused.value)
+        assert_results_equal(sink_rows(spark, serving.sink.path), expected)
+
+
 @pytest.mark.parametrize("behind", [1, 2])
 def test_a_redeploy_log_behind_the_sink_is_repaired_by_the_redeploy_its_refusal_names(spark, tmp_path, behind):
     """The newest commits of the redeploy log removed after the new live phase wrote (one: the ``swapped`` row; two:
@@ -46,11 +62,7 @@ def test_a_redeploy_log_behind_the_sink_is_repaired_by_the_redeploy_its_refusal_
     remove_newest_commits(Placement(old).redeploy_log, behind)
 
     append_version(spark, source, VERSIONS[5])
-    for definition in (old, new):
-        with pytest.raises((PhaseStateError, LiveResumeError, ManifestError)) as refused:
-            LiveRunner.from_manifest(spark, definition).start(available_now=True)
-        assert "Redeploy(spark, pipeline).run()" in str(refused.value), str(refused.value)
-        assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(VERSIONS, 4)))
+    _each_refused_naming_the_repair(spark, (old, new), _live_start, new, _expected_new(_upto(VERSIONS, 4)))
 
     result = Redeploy(spark, new).run(reason="run again, as the refusal said")
     assert result.generation == 1
@@ -216,11 +228,10 @@ def test_a_backlog_reset_with_the_redeploy_log_two_commits_behind_is_refused_and
     the refusal names repairs the log, then the new definition's reset and live phase are exact."""
     root, source, old, new = _log_two_behind_right_after_the_swap(spark, tmp_path)
     append_version(spark, source, VERSIONS[4])
-    for definition in (old, new):
-        with pytest.raises((PhaseStateError, ManifestError)) as refused:
-            BacklogRunner(spark, definition).run(reset=True)
-        assert "Redeploy(spark, pipeline).run()" in str(refused.value), str(refused.value)
-        assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(VERSIONS, 3)))
+    reset = lambda spark_, p: BacklogRunner(spark_, p).run(reset=True)  # noqa: E731
+    _each_refused_naming_the_repair(
+        spark, (old, new), reset, new, _expected_new(_upto(VERSIONS, 3)), errors=(PhaseStateError, ManifestError)
+    )
     Redeploy(spark, new).run(reason="run again, as the refusal said")
     assert generations.read(spark, Placement(new)).serving == 1
     BacklogRunner(spark, new).run(reset=True)
@@ -236,11 +247,7 @@ def test_a_live_start_right_after_the_swap_with_the_log_two_commits_behind_is_re
     after it the new live phase goes on exactly, and a rollback too."""
     root, source, old, new = _log_two_behind_right_after_the_swap(spark, tmp_path)
     append_version(spark, source, VERSIONS[4])
-    for definition in (old, new):
-        with pytest.raises((PhaseStateError, LiveResumeError, ManifestError)) as refused:
-            LiveRunner.from_manifest(spark, definition).start(available_now=True)
-        assert "Redeploy(spark, pipeline).run()" in str(refused.value), str(refused.value)
-        assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(VERSIONS, 3)))
+    _each_refused_naming_the_repair(spark, (old, new), _live_start, new, _expected_new(_upto(VERSIONS, 3)))
     Redeploy(spark, new).run(reason="run again, as the refusal said")
     LiveRunner.from_manifest(spark, new).start(available_now=True)
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(VERSIONS, 4)))
