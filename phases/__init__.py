@@ -14,8 +14,8 @@ imports one module of the engine does not load all of it.
 
 The other public modules: :mod:`phases.testing` and :mod:`phases.pytest_plugin` (testing your own pipelines),
 :mod:`phases.feed` (a demo source table), :mod:`phases.setup` (the jars, the JVM helper and the class archive, once
-per machine). Everything else is private, under ``phases/_internal/`` (no API; it changes without notice), in
-wings, one folder each:
+per machine), :mod:`phases.local` (a Kafka broker on loopback for a trial or your own tests). Everything else is
+private, under ``phases/_internal/`` (no API; it changes without notice), in wings, one folder each:
 
 * ``definition/``: the pipeline model (operators, steps, sources, the pipeline), validated at construction;
 * ``sources/``: the Delta, Kafka, hybrid and file readers behind one reader protocol, heads, lag, log bounds;

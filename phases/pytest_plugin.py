@@ -47,10 +47,10 @@ def phases_spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def phases_kafka(tmp_path_factory: pytest.TempPathFactory):
-    """One real Kafka broker (KRaft, :class:`phases._internal.runtime.local_kafka.LocalKafka`) on 127.0.0.1 for the test
+    """One real Kafka broker (KRaft, :class:`phases.local.LocalKafka`) on 127.0.0.1 for the test
     session, with a fresh data folder: ``phases_kafka.bootstrap_servers``,
     ``phases_kafka.create_topic(name, partitions)``."""
-    from phases._internal.runtime.local_kafka import LocalKafka
+    from phases.local import LocalKafka
 
     broker = LocalKafka(tmp_path_factory.mktemp("kafka-broker")).start()
     yield broker

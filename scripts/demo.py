@@ -25,10 +25,10 @@ from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_REVISED
 from phases._internal.deployment import place
 from phases._internal.live.runner import LiveRunner
 from phases._internal.placement import Placement
-from phases._internal.runtime.local_kafka import LocalKafka
 from phases._internal.runtime.session import SparkSettings, build_session
 from phases._internal.sources import synthetic
 from phases._internal.storage import quarantine
+from phases.local import LocalKafka
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
 from scripts.browser import BrowserError, screenshot

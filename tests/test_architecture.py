@@ -248,7 +248,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("phases._internal.operators",),
     ("phases._internal.backlog", "phases._internal.live"),
     ("phases._internal.redeploy",),
-    ("phases.testing", "phases.pytest_plugin", "phases.inspect", "phases.feed", "phases.setup", "phases"),
+    (
+        "phases.testing",
+        "phases.pytest_plugin",
+        "phases.inspect",
+        "phases.feed",
+        "phases.setup",
+        "phases.local",
+        "phases",
+    ),
 )
 
 
@@ -309,7 +317,15 @@ def test_the_dagster_resources_use_the_engine_not_the_assets():
 
 
 # The engine's public modules; everything else is under phases._internal (private by its name).
-PUBLIC_MODULES = ("phases", "phases.inspect", "phases.testing", "phases.feed", "phases.setup", "phases.pytest_plugin")
+PUBLIC_MODULES = (
+    "phases",
+    "phases.inspect",
+    "phases.testing",
+    "phases.feed",
+    "phases.setup",
+    "phases.pytest_plugin",
+    "phases.local",
+)
 
 
 def public_engine_names() -> set[str]:

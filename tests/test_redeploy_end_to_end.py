@@ -16,10 +16,11 @@ from phases._internal.storage import table_stats
 from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
-from scripts.dagster_stack import DagsterStack, DeployedLocation
+from scripts.browser import asset_node_text, browser_page, catalog_row_text, wait_for_asset_state
+from scripts.dagster_stack import LOCATION, DagsterStack, DeployedLocation
 from scripts.local_postgres import LocalPostgres
 from tests.helpers import SHORT_LIVED_JVM_OPTIONS
-from tests.test_end_to_end import SENSOR_INTERVAL_S, _events_in, _kill_tree, _wait
+from tests.test_end_to_end import SENSOR_INTERVAL_S, _events_in, _kill_tree, _shot, _wait
 
 NAMES = Names(DEMO)
 ROWS_PER_BATCH = 2000
@@ -140,9 +141,16 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
             timeout_s=90,
             seen=lambda: stack.check_executions(NAMES.sink, NAMES.fresh)[:3],
         )
-        # Its process lost: the sensor relaunches it, from generation 1's handoff, within its backoff.
+        # Its process lost: the live asset turns red in the lineage and the catalog, and the health sensor relaunches
+        # it, from generation 1's handoff, within its backoff; the browser shows the relaunched run materializing.
+        group_url, catalog_url = f"{stack.url}/locations/{LOCATION}/asset-groups/{NAMES.group}", f"{stack.url}/assets"
         _kill_tree(stack.run_pid(redeploy))
         stack.wait_run(redeploy, {"FAILURE"}, timeout_s=120)
+        with browser_page() as page:
+            node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "Failed", 60)
+            assert "Materializing" not in node, node
+            _shot(page, "redeployed_live_failed")
+            wait_for_asset_state(lambda: catalog_row_text(page, catalog_url, NAMES.live_asset), "Failed", 60)
         relaunched = _wait(
             "a relaunch of the serving generation's live run",
             lambda: next(
@@ -162,6 +170,22 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
         stack.wait_for_message(relaunched, "live phase running", timeout_s=300)
         append_batch()
         _wait_exact(spark, DEMO_REVISED, storage, batches * ROWS_PER_BATCH, stack, relaunched)
+        _wait(
+            "live_phase_running passing for the relaunched run",
+            lambda: (
+                (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
+                and e[0]["success"]
+                and relaunched in e[0]["description"]
+            ),
+            timeout_s=90,
+            seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
+        )
+        with browser_page() as page:  # caught up: running again, no longer red, its checks passing
+            node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "Materializing")
+            assert "Failed" not in node, node
+            row = wait_for_asset_state(lambda: catalog_row_text(page, catalog_url, NAMES.live_asset), "Materializing")
+            assert relaunched[:8] in row, row
+            _shot(page, "redeployed_live_relaunched")
 
         # The previous code again: the same job swaps the kept generation 0 back, without a backlog.
         location.deploy("DEMO")

@@ -156,10 +156,7 @@ class BacklogRunner:
         fs.sweep_orphan_checksums(self.placement.sink_path, self.placement.quarantine, self.placement.manifests)
         self.removed_orphans = maintenance.remove_orphan_state(self.spark, self.placement)
         v = self._end_version(end_version)
-        topic = topic_sinks.topic_sink(self.placement)
-        if topic is not None:
-            topic.check()  # before the backlog's passes: a missing topic is found first
-            topic.close()
+        topic_sinks.check(self.placement)  # before the backlog's passes: a missing topic is found first
         if self.pipeline.checkpoint_interval_during_backlog > timedelta(0):
             return self._run_in_increments(v, reset, started)
         return self._run_full(v, started)

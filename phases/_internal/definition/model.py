@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from phases._internal.definition.secrets import HIDDEN, hidden, is_secret
 from phases._internal.errors import DefinitionError
 
 
@@ -20,7 +21,10 @@ def definition_error(exc: ValidationError, model: str) -> DefinitionError:
     for e in exc.errors(include_url=False):
         path = ".".join(str(part) for part in e["loc"]) or "(the model)"
         given = e.get("input")
-        shown = repr(given) if not isinstance(given, dict) else "{...}"
+        if any(isinstance(part, str) and is_secret(part) for part in e["loc"]):
+            shown = HIDDEN
+        else:
+            shown = "{...}" if isinstance(given, dict) else "[...]" if isinstance(given, list | tuple) else repr(given)
         lines.append(f"  {path}: {e['msg']} (given: {shown[:120]})")
     count = len(lines)
     error = DefinitionError(f"invalid {model}: {count} error{'s' if count > 1 else ''}\n" + "\n".join(lines))
@@ -55,6 +59,12 @@ class SettingsModel(BaseModel):
     def __init__(self, /, **data: Any) -> None:
         with _outermost(type(self).__name__):
             super().__init__(**data)
+
+    def __repr_args__(self):
+        """pydantic's fields for ``repr`` and ``str``, with the value of every secret setting of an option map hidden
+        (:mod:`phases._internal.definition.secrets`)."""
+        for name, value in super().__repr_args__():
+            yield name, (hidden(value) if isinstance(value, Mapping) else value)
 
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any):

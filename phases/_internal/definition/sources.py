@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_serializer, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_serializer, model_validator
 
 from phases._internal.definition.fields import RESERVED_PREFIX, _Model
 
@@ -128,6 +128,11 @@ class KafkaSource(_Model):
         description="Settings of the confluent-kafka (librdkafka) client that reads end offsets for the backlog's "
         "chunk plan and the switch sensor's lag, e.g. {'security.protocol': 'SSL'}. Not part of the fingerprint.",
     )
+    connect_timeout: timedelta = Field(
+        default=timedelta(seconds=30),
+        description="How long the engine waits for the brokers to answer before it stops, naming "
+        "source.bootstrap_servers (nothing read). Not part of the fingerprint.",
+    )
 
     @field_validator("options")
     @classmethod
@@ -138,6 +143,13 @@ class KafkaSource(_Model):
                 f"options {owned} are set by the framework (the backlog's end offsets, the live phase's start, "
                 f"failing on lost offsets); the options it owns: {sorted(_OWNED_KAFKA_OPTIONS)}"
             )
+        return v
+
+    @field_validator("connect_timeout")
+    @classmethod
+    def _connect_timeout(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("source.connect_timeout must be positive")
         return v
 
     @field_validator("topic")
@@ -168,7 +180,9 @@ class KafkaSource(_Model):
         return ddl_field_names(self.value_schema)
 
     def state_spec(self) -> dict:
-        return self.model_dump(mode="json", exclude={"bootstrap_servers", "options", "client_options"})
+        return self.model_dump(
+            mode="json", exclude={"bootstrap_servers", "options", "client_options", "connect_timeout"}
+        )
 
 
 class KafkaHandoff(_Model):
@@ -376,6 +390,11 @@ class KafkaSink(DeltaSink):
         default=timedelta(seconds=60),
         description="How long one write (a transaction) may take before the broker aborts it.",
     )
+    connect_timeout: timedelta = Field(
+        default=timedelta(seconds=30),
+        description="How long the engine waits for the brokers to answer before anything is written (the topic's "
+        "check, a redeploy's new topic) before it stops, naming sink.bootstrap_servers.",
+    )
 
     @field_validator("topic")
     @classmethod
@@ -397,9 +416,9 @@ class KafkaSink(DeltaSink):
             )
         return v
 
-    @field_validator("transaction_timeout")
+    @field_validator("transaction_timeout", "connect_timeout")
     @classmethod
-    def _timeout(cls, v: timedelta) -> timedelta:
+    def _timeout(cls, v: timedelta, info: ValidationInfo) -> timedelta:
         if v <= timedelta(0):
-            raise ValueError("sink.transaction_timeout must be positive")
+            raise ValueError(f"sink.{info.field_name} must be positive")
         return v

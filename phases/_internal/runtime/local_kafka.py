@@ -29,11 +29,11 @@ _PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners={protocol}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners={protocol}://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map={protocol}:{protocol},CONTROLLER:PLAINTEXT
+inter.broker.listener.name={protocol}
 log.dirs={log_dir}
 num.partitions=1
 offsets.topic.replication.factor=1
@@ -47,6 +47,18 @@ auto.create.topics.enable=false
 log.retention.hours=-1
 log.retention.bytes=-1
 """
+
+# SASL/PLAIN on the client listener with Kafka's ACL authorizer: only the admin (a super user) may do anything
+# without an ACL. The controller listener stays plain on loopback: its principal, ANONYMOUS, is a super user too.
+_SASL_PROPERTIES = """\
+sasl.enabled.mechanisms=PLAIN
+sasl.mechanism.inter.broker.protocol=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:{admin};User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+"""
+ADMIN_USER = "admin"
 
 _LOG4J = """\
 <Configuration status="WARN">
@@ -67,9 +79,20 @@ class LocalKafka:
     ``keep_data``)."""
 
     def __init__(
-        self, data_dir: str | os.PathLike, *, port: int | None = None, heap: str = "384m", keep_data: bool = False
+        self,
+        data_dir: str | os.PathLike,
+        *,
+        port: int | None = None,
+        heap: str = "384m",
+        keep_data: bool = False,
+        users: dict[str, str] | None = None,
     ):
+        """``users``: user -> password. Given, the broker takes SASL/PLAIN connections only (``SASL_PLAINTEXT``) and
+        authorizes by ACL: a user may do nothing until :meth:`allow` grants it (the broker's own admin user, with a
+        generated password, may do everything: :attr:`admin_settings`)."""
         self.data_dir = Path(data_dir)
+        self.users = dict(users or {})
+        self._admin_password = uuid.uuid4().hex if users else None
         self.port = port or free_port()
         self.controller_port = free_port()
         self.heap = heap
@@ -109,9 +132,20 @@ class LocalKafka:
             shutil.rmtree(self.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         props = self.data_dir / "server.properties"
-        props.write_text(
-            _PROPERTIES.format(port=self.port, controller_port=self.controller_port, log_dir=self.data_dir / "logs")
+        protocol = "SASL_PLAINTEXT" if self.users else "PLAINTEXT"
+        text = _PROPERTIES.format(
+            port=self.port, controller_port=self.controller_port, log_dir=self.data_dir / "logs", protocol=protocol
         )
+        if self.users:
+            accounts = {ADMIN_USER: self._admin_password, **self.users}
+            jaas = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="{ADMIN_USER}" password="{self._admin_password}" '
+                + " ".join(f'user_{user}="{password}"' for user, password in accounts.items())
+                + ";"
+            )
+            text += _SASL_PROPERTIES.format(jaas=jaas, admin=ADMIN_USER)
+        props.write_text(text)
         (self.data_dir / "log4j2.xml").write_text(_LOG4J.format(log_file=self.log_file))
         if (self.data_dir / "logs" / "meta.properties").exists():
             self._formatted = True
@@ -179,20 +213,66 @@ class LocalKafka:
             self._watchdog.wait(10)  # it ends once the broker has
             self._watchdog = None
 
+    @property
+    def admin_settings(self) -> dict[str, str]:
+        """librdkafka settings of the broker's admin (empty for a broker without users)."""
+        return client_settings(ADMIN_USER, self._admin_password) if self._admin_password else {}
+
     def admin(self):
         from confluent_kafka.admin import AdminClient
 
-        return AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        return AdminClient({"bootstrap.servers": self.bootstrap_servers, **self.admin_settings})
 
     def create_topic(self, name: str, partitions: int = 1, **config: str) -> None:
         """Creates ``name`` and waits until every partition has a leader."""
-        create_topic(self.bootstrap_servers, name, partitions, **config)  # pyright: ignore[reportArgumentType]
+        create_topic(self.bootstrap_servers, name, partitions, client_config=self.admin_settings, **config)
+
+    def allow(self, user: str, *, topics: tuple[str, ...] = (), prefixes: tuple[str, ...] = ()) -> None:
+        """Grants ``user`` every operation on the ``topics`` named, and on every topic, consumer group and
+        transactional id whose name starts with one of ``prefixes`` (a broker with users only)."""
+        from confluent_kafka.admin import (
+            AclBinding,
+            AclOperation,
+            AclPermissionType,
+            ResourcePatternType,
+            ResourceType,
+        )
+
+        if not self.users:
+            raise SetupError("this broker has no users: it authorizes nothing")
+        grant = [(ResourceType.TOPIC, t, ResourcePatternType.LITERAL) for t in topics] + [
+            (kind, prefix, ResourcePatternType.PREFIXED)
+            for prefix in prefixes
+            for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
+        ]
+        bindings = [
+            AclBinding(kind, name, pattern, f"User:{user}", "*", AclOperation.ALL, AclPermissionType.ALLOW)
+            for kind, name, pattern in grant
+        ]
+        for future in self.admin().create_acls(bindings).values():
+            future.result(30)
 
     def __enter__(self) -> LocalKafka:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def client_settings(user: str, password: str) -> dict[str, str]:
+    """librdkafka settings of ``user`` on a local broker with users (SASL/PLAIN over plain TCP on loopback)."""
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": user,
+            "sasl.password": password}  # fmt: skip
+
+
+def spark_options(user: str, password: str) -> dict[str, str]:
+    """The same as options of Spark's Kafka source and writer (``kafka.``-prefixed Java client settings)."""
+    jaas = f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{user}" password="{password}";'
+    return {
+        "kafka.security.protocol": "SASL_PLAINTEXT",
+        "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": jaas,
+    }
 
 
 def create_topic(

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from phases._internal import spark_internals
 from phases._internal.definition.model import SettingsModel
+from phases._internal.definition.secrets import SPARK_OPTIONS_REDACTION, SPARK_REDACTION
 from phases._internal.runtime import class_archive, jvm_deps
 
 STATE_STORE_PROVIDERS = {
@@ -195,6 +196,10 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config(ARROW_BATCH_BYTES, str(s.arrow_batch_bytes or NO_BYTE_LIMIT))
+        # A data source's options in a plan (its string, the UI, an error) and the session's settings in the UI and
+        # event log: credentials hidden by what they are called (phases._internal.definition.secrets).
+        .config("spark.sql.redaction.options.regex", SPARK_OPTIONS_REDACTION)
+        .config("spark.redaction.regex", SPARK_REDACTION)
     )
     if s.s3a:
         # Delta's documented log store for S3 written by one Spark driver at a time: it makes a commit atomic only

@@ -32,6 +32,7 @@ from pyspark.sql import types as T
 
 from phases._internal.definition import KafkaSource
 from phases._internal.errors import SourceError
+from phases._internal.runtime import kafka_client_log
 
 DECODE_ERROR = "_decode_error"  # why a value could not be decoded (null when it could)
 RAW = "_raw"  # the undecodable value as text
@@ -164,9 +165,11 @@ class KafkaTopicSource:
     def _client_conf(self) -> dict:
         return client_conf(self.spec, self.brokers)
 
-    def watermarks(self, timeout: float = 30.0) -> dict[int, tuple[int, int]]:
-        """(earliest, end) offset of every partition of the topic, from the broker."""
-        return partition_watermarks(self._client_conf(), self.topic, timeout)
+    def watermarks(self, timeout: float | None = None) -> dict[int, tuple[int, int]]:
+        """(earliest, end) offset of every partition of the topic, from the broker (waiting at most ``timeout``, by
+        default the source's ``connect_timeout``)."""
+        wait = self.spec.connect_timeout.total_seconds() if timeout is None else timeout
+        return partition_watermarks(self._client_conf(), self.topic, wait)
 
     def check(self) -> None:
         self.watermarks()
@@ -375,7 +378,7 @@ class KafkaTopicSource:
 
 def client_conf(spec: KafkaSource, brokers: str) -> dict:
     """The confluent-kafka settings for ``spec``'s topic at ``brokers`` (no consumer group is ever committed)."""
-    return {"bootstrap.servers": brokers, "log_level": 3, **spec.client_options}
+    return kafka_client_log.quiet({"bootstrap.servers": brokers, **spec.client_options})
 
 
 def partition_watermarks(conf: dict, topic: str, timeout: float = 30.0) -> dict[int, tuple[int, int]]:
@@ -387,9 +390,7 @@ def partition_watermarks(conf: dict, topic: str, timeout: float = 30.0) -> dict[
         try:
             metadata = consumer.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
-            raise SourceError(
-                f"kafka topic {topic!r}: the broker at {conf['bootstrap.servers']} did not answer: {exc}"
-            ) from exc
+            raise _unanswered(topic, conf, timeout, exc) from exc
         info = metadata.topics.get(topic)
         if info is None or info.error is not None or not info.partitions:
             raise SourceError(
@@ -399,8 +400,21 @@ def partition_watermarks(conf: dict, topic: str, timeout: float = 30.0) -> dict[
             )
         out = {}
         for p in sorted(info.partitions):
-            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
+            try:
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
+            except KafkaException as exc:
+                raise _unanswered(topic, conf, timeout, exc) from exc
             out[p] = (int(lo), int(hi))
         return out
     finally:
         consumer.close()
+
+
+def _unanswered(topic: str, conf: dict, timeout: float, exc: Exception) -> SourceError:
+    cause = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+    return SourceError(
+        f"kafka topic {topic!r}: the brokers at {conf['bootstrap.servers']} (source.bootstrap_servers) did not "
+        f"answer within {timeout:g} s (source.connect_timeout): {cause}. Nothing was read. Check that the brokers "
+        "run and that source.bootstrap_servers and source.client_options (security, credentials) are right, then "
+        "run again"
+    )

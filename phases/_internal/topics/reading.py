@@ -10,7 +10,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from phases._internal.errors import SinkError
-from phases._internal.topics.transactions import Marker, TopicRecord, client_settings, marker_group, marker_reader
+from phases._internal.topics.admin import client_settings
+from phases._internal.topics.transactions import Marker, TopicRecord, marker_group, marker_reader
 
 
 def read_committed(

@@ -29,7 +29,8 @@ from phases._internal.definition import KafkaSink, Pipeline
 from phases._internal.errors import DefinitionError, SinkError
 from phases._internal.placement import Placement
 from phases._internal.topics import records
-from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter, create_topic_like
+from phases._internal.topics.admin import create_topic_like
+from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,16 @@ def topic_sink(where: Placement) -> TopicSink | None:
     the declared topic, a generation a redeploy builds a topic of its own, so that a topic never mixes two
     definitions' results); None for a Delta sink."""
     return TopicSink(where) if isinstance(where.definition.sink, KafkaSink) else None
+
+
+def check(where: Placement) -> None:
+    """A topic sink: a SinkError when its topic does not exist or its brokers do not answer (nothing is written)."""
+    topic = topic_sink(where)
+    if topic is not None:
+        try:
+            topic.check()
+        finally:
+            topic.close()  # (its client logs what it met once it is closed)
 
 
 def refuse(pipeline: Pipeline, what: str) -> None:
@@ -59,7 +70,14 @@ def create_generation_topic(where: Placement, generation: int, like: int) -> Non
     if not isinstance(sink, KafkaSink):
         return
     topic, model = where.topic(generation), where.topic(like)
-    if create_topic_like(where.sink_brokers, model, topic, client_config=sink.client_options):
+    made = create_topic_like(
+        where.sink_brokers,
+        model,
+        topic,
+        client_config=sink.client_options,
+        timeout_s=sink.connect_timeout.total_seconds(),
+    )
+    if made:
         log.info("pipeline %r: created the result topic %r like %r", where.name, topic, model)
 
 
@@ -79,6 +97,7 @@ class TopicSink:
             where.generation,
             client_config=sink.client_options,
             timeout_s=sink.transaction_timeout.total_seconds(),
+            connect_timeout_s=sink.connect_timeout.total_seconds(),
         )
         self.published = 0  # records produced by this process's writes (for reports)
         # What the current handoff's writes published in all, as the newest marker counts it (None: not read yet).

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from phases._internal.errors import SinkError
+from phases._internal.topics.admin import client_settings, unanswered
 
 # The marker's offset is the batch + this: the handoff (batch -1) is 1, micro-batch 0 is 2. Offset 0 is never a
 # marker, so a group that committed nothing (offset -1001) and a marker are told apart.
@@ -108,63 +109,12 @@ class TopicRecord:
     headers: dict[str, bytes] = field(default_factory=dict)
 
 
-def client_settings(servers: str, extra: dict[str, str] | None) -> dict:
-    return {"bootstrap.servers": servers, "log_level": 3, **(extra or {})}
-
-
 def marker_reader(config: dict, group: str):
     """A read_committed consumer of the marker group ``group`` (it never joins the group: it only reads its
     committed offsets, and a writer commits them through its transactions)."""
     from confluent_kafka import Consumer
 
     return Consumer({**config, "group.id": group, "enable.auto.commit": False, "isolation.level": "read_committed"})
-
-
-def create_topic_like(
-    servers: str, model: str, name: str, *, client_config: dict[str, str] | None = None, timeout_s: float = 30.0
-) -> bool:
-    """Creates topic ``name`` with the partition count, the replication and the settings set on topic ``model`` (its
-    ``cleanup.policy``, retention, ...), unless ``name`` exists; returns whether it created it. A SinkError naming
-    both topics when ``model`` does not exist or the broker refuses (for example without the right to create
-    topics)."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, ResourceType
-
-    admin = AdminClient(client_settings(servers, client_config))
-    topics = admin.list_topics(timeout=timeout_s).topics
-    if name in topics and topics[name].error is None:
-        return False
-    found = topics.get(model)
-    if found is None or found.error is not None or not found.partitions:
-        raise SinkError(f"topic {name!r} is to be created like topic {model!r}, which does not exist on {servers}")
-    partitions = len(found.partitions)
-    replication = len(next(iter(found.partitions.values())).replicas)
-    resource = ConfigResource(ResourceType.TOPIC, model)
-    described = admin.describe_configs([resource])[resource].result(timeout_s)
-    settings = {
-        key: entry.value
-        for key, entry in described.items()
-        if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value and not entry.is_sensitive
-    }
-    new = NewTopic(name, partitions, replication, config=settings)
-    futures = admin.create_topics([new], operation_timeout=timeout_s)
-    try:
-        futures[name].result(timeout_s)
-    except KafkaException as exc:
-        if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return False
-        raise SinkError(
-            f"topic {name!r} could not be created on {servers} like topic {model!r}: {exc}. Create it ({partitions} "
-            f"partitions, replication {replication}, settings {settings}) and run again"
-        ) from exc
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        made = admin.list_topics(name, timeout=timeout_s).topics.get(name)
-        ready = made is not None and made.error is None and len(made.partitions) == partitions
-        if ready and all(p.leader >= 0 for p in made.partitions.values()):
-            return True
-        time.sleep(0.2)
-    raise SinkError(f"topic {name!r} was created on {servers} but its partitions got no leader in {timeout_s:.0f} s")
 
 
 class TopicWriter:
@@ -185,8 +135,10 @@ class TopicWriter:
         *,
         client_config: dict[str, str] | None = None,
         timeout_s: float = 30.0,
+        connect_timeout_s: float = 30.0,
     ):
         self.servers, self.topic, self.timeout_s = servers, topic, timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self.transactional_id = transactional_id(pipeline, generation)
         self.group = marker_group(pipeline, generation)
         self._config = client_settings(servers, client_config)
@@ -237,13 +189,9 @@ class TopicWriter:
         from confluent_kafka import KafkaException
 
         try:
-            metadata = self._marker_consumer().list_topics(self.topic, timeout=self.timeout_s)
+            metadata = self._marker_consumer().list_topics(self.topic, timeout=self.connect_timeout_s)
         except KafkaException as exc:
-            raise SinkError(
-                f"{self.where}: the brokers did not answer within sink.transaction_timeout ({self.timeout_s:.0f} s): "
-                f"{exc.args[0]}. Nothing was written. Check sink.bootstrap_servers ({self.servers}); once the "
-                "brokers answer, run again: a live phase resumes from its checkpoint and publishes nothing twice"
-            ) from exc
+            raise unanswered(self.where, self.servers, self.connect_timeout_s, exc) from exc
         found = metadata.topics.get(self.topic)
         if found is None or found.error is not None or not found.partitions:
             raise SinkError(

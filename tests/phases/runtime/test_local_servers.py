@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -120,3 +121,51 @@ def test_a_local_postgres_instance_keeps_each_process_connections_open(tmp_path)
             assert isinstance(instance.run_storage._engine.pool, NullPool)  # noqa: SLF001 - dagster-postgres as it comes
     finally:
         server.stop()
+
+
+def test_the_public_local_broker_command_serves_its_topics_until_sigterm_then_stops_the_broker(tmp_path):
+    """``python -m phases.local kafka``, the documented way to run a broker for a trial or one's own tests: it says
+    where it listens once the broker answers, with the topics asked for (one compacted); a record goes in and comes
+    out; SIGTERM stops it cleanly (exit 0) and its port is closed."""
+    from confluent_kafka import Consumer, Producer
+
+    from phases.local import free_port
+
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "phases.local",
+        "kafka",
+        "--data-dir",
+        str(tmp_path / "broker"),
+        "--port",
+        str(port),
+    ]
+    server = subprocess.Popen(
+        [*command, "--topic", "events:2", "--topic", "results:3:compact"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        said = server.stdout.readline()
+        assert said.startswith(f"kafka: 127.0.0.1:{port} "), said
+        servers = f"127.0.0.1:{port}"
+        consumer = Consumer({"bootstrap.servers": servers, "group.id": "trial", "auto.offset.reset": "earliest"})
+        topics = consumer.list_topics(timeout=30).topics
+        assert len(topics["events"].partitions) == 2 and len(topics["results"].partitions) == 3
+        producer = Producer({"bootstrap.servers": servers})
+        producer.produce("events", b"hello", partition=1)
+        assert producer.flush(30) == 0
+        consumer.subscribe(["events"])
+        message = None
+        for _ in range(60):
+            message = consumer.poll(1)
+            if message is not None and message.error() is None:
+                break
+        consumer.close()
+        assert message is not None and message.value() == b"hello"
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, "the broker still listens"
+    finally:
+        server.kill()

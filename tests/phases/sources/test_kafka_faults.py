@@ -175,3 +175,40 @@ def test_the_broker_going_down_stops_the_live_run_visibly_and_a_restart_resumes_
         _assert_exact(spark, resumed, p, produced)
     finally:
         broker.stop()
+
+
+def test_a_kafka_source_with_no_broker_answering_is_refused_in_its_connect_timeout_naming_the_field(
+    spark, tmp_path, caplog
+):
+    """No broker at source.bootstrap_servers: the backlog stops within source.connect_timeout with a SourceError
+    naming the field and the way out, and librdkafka's retries are logged once; with a broker at that address the
+    same backlog runs, exactly."""
+    from datetime import timedelta
+
+    from phases._internal.runtime.kafka_client_log import LOGGER_NAME
+    from phases._internal.runtime.local_kafka import free_port
+
+    port, topic = free_port(), f"events-{uuid.uuid4().hex[:8]}"
+
+    class At:  # where kafka_pipeline points the source
+        bootstrap_servers = f"127.0.0.1:{port}"
+
+    p = kafka_pipeline(At, topic, str(tmp_path / "run"))
+    p = p.model_copy(update={"source": p.source.model_copy(update={"connect_timeout": timedelta(seconds=4)})})
+    started = time.monotonic()
+    with caplog.at_level("ERROR", logger=LOGGER_NAME), pytest.raises(SourceError) as refused:
+        BacklogRunner(spark, p).run()
+    message, took = str(refused.value), time.monotonic() - started
+    assert f"127.0.0.1:{port} (source.bootstrap_servers)" in message and "source.connect_timeout" in message, message
+    assert "Nothing was read" in message and "run again" in message, message
+    assert took < 4 + 30, f"refused after {took:.0f} s"
+    logged = [r.getMessage() for r in caplog.records if r.name == LOGGER_NAME and "Connect to" in r.getMessage()]
+    assert len(logged) == 1, logged
+
+    with LocalKafka(tmp_path / "broker", port=port) as broker:  # the way out: the brokers answer at that address
+        broker.create_topic(topic, 2)
+        produced: dict = {}
+        _produce(broker, topic, _rows(2, 1000, 40), produced)
+        BacklogRunner(spark, p).run()
+        runner = LiveRunner.from_manifest(spark, p)
+        _assert_exact(spark, runner, p, produced)

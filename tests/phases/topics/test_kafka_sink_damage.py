@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import KafkaSink
 from phases._internal.errors import LeaseHeld, PhasesError, SinkError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.topics.reading import fold_upsert, read_committed
@@ -171,3 +172,46 @@ def test_the_broker_stopped_for_30_s_while_live_the_topic_gets_every_change_once
         writer.close()
     finally:
         broker.stop()
+
+
+def test_a_topic_sinks_backlog_with_no_broker_answering_is_refused_in_its_connect_timeout_naming_the_field(
+    spark, tmp_path, capfd, caplog
+):
+    """No broker at sink.bootstrap_servers: the backlog stops within sink.connect_timeout with a SinkError naming the
+    field and the way out, before anything is written; librdkafka's retries (one every few tens of milliseconds) are
+    logged once, not a line each. (It used to fail after 60 s with a raw KafkaException naming neither, and print a
+    line per attempt.) The way out, a broker at the named address, then runs the backlog to the end."""
+    from datetime import timedelta
+
+    from phases._internal.runtime.kafka_client_log import LOGGER_NAME
+    from phases._internal.runtime.local_kafka import LocalKafka, free_port
+
+    source, topic, port = str(tmp_path / "source"), "results", free_port()
+    write_source(spark, source, _upto(2))
+    sink = KafkaSink(
+        topic=topic,
+        bootstrap_servers=f"127.0.0.1:{port}",
+        path=str(tmp_path / "results"),
+        connect_timeout=timedelta(seconds=4),
+    )
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S, sink=sink)
+    capfd.readouterr()
+    started = time.monotonic()
+    with caplog.at_level("ERROR", logger=LOGGER_NAME), pytest.raises(SinkError) as refused:
+        BacklogRunner(spark, p).run()
+    took = time.monotonic() - started
+    message = str(refused.value)
+    assert f"127.0.0.1:{port} (sink.bootstrap_servers)" in message and "sink.connect_timeout" in message, message
+    assert "Nothing was written" in message and "run again" in message, message
+    assert took < 4 + 30, f"refused after {took:.0f} s"
+    printed = capfd.readouterr()
+    attempts = [line for line in (printed.out + printed.err).splitlines() if "Connect to" in line]
+    logged = [r for r in caplog.records if r.name == LOGGER_NAME and "Connect to" in r.getMessage()]
+    assert len(attempts) <= 1 and len(logged) == 1, (attempts[:5], len(attempts), [r.getMessage() for r in logged])
+    written = sorted(str(d.parent.relative_to(tmp_path)) for d in tmp_path.glob("**/_delta_log"))
+    assert written == ["source"], f"tables written before the refusal: {written}"
+
+    with LocalKafka(tmp_path / "broker", port=port) as broker:  # the way out: the brokers answer at that address
+        broker.create_topic(topic, 3)
+        BacklogRunner(spark, p).run()
+        _assert_topic_is(broker, topic, 2)
