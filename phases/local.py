@@ -16,8 +16,16 @@ From a shell (it runs until Ctrl-C or SIGTERM, then stops the broker; the data f
 
     python -m phases.local kafka --data-dir /tmp/my-broker --port 9092 --topic events:3 --topic results:3:compact
 
-It prints the bootstrap servers (``127.0.0.1:<port>``) once the broker answers. Plain connections only, on loopback:
-not for production.
+It prints the bootstrap servers (``127.0.0.1:<port>``) once the broker answers. On loopback only: not for
+production.
+
+With users, the broker takes SASL/PLAIN connections only and authorizes with ACLs, as a secured cluster does::
+
+    kafka = LocalKafka("/tmp/my-broker", users={"team": "its-password"}).start()
+    kafka.create_topic("team.events", 3)                       # as the broker's admin
+    kafka.allow("team", topics=("team.events",), prefixes=("phases.",))
+    KafkaSource(..., options=spark_options("team", "its-password"),          # Spark's Kafka client
+                client_options=client_settings("team", "its-password"))      # the engine's librdkafka clients
 """
 
 from __future__ import annotations
@@ -29,9 +37,9 @@ import threading
 from collections.abc import Sequence
 
 from phases._internal.errors import PhasesError
-from phases._internal.runtime.local_kafka import LocalKafka, create_topic, free_port
+from phases._internal.runtime.local_kafka import LocalKafka, client_settings, create_topic, free_port, spark_options
 
-__all__ = ["LocalKafka", "create_topic", "free_port", "main"]
+__all__ = ["LocalKafka", "client_settings", "create_topic", "free_port", "main", "spark_options"]
 
 
 def _topic(text: str) -> tuple[str, int, dict[str, str]]:

@@ -183,12 +183,18 @@ def crash_on_state_write(monkeypatch, message: str) -> None:
     monkeypatch.setattr(RowStateStore, "replace", crash_before_store_write)
 
 
-def produce(bootstrap_servers: str, topic: str, records: list[tuple[int, Row | bytes | None]]) -> list[tuple[int, int]]:
+def produce(
+    bootstrap_servers: str,
+    topic: str,
+    records: list[tuple[int, Row | bytes | None]],
+    settings: dict[str, str] | None = None,
+) -> list[tuple[int, int]]:
     """Produces ``(partition, record)`` pairs in order (a Row as the JSON value the Kafka tests declare, bytes or
-    None as they are) and returns each one's (partition, offset)."""
+    None as they are) and returns each one's (partition, offset). ``settings``: more librdkafka settings
+    (credentials)."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "log_level": 0, "linger.ms": 0})
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "log_level": 0, "linger.ms": 0, **(settings or {})})
     positions: list[tuple[int, int] | None] = [None] * len(records)
 
     def delivered(i):

@@ -150,7 +150,19 @@ def test_a_changed_definition_is_redeployed_beside_the_live_one_then_rolled_back
             node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "Failed", 60)
             assert "Materializing" not in node, node
             _shot(page, "redeployed_live_failed")
-            wait_for_asset_state(lambda: catalog_row_text(page, catalog_url, NAMES.live_asset), "Failed", 60)
+            # The catalog row too, unless the health sensor relaunched it meanwhile (its backoff is 10 s here): then
+            # the row materializes under the relaunch's run id. Never as materializing under the killed run's.
+            row = _wait(
+                "the catalog row red, or materializing under a run other than the killed one",
+                lambda: (
+                    (text := catalog_row_text(page, catalog_url, NAMES.live_asset))
+                    and ("Failed" in text or ("Materializing" in text and redeploy[:8] not in text))
+                    and text
+                ),
+                timeout_s=60,
+                seen=lambda: catalog_row_text(page, catalog_url, NAMES.live_asset),
+            )
+            assert not ("Materializing" in row and redeploy[:8] in row), row
         relaunched = _wait(
             "a relaunch of the serving generation's live run",
             lambda: next(

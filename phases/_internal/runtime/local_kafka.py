@@ -249,7 +249,8 @@ class LocalKafka:
             AclBinding(kind, name, pattern, f"User:{user}", "*", AclOperation.ALL, AclPermissionType.ALLOW)
             for kind, name, pattern in grant
         ]
-        for future in self.admin().create_acls(bindings).values():
+        admin = self.admin()  # alive until the futures resolve
+        for future in admin.create_acls(bindings).values():
             future.result(30)
 
     def __enter__(self) -> LocalKafka:
