@@ -18,6 +18,7 @@ declaration only; the two are distinct types. The fingerprint is the declaration
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,8 +226,10 @@ class Placement:
     # --- paths -----------------------------------------------------------------------------------------------------
 
     def resolve(self, path: str) -> str:
-        """A declared path where it runs: under ``root`` when relative and a root is given."""
-        return path if self.root is None else under(self.root, path)
+        """A declared path where it runs: under ``root`` when relative; without a root, under the process's working
+        directory (Spark's SQL takes ``delta.`path``` for an absolute path only, and the JVM's working directory is
+        not the process's once it changed)."""
+        return under(self.root if self.root is not None else os.getcwd(), path)
 
     @property
     def base_root(self) -> str:

@@ -207,13 +207,23 @@ class TopicWriter:
         from confluent_kafka import KafkaException, TopicPartition
 
         self._start()
-        try:
-            [tp] = self._marker_consumer().committed([TopicPartition(self.topic, 0)], timeout=self.timeout_s)
-        except KafkaException as exc:
-            raise SinkError(f"{self.where}: its committed marker could not be read ({exc.args[0]})") from exc
-        if tp.error is not None:
-            raise SinkError(f"{self.where}: its committed marker could not be read ({tp.error})")
-        return None if tp.offset < 0 else Marker.parse(tp.offset, tp.metadata, self.where)
+        # A coordinator that is moving or still loading its offsets (a broker just started or restarted) answers
+        # NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS: retriable, so asked again until timeout_s has passed.
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            error = None
+            try:
+                [tp] = self._marker_consumer().committed(
+                    [TopicPartition(self.topic, 0)], timeout=max(1.0, deadline - time.monotonic())
+                )
+                error = tp.error
+            except KafkaException as exc:
+                error = exc.args[0]
+            if error is None:
+                return None if tp.offset < 0 else Marker.parse(tp.offset, tp.metadata, self.where)
+            if not _coordinator_moving(error) or time.monotonic() >= deadline:
+                raise SinkError(f"{self.where}: its committed marker could not be read ({error})")
+            time.sleep(0.5)
 
     def write(
         self,
@@ -441,3 +451,14 @@ def _unanswered(error) -> bool:
         KafkaError.UNKNOWN_LEADER_EPOCH,
     }
     return getattr(error, "code", lambda: None)() in codes or bool(getattr(error, "retriable", lambda: False)())
+
+
+def _coordinator_moving(error) -> bool:
+    """A group coordinator that is moving or still loading its offsets: the same request succeeds shortly."""
+    from confluent_kafka import KafkaError
+
+    return error.code() in (
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    )

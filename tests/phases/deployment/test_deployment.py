@@ -150,3 +150,27 @@ def test_a_redeploy_log_written_with_a_step_column_is_read_and_appended_to_as_it
     generations.write(spark, fresh, "started", 1, "r3")
     assert "kind" in table_stats.column_types(fresh.redeploy_log)
     assert [r.kind for r in generations.read(spark, fresh).rows] == ["started"]
+
+
+def test_relative_paths_without_a_storage_root_resolve_under_the_working_directory_through_backlog_and_live(
+    spark, tmp_path, monkeypatch
+):
+    """Run from Python with relative paths and no storage root, a definition's paths are under the process's working
+    directory, for Spark's writes, its SQL (``ALTER TABLE delta.`path```, which takes an absolute path only) and the
+    Python reads alike. (The live start used to fail: the sink's ``ALTER TABLE delta.`out/sink``` named no table, and
+    Spark's writes went under the JVM's working directory, not the process's.)"""
+    from tests import reference
+    from tests.helpers import append_version, assert_results_equal, sink_rows
+
+    monkeypatch.chdir(tmp_path)
+    write_source(spark, f"{tmp_path}/source", VERSIONS)
+    p = make_pipeline("source", "run", delay_s=DELAY_S).model_copy(update={"sink": make_pipeline("x", "out").sink})
+    where = place(spark, p)
+    assert where.sink_path == f"{tmp_path}/out/sink" and where.engine_root == f"{tmp_path}/run"
+    assert where.definition is p and p.sink.path == "out/sink"
+    BacklogRunner(spark, p).run()
+    more = [("a", 70 * S, 10), ("e", 66 * S, 11)]
+    append_version(spark, f"{tmp_path}/source", more)
+    LiveRunner.from_manifest(spark, p).start(available_now=True)
+    expected, _ = reference.run({**VERSIONS, 4: more}, DELAY_S * S)
+    assert_results_equal(sink_rows(spark, f"{tmp_path}/out/sink"), expected)
