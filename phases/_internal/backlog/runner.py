@@ -43,7 +43,7 @@ from phases._internal.handoff.live_folders import live_started
 from phases._internal.lateness import watermark_after
 from phases._internal.operators.base import HandoffWrite
 from phases._internal.operators.registry import kind_of
-from phases._internal.sources.kafka import KafkaTopicSource
+from phases._internal.sources.kafka import KafkaTopicSource, raise_if_refused
 from phases._internal.sources.reader import continue_inputs, open_inputs
 from phases._internal.state.keyed_store import StatePosition
 from phases._internal.steps.end_of_stream import EndOfStreamRunner
@@ -130,7 +130,11 @@ class BacklogRunner:
         over after a switch; it also holds the pipeline's live lease while it runs, so it is refused while a live
         phase runs (and no live phase starts on the tables it rewrites)."""
         with self.lease(), self._live_lease_for_reset(reset):
-            return self._run(end_version, reset)
+            try:
+                return self._run(end_version, reset)
+            except Exception as exc:
+                raise_if_refused(exc, self.placement.definition.inputs)
+                raise
 
     @contextlib.contextmanager
     def _live_lease_for_reset(self, reset: bool) -> Iterator[None]:

@@ -44,6 +44,7 @@ from phases._internal.live.plan import LivePlan, Progress
 from phases._internal.live.report import LiveStart, query_status
 from phases._internal.schema_changes import is_schema_change_stop, take_up
 from phases._internal.sources.delta import DeltaTableSource
+from phases._internal.sources.kafka import raise_if_refused
 from phases._internal.sources.reader import open_source
 from phases._internal.steps.end_of_stream import EndOfStreamRunner, prepared_schema
 from phases._internal.storage import changelog, tables
@@ -433,6 +434,7 @@ class LiveRunner:
         failure = self.incremental.failure
         if failure is not None:
             raise failure from exc
+        raise_if_refused(exc, self.pipeline.inputs)
 
     def _raise_if_failed(self, q: StreamingQuery) -> None:
         exc = q.exception()

@@ -7,6 +7,11 @@ once: its first occurrence, marked "(its repeats are not logged)"; a message dif
 differs in more than its numbers (timestamps, timings, counters, ports). What the engine does about a broker that
 does not answer is said by its own error, which names the field to check and the way out. (librdkafka hands a
 client's messages over when the client is polled or closed.)
+
+The same object is the client's ``error_cb``: it keeps the first authentication failure the brokers sent
+(:func:`refusal`), so that a caller tells credentials the brokers refused from brokers that did not answer. librdkafka
+says the first only as a transport error and retries until its timeout; :func:`list_topics` asks in slices of a
+second and stops at a refusal.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from typing import Any
 
 LOGGER_NAME = "phases.kafka_client"
@@ -28,6 +34,15 @@ class ClientLog:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self.logger = logging.getLogger(LOGGER_NAME)
+        self.refused: str | None = None
+
+    def error(self, err: Any) -> None:
+        """librdkafka's ``error_cb``: an authentication failure is kept (the first). Not logged: librdkafka's log
+        says each error already."""
+        from confluent_kafka import KafkaError
+
+        if err.code() == KafkaError._AUTHENTICATION and self.refused is None:
+            self.refused = err.str()
 
     def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
         text = msg % args if args else msg
@@ -40,6 +55,32 @@ class ClientLog:
 
 
 def quiet(settings: dict[str, Any]) -> dict[str, Any]:
-    """librdkafka ``settings`` with a logger of its own for the client (unless they name one) and, unless they set
-    it, only errors logged (``log_level`` 3)."""
-    return {"log_level": 3, "logger": ClientLog(), **settings}
+    """librdkafka ``settings`` with a logger of its own for the client (unless they name one), the same as its
+    ``error_cb``, and, unless they set it, only errors logged (``log_level`` 3)."""
+    log = settings.get("logger")
+    if not isinstance(log, ClientLog):
+        log = ClientLog()
+    return {"log_level": 3, "logger": log, "error_cb": log.error, **settings}
+
+
+def refusal(settings: dict[str, Any]) -> str | None:
+    """The authentication failure the brokers sent a client of ``settings`` (None: none so far)."""
+    log = settings.get("logger")
+    return log.refused if isinstance(log, ClientLog) else None
+
+
+def list_topics(client: Any, settings: dict[str, Any], topic: str | None, timeout_s: float) -> Any:
+    """``client.list_topics(topic)`` within ``timeout_s``, asked in slices of a second: the client is polled between
+    them (librdkafka hands its errors over then), and a refusal of the credentials stops the asking. Raises the
+    client's last KafkaException at the timeout or the refusal; a caller reads :func:`refusal` to tell them apart."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return client.list_topics(topic, timeout=max(0.1, min(1.0, left)))
+        except KafkaException:
+            client.poll(0)
+            if refusal(settings) is not None or time.monotonic() >= deadline:
+                raise

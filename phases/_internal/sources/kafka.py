@@ -23,6 +23,7 @@ quarantined with its topic, partition and offset.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from pyspark import StorageLevel
@@ -30,8 +31,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases._internal.definition import KafkaSource
-from phases._internal.errors import SourceError
+from phases._internal.definition import HybridSource, KafkaSource
+from phases._internal.errors import PhasesError, SourceError
 from phases._internal.runtime import kafka_client_log
 
 DECODE_ERROR = "_decode_error"  # why a value could not be decoded (null when it could)
@@ -383,15 +384,23 @@ def client_conf(spec: KafkaSource, brokers: str) -> dict:
 
 def partition_watermarks(conf: dict, topic: str, timeout: float = 30.0) -> dict[int, tuple[int, int]]:
     """(earliest, end) offset of each partition of ``topic`` (confluent-kafka; no Spark)."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     consumer = Consumer({**conf, "group.id": "phases-probe", "enable.auto.commit": False})
     try:
         try:
-            metadata = consumer.list_topics(topic, timeout=timeout)
+            metadata = kafka_client_log.list_topics(consumer, conf, topic, timeout)
         except KafkaException as exc:
             raise _unanswered(topic, conf, timeout, exc) from exc
         info = metadata.topics.get(topic)
+        if info is not None and info.error is not None and info.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            principal = f"User:{conf.get('sasl.username') or '<name>'}"
+            raise SourceError(
+                f"kafka topic {topic!r} at {conf['bootstrap.servers']}: {_user(conf)} is not authorized to describe "
+                f"or read it ({info.error.str()}). Grant it Describe and Read on the topic (kafka-acls.sh --add "
+                f"--allow-principal {principal} --operation Describe --operation Read --topic {topic}), or set "
+                "credentials that have them in source.client_options and source.options, then run again"
+            )
         if info is None or info.error is not None or not info.partitions:
             raise SourceError(
                 f"kafka topic {topic!r} does not exist at {conf['bootstrap.servers']}"
@@ -410,7 +419,19 @@ def partition_watermarks(conf: dict, topic: str, timeout: float = 30.0) -> dict[
         consumer.close()
 
 
+def _user(conf: dict) -> str:
+    user = conf.get("sasl.username")
+    return f"user {user!r}" if user else "the client's principal"
+
+
 def _unanswered(topic: str, conf: dict, timeout: float, exc: Exception) -> SourceError:
+    refused = kafka_client_log.refusal(conf)
+    if refused is not None:
+        return SourceError(
+            f"kafka topic {topic!r}: the brokers at {conf['bootstrap.servers']} refused the credentials in "
+            f"source.client_options ({refused}). Nothing was read. Set the right sasl.username and sasl.password (or "
+            "the security settings the brokers ask for) in source.client_options, then run again"
+        )
     cause = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
     return SourceError(
         f"kafka topic {topic!r}: the brokers at {conf['bootstrap.servers']} (source.bootstrap_servers) did not "
@@ -418,3 +439,31 @@ def _unanswered(topic: str, conf: dict, timeout: float, exc: Exception) -> Sourc
         "run and that source.bootstrap_servers and source.client_options (security, credentials) are right, then "
         "run again"
     )
+
+
+_REFUSED = re.compile(
+    r"org\.apache\.kafka\.common\.errors\.((?:Sasl|Ssl)Authentication|(?:Topic|Group|Cluster)Authorization)Exception"
+    r": ([^\n]*)"
+)
+
+
+def raise_if_refused(exc: BaseException, inputs) -> None:
+    """Raises a SourceError when a Spark job stopped (``exc``) because the brokers refused Spark's Kafka client (its
+    credentials, or a grant its user lacks), naming the Kafka inputs and source.options; else returns. ``inputs``:
+    the pipeline's :class:`~phases._internal.definition.pipeline.Inputs`."""
+    found = None if isinstance(exc, PhasesError) else _REFUSED.search(str(exc))
+    if found is None:
+        return
+    kind, said = found.groups()
+    topics = [
+        spec.live.topic if isinstance(spec, HybridSource) else spec.topic
+        for spec in (inp.spec for inp in inputs)
+        if isinstance(spec, KafkaSource | HybridSource)
+    ]
+    what = "refused the credentials of" if kind.endswith("Authentication") else "did not authorize"
+    raise SourceError(
+        f"kafka topic {', '.join(map(repr, topics))}: the brokers {what} Spark's Kafka client ({kind}Exception: "
+        f"{said}). Check the security settings in source.options (kafka.security.protocol, kafka.sasl.mechanism, "
+        "kafka.sasl.jaas.config: its username and password), and that its user may Describe and Read the topic, then "
+        "run again (a live phase resumes from its checkpoint)"
+    ) from exc

@@ -10,8 +10,16 @@ from phases._internal.errors import SinkError
 from phases._internal.runtime import kafka_client_log
 
 
-def unanswered(where: str, servers: str, timeout_s: float, exc: Exception) -> SinkError:
-    """The SinkError for brokers that did not answer before anything was written."""
+def unanswered(where: str, servers: str, timeout_s: float, exc: Exception, settings: dict | None = None) -> SinkError:
+    """The SinkError for brokers that did not answer before anything was written, or that refused the credentials
+    of a client of ``settings``."""
+    refused = kafka_client_log.refusal(settings or {})
+    if refused is not None:
+        return SinkError(
+            f"{where}: the brokers at {servers} refused the credentials in sink.client_options ({refused}). Nothing "
+            "was written. Set the right sasl.username and sasl.password (or the security settings the brokers ask "
+            "for) in sink.client_options, then run again"
+        )
     cause = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
     return SinkError(
         f"{where}: the brokers at {servers} (sink.bootstrap_servers) did not answer within {timeout_s:g} s "
@@ -35,11 +43,13 @@ def create_topic_like(
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, ResourceType
 
-    admin = AdminClient(client_settings(servers, client_config))
+    settings = client_settings(servers, client_config)
+    admin = AdminClient(settings)
     try:
-        topics = admin.list_topics(timeout=timeout_s).topics
+        topics = kafka_client_log.list_topics(admin, settings, None, timeout_s).topics
     except KafkaException as exc:
-        raise unanswered(f"topic {name!r} (to be created like {model!r})", servers, timeout_s, exc) from exc
+        where = f"topic {name!r} (to be created like {model!r})"
+        raise unanswered(where, servers, timeout_s, exc, settings) from exc
     if name in topics and topics[name].error is None:
         return False
     found = topics.get(model)
@@ -49,12 +59,12 @@ def create_topic_like(
     replication = len(next(iter(found.partitions.values())).replicas)
     resource = ConfigResource(ResourceType.TOPIC, model)
     described = admin.describe_configs([resource])[resource].result(timeout_s)
-    settings = {
+    configs = {
         key: entry.value
         for key, entry in described.items()
         if entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value and not entry.is_sensitive
     }
-    new = NewTopic(name, partitions, replication, config=settings)
+    new = NewTopic(name, partitions, replication, config=configs)
     futures = admin.create_topics([new], operation_timeout=timeout_s)
     try:
         futures[name].result(timeout_s)
@@ -63,7 +73,7 @@ def create_topic_like(
             return False
         raise SinkError(
             f"topic {name!r} could not be created on {servers} like topic {model!r}: {exc}. Create it ({partitions} "
-            f"partitions, replication {replication}, settings {settings}) and run again"
+            f"partitions, replication {replication}, settings {configs}) and run again"
         ) from exc
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from phases._internal.errors import SinkError
+from phases._internal.runtime import kafka_client_log
 from phases._internal.topics.admin import client_settings, unanswered
 
 # The marker's offset is the batch + this: the handoff (batch -1) is 1, micro-batch 0 is 2. Offset 0 is never a
@@ -141,6 +142,7 @@ class TopicWriter:
         self.connect_timeout_s = connect_timeout_s
         self.transactional_id = transactional_id(pipeline, generation)
         self.group = marker_group(pipeline, generation)
+        self.prefix = f"phases.{pipeline}."
         self._config = client_settings(servers, client_config)
         self._producer = None
         self._consumer = None
@@ -155,7 +157,7 @@ class TopicWriter:
         """The producer, started once: ``init_transactions`` fences an older producer of this id and has the
         broker abort the transaction it left open (so :meth:`committed` then reads a settled marker)."""
         if self._producer is None:
-            from confluent_kafka import KafkaException, Producer
+            from confluent_kafka import KafkaError, KafkaException, Producer
 
             producer = Producer(
                 {
@@ -171,6 +173,13 @@ class TopicWriter:
             try:
                 producer.init_transactions(self.timeout_s)
             except KafkaException as exc:
+                if exc.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+                    raise self._not_authorized(
+                        f"transactional id {self.transactional_id!r}",
+                        exc.args[0],
+                        "Describe and Write on the transactional id",
+                        f"--transactional-id {self.transactional_id}",
+                    ) from exc
                 raise SinkError(
                     f"{self.where}: the transactional producer could not start ({exc.args[0]}). Check that the "
                     f"brokers {self.servers} are up and allow transactions (transaction.state.log.replication.factor "
@@ -179,6 +188,16 @@ class TopicWriter:
             self._producer = producer
         return self._producer
 
+    def _not_authorized(self, what: str, error, grant: str, option: str) -> SinkError:
+        user = self._config.get("sasl.username")
+        who = f"user {user!r}" if user else "the client's principal"
+        return SinkError(
+            f"{self.where}: {who} is not authorized to use the {what} ({error.str()}). Nothing was written. Grant it "
+            f"{grant} (kafka-acls.sh --add --allow-principal User:{user or '<name>'} ... {option}; the engine's "
+            f"transactional ids and groups all begin with {self.prefix!r}: a prefixed grant covers every "
+            "generation), or set credentials that have them in sink.client_options, then run again"
+        )
+
     def _marker_consumer(self):
         if self._consumer is None:
             self._consumer = marker_reader(self._config, self.group)
@@ -186,13 +205,23 @@ class TopicWriter:
 
     def check_topic(self) -> int:
         """The topic's partition count; a SinkError naming the topic when it does not exist."""
-        from confluent_kafka import KafkaException
+        from confluent_kafka import KafkaError, KafkaException
 
         try:
-            metadata = self._marker_consumer().list_topics(self.topic, timeout=self.connect_timeout_s)
+            metadata = kafka_client_log.list_topics(
+                self._marker_consumer(), self._config, self.topic, self.connect_timeout_s
+            )
         except KafkaException as exc:
-            raise unanswered(self.where, self.servers, self.connect_timeout_s, exc) from exc
+            raise unanswered(self.where, self.servers, self.connect_timeout_s, exc, self._config) from exc
         found = metadata.topics.get(self.topic)
+        if (
+            found is not None
+            and found.error is not None
+            and found.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        ):
+            raise self._not_authorized(
+                f"topic {self.topic!r}", found.error, "Describe, Read and Write on the topic", f"--topic {self.topic}"
+            )
         if found is None or found.error is not None or not found.partitions:
             raise SinkError(
                 f"{self.where}: the topic does not exist on {self.servers}"
@@ -204,7 +233,7 @@ class TopicWriter:
     def committed(self) -> Marker | None:
         """The marker of the newest committed write (None: nothing committed yet). Starts the producer first, so
         that a transaction a crashed writer left open is aborted and its marker never counts."""
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         self._start()
         # A coordinator that is moving or still loading its offsets (a broker just started or restarted) answers
@@ -221,6 +250,13 @@ class TopicWriter:
                 error = exc.args[0]
             if error is None:
                 return None if tp.offset < 0 else Marker.parse(tp.offset, tp.metadata, self.where)
+            if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                raise self._not_authorized(
+                    f"consumer group {self.group!r} (where its markers are committed)",
+                    error,
+                    "Describe and Read on the group",
+                    f"--group {self.group}",
+                )
             if not _coordinator_moving(error) or time.monotonic() >= deadline:
                 raise SinkError(f"{self.where}: its committed marker could not be read ({error})")
             time.sleep(0.5)
