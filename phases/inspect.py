@@ -213,10 +213,10 @@ def state_event_time(pipeline: Pipeline) -> str | None:
 
 
 def result_topic(where: Placement, *, timeout_s: float = 30.0) -> TopicFigures | None:
-    """A topic sink's figures (None for a Delta sink), of the generation that serves the pipeline (after a redeploy,
-    its own topic): its partitions' last stable offsets and the newest committed write's marker: the handoff, the
-    last micro-batch published (-1: the handoff's results) and the records the handoff's writes published in all.
-    Read without a producer: no writer is fenced."""
+    """A topic sink's figures (None for a Delta sink), of the one topic consumers read, whichever generation serves:
+    its partitions' last stable offsets and the newest committed write's marker: the handoff, the last micro-batch
+    published (-1: the handoff's results, or a redeploy's swap) and the records the handoff's writes published in
+    all. Read without a producer: no writer is fenced."""
     from phases._internal.definition import KafkaSink
 
     sink = where.definition.sink
@@ -226,7 +226,6 @@ def result_topic(where: Placement, *, timeout_s: float = 30.0) -> TopicFigures |
         where.sink_brokers,
         where.topic(),
         where.name,
-        where.generation,
         client_config=sink.client_options,
         timeout_s=timeout_s,
     )

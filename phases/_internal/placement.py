@@ -366,8 +366,7 @@ class Placement:
         assert isinstance(sink, KafkaSink)
         return self.sink_topic_at or sink.topic
 
-    def topic(self, generation: int | None = None) -> str:
-        """The result topic ``generation`` (default: this one) writes: the declared topic for generation 0, a topic
-        of its own (``<topic>-g<n>``) for one a redeploy builds."""
-        n = self.generation if generation is None else generation
-        return self.declared_topic if n == 0 else f"{self.declared_topic}-g{n}"
+    def topic(self) -> str:
+        """The result topic: the declared one, whichever generation serves (a generation a redeploy builds publishes
+        nothing until its swap, which publishes its whole result there: :mod:`phases._internal.topics.swap`)."""
+        return self.declared_topic

@@ -22,7 +22,10 @@ import json
 
 from pyspark.sql import SparkSession
 
+from phases._internal.definition import KafkaSink
 from phases._internal.deployment import generations
+from phases._internal.errors import PhaseStateError
+from phases._internal.placement import LogRow, Placement
 from phases._internal.storage import fs, table_stats, tables
 
 SWAP_MARK = generations.SWAP_MARK
@@ -67,3 +70,39 @@ def copy_sink(
         writer = writer.option("userMetadata", json.dumps(metadata, separators=(",", ":")))
     writer.save(target)
     return tables.version(spark, target)
+
+
+def publish_to_topic(spark: SparkSession, placement: Placement, step: LogRow, version: int) -> int | None:
+    """A topic sink: the swap of ``step`` published into the pipeline's one result topic
+    (:mod:`phases._internal.topics.swap_publish`): the consumer-facing table at the swap's commit ``version`` against
+    the table just before it (nothing wrote it between the serving live phase's stop and the commit). Returns the
+    records produced (None: a Delta sink, or the topic holds that write already)."""
+    if not isinstance(placement.definition.sink, KafkaSink):
+        return None
+    from phases._internal.topics.swap_publish import publish_swap
+
+    assert step.from_generation is not None and step.manifest_id is not None, "a swapping row names both"
+    gens = generations.read(spark, placement)
+    spec = gens.specs.get(step.from_generation)
+    keys = list(placement.definition.key_columns)
+    before_keys = json.loads(spec).get("key_columns", keys) if spec is not None else keys
+    consumer = placement.consumer_sink
+    before = spark.read.format("delta").option("versionAsOf", version - 1).load(consumer)
+    after = spark.read.format("delta").option("versionAsOf", version).load(consumer)
+    missing = [k for k in before_keys if k not in before.columns]
+    if missing:
+        raise PhaseStateError(
+            f"pipeline {placement.name!r}: the results generation {step.from_generation} served ({consumer} at "
+            f"version {version - 1}) have no key columns {missing}, so the swap cannot tombstone their keys in the "
+            "result topic. Nothing was published; the swap's Delta commit is made. Run "
+            "phases.republish_topic(spark, pipeline) with the definition that now serves, then start its live phase"
+        )
+    return publish_swap(
+        placement.at(step.generation, serving=True, redeploys=gens),
+        before,
+        after,
+        before_keys,
+        handoff_id=step.manifest_id,
+        from_generation=step.from_generation,
+        redeploy_id=step.redeploy_id,
+    )

@@ -13,6 +13,9 @@ from phases._internal.errors import SinkError
 from phases._internal.topics.admin import client_settings
 from phases._internal.topics.transactions import Marker, TopicRecord, marker_group, marker_reader
 
+# The header of a redeploy's boundary records (:mod:`phases._internal.topics.swap_publish`).
+HEADER_BOUNDARY = "phases.boundary"
+
 
 def read_committed(
     servers: str, topic: str, *, timeout_s: float = 60.0, client_config: dict[str, str] | None = None
@@ -69,10 +72,25 @@ def read_committed(
         consumer.close()
 
 
+def after_last_boundary(records: Iterable[TopicRecord]) -> list[TopicRecord]:
+    """The records of each partition after its last boundary record (a redeploy's swap: what follows is the serving
+    definition's whole result, then its changes), in partition then offset order; all of them where none is."""
+    kept: dict[int, list[TopicRecord]] = {}
+    for record in records:
+        if HEADER_BOUNDARY in record.headers:
+            kept[record.partition] = []
+        else:
+            kept.setdefault(record.partition, []).append(record)
+    return [r for p in sorted(kept) for r in kept[p]]
+
+
 def fold_upsert(records: Iterable[TopicRecord]) -> dict[bytes, bytes]:
-    """The current value of each key of an upsert topic: its newest record's value; a tombstone removes the key."""
+    """The current value of each key of an upsert topic: its newest record's value; a tombstone removes the key; a
+    redeploy's boundary records are not results (its swap sent a tombstone for each key the new definition lacks)."""
     current: dict[bytes, bytes] = {}
     for record in records:
+        if HEADER_BOUNDARY in record.headers:
+            continue
         if record.key is None:
             raise SinkError(f"partition {record.partition} offset {record.offset}: a record without a key")
         if record.value is None:
@@ -97,18 +115,17 @@ def topic_figures(
     servers: str,
     topic: str,
     pipeline: str,
-    generation: int = 0,
     *,
     client_config: dict[str, str] | None = None,
     timeout_s: float = 30.0,
 ) -> TopicFigures:
-    """The figures of a pipeline generation's result topic, read without a producer (so no writer is fenced and no
+    """The figures of a pipeline's result topic, read without a producer (so no writer is fenced and no
     open transaction aborted: a write in flight is simply not in them). A SinkError names the topic when it cannot
     be read."""
     from confluent_kafka import KafkaException, TopicPartition
 
     where = f"topic {topic!r}"
-    consumer = marker_reader(client_settings(servers, client_config), marker_group(pipeline, generation))
+    consumer = marker_reader(client_settings(servers, client_config), marker_group(pipeline))
     try:
         found = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if found is None or found.error is not None or not found.partitions:

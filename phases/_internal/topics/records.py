@@ -9,7 +9,9 @@ The format (JSON, UTF-8):
   with their exact digits and scale (read them as decimals, not floats), integers JSON integers, binary base64,
   arrays and structs nested; a value of None (a tombstone) removes the key in an upsert topic;
 - the **headers** name the pipeline (``phases.pipeline``), the handoff (``phases.handoff``) and the micro-batch
-  (``phases.batch``, ``-1`` for the handoff's results).
+  (``phases.batch``, ``-1`` for the handoff's results); a redeploy's **boundary record** (one in each partition of a
+  changelog or append topic, at the swap: :mod:`phases._internal.topics.swap_publish`) also carries
+  ``phases.boundary``, the generation that serves from it on.
 
 Encoding runs in Spark (``to_json``); the driver collects the encoded rows as Arrow (keys and values only: about
 100 MB for a million results of this size) and hands them to the producer
@@ -23,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from phases._internal.topics.reading import HEADER_BOUNDARY
 from phases._internal.topics.transactions import Record
 
 # Spark's JSON writer options of the format above.
@@ -35,6 +38,7 @@ JSON_OPTIONS = {
 }
 KEY, VALUE = "_kafka_key", "_kafka_value"
 HEADER_PIPELINE, HEADER_HANDOFF, HEADER_BATCH = "phases.pipeline", "phases.handoff", "phases.batch"
+BOUNDARY = HEADER_BOUNDARY
 
 
 def encoded(df: DataFrame, key_columns: Sequence[str], *, tombstone: str | None = None) -> DataFrame:

@@ -29,17 +29,19 @@ from phases._internal.definition import KafkaSink, Pipeline
 from phases._internal.errors import DefinitionError, SinkError
 from phases._internal.placement import Placement
 from phases._internal.topics import records
-from phases._internal.topics.admin import create_topic_like
 from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter
 
 log = logging.getLogger(__name__)
 
 
 def topic_sink(where: Placement) -> TopicSink | None:
-    """The result topic of the placed pipeline as its generation writes it (:meth:`Placement.topic`: generation 0
-    the declared topic, a generation a redeploy builds a topic of its own, so that a topic never mixes two
-    definitions' results); None for a Delta sink."""
-    return TopicSink(where) if isinstance(where.definition.sink, KafkaSink) else None
+    """The writes of the placed pipeline into its result topic (the declared one: consumers never move); None for a
+    Delta sink, and for a generation that does not serve (one a redeploy builds or catches up, or a generation swapped
+    out and being caught up for a rollback): it publishes nothing until its swap publishes its whole result
+    (:mod:`phases._internal.topics.swap_publish`), so the topic never holds a definition that does not serve."""
+    if not isinstance(where.definition.sink, KafkaSink) or not where.serving:
+        return None
+    return TopicSink(where)
 
 
 def check(where: Placement) -> None:
@@ -63,26 +65,11 @@ def refuse(pipeline: Pipeline, what: str) -> None:
         )
 
 
-def create_generation_topic(where: Placement, generation: int, like: int) -> None:
-    """A topic sink: creates the result topic of ``generation`` (one a redeploy builds) like the topic of generation
-    ``like`` (the serving one), unless it exists. A SinkError when it cannot."""
-    sink = where.definition.sink
-    if not isinstance(sink, KafkaSink):
-        return
-    topic, model = where.topic(generation), where.topic(like)
-    made = create_topic_like(
-        where.sink_brokers,
-        model,
-        topic,
-        client_config=sink.client_options,
-        timeout_s=sink.connect_timeout.total_seconds(),
-    )
-    if made:
-        log.info("pipeline %r: created the result topic %r like %r", where.name, topic, model)
-
-
 class TopicSink:
-    """The writes of one pipeline generation into its result topic."""
+    """The writes of the serving generation into the pipeline's result topic. Every generation that serves writes
+    with one transactional id and one marker group, named as generation 0's (the generation that first wrote the
+    topic; a pipeline never redeployed writes as it always did): a generation that starts serving fences the writer
+    of the one it replaced, and its swap's marker is the newest write's."""
 
     def __init__(self, where: Placement):
         sink = where.definition.sink
@@ -94,7 +81,6 @@ class TopicSink:
             where.sink_brokers,
             where.topic(),
             where.name,
-            where.generation,
             client_config=sink.client_options,
             timeout_s=sink.transaction_timeout.total_seconds(),
             connect_timeout_s=sink.connect_timeout.total_seconds(),
@@ -264,13 +250,14 @@ def read_topic(
     import pyarrow as pa
     from pyspark.sql import functions as F
 
-    from phases._internal.topics.reading import fold_upsert, read_committed
+    from phases._internal.topics.reading import after_last_boundary, fold_upsert, read_committed
 
     pipeline = where.definition
     sink = pipeline.sink
     if not isinstance(sink, KafkaSink):
         raise DefinitionError(f"pipeline {pipeline.name!r} has no topic sink (sink.kind {sink.kind!r})")
     read = read_committed(where.sink_brokers, where.topic(), timeout_s=timeout_s, client_config=sink.client_options)
+    read = after_last_boundary(read)  # the serving definition's: its swap's whole result, then its changes
     if pipeline.operator.upserts:
         values = list(fold_upsert(read).values())
     else:

@@ -39,14 +39,15 @@ MARKER_BASE = 2
 HANDOFF_BATCH = -1
 
 
-def transactional_id(pipeline: str, generation: int) -> str:
-    """The producer id of a pipeline generation's result topic: stable, so a new writer fences an old one."""
-    return f"phases.{pipeline}.g{generation}.sink"
+def transactional_id(pipeline: str) -> str:
+    """The producer id of a pipeline's result topic: stable, so a new writer fences an old one, whichever generation
+    serves (named as generation 0's, the one that first wrote the topic)."""
+    return f"phases.{pipeline}.g0.sink"
 
 
-def marker_group(pipeline: str, generation: int) -> str:
+def marker_group(pipeline: str) -> str:
     """The consumer group whose position on the topic's partition 0 is the newest committed write's marker."""
-    return f"phases.{pipeline}.g{generation}.sink-marker"
+    return f"phases.{pipeline}.g0.sink-marker"
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Marker:
             raise SinkError(
                 f"{where}: the committed marker (offset {offset}, metadata {metadata!r}) is not one this engine "
                 f"writes ({exc}); another client committed offsets for the engine's own consumer group. Use another "
-                "group for that client; the engine's group is phases.<pipeline>.g<generation>.sink-marker"
+                "group for that client; the engine's group is phases.<pipeline>.g0.sink-marker"
             ) from exc
         if marker.offset != offset:
             raise SinkError(
@@ -92,11 +93,13 @@ class Marker:
 
 @dataclass(frozen=True)
 class Record:
-    """One record of a write: key and value bytes (a None value is a tombstone) and headers."""
+    """One record of a write: key and value bytes (a None value is a tombstone), headers, and its partition (-1: by
+    its key)."""
 
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int = -1
 
 
 @dataclass(frozen=True)
@@ -119,10 +122,10 @@ def marker_reader(config: dict, group: str):
 
 
 class TopicWriter:
-    """The transactional producer of one pipeline generation's result topic.
+    """The transactional producer of a pipeline's result topic.
 
-    ``servers``: the brokers; ``topic``: the result topic (it must exist: :meth:`check_topic`); ``pipeline`` and
-    ``generation`` name the transactional id and the marker group; ``client_config``: more librdkafka settings
+    ``servers``: the brokers; ``topic``: the result topic (it must exist: :meth:`check_topic`); ``pipeline``
+    names the transactional id and the marker group; ``client_config``: more librdkafka settings
     (security, timeouts). The first call that needs the producer starts it (``init_transactions``), fencing any older
     producer of the same id.
     """
@@ -132,7 +135,6 @@ class TopicWriter:
         servers: str,
         topic: str,
         pipeline: str,
-        generation: int = 0,
         *,
         client_config: dict[str, str] | None = None,
         timeout_s: float = 30.0,
@@ -140,8 +142,8 @@ class TopicWriter:
     ):
         self.servers, self.topic, self.timeout_s = servers, topic, timeout_s
         self.connect_timeout_s = connect_timeout_s
-        self.transactional_id = transactional_id(pipeline, generation)
-        self.group = marker_group(pipeline, generation)
+        self.transactional_id = transactional_id(pipeline)
+        self.group = marker_group(pipeline)
         self.prefix = f"phases.{pipeline}."
         self._config = client_settings(servers, client_config)
         self._producer = None
@@ -291,10 +293,7 @@ class TopicWriter:
                 while True:
                     try:
                         producer.produce(
-                            self.topic,
-                            value=record.value,
-                            key=record.key,
-                            headers=list(record.headers),
+                            self.topic, record.value, record.key, record.partition, headers=list(record.headers)
                         )
                         break
                     except BufferError:  # the local queue is full: let deliveries drain it
@@ -322,9 +321,9 @@ class TopicWriter:
                 self._producer = None
                 raise SinkError(
                     f"{self.where}: this writer was fenced before its write of batch {marker.batch} committed: a "
-                    "newer writer of this pipeline generation started, or the broker ended this writer's session "
+                    "newer writer of this pipeline started, or the broker ended this writer's session "
                     "(it restarted while the write was open). Nothing of that write will be read. When no other run "
-                    "of this pipeline generation runs, start the live phase again (a backlog: run it again): it "
+                    "of this pipeline runs, start the live phase again (a backlog: run it again): it "
                     "resumes from its checkpoint and publishes nothing twice"
                 ) from exc
             self._abort(producer)

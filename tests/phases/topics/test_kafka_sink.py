@@ -290,13 +290,17 @@ def test_kill_9_at_every_boundary_of_a_topic_write_then_a_restart_publishes_ever
     assert_results_equal(_rows_by_key(fold_upsert(read)), expected)
 
 
-def test_a_redeploy_publishes_into_a_topic_of_its_own_and_a_rollback_goes_on_in_the_old_one(spark, kafka, tmp_path):
-    """A topic never mixes two definitions' results: the redeployed definition (generation 1) publishes its handoff
-    and its live changes into a topic of its own, made like the serving one (partitions, cleanup.policy), and the old
-    topic gets nothing after the swap; a rollback swaps generation 0 back, whose live phase goes on in the old topic
-    from where it stopped. Each topic, folded, is its definition's reference; nothing is published twice."""
-    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+def test_a_consumer_of_the_named_topic_folds_the_serving_definition_through_a_redeploy_and_a_rollback(
+    spark, kafka, tmp_path
+):
+    """A consumer never moves: the topic the sink names is the only one. At the swap it gets the new definition's
+    whole result in one transaction (every key's new row, a tombstone for each key the new definition no longer has),
+    and at the rollback's swap the old one's again (the key comes back); until a swap, a generation being built or
+    caught up publishes nothing. Folded right after each swap and after each live run, the topic is the serving
+    definition's reference; no other topic is made and nothing is published twice."""
+    from confluent_kafka.admin import AdminClient
 
+    from phases import Filter
     from tests.phases.redeploy.test_redeploy import _expected_new, _expected_old, _new, _old, _version
 
     source, root = str(tmp_path / "source"), str(tmp_path / "run")
@@ -304,45 +308,87 @@ def test_a_redeploy_publishes_into_a_topic_of_its_own_and_a_rollback_goes_on_in_
     write_source(spark, source, {v: versions[v] for v in (1, 2)})
     topic = f"results-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 3, **{"cleanup.policy": "compact"})
-    sink = _sink(kafka, topic, path="results")
-    old, new = _old(source, root, sink=sink.model_copy(update={"path": f"{root}/results"})), None
-    new = _new(source, root, sink=old.sink)
+    sink = _sink(kafka, topic, path=f"{root}/results")
+    old = _old(source, root, sink=sink)
+    new = _new(source, root, sink=sink, steps=[Filter(condition="key != 'd'")])  # key d is gone in the new one
+
+    def expected_new(upto: int) -> dict:
+        return {k: v for k, v in _expected_new({v: versions[v] for v in range(1, upto + 1)}).items() if k != "d"}
+
+    def folded() -> dict:
+        return _rows_by_key(fold_upsert(read_committed(kafka.bootstrap_servers, topic)))
+
     BacklogRunner(spark, old).run()
     append_version(spark, source, versions[3])
     LiveRunner.from_manifest(spark, old).start(available_now=True)
-    old_before = list(read_committed(kafka.bootstrap_servers, topic))
+    assert_results_equal(folded(), _expected_old({v: versions[v] for v in (1, 2, 3)}))
 
     result = Redeploy(spark, new).run(reason="a new definition")
     assert result.swapped and result.generation == 1
-    ours = f"{topic}-g1"
-    assert (
-        inspect.result_topic(place(None, new, strict=False)).topic == ours
-    )  # what an orchestrator shows a consumer: the serving topic
-    assert Redeploy(spark, new).plan().way == "none"  # the generation's topic is not a change of the definition
+    assert_results_equal(folded(), expected_new(3))  # at the swap, before the new live phase ran
+    assert inspect.result_topic(place(None, new, strict=False)).topic == topic
+    assert Redeploy(spark, new).plan().way == "none"
     append_version(spark, source, versions[4])
     LiveRunner.from_manifest(spark, new).start(available_now=True)
-    assert list(read_committed(kafka.bootstrap_servers, topic)) == old_before  # nothing after the swap
-    new_read = list(read_committed(kafka.bootstrap_servers, ours))
-    assert len({(r.key, r.value) for r in new_read}) == len(new_read), "a record was published twice"
-    upto4 = {v: versions[v] for v in range(1, 5)}
-    assert_results_equal(_rows_by_key(fold_upsert(new_read)), _expected_new(upto4))
-    assert_results_equal({r["key"]: r.asDict() for r in read_topic(spark, new).collect()}, _expected_new(upto4))
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
-    made = admin.list_topics(ours, timeout=10).topics[ours]
-    resource = ConfigResource(ResourceType.TOPIC, ours)
-    policy = admin.describe_configs([resource])[resource].result(30)["cleanup.policy"].value
-    assert (len(made.partitions), policy) == (3, "compact")
+    assert_results_equal(folded(), expected_new(4))
+    assert_results_equal({r["key"]: r.asDict() for r in read_topic(spark, new).collect()}, expected_new(4))
 
     back = Redeploy(spark, old).run(reason="roll back")
     assert back.swapped and back.generation == 0
-    assert inspect.result_topic(place(None, old, strict=False)).topic == topic
+    assert_results_equal(folded(), _expected_old({v: versions[v] for v in range(1, 5)}))  # key d back
     append_version(spark, source, versions[5])
     LiveRunner.from_manifest(spark, old).start(available_now=True)
-    assert list(read_committed(kafka.bootstrap_servers, ours)) == new_read  # nothing after the rollback's swap
-    old_read = list(read_committed(kafka.bootstrap_servers, topic))
-    assert all(r in old_read for r in old_before)  # the old topic goes on from where it stopped
-    assert len({(r.key, r.value) for r in old_read}) == len(old_read), "a record was published twice"
-    assert_results_equal(_rows_by_key(fold_upsert(old_read)), _expected_old(versions))
+    assert_results_equal(folded(), _expected_old(versions))
+    read = list(read_committed(kafka.bootstrap_servers, topic))
+    sent = [(r.key, r.value, r.headers[HEADER_HANDOFF], r.headers[HEADER_BATCH]) for r in read]
+    assert len(set(sent)) == len(sent), "a record was published twice"
+    topics = AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10).topics
+    assert not [t for t in topics if t.startswith(f"{topic}-")], "a topic of a generation was made"
+
+
+def test_a_window_topic_gets_a_boundary_then_the_new_definitions_windows_at_a_swap_and_the_old_ones_at_a_rollback(
+    spark, kafka, tmp_path
+):
+    """Append results are not keyed: at the swap every partition gets a boundary record, then the new definition's
+    whole result; a consumer that keeps what follows each partition's last boundary (``read_topic``) has exactly the
+    serving definition's windows, as its table has them, after the swap, its live run and the rollback."""
+    from phases._internal.topics.reading import HEADER_BOUNDARY, after_last_boundary
+    from tests.phases.redeploy.test_redeploy import _version
+
+    source, root = str(tmp_path / "source"), tmp_path
+    versions = {i: _version(i) for i in range(1, 8)}
+    write_source(spark, source, {v: versions[v] for v in (1, 2, 3)})
+    topic = _topic(kafka)
+    old = _pipeline(kafka, "tumbling", source, root, topic)
+    new = old.model_copy(
+        update={"operator": WindowedAggregate(window=Window(size=timedelta(seconds=30)), aggregations=AGGS)}
+    )
+
+    def check(p, generation: int) -> list:
+        read = list(read_committed(kafka.bootstrap_servers, topic))
+        table = spark.read.format("delta").load(p.sink.path).collect()
+        assert emitted_windows(read_topic(spark, p).collect()) == emitted_windows(table)
+        last = {r.partition: r.headers[HEADER_BOUNDARY] for r in read if HEADER_BOUNDARY in r.headers}
+        assert last == {p: str(generation).encode() for p in range(3)}, last  # each partition's newest boundary
+        return after_last_boundary(read)
+
+    BacklogRunner(spark, old).run()
+    LiveRunner.from_manifest(spark, old).start(available_now=True)
+    assert not [r for r in read_committed(kafka.bootstrap_servers, topic) if HEADER_BOUNDARY in r.headers]
+    assert Redeploy(spark, new).run(reason="30 s windows").swapped
+    kept = check(new, 1)
+    assert kept and len({r.headers[HEADER_HANDOFF] for r in kept}) == 1  # the new generation's handoff only
+    for v in (4, 5):
+        append_version(spark, source, versions[v])
+    LiveRunner.from_manifest(spark, new).start(available_now=True)
+    check(new, 1)
+    back = Redeploy(spark, old).run(reason="roll back")
+    assert (back.swapped, back.generation) == (True, 0), back
+    check(old, back.generation)
+    for v in (6, 7):
+        append_version(spark, source, versions[v])
+    LiveRunner.from_manifest(spark, old).start(available_now=True)
+    check(old, back.generation)
 
 
 def test_a_missing_topic_is_refused_before_the_backlog_and_ways_without_exactly_once_are_refused(

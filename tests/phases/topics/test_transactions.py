@@ -118,15 +118,15 @@ def test_an_older_writer_of_the_same_generation_is_fenced_and_says_so(kafka):
     newer = TopicWriter(kafka.bootstrap_servers, topic, "events")
     try:
         assert newer.committed() == Marker(HANDOFF_BATCH, "h1")  # starting it fenced the zombie
-        with pytest.raises(SinkError, match="a newer writer of this pipeline generation started"):
+        with pytest.raises(SinkError, match="a newer writer of this pipeline started"):
             zombie.write(_records(0, range(5)), Marker(0, "h1"))
         assert newer.write_once(_records(0, range(5)), Marker(0, "h1")) == 5
     finally:
         newer.close()
         zombie.close()
     assert len(list(read_committed(kafka.bootstrap_servers, topic))) == 10
-    # Another generation is another producer id and another marker: it does not fence this one.
-    other = TopicWriter(kafka.bootstrap_servers, topic, "events", generation=1)
+    # Another pipeline is another producer id and another marker: it does not fence this one.
+    other = TopicWriter(kafka.bootstrap_servers, topic, "other")
     try:
         assert other.committed() is None
     finally:
