@@ -6,7 +6,9 @@ itself with SIGKILL at a chosen point, like a crashed machine:
 - ``live``: as the new generation's live phase starts, once its switch's progress record is written;
 - ``serving stopped``: once the serving live phase has stopped and its lease is the redeploy's, before the swap;
 - ``swap``: once the old results are kept, before the swap's commit on the consumer-facing table;
-- ``swapped``: after the swap's commit, before the redeploy log says so.
+- ``swapped``: after the swap's commit, before the redeploy log says so (with a topic sink: before its publish);
+- ``topic publish`` (a topic sink): in the swap's transaction, its records produced, before its commit;
+- ``topic published`` (a topic sink): once the swap's transaction committed, before the redeploy log says so.
 
 Exits 3 when the redeploy finished without reaching the kill point."""
 
@@ -22,9 +24,11 @@ from phases._internal.definition import Pipeline
 from phases._internal.redeploy import runner as redeploy_runner
 from phases._internal.redeploy import swap
 from phases._internal.runtime.session import SparkSettings, build_session
+from phases._internal.topics import transactions
 from tests.helpers import SHORT_LIVED_JVM_CONF
 
 KILL_POINTS = ("backlog", "backlog done", "live", "serving stopped", "swap", "swapped")
+TOPIC_KILL_POINTS = ("topic publish", "topic published")
 
 
 def _die() -> None:
@@ -34,8 +38,8 @@ def _die() -> None:
 def main() -> None:
     pipeline = Pipeline.model_validate_json(sys.argv[1])
     kill_at = sys.argv[2]
-    if kill_at not in KILL_POINTS:
-        raise SystemExit(f"unknown kill point {kill_at!r}; valid: {list(KILL_POINTS)}")
+    if kill_at not in KILL_POINTS + TOPIC_KILL_POINTS:
+        raise SystemExit(f"unknown kill point {kill_at!r}; valid: {list(KILL_POINTS + TOPIC_KILL_POINTS)}")
     spark = build_session(
         SparkSettings(shuffle_partitions=2, app_name="redeploy-child", extra_conf=SHORT_LIVED_JVM_CONF)
     )
@@ -71,6 +75,21 @@ def main() -> None:
             return version
 
         swap.copy_sink = copy_sink
+
+    if kill_at in TOPIC_KILL_POINTS:  # the only topic write a redeploy makes is its swap's
+        real_write = transactions.TopicWriter.write
+
+        def topic_write(self, records, marker, **kwargs):
+            def then_die():
+                yield from records
+                self._producer.flush(30)  # every record at the broker, the transaction still open
+                _die()
+
+            count = real_write(self, then_die() if kill_at == "topic publish" else records, marker, **kwargs)
+            _die()
+            return count
+
+        transactions.TopicWriter.write = topic_write
 
     def on_step(step: str, detail: dict) -> None:
         if (kill_at, step) in (("backlog done", "backlog"), ("serving stopped", "serving live stopped")):

@@ -346,6 +346,59 @@ def test_a_consumer_of_the_named_topic_folds_the_serving_definition_through_a_re
     assert not [t for t in topics if t.startswith(f"{topic}-")], "a topic of a generation was made"
 
 
+def test_a_redeploy_killed_around_its_topic_swap_leaves_one_definition_in_the_topic_and_a_rerun_publishes_it_once(
+    spark, kafka, tmp_path
+):
+    """SIGKILL of the redeploy's process after the swap's Delta commit (before its topic write), inside the topic's
+    transaction (its records at the broker, not committed), and after its commit: at each, a read_committed consumer
+    folding the topic has exactly one definition (the old one until the swap's transaction commits, the new one from
+    it); the rerun publishes the swap once and the new live phase goes on in the same topic."""
+    import subprocess
+    import sys
+
+    from phases import Filter
+    from tests.phases.redeploy.test_redeploy import _expected_new, _expected_old, _new, _old, _version
+
+    source, root = str(tmp_path / "source"), str(tmp_path / "run")
+    versions = {i: _version(i) for i in range(1, 5)}
+    write_source(spark, source, {v: versions[v] for v in (1, 2, 3)})
+    topic = f"results-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 3, **{"cleanup.policy": "compact"})
+    sink = _sink(kafka, topic, path=f"{root}/results")
+    old = _old(source, root, sink=sink)
+    new = _new(source, root, sink=sink, steps=[Filter(condition="key != 'd'")])
+    upto3 = {v: versions[v] for v in (1, 2, 3)}
+    expected_new = {k: v for k, v in _expected_new(upto3).items() if k != "d"}
+
+    def folded() -> dict:
+        return _rows_by_key(fold_upsert(read_committed(kafka.bootstrap_servers, topic)))
+
+    BacklogRunner(spark, old).run()
+    LiveRunner.from_manifest(spark, old).start(available_now=True)
+    for kill_at in ("swapped", "topic publish", "topic published"):
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.phases.redeploy.redeploy_child", new.model_dump_json(), kill_at],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert child.returncode == -9, (kill_at, child.stderr[-3000:])
+        now = folded()  # an open transaction left by the kill is not read
+        if kill_at == "topic published":
+            assert_results_equal(now, expected_new)
+        else:
+            assert_results_equal(now, _expected_old(upto3))
+    assert Redeploy(spark, new, take_over=True).run().swapped
+    assert_results_equal(folded(), expected_new)
+    swap_writes = [r for r in read_committed(kafka.bootstrap_servers, topic) if r.headers[HEADER_BATCH] == b"-1"]
+    # The backlog's handoff (keys a-d) and the swap's, once: a, b, c and a tombstone for d.
+    assert sorted(Counter(r.headers[HEADER_HANDOFF] for r in swap_writes).values()) == [4, 4], swap_writes
+    assert sum(r.value is None for r in swap_writes) == 1
+    append_version(spark, source, versions[4])
+    LiveRunner.from_manifest(spark, new, take_over=True).start(available_now=True)
+    assert_results_equal(folded(), {k: v for k, v in _expected_new(versions).items() if k != "d"})
+
+
 def test_a_window_topic_gets_a_boundary_then_the_new_definitions_windows_at_a_swap_and_the_old_ones_at_a_rollback(
     spark, kafka, tmp_path
 ):
