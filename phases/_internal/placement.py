@@ -368,5 +368,5 @@ class Placement:
 
     def topic(self) -> str:
         """The result topic: the declared one, whichever generation serves (a generation a redeploy builds publishes
-        nothing until its swap, which publishes its whole result there: :mod:`phases._internal.topics.swap`)."""
+        nothing until its swap, which publishes its whole result there: :mod:`phases._internal.topics.swap_publish`)."""
         return self.declared_topic

@@ -25,7 +25,6 @@ from collections.abc import Iterator, Sequence
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from phases._internal.topics.reading import HEADER_BOUNDARY
 from phases._internal.topics.transactions import Record
 
 # Spark's JSON writer options of the format above.
@@ -38,7 +37,6 @@ JSON_OPTIONS = {
 }
 KEY, VALUE = "_kafka_key", "_kafka_value"
 HEADER_PIPELINE, HEADER_HANDOFF, HEADER_BATCH = "phases.pipeline", "phases.handoff", "phases.batch"
-BOUNDARY = HEADER_BOUNDARY
 
 
 def encoded(df: DataFrame, key_columns: Sequence[str], *, tombstone: str | None = None) -> DataFrame:

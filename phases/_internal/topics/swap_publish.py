@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 
 from phases._internal.placement import Placement
 from phases._internal.topics import records
+from phases._internal.topics.reading import HEADER_BOUNDARY
 from phases._internal.topics.sink import TopicSink
 from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, Record
 
@@ -66,13 +67,14 @@ def publish_swap(
         if changelog or not upserts:
             boundary = {"generation": where.generation, "from_generation": from_generation, "redeploy": redeploy_id}
             produced.append(_boundaries(topic.writer.check_topic(), header, boundary))
-        produced.append(records.records(records.encoded(rows, keys), header))
+        encoded = records.encoded(rows, keys)
+        produced.append(records.records(encoded, header))
         if upserts:
             gone = (
                 records.encoded(before, list(before_keys))
                 .select(records.KEY)
                 .distinct()
-                .join(records.encoded(rows, keys).select(records.KEY), records.KEY, "left_anti")
+                .join(encoded.select(records.KEY), records.KEY, "left_anti")
                 .withColumn(records.VALUE, F.lit(None).cast("binary"))
             )
             produced.append(records.records(gone, header))
@@ -92,7 +94,7 @@ def publish_swap(
 
 
 def _boundaries(partitions: int, header: tuple[tuple[str, bytes], ...], boundary: dict) -> Iterator[Record]:
-    value = json.dumps({records.BOUNDARY: boundary}, sort_keys=True).encode()
-    marked = (*header, (records.HEADER_BOUNDARY, str(boundary["generation"]).encode()))
+    value = json.dumps({HEADER_BOUNDARY: boundary}, sort_keys=True).encode()
+    marked = (*header, (HEADER_BOUNDARY, str(boundary["generation"]).encode()))
     for p in range(partitions):
-        yield Record(json.dumps({records.BOUNDARY: p}).encode(), value, marked, partition=p)
+        yield Record(json.dumps({HEADER_BOUNDARY: p}).encode(), value, marked, partition=p)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import phases._internal.backlog.runner as backlog_runner
@@ -29,6 +30,17 @@ from tests.helpers import SHORT_LIVED_JVM_CONF
 
 KILL_POINTS = ("backlog", "backlog done", "live", "serving stopped", "swap", "swapped")
 TOPIC_KILL_POINTS = ("topic publish", "topic published")
+
+
+def run_until_killed(pipeline: Pipeline, kill_at: str) -> None:
+    """Runs this module for ``pipeline`` in a process of its own; fails unless SIGKILL at ``kill_at`` ended it."""
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.phases.redeploy.redeploy_child", pipeline.model_dump_json(), kill_at],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert child.returncode == -9, (kill_at, child.stderr[-3000:])
 
 
 def _die() -> None:

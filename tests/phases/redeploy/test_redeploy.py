@@ -326,10 +326,7 @@ def test_a_redeploy_killed_at_each_step_in_turn_leaves_the_old_definition_servin
     commit the old definition serves, its live phase running in this process; after the last rerun the new one serves,
     with the same result as a redeploy that never crashed. The new generation's backlog reaches its handoff once: the
     reruns after the kill right after it catch the generation up with increments instead of a second backlog."""
-    import subprocess
-    import sys
-
-    from tests.phases.redeploy.redeploy_child import KILL_POINTS
+    from tests.phases.redeploy.redeploy_child import KILL_POINTS, run_until_killed
 
     versions = {i: _version(i) for i in range(1, 5 + len(KILL_POINTS))}
     root, source, old, new = _handed_off(spark, tmp_path, versions, 3)
@@ -341,13 +338,7 @@ def test_a_redeploy_killed_at_each_step_in_turn_leaves_the_old_definition_servin
     stopped_at = None  # the last version the old live phase applied before the redeploy stopped it
     try:
         for kill_at in KILL_POINTS:
-            child = subprocess.run(
-                [sys.executable, "-m", "tests.phases.redeploy.redeploy_child", new.model_dump_json(), kill_at],
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            assert child.returncode == -9, (kill_at, child.stderr[-3000:])
+            run_until_killed(new, kill_at)
             ran_at, head = head, head + 1
             append_version(spark, source, versions[head])
             gens = generations.read(spark, Placement(old))

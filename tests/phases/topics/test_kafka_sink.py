@@ -353,10 +353,8 @@ def test_a_redeploy_killed_around_its_topic_swap_leaves_one_definition_in_the_to
     transaction (its records at the broker, not committed), and after its commit: at each, a read_committed consumer
     folding the topic has exactly one definition (the old one until the swap's transaction commits, the new one from
     it); the rerun publishes the swap once and the new live phase goes on in the same topic."""
-    import subprocess
-    import sys
-
     from phases import Filter
+    from tests.phases.redeploy.redeploy_child import run_until_killed
     from tests.phases.redeploy.test_redeploy import _expected_new, _expected_old, _new, _old, _version
 
     source, root = str(tmp_path / "source"), str(tmp_path / "run")
@@ -376,13 +374,7 @@ def test_a_redeploy_killed_around_its_topic_swap_leaves_one_definition_in_the_to
     BacklogRunner(spark, old).run()
     LiveRunner.from_manifest(spark, old).start(available_now=True)
     for kill_at in ("swapped", "topic publish", "topic published"):
-        child = subprocess.run(
-            [sys.executable, "-m", "tests.phases.redeploy.redeploy_child", new.model_dump_json(), kill_at],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert child.returncode == -9, (kill_at, child.stderr[-3000:])
+        run_until_killed(new, kill_at)
         now = folded()  # an open transaction left by the kill is not read
         if kill_at == "topic published":
             assert_results_equal(now, expected_new)
