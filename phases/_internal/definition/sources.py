@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator, model_serializer, model_validator
 
 from phases._internal.definition.fields import RESERVED_PREFIX, _Model
+from phases._internal.definition.registry import SchemaRegistry
 
 
 class DeltaSource(_Model):
@@ -48,7 +49,11 @@ class DeltaSource(_Model):
 
 
 class ValueFormat(StrEnum):
+    """How a topic's record values are written: JSON text, or Avro in the Confluent wire format (a zero magic byte,
+    the schema id, the Avro binary encoding) with its schemas in a schema registry."""
+
     JSON = "json"
+    AVRO = "avro"
 
 
 # A DDL field list as Spark writes it: "key string, ts timestamp, value bigint" (types are checked by Spark).
@@ -106,11 +111,25 @@ class KafkaSource(_Model):
     kind: Literal["kafka"] = "kafka"
     topic: str = Field(min_length=1)
     bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port...]; not part of the fingerprint")
-    value_format: ValueFormat = ValueFormat.JSON
-    value_schema: str = Field(
+    value_format: ValueFormat = Field(
+        default=ValueFormat.JSON,
+        description=f"How the values are written, one of {[f.value for f in ValueFormat]}: 'avro' needs a registry.",
+    )
+    value_schema: str | None = Field(
+        default=None,
         min_length=1,
-        description="The record's fields as a Spark DDL list, e.g. 'key string, ts timestamp, value bigint'. A value "
-        "that is not JSON of this shape is quarantined (reason 'undecodable'), with its topic, partition and offset.",
+        description="The record's fields as a Spark DDL list, e.g. 'key string, ts timestamp, value bigint'. JSON: "
+        "required; a value that is not JSON of this shape is quarantined (reason 'undecodable'), with its topic, "
+        "partition and offset. Avro: optional; given, the pipeline reads these fields of each record (cast to these "
+        "types), else every field of the subject's newest schema.",
+    )
+    registry: SchemaRegistry | None = Field(
+        default=None,
+        description="Avro values: the schema registry that holds their schemas. Not part of the fingerprint.",
+    )
+    value_subject: str | None = Field(
+        default=None,
+        description="Avro values: the registry subject of the value schemas (default: '<topic>-value').",
     )
     backlog_chunk_records: int = Field(
         default=100_000,
@@ -161,7 +180,9 @@ class KafkaSource(_Model):
 
     @field_validator("value_schema")
     @classmethod
-    def _schema(cls, v: str) -> str:
+    def _schema(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         names = ddl_field_names(v)
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -171,18 +192,40 @@ class KafkaSource(_Model):
             raise ValueError(f"value_schema fields {reserved} start with {RESERVED_PREFIX!r}, reserved for the engine")
         return v
 
+    @model_validator(mode="after")
+    def _format_settings(self) -> KafkaSource:
+        if self.value_format == ValueFormat.JSON:
+            if self.value_schema is None:
+                raise ValueError("source.value_schema is required for JSON values (a Spark DDL list of the fields)")
+            given = [f for f in ("registry", "value_subject") if getattr(self, f) is not None]
+            if given:
+                raise ValueError(f"source {given} are for Avro values; source.value_format is 'json'")
+        elif self.registry is None:
+            raise ValueError(
+                f"source.value_format {self.value_format.value!r} needs source.registry (SchemaRegistry(url=...)): "
+                "the record names its schema by an id the registry resolves"
+            )
+        return self
+
     @property
     def location(self) -> str:
         return f"kafka topic {self.topic!r} at {self.bootstrap_servers}"
 
     @property
+    def subject(self) -> str:
+        """The registry subject of the value schemas."""
+        return self.value_subject or f"{self.topic}-value"
+
+    @property
     def field_names(self) -> list[str]:
-        return ddl_field_names(self.value_schema)
+        return ddl_field_names(self.value_schema) if self.value_schema else []
 
     def state_spec(self) -> dict:
-        return self.model_dump(
-            mode="json", exclude={"bootstrap_servers", "options", "client_options", "connect_timeout"}
+        # Unset Avro settings stay out, so that a JSON source keeps its fingerprint.
+        spec = self.model_dump(
+            mode="json", exclude={"bootstrap_servers", "options", "client_options", "connect_timeout", "registry"}
         )
+        return {k: v for k, v in spec.items() if not (k in ("value_schema", "value_subject") and v is None)}
 
 
 class KafkaHandoff(_Model):
@@ -395,6 +438,38 @@ class KafkaSink(DeltaSink):
         description="How long the engine waits for the brokers to answer before anything is written (the topic's "
         "check, a redeploy's new topic) before it stops, naming sink.bootstrap_servers.",
     )
+    value_format: ValueFormat = Field(
+        default=ValueFormat.JSON,
+        description=f"How keys and values are written, one of {[f.value for f in ValueFormat]}: 'avro' registers the "
+        "results' schema in the registry and writes the Confluent wire format.",
+    )
+    registry: SchemaRegistry | None = Field(
+        default=None, description="Avro: the schema registry of the topic's schemas. Not part of the fingerprint."
+    )
+    value_subject: str | None = Field(
+        default=None, description="Avro: the subject of the value schema (default: '<topic>-value')."
+    )
+    key_subject: str | None = Field(
+        default=None, description="Avro: the subject of the key schema (default: '<topic>-key')."
+    )
+
+    @model_validator(mode="after")
+    def _format_settings(self) -> KafkaSink:
+        if self.value_format == ValueFormat.JSON:
+            given = [f for f in ("registry", "value_subject", "key_subject") if getattr(self, f) is not None]
+            if given:
+                raise ValueError(f"sink {given} are for Avro records; sink.value_format is 'json'")
+        elif self.registry is None:
+            raise ValueError(
+                f"sink.value_format {self.value_format.value!r} needs sink.registry (SchemaRegistry(url=...)): the "
+                "results' schema is registered there and each record names it by its id"
+            )
+        return self
+
+    @property
+    def subjects(self) -> tuple[str, str]:
+        """(the key's, the value's) registry subjects."""
+        return self.key_subject or f"{self.topic}-key", self.value_subject or f"{self.topic}-value"
 
     @field_validator("topic")
     @classmethod

@@ -337,6 +337,9 @@ class IncrementalLive:
         if before.held_version is not None:
             rows = self._held(spark, inp, batch_id - 1).unionByName(rows, allowMissingColumns=True)
         rows = rows.persist()
+        check_batch = getattr(inp.source, "check_batch", None)
+        if check_batch is not None:  # a topic's Avro values of a schema version newer than the query's: restart
+            check_batch(rows)
         end_version, partial_tail = ends.get(inp.label, (before.complete_below, False))
         held_version = None
         if partial_tail:  # the tail of version end_version waits for the batch that completes it

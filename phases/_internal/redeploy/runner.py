@@ -352,6 +352,7 @@ class Redeploy:
             manifest.check_matches(self.spark, handoff, new, new.redeploys.amended)
         except ManifestError as exc:
             problems.append(str(exc))
+        problems += swap.topic_schema_problems(self.spark, new)
         for check in self.checks:
             problems += check(self.spark, new, handoff)
         if problems:

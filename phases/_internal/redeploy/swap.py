@@ -22,7 +22,7 @@ import json
 
 from pyspark.sql import SparkSession
 
-from phases._internal.definition import KafkaSink
+from phases._internal.definition import KafkaSink, ValueFormat
 from phases._internal.deployment import generations
 from phases._internal.errors import PhaseStateError
 from phases._internal.placement import LogRow, Placement
@@ -70,6 +70,23 @@ def copy_sink(
         writer = writer.option("userMetadata", json.dumps(metadata, separators=(",", ":")))
     writer.save(target)
     return tables.version(spark, target)
+
+
+def topic_schema_problems(spark: SparkSession, new: Placement) -> list[str]:
+    """An Avro topic sink: why the registry would refuse the schemas of generation ``new``'s results (its subjects'
+    compatibility rules), checked before the swap; nothing is registered. Empty when it would take them."""
+    sink = new.definition.sink
+    if not isinstance(sink, KafkaSink) or sink.value_format != ValueFormat.AVRO:
+        return []
+    from phases._internal.errors import SinkError
+    from phases._internal.topics.avro_records import AvroRecords
+
+    columns = spark.read.format("delta").load(new.sink_path).schema
+    try:
+        AvroRecords(sink, new.name).check_compatible(columns, list(new.definition.key_columns))
+    except SinkError as exc:
+        return [str(exc)]
+    return []
 
 
 def publish_to_topic(spark: SparkSession, placement: Placement, step: LogRow, version: int) -> int | None:

@@ -8,6 +8,9 @@ The bundles:
   not already ship are copied, so no second Hadoop, Jackson or Scala library lands on Spark's classpath.
 - ``kafka-broker``: Apache Kafka's broker (KRaft mode) with every dependency, run in a JVM of its own
   (:mod:`phases._internal.runtime.local_kafka`) for the demo and the tests; it never shares a classpath with Spark.
+- ``schema-registry``: Apicurio Registry, the application as its project publishes it on Maven Central (a Quarkus
+  application, ``apicurio-registry-app`` with the classifier ``all``), unpacked; run in a JVM of its own with in-memory
+  storage (:mod:`phases._internal.runtime.local_registry`), it serves the Confluent Schema Registry API.
 
 The helper (``jvm/``, Scala 2.13, Spark provided): Spark's state store used as a library by the live phase
 (:mod:`phases._internal.state.keyed_store`). ``mvn package`` builds it into ``.jars/helper/``; a stamp of its sources'
@@ -37,6 +40,10 @@ from phases._internal.errors import SetupError
 # delta-spark 4.4.1 (PyPI) has no 4.4.1 JVM artifact for Spark 4.2 on Maven Central; 4.4.0 is the newest.
 DELTA_COORDINATE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 SPARK_KAFKA_COORDINATE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+# Avro values of Kafka topics decoded and encoded in the JVM (from_avro, to_avro); Avro itself is in pyspark/jars.
+SPARK_AVRO_COORDINATE = "org.apache.spark:spark-avro_2.13:4.2.0"
+# The local schema registry: Apicurio Registry 3.3.3 (Java 21 or newer: :func:`registry_java`).
+REGISTRY_COORDINATE = "io.apicurio:apicurio-registry-app:3.3.3:tar.gz:all"
 KAFKA_BROKER_COORDINATES = (
     "org.apache.kafka:kafka_2.13:4.1.1",
     # The broker logs through SLF4J; without a binding it would say nothing at all.
@@ -46,6 +53,7 @@ KAFKA_BROKER_COORDINATES = (
 _SPARK_GROUPS = ("io.delta", "io.unitycatalog")
 _SPARK_ARTIFACTS = (
     "spark-sql-kafka-0-10_2.13",
+    "spark-avro_2.13",
     "spark-token-provider-kafka-0-10_2.13",
     "kafka-clients",
     "commons-pool2",
@@ -81,7 +89,7 @@ class Bundle:
 
 SPARK = Bundle(
     "spark",
-    (DELTA_COORDINATE, SPARK_KAFKA_COORDINATE),
+    (DELTA_COORDINATE, SPARK_KAFKA_COORDINATE, SPARK_AVRO_COORDINATE),
     "",
     lambda group, artifact: group in _SPARK_GROUPS or artifact in _SPARK_ARTIFACTS,
 )
@@ -180,6 +188,60 @@ def fetch(jar_dir: Path = DEFAULT_JAR_DIR, bundle: Bundle = SPARK) -> list[str]:
     return jar_paths(jar_dir, bundle)
 
 
+REGISTRY_FOLDER = "schema-registry"
+
+
+def registry_app(jar_dir: Path = DEFAULT_JAR_DIR) -> Path:
+    """The unpacked local schema registry (its ``quarkus-run.jar``); raises SetupError naming the fix when it is not
+    fetched."""
+    folder = jar_dir / REGISTRY_FOLDER
+    stamp, app = folder / _STAMP, folder / "quarkus-run.jar"
+    if not app.is_file() or not stamp.is_file() or json.loads(stamp.read_text()) != [REGISTRY_COORDINATE]:
+        raise SetupError(
+            f"the local schema registry ({REGISTRY_COORDINATE}) is not fetched into {folder}. Run the setup step "
+            "(`make setup`, or `python -m phases.setup`) on a machine that reaches Maven Central."
+        )
+    return app
+
+
+def fetch_registry(jar_dir: Path = DEFAULT_JAR_DIR) -> Path:
+    """Fetches and unpacks the local schema registry (about 160 MB) unless it is there already."""
+    import tarfile
+
+    try:
+        return registry_app(jar_dir)
+    except SetupError:
+        pass
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SetupError(
+            "Maven (`mvn`) is needed once to fetch the local schema registry from Maven Central and is not on PATH. "
+            "Install it (Debian: `apt-get install -y maven`) and run the setup step again."
+        )
+    folder = jar_dir / REGISTRY_FOLDER
+    with tempfile.TemporaryDirectory() as work:
+        cmd = [mvn, "-B", "-q", "dependency:copy", f"-Dartifact={REGISTRY_COORDINATE}", f"-DoutputDirectory={work}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=work)
+        archives = list(Path(work).glob("*.tar.gz"))
+        if proc.returncode != 0 or not archives:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+            raise SetupError(
+                f"Could not fetch {REGISTRY_COORDINATE} from Maven Central (mvn exited {proc.returncode}). Check "
+                f"that this machine reaches Maven Central (https://repo.maven.apache.org). Maven said:\n{tail}"
+            )
+        staged = Path(work) / "unpacked"
+        with tarfile.open(archives[0]) as tar:
+            tar.extractall(staged, filter="data")
+        if not (staged / "quarkus-run.jar").is_file():
+            raise SetupError(f"{REGISTRY_COORDINATE} holds no quarkus-run.jar: not the application layout expected")
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), folder)
+    (folder / _STAMP).write_text(json.dumps([REGISTRY_COORDINATE]))
+    return registry_app(jar_dir)
+
+
 # The helper's sources: the checkout's jvm/, or the copy an installed package puts under its prefix (pyproject's
 # data-files).
 HELPER_SOURCES = CHECKOUT / "jvm" if CHECKOUT else Path(sys.prefix) / "share" / "two-phase-pipelines" / "jvm"
@@ -252,6 +314,11 @@ def main() -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         print(f"{len(paths)} JVM jars ({bundle.name}) cached in {bundle.directory(DEFAULT_JAR_DIR)}")
+    try:
+        print(f"the local schema registry: {fetch_registry().parent}")
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         print(f"the engine's JVM helper: {build_helper()}")
     except SetupError as exc:

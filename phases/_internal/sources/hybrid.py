@@ -62,6 +62,10 @@ class HybridArchiveSource:
     def table_id(self) -> str:
         return self.kafka.table_id()
 
+    def check_batch(self, rows) -> None:
+        """A live micro-batch's rows, checked as the topic's (:meth:`KafkaTopicSource.check_batch`)."""
+        self.kafka.check_batch(rows)
+
     # --- backlog: the archive, cut at the handoff ---------------------------------------------------
     def handoff_offsets(self) -> dict[int, int]:
         """The first offset of each partition the live phase reads, resolved once per runner."""

@@ -27,13 +27,14 @@ import re
 from dataclasses import dataclass
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases._internal.definition import HybridSource, KafkaSource
+from phases._internal.definition import HybridSource, KafkaSource, ValueFormat
 from phases._internal.errors import PhasesError, SourceError
 from phases._internal.runtime import kafka_client_log
+from phases._internal.sources.avro_values import AvroValues
 
 DECODE_ERROR = "_decode_error"  # why a value could not be decoded (null when it could)
 RAW = "_raw"  # the undecodable value as text
@@ -161,6 +162,8 @@ class KafkaTopicSource:
         self.continue_from, self.first = continue_from, first
         self._plan: ChunkPlan | None = ChunkPlan.from_json(plan) if plan is not None else None
         self._cached: list[DataFrame] = []
+        # Avro values: the registry's versions of the subject (read again for each backlog read and each query).
+        self.avro = AvroValues(spark, spec) if spec.value_format == ValueFormat.AVRO else None
 
     # --- the broker, without Spark ----------------------------------------------------------------
     def _client_conf(self) -> dict:
@@ -205,9 +208,11 @@ class KafkaTopicSource:
         return plan.cut(until).to_json()
 
     def schema(self) -> T.StructType:
-        """The records' schema: the declared value schema."""
+        """The records' schema: the declared value schema (Avro values: else the subject's newest schema's fields)."""
+        if self.avro is not None:
+            return self.avro.schema()
         try:
-            schema = T._parse_datatype_string(self.spec.value_schema)
+            schema = T._parse_datatype_string(self.spec.value_schema or "")  # (JSON values: required)
         except Exception as exc:  # noqa: BLE001 - Spark's parser names the problem
             raise SourceError(
                 f"{self.spec.location}: value_schema {self.spec.value_schema!r} is not valid: {exc}"
@@ -268,6 +273,8 @@ class KafkaTopicSource:
         plan = self.plan()
         lo, hi = max(start_version, plan.first), end_version
         starting, ending = plan.offsets(lo, hi)
+        if self.avro is not None:  # after the plan: every record in it was written after its schema was registered
+            self.avro.refresh()
         reader = self._reader(self.spark.read)
         if "minPartitions" not in self.spec.options:
             # One Spark task per Kafka partition by default: a 3-partition topic on 2 cores ran its fetch and JSON
@@ -323,7 +330,15 @@ class KafkaTopicSource:
         )
         if max_files_per_trigger is not None:
             reader = reader.option("maxOffsetsPerTrigger", max_files_per_trigger)
+        # Avro values: decoded by the subject's versions as the live runner read them before it started the query
+        # (schema()); a record of a newer version restarts it (check_batch).
         return self.decode(reader.load())
+
+    def check_batch(self, rows: DataFrame) -> None:
+        """A live micro-batch's decoded rows: Avro values of a version registered after the query started stop it
+        (:class:`phases._internal.sources.avro_values.NewSchemaVersion`), to start again with that version."""
+        if self.avro is not None:
+            self.avro.newer_schema(rows, DECODE_ERROR)
 
     def table_id(self) -> str:
         """How Spark's offset log names this source: by its topic."""
@@ -347,8 +362,10 @@ class KafkaTopicSource:
     def decode(self, raw: DataFrame) -> DataFrame:
         """Kafka rows -> the declared fields, plus the change columns the engine expects and the record's
         position; an undecodable value keeps its reason and text."""
+        if self.avro is not None:
+            record, error = self.avro.decoded(F.col("value"))
+            return self._decoded(raw, record, error, self.avro.fields("_parsed"), F.base64("value"))
         schema = self.schema()
-        fields = [f.name for f in schema.fields]
         text = F.col("value").cast("string")
         parsed = F.from_json(
             text,
@@ -363,10 +380,18 @@ class KafkaTopicSource:
                 F.lit(f"undecodable: not JSON of the declared value_schema ({self.spec.value_schema})"),
             )
         )
+        fields = [(f.name, F.col(f"_parsed.`{f.name}`")) for f in schema.fields]
+        return self._decoded(raw, parsed, error, fields, text)
+
+    @staticmethod
+    def _decoded(raw: DataFrame, parsed, error, fields: list[tuple[str, Column]], text) -> DataFrame:
+        """The decoded rows: the ``fields`` (name, column of the ``parsed`` struct) where ``error`` is null, the change
+        columns, the record's position, and for an undecodable value its reason and ``text`` (JSON: the value; Avro:
+        base64)."""
         decoded = raw.select("*", parsed.alias("_parsed")).withColumn(DECODE_ERROR, error)
         ok = F.col(DECODE_ERROR).isNull()
         return decoded.select(
-            *[F.when(ok, F.col(f"_parsed.{name}")).alias(name) for name in fields],
+            *[F.when(ok, column).alias(name) for name, column in fields],
             F.lit("insert").alias("_change_type"),
             F.col("timestamp").alias("_commit_timestamp"),
             F.col("topic").alias(TOPIC),

@@ -1,6 +1,7 @@
-"""The records a result topic holds: a DataFrame of results encoded as Kafka keys and values (JSON), with headers.
+"""The records a result topic holds: a DataFrame of results encoded as Kafka keys and values, with headers.
 
-The format (JSON, UTF-8):
+The format is JSON by default (below), or Avro in the Confluent wire format (``value_format="avro"``:
+:mod:`phases._internal.topics.avro_records`) with the same keys, values, tombstones and headers. JSON (UTF-8):
 
 - the **key** is a JSON object of the pipeline's key columns (``{"key": "k1"}``), so one key's records always carry
   the same bytes and go to one partition, in order (a windowed result's window bounds are in its value);
@@ -21,11 +22,15 @@ Encoding runs in Spark (``to_json``); the driver collects the encoded rows as Ar
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from phases._internal.topics.transactions import Record
+
+if TYPE_CHECKING:
+    from phases._internal.topics.avro_records import AvroRecords
 
 # Spark's JSON writer options of the format above.
 JSON_OPTIONS = {
@@ -39,14 +44,20 @@ KEY, VALUE = "_kafka_key", "_kafka_value"
 HEADER_PIPELINE, HEADER_HANDOFF, HEADER_BATCH = "phases.pipeline", "phases.handoff", "phases.batch"
 
 
-def encoded(df: DataFrame, key_columns: Sequence[str], *, tombstone: str | None = None) -> DataFrame:
-    """``df`` as two binary columns: the JSON key of ``key_columns`` and the JSON value of every column (less
-    ``tombstone``, a boolean column: where true, the value is null, a tombstone)."""
+def encoded(
+    df: DataFrame, key_columns: Sequence[str], *, tombstone: str | None = None, avro: AvroRecords | None = None
+) -> DataFrame:
+    """``df`` as two binary columns: the key of ``key_columns`` and the value of every column (less ``tombstone``, a
+    boolean column: where true, the value is null, a tombstone), as JSON, or with ``avro`` in the Confluent wire
+    format (:mod:`phases._internal.topics.avro_records`)."""
     columns = [c for c in df.columns if c != tombstone]
-    value = F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), JSON_OPTIONS).cast("binary")
+    if avro is not None:
+        key, value = avro.key_and_value(df, columns, list(key_columns))
+    else:
+        value = F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), JSON_OPTIONS).cast("binary")
+        key = F.to_json(F.struct(*[F.col(f"`{c}`") for c in key_columns]), JSON_OPTIONS).cast("binary")
     if tombstone is not None:
         value = F.when(F.col(f"`{tombstone}`"), F.lit(None).cast("binary")).otherwise(value)
-    key = F.to_json(F.struct(*[F.col(f"`{c}`") for c in key_columns]), JSON_OPTIONS).cast("binary")
     return df.select(key.alias(KEY), value.alias(VALUE))
 
 

@@ -25,10 +25,11 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
-from phases._internal.definition import KafkaSink, Pipeline
+from phases._internal.definition import KafkaSink, Pipeline, ValueFormat
 from phases._internal.errors import DefinitionError, SinkError
 from phases._internal.placement import Placement
 from phases._internal.topics import records
+from phases._internal.topics.avro_records import AvroRecords
 from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ class TopicSink:
             timeout_s=sink.transaction_timeout.total_seconds(),
             connect_timeout_s=sink.connect_timeout.total_seconds(),
         )
+        # Avro records: the schemas registered in the sink's registry (None: JSON).
+        self.avro = AvroRecords(sink, where.name) if sink.value_format == ValueFormat.AVRO else None
         self.published = 0  # records produced by this process's writes (for reports)
         # What the current handoff's writes published in all, as the newest marker counts it (None: not read yet).
         self._handoff_records: int | None = None
@@ -227,7 +230,7 @@ class TopicSink:
 
     def _records(self, rows: DataFrame, handoff_id: str, batch: int):
         return records.records(
-            records.encoded(rows, self.key_columns), records.headers(self.pipeline, handoff_id, batch)
+            records.encoded(rows, self.key_columns, avro=self.avro), records.headers(self.pipeline, handoff_id, batch)
         )
 
     def close(self) -> None:
@@ -243,10 +246,10 @@ def read_topic(
 ) -> DataFrame:
     """What a ``read_committed`` consumer of ``pipeline``'s result topic reads, folded as its mode says, with the
     columns and types of the engine's table of the results (the JSON values parsed with its schema: exact
-    timestamps, decimals and nulls): for a keyed aggregation the current row per key (its newest record; a
-    tombstone removes the key), for the other operators every result once. ``with_change_columns`` keeps a
-    changelog's ``_batch_id``, ``_source_version`` and ``_op``. For reconciliation and tests: it reads the whole
-    topic through the driver."""
+    timestamps, decimals and nulls; Avro values by their schema ids): for a keyed aggregation the current row per key
+    (its newest record; a tombstone removes the key), for the other operators every result once.
+    ``with_change_columns`` keeps a changelog's ``_batch_id``, ``_source_version`` and ``_op``. For reconciliation and
+    tests: it reads the whole topic through the driver."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
@@ -263,9 +266,13 @@ def read_topic(
     else:
         values = [r.value for r in read if r.value is not None]
     schema = spark.read.format("delta").load(where.sink_path).schema
-    texts = pa.table({"value": pa.array([v.decode() for v in values], pa.string())})
-    frame = spark.createDataFrame(texts).select(F.from_json("value", schema, records.JSON_OPTIONS).alias("r"))
-    rows = frame.select("r.*")
+    if sink.value_format == ValueFormat.AVRO:
+        binary = spark.createDataFrame(pa.table({"value": pa.array(values, pa.binary())}))
+        rows = AvroRecords(sink, pipeline.name).decoded_values(binary, schema)
+    else:
+        texts = pa.table({"value": pa.array([v.decode() for v in values], pa.string())})
+        frame = spark.createDataFrame(texts).select(F.from_json("value", schema, records.JSON_OPTIONS).alias("r"))
+        rows = frame.select("r.*")
     if with_change_columns or sink.mode != "changelog" or not pipeline.operator.upserts:
         return rows
     from phases._internal.storage.changelog import BATCH_ID, OP, SOURCE_VERSION

@@ -66,12 +66,12 @@ def publish_swap(
         produced: list[Iterator[Record]] = []
         if changelog or not upserts:
             boundary = {"generation": where.generation, "from_generation": from_generation, "redeploy": redeploy_id}
-            produced.append(_boundaries(topic.writer.check_topic(), header, boundary))
-        encoded = records.encoded(rows, keys)
+            produced.append(_boundaries(topic.writer.check_topic(), header, boundary, nulls=topic.avro is not None))
+        encoded = records.encoded(rows, keys, avro=topic.avro)
         produced.append(records.records(encoded, header))
         if upserts:
             gone = (
-                records.encoded(before, list(before_keys))
+                records.encoded(before, list(before_keys), avro=topic.avro)
                 .select(records.KEY)
                 .distinct()
                 .join(encoded.select(records.KEY), records.KEY, "left_anti")
@@ -93,8 +93,12 @@ def publish_swap(
         topic.close()
 
 
-def _boundaries(partitions: int, header: tuple[tuple[str, bytes], ...], boundary: dict) -> Iterator[Record]:
-    value = json.dumps({HEADER_BOUNDARY: boundary}, sort_keys=True).encode()
+def _boundaries(
+    partitions: int, header: tuple[tuple[str, bytes], ...], boundary: dict, *, nulls: bool = False
+) -> Iterator[Record]:
+    """One boundary record a partition; ``nulls`` (an Avro topic): with a null key and value, the header alone says
+    what it is (an Avro deserializer reads nulls)."""
+    value = None if nulls else json.dumps({HEADER_BOUNDARY: boundary}, sort_keys=True).encode()
     marked = (*header, (HEADER_BOUNDARY, str(boundary["generation"]).encode()))
     for p in range(partitions):
-        yield Record(json.dumps({HEADER_BOUNDARY: p}).encode(), value, marked, partition=p)
+        yield Record(None if nulls else json.dumps({HEADER_BOUNDARY: p}).encode(), value, marked, partition=p)
