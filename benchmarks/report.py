@@ -99,6 +99,10 @@ def markdown(results: dict) -> str:
         from benchmarks import kafka_backlog
 
         lines += kafka_backlog.lines(results["kafka_backlog"])
+    if results.get("kafka_avro"):
+        from benchmarks import kafka_avro
+
+        lines += kafka_avro.lines(results["kafka_avro"])
     if results.get("redeploy"):
         from benchmarks import redeploy
 

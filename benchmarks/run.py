@@ -21,6 +21,7 @@ from benchmarks import (
     data,
     growth,
     join_variants,
+    kafka_avro,
     kafka_backlog,
     live,
     live_kinds,
@@ -350,7 +351,7 @@ def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> lis
 
 PARTS = (
     "keyed reduce", "wordcount", "keyed process", "interval join", "low-cardinality join", "growth", "live",
-    "live-kinds", "live-kafka", "live-topic", "kafka-backlog", "process-pass", "spill", "redeploy",
+    "live-kinds", "live-kafka", "live-topic", "kafka-backlog", "kafka-avro", "process-pass", "spill", "redeploy",
 )  # fmt: skip
 
 
@@ -479,6 +480,11 @@ def main() -> None:
             kafka_rows = args.kafka_rows or (100_000 if args.quick else 1_000_000)
             results["kafka_backlog"] = kafka_backlog.measure(
                 spark, work, kafka_rows, max(1, kafka_rows // 10), runs=2 if args.quick else 3
+            )
+        if "kafka-avro" in only:
+            avro_rows = args.kafka_rows or (100_000 if args.quick else 1_000_000)
+            results["kafka_avro"] = kafka_avro.measure(
+                spark, work, avro_rows, max(1, avro_rows // 10), runs=2 if args.quick else 3
             )
         if "process-pass" in only:
             pass_rows = args.process_rows or (20_000 if args.quick else 1_000_000)

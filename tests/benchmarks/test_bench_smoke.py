@@ -180,3 +180,13 @@ def test_start_costs_count_the_jobs_of_each_step(spark, tmp_path):
     # The local session's file systems start no chmod or readlink (Hadoop's own: dozens a step).
     assert all(r["processes"] == 0 and r["compiled_classes"] >= 0 for r in results), results
     assert "| keyed | backlog |" in "\n".join(start_costs.lines(results))
+
+
+def test_the_avro_backlog_runs_beside_a_plain_from_avro_job_over_the_same_topic(spark, tmp_path):
+    from benchmarks import kafka_avro
+
+    result = kafka_avro.measure(spark, tmp_path, 2_000, 200, versions=2, runs=1)
+    assert result["plain_equal"] is True and result["ratio"] > 0
+    assert result["framework"][0]["input_rows"] == 2_000
+    md = "\n".join(kafka_avro.lines(result))
+    assert "backlog from a topic of Avro values" in md and "plain Spark job with from_avro" in md

@@ -1,0 +1,161 @@
+"""The backlog from a topic of Avro values (the Confluent wire format, the schema in a schema registry) beside what a
+Spark user writes instead: a plain Spark batch job over the same topic that decodes with ``from_avro``.
+
+The rows (:func:`phases._internal.sources.synthetic.event_batch`, ``versions`` batches) go to a 3-partition topic on a
+local KRaft broker, encoded in Spark (``to_avro`` behind the magic byte and the id the local registry gave the schema):
+the engine's own decoding is not used to write them. The framework's backlog (the keyed reduce of
+:func:`benchmarks.variants.pipeline`, its source a ``KafkaSource`` with ``value_format="avro"``) and the plain job
+(``spark.read.format("kafka")`` with the engine's read options, ``from_avro`` of the bytes after the five-byte header
+with the writer's schema, the same aggregation, written to Delta) run ``runs`` times each, alternating; the plain job is
+checked equal to the framework's sink plus what the framework quarantined as late before its time counts. Reported:
+the framework's seconds over the plain job's (best runs; :data:`TARGET`), and the plain job's fetch and decode shares.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from benchmarks import kafka_backlog, variants
+from benchmarks.kafka_backlog import PARTITIONS, _plain_read, same_as_plain
+from phases import SchemaRegistry
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import KafkaSource
+from phases._internal.runtime.local_kafka import LocalKafka
+from phases._internal.runtime.local_registry import LocalRegistry
+from phases._internal.sources import synthetic
+
+TOPIC = kafka_backlog.TOPIC  # on a broker of its own
+TARGET = 1.15  # the framework's backlog seconds ÷ the plain from_avro job's
+SCHEMA = {
+    "type": "record",
+    "name": "Event",
+    "namespace": "bench",
+    "fields": [
+        {"name": "key", "type": "string"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "value", "type": "long"},
+    ],
+}
+
+
+def _decoded(df):
+    from pyspark.sql.avro.functions import from_avro
+
+    return df.select(from_avro(F.expr("substring(value, 6)"), json.dumps(SCHEMA)).alias("r")).select("r.*")
+
+
+def plain_job(spark: SparkSession, servers: str, out: str) -> dict:
+    """The plain job over the topic, timed whole, its shares from its prefixes run into the ``noop`` sink."""
+    t = time.perf_counter()
+    _plain_read(spark, servers).write.format("noop").mode("overwrite").save()
+    fetch_s = time.perf_counter() - t
+    t = time.perf_counter()
+    _decoded(_plain_read(spark, servers)).write.format("noop").mode("overwrite").save()
+    decode_s = time.perf_counter() - t
+    t = time.perf_counter()
+    variants.aggregate(_decoded(_plain_read(spark, servers))).write.format("delta").mode("overwrite").save(out)
+    seconds = time.perf_counter() - t
+    return {
+        "seconds": round(seconds, 2),
+        "fetch_s": round(fetch_s, 2),
+        "decode_s": round(max(0.0, decode_s - fetch_s), 2),
+        "aggregate_and_write_s": round(max(0.0, seconds - decode_s), 2),
+    }
+
+
+def measure(spark: SparkSession, work: Path, rows: int, keys: int, versions: int = 10, runs: int = 3) -> dict:
+    from pyspark.sql.avro.functions import to_avro
+
+    base = work / "kafka_avro"
+    shutil.rmtree(base, ignore_errors=True)
+    broker = LocalKafka(base / "kafka", heap="512m").start()
+    registry = LocalRegistry(base / "registry").start()
+    try:
+        broker.create_topic(TOPIC, PARTITIONS)
+        schema_id = registry.register(f"{TOPIC}-value", SCHEMA)
+        header = b"\x00" + schema_id.to_bytes(4, "big")
+        t = time.perf_counter()
+        for i in range(versions):
+            batch = synthetic.event_batch(spark, rows=rows // versions, keys=keys, batch_index=i)
+            (
+                batch.select(
+                    "key",
+                    F.concat(F.lit(header), to_avro(F.struct("key", "ts", "value"), json.dumps(SCHEMA))).alias("value"),
+                )
+                .write.format("kafka")
+                .option("kafka.bootstrap.servers", broker.bootstrap_servers)
+                .option("topic", TOPIC)
+                .save()
+            )
+        generate_s = time.perf_counter() - t
+        spec = KafkaSource(
+            topic=TOPIC,
+            bootstrap_servers=broker.bootstrap_servers,
+            value_format="avro",
+            registry=SchemaRegistry(url=registry.url),
+        )
+        pipeline = variants.pipeline(str(base / "unused"), str(base / "run")).model_copy(update={"source": spec})
+        out: dict = {"rows": rows, "keys": keys, "partitions": PARTITIONS, "generate_s": round(generate_s, 1)}
+        out["framework"], out["plain"] = [], []
+        plain_out = str(base / "plain_run" / "sink")
+        for run in range(runs):
+            out["plain"].append(plain_job(spark, broker.bootstrap_servers, plain_out))
+            print(f"[kafka avro] run {run} plain Spark: {out['plain'][-1]}", flush=True)
+            runner = BacklogRunner(spark, pipeline)
+            t = time.perf_counter()
+            handoff = runner.run(reset=True)
+            seconds = time.perf_counter() - t
+            out["framework"].append(
+                {
+                    "seconds": round(seconds, 2),
+                    "input_rows": handoff.input_rows,
+                    "late_rows": handoff.late_rows,
+                    "timings": {k: round(v, 2) for k, v in runner.timings.items()},
+                }
+            )
+            print(f"[kafka avro] run {run} framework: {out['framework'][-1]}", flush=True)
+        out["plain_equal"] = same_as_plain(spark, plain_out, pipeline.sink.path, pipeline.locations.quarantine)
+        if not out["plain_equal"]:
+            raise AssertionError(
+                f"the plain from_avro job ({plain_out}) differs from the framework's sink and quarantine: its time "
+                "would not count"
+            )
+        best = min(r["seconds"] for r in out["framework"])
+        plain_best = min(r["seconds"] for r in out["plain"])
+        out["ratio"] = round(best / plain_best, 2)
+        out["target_met"] = out["ratio"] <= TARGET
+        return out
+    finally:
+        registry.stop()
+        broker.stop()
+
+
+def lines(result: dict) -> list[str]:
+    best = min(result["framework"], key=lambda r: r["seconds"])
+    plain = min(result["plain"], key=lambda r: r["seconds"])
+    t = best["timings"]
+    verdict = "met" if result["target_met"] else "missed"
+    plain_runs = ", ".join(str(r["seconds"]) for r in result["plain"])
+    return [
+        "",
+        f"#### backlog from a topic of Avro values ({result['rows']:,} rows, {result['keys']:,} keys, "
+        f"{result['partitions']} partitions; the Confluent wire format, the schema in a local registry)",
+        "",
+        "| job | seconds (best of runs) | runs (s) | where the time went |",
+        "|---|---|---|---|",
+        f"| two-phase backlog | {best['seconds']} | {', '.join(str(r['seconds']) for r in result['framework'])} | "
+        f"statistics {t.get('watermarks_s', 0)} s, quarantine {t.get('quarantine_s', 0)} s, state "
+        f"{t.get('state_s', 0)} s, sink {t.get('sink_s', 0)} s |",
+        f"| plain Spark job with from_avro | {plain['seconds']} | {plain_runs} "
+        f"| fetch {plain['fetch_s']} s, decode {plain['decode_s']} s, aggregate and write "
+        f"{plain['aggregate_and_write_s']} s |",
+        "",
+        f"Two-phase ÷ plain (results equal: {result['plain_equal']}): **{result['ratio']}×** (target ≤ {TARGET}×: "
+        f"{verdict}).",
+    ]
