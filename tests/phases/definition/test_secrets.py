@@ -112,3 +112,46 @@ def test_the_engines_session_redacts_the_same_settings_in_sparks_plans_and_ui(sp
         regex = pattern.compile(spark.conf.get(conf))
         for setting in (*PLANTED, *CLIENT, *SINK_CLIENT):
             assert regex.matcher(setting).find() == is_secret(setting.removeprefix("kafka.")), (conf, setting)
+
+
+def _avro_pipeline(tmp_path, user_info: str = "team:planted-registry-source-31ef"):
+    from phases import SchemaRegistry
+
+    registry = SchemaRegistry(url="http://127.0.0.1:9", client_options={"basic.auth.user.info": user_info})
+    source = KafkaSource(topic="events", bootstrap_servers="127.0.0.1:9", value_format="avro", registry=registry)
+    sink = KafkaSink(
+        topic="results", bootstrap_servers="127.0.0.1:9", path="results", value_format="avro", registry=registry
+    )
+    return make_pipeline(source, str(tmp_path / "run"), sink=sink)
+
+
+def test_a_schema_registrys_credentials_are_hidden_and_outside_the_fingerprint(tmp_path):
+    p = _avro_pipeline(tmp_path)
+    for shown in (repr(p), str(p), repr(p.source), str(p.sink)):
+        assert "planted-registry-source-31ef" not in shown and HIDDEN in shown, shown
+    assert "planted" not in str(p.state_spec())
+    assert p.fingerprint() == _avro_pipeline(tmp_path, "other:credentials").fingerprint()
+    with pytest.raises(DefinitionError) as bad:
+        from phases import SchemaRegistry
+
+        SchemaRegistry(url="http://127.0.0.1:9", client_options={"basic.auth.user.info": "no-colon-planted-77"})
+    assert "basic.auth.user.info" in str(bad.value) and "planted" not in str(bad.value)
+
+
+def test_a_registry_that_does_not_answer_is_named_without_its_credentials():
+    from datetime import timedelta
+
+    from phases import SchemaRegistry, SourceError
+    from phases._internal.runtime.schema_registry import RegistryClient
+    from phases.local import free_port
+
+    registry = SchemaRegistry(
+        url=f"http://127.0.0.1:{free_port()}",
+        client_options={"basic.auth.user.info": "team:planted-registry-dead-5c1"},
+        connect_timeout=timedelta(seconds=1),
+    )
+    with pytest.raises(SourceError) as dead:
+        RegistryClient(registry, "source.registry", SourceError).versions("events-value")
+    text = str(dead.value)
+    assert "source.registry" in text and "did not answer within 1 s" in text and "connect_timeout" in text
+    assert "planted" not in text
