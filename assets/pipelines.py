@@ -1,8 +1,18 @@
 """The pipelines this code location serves. Paths are relative to the storage resource's root."""
 
+import os
 from datetime import timedelta
 
-from phases import Aggregation, DeltaSink, DeltaSource, KafkaSource, KeyedAggregate, Locations, Pipeline
+from phases import (
+    Aggregation,
+    DeltaSink,
+    DeltaSource,
+    KafkaSource,
+    KeyedAggregate,
+    Locations,
+    Pipeline,
+    SchemaRegistry,
+)
 
 DEMO = Pipeline(
     name="demo_events",
@@ -55,6 +65,25 @@ DEMO_KAFKA = DEMO.model_copy(
         ),
         "sink": DeltaSink(path="demo_kafka/sink"),
         "locations": Locations(root="demo_kafka/engine"),
+    }
+)
+
+# The same pipeline over a topic of Avro values (the Confluent wire format), their schema in a schema registry at
+# PHASES_SCHEMA_REGISTRY_URL (`make demo ARGS="--source kafka-avro"` starts a local broker and registry).
+DEMO_KAFKA_AVRO = DEMO_KAFKA.model_copy(
+    update={
+        "name": "demo_kafka_avro",
+        "source": KafkaSource(
+            topic="demo_events_avro",
+            bootstrap_servers="127.0.0.1:9092",
+            value_format="avro",
+            registry=SchemaRegistry(
+                url=os.environ.get("PHASES_SCHEMA_REGISTRY_URL", "http://127.0.0.1:8081/apis/ccompat/v7")
+            ),
+            backlog_chunk_records=50_000,
+        ),
+        "sink": DeltaSink(path="demo_kafka_avro/sink"),
+        "locations": Locations(root="demo_kafka_avro/engine"),
     }
 )
 

@@ -2,7 +2,8 @@
 instance with its webserver and daemon on 127.0.0.1).
 
 Generates a synthetic keyed event table (or, with ``--source kafka``, a topic on a Kafka broker the demo starts
-on 127.0.0.1 from the setup's Maven jars), starts ``dagster dev``, materializes the backlog asset over
+on 127.0.0.1 from the setup's Maven jars; with ``--source kafka-avro``, Avro values in the Confluent wire format and a
+schema registry started beside the broker), starts ``dagster dev``, materializes the backlog asset over
 GraphQL (backlog phase + blocking checks), lets the switch sensor launch the live run, appends live data
 while it runs, waits for the sink to show it, terminates the live run, and checks the sink against a
 reference computed independently with pandas (no Spark aggregation, no engine code).
@@ -11,6 +12,7 @@ reference computed independently with pandas (no Spark aggregation, no engine co
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import time
@@ -21,14 +23,15 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import functions as F
 
-from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_REVISED
+from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_KAFKA_AVRO, DEMO_REVISED
+from phases import Pipeline, SchemaRegistry
 from phases._internal.deployment import place
 from phases._internal.live.runner import LiveRunner
 from phases._internal.placement import Placement
 from phases._internal.runtime.session import SparkSettings, build_session
 from phases._internal.sources import synthetic
 from phases._internal.storage import quarantine
-from phases.local import LocalKafka
+from phases.local import LocalKafka, LocalRegistry
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
 from scripts.browser import BrowserError, screenshot
@@ -85,18 +88,50 @@ class DeltaFeed:
         pass
 
 
-class KafkaFeed:
-    """The demo's input as a Kafka topic (3 partitions, JSON values) on a broker started here."""
+# The Avro demo's value schema, registered by the demo before its first record (as a producer's serializer does).
+AVRO_SCHEMA = {
+    "type": "record",
+    "name": "DemoEvent",
+    "namespace": "demo",
+    "fields": [
+        {"name": "key", "type": "string"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "value", "type": ["null", "long"], "default": None},
+    ],
+}
 
-    def __init__(self, spark, p: Placement, broker: LocalKafka):
-        self.spark, self.p, self.broker = spark, p, broker
+
+class KafkaFeed:
+    """The demo's input as a Kafka topic (3 partitions) on a broker started here: JSON values, or Avro values in the
+    Confluent wire format with ``registry`` (their schema registered there first)."""
+
+    def __init__(self, spark, p: Placement, broker: LocalKafka, registry: LocalRegistry | None = None):
+        self.spark, self.p, self.broker, self.registry = spark, p, broker, registry
+        self.schema_id: int | None = None
 
     def create(self) -> None:
         self.broker.create_topic(self.p.definition.source.topic, 3)
+        if self.registry is not None:
+            self.schema_id = self.registry.register(f"{self.p.definition.source.topic}-value", AVRO_SCHEMA)
+
+    def _value(self):
+        if self.schema_id is None:
+            return F.to_json(F.struct("key", "ts", "value"))
+        from pyspark.sql.avro.functions import to_avro
+
+        header = b"\x00" + self.schema_id.to_bytes(4, "big")
+        return F.concat(F.lit(header), to_avro(F.struct("key", "ts", "value"), json.dumps(AVRO_SCHEMA)))
+
+    def _decoded(self):
+        if self.schema_id is None:
+            return F.from_json(F.col("value").cast("string"), self.p.definition.source.value_schema)
+        from pyspark.sql.avro.functions import from_avro
+
+        return from_avro(F.expr("substring(value, 6)"), json.dumps(AVRO_SCHEMA))
 
     def append(self, batch) -> None:
         (
-            batch.select(F.col("key"), F.to_json(F.struct("key", "ts", "value")).alias("value"))
+            batch.select(F.col("key"), self._value().alias("value"))
             .write.format("kafka")
             .option("kafka.bootstrap.servers", self.broker.bootstrap_servers)
             .option("topic", self.p.definition.source.topic)
@@ -116,11 +151,7 @@ class KafkaFeed:
             .option("kafka.bootstrap.servers", self.broker.bootstrap_servers)
             .option("subscribe", self.p.definition.source.topic)
             .load()
-            .select(
-                "partition",
-                "offset",
-                F.from_json(F.col("value").cast("string"), self.p.definition.source.value_schema).alias("r"),
-            )
+            .select("partition", "offset", self._decoded().alias("r"))
         )
         inside = (
             (records["partition"] == spans["part"])
@@ -134,7 +165,16 @@ class KafkaFeed:
         )
 
     def stop(self) -> None:
+        if self.registry is not None:
+            self.registry.stop()
         self.broker.stop()
+
+
+def avro_demo(url: str) -> Pipeline:
+    """The Avro demo pipeline as the code location builds it with the registry at ``url`` (the registry is not part
+    of its fingerprint: the same pipeline)."""
+    source = DEMO_KAFKA_AVRO.source.model_copy(update={"registry": SchemaRegistry(url=url)})
+    return DEMO_KAFKA_AVRO.model_copy(update={"source": source})
 
 
 def daily_source(spark, data: Path, days: int = 3, rows: int = 2000) -> Path:
@@ -255,7 +295,10 @@ def redeploy_walkthrough(stack, spark, data: Path, feed, location, args, want: i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument(
-        "--source", choices=["delta", "kafka"], default="delta", help="the input: a Delta table or a Kafka topic"
+        "--source",
+        choices=["delta", "kafka", "kafka-avro"],
+        default="delta",
+        help="the input: a Delta table, a Kafka topic of JSON values, or of Avro values with a schema registry",
     )
     ap.add_argument("--rows", type=int, default=3_000_000, help="backlog records")
     ap.add_argument("--keys", type=int, default=1_000_000, help="distinct keys")
@@ -278,14 +321,21 @@ def main() -> None:
     data, home = root / "tables", root / "dagster_home"
     spark = build_session(SparkSettings())
     figures: dict[str, str] = {}
-    if args.source == "kafka":
+    if args.source in ("kafka", "kafka-avro"):
         t = time.perf_counter()
         broker = LocalKafka(root / "kafka", heap="512m").start()
         os.environ["PHASES_KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap_servers  # dagster dev serves DEMO_KAFKA
         _line("kafka broker", f"{broker.bootstrap_servers} (KRaft, started in {time.perf_counter() - t:.1f} s)")
-        pipeline = DEMO_KAFKA
+        registry = None
+        if args.source == "kafka-avro":
+            t = time.perf_counter()
+            registry = LocalRegistry(root / "registry").start()
+            # The code location (dagster dev, started below) reads it when it builds DEMO_KAFKA_AVRO.
+            os.environ["PHASES_SCHEMA_REGISTRY_URL"] = registry.url
+            _line("schema registry", f"{registry.url} (Apicurio, started in {time.perf_counter() - t:.1f} s)")
+        pipeline = DEMO_KAFKA if registry is None else avro_demo(registry.url)
         p = Placement(pipeline, root=str(data), brokers=broker.bootstrap_servers)
-        feed = KafkaFeed(spark, p, broker)
+        feed = KafkaFeed(spark, p, broker, registry)
     else:
         pipeline = DEMO
         p = Placement(pipeline, root=str(data))

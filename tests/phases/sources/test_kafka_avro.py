@@ -230,3 +230,47 @@ def test_a_version_registered_while_live_is_taken_up_and_every_record_counted(sp
     from phases._internal.storage import table_stats
 
     assert not table_stats.rows(f"{tmp_path}/quarantine")  # nothing was taken for an unknown schema id
+
+
+def test_an_archive_handing_over_to_an_avro_topic_counts_every_record_once(spark, kafka, registry, tmp_path):
+    """FLIP-327's first example with Avro values: a Delta archive of the topic's first offsets (its JSON-free copy),
+    then the topic of Avro values from the handoff offsets; no record in both phases, none in neither."""
+    from phases._internal.definition import HybridSource, KafkaHandoff
+    from phases._internal.sources import feed as sources
+    from tests.phases.sources.test_kafka_source import ARCHIVE_SCHEMA
+
+    topic = f"avro-hybrid-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    v1 = registry.register(f"{topic}-value", V1)
+    rows = [(i % 2, (f"k{i % 3}", (100 + i) * SECOND, i)) for i in range(12)]  # offsets 0..5 of each partition
+    rows.append((0, ("k0", 50 * SECOND, 999)))  # behind the archive's watermark: quarantined live
+    positions = produce(kafka.bootstrap_servers, topic, [(p, avro_value(V1, v1, row)) for p, row in rows])
+    by_position = dict(zip(positions, [row for _, row in rows], strict=True))
+    archive = str(tmp_path / "archive")
+    sources.create_source(spark, archive, ARCHIVE_SCHEMA)
+    exported = [(pos, row) for pos, row in sorted(by_position.items()) if pos[1] < 5]  # overlaps the topic at 3..4
+    sources.append(spark, archive, [(k, ts(t), v, p, o) for (p, o), (k, t, v) in exported])
+    source = HybridSource(
+        backlog={"path": archive},
+        live=KafkaSource(
+            topic=topic,
+            bootstrap_servers=kafka.bootstrap_servers,
+            value_format="avro",
+            registry=SchemaRegistry(url=registry.url),
+        ),
+        handoff=KafkaHandoff(offsets={0: 3, 1: 3}),
+        archive_partition_column="kafka_partition",
+        archive_offset_column="kafka_offset",
+    )
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    BacklogRunner(spark, p).run()
+    live = LiveRunner.from_manifest(spark, p)
+    live.start(available_now=True)
+
+    versions = {1: [row for (_, offset), row in exported if offset < 3]}
+    versions.update(chunk_versions(live.arrival_chunks(), {pos: r for pos, r in by_position.items() if pos[1] >= 3}))
+    assert sum(len(v) for v in versions.values()) == len(by_position)  # every record in exactly one phase
+    expected, expected_q = reference.run(versions, DELAY_S * SECOND)
+    assert_results_equal(sink_rows(spark, p.sink.path), expected)
+    assert kafka_quarantine(spark, str(tmp_path / "run")) == sorted(expected_q, key=repr)
+    assert expected_q, "the live record behind the watermark should be quarantined"
