@@ -35,9 +35,10 @@ from pyspark.sql import functions as F
 from benchmarks import variants
 from benchmarks.live import PROBE, Feed, probe_commits
 from phases._internal.backlog.runner import BacklogRunner
-from phases._internal.definition import Aggregation, KeyedAggregate
+from phases._internal.definition import Aggregation, KafkaSink, KeyedAggregate
 from phases._internal.live.runner import LiveRunner
 from phases._internal.redeploy.runner import Redeploy
+from phases._internal.runtime.local_kafka import LocalKafka
 
 
 class _Feeder:
@@ -86,18 +87,45 @@ def measure(
     before_s: float = 5.0,
     after_s: float = 10.0,
     live_rounds: int = 5,
+    topic: bool = False,
 ) -> dict:
     """The redeploy rows with ``keys`` keys of state (see the module docstring): the feed runs ``before_s`` before the
     redeploy and ``after_s`` after the new live phase's start; ``live_rounds``: the redeploy's catch-up rounds at
-    most (its default)."""
-    base = work / f"redeploy_{keys}"
+    most (its default). ``topic``: the results also go to a Kafka topic (a ``KafkaSink`` on a local broker): the
+    swap publishes the new definition's whole result into it in one transaction, timed as ``topic_swap_s``, and the
+    topic, folded as a consumer folds it, is checked equal to the consumer-facing table."""
+    base = work / f"redeploy{'_topic' if topic else ''}_{keys}"
     shutil.rmtree(base, ignore_errors=True)
     source = str(base / "source")
     feed = Feed(spark, source, keys)
     feed.seed()
-    serving_def = variants.pipeline(source, str(base / "pipeline")).model_copy(
-        update={"checkpoint_interval": timedelta(milliseconds=500)}
-    )
+    broker = None
+    update: dict = {"checkpoint_interval": timedelta(milliseconds=500)}
+    if topic:
+        broker = LocalKafka(base / "kafka", heap="512m").start()
+        broker.create_topic("results", 3, **{"cleanup.policy": "compact"})
+        update["sink"] = KafkaSink(topic="results", bootstrap_servers=broker.bootstrap_servers, path=str(base / "sink"))
+    try:
+        return _measure(spark, base, feed, source, keys, rate, interval_s, before_s, after_s, live_rounds, update)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _measure(
+    spark: SparkSession,
+    base: Path,
+    feed: Feed,
+    source: str,
+    keys: int,
+    rate: int,
+    interval_s: float,
+    before_s: float,
+    after_s: float,
+    live_rounds: int,
+    update: dict,
+) -> dict:
+    serving_def = variants.pipeline(source, str(base / "pipeline")).model_copy(update=update)
     changed = serving_def.model_copy(
         update={
             "operator": KeyedAggregate(
@@ -108,7 +136,7 @@ def measure(
             )
         }
     )
-    label = f"[redeploy {keys:,}]"
+    label = f"[redeploy{' into a topic' if 'sink' in update else ''} {keys:,}]"
     t = time.perf_counter()
     BacklogRunner(spark, serving_def).run()
     result: dict = {
@@ -181,6 +209,13 @@ def measure(
             "equal": _same_as_plain(spark, source, changed.sink.path),
         }
     )
+    if isinstance(changed.sink, KafkaSink):
+        from phases import read_topic
+
+        table = spark.read.format("delta").load(changed.sink.path)
+        folded = read_topic(spark, changed).select(*table.columns)
+        result["topic_swap_s"] = result["timings"].get("topic_swap_s")
+        result["topic_equal"] = folded.count() == table.count() and folded.exceptAll(table).limit(1).count() == 0
     print(
         f"{label} not fresh {result['not_fresh_s']} s (stop -> swap {result['stop_to_swap_s']} s, swap -> first "
         f"micro-batch {result['swap_to_first_batch_s']} s); the swap's copy "
@@ -232,6 +267,15 @@ def lines(result: dict) -> list[str]:
         f"| the old generation's results kept for a rollback (after the swap) | {t.get('keep_old_s')} | |",
         f"| worst probe latency of the {result['versions_in_the_gap']} versions that arrived in the gap | {worst} | |",
         f"| the whole redeploy (backlog beside, catch-up, checks, swap) | {result['redeploy_s']} | |",
+        *(
+            [
+                f"| the swap published into the result topic: {result['keys']:,} records in one transaction | "
+                f"{result['topic_swap_s']} | |"
+            ]
+            if "topic_swap_s" in result
+            else []
+        ),
         "",
-        f"Results equal a plain `groupBy().agg()` of the new definition over the whole source: {result['equal']}.",
+        f"Results equal a plain `groupBy().agg()` of the new definition over the whole source: {result['equal']}"
+        + (f"; the topic, folded, equals the table: {result['topic_equal']}." if "topic_equal" in result else "."),
     ]

@@ -107,6 +107,10 @@ def markdown(results: dict) -> str:
         from benchmarks import redeploy
 
         lines += redeploy.lines(results["redeploy"])
+    if results.get("redeploy_topic"):
+        from benchmarks import redeploy
+
+        lines += redeploy.lines(results["redeploy_topic"])
     if results.get("process_pass"):
         from benchmarks import process_pass
 

@@ -352,6 +352,7 @@ def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> lis
 PARTS = (
     "keyed reduce", "wordcount", "keyed process", "interval join", "low-cardinality join", "growth", "live",
     "live-kinds", "live-kafka", "live-topic", "kafka-backlog", "kafka-avro", "process-pass", "spill", "redeploy",
+    "redeploy-topic",
 )  # fmt: skip
 
 
@@ -494,6 +495,9 @@ def main() -> None:
         if "redeploy" in only:
             redeploy_keys = min(int(k) for k in (args.live_keys or ("20000" if args.quick else "1000000")).split(","))
             results["redeploy"] = redeploy.measure(spark, work, keys=redeploy_keys)
+        if "redeploy-topic" in only:
+            redeploy_keys = min(int(k) for k in (args.live_keys or ("20000" if args.quick else "1000000")).split(","))
+            results["redeploy_topic"] = redeploy.measure(spark, work, keys=redeploy_keys, topic=True)
         if "spill" in only and args.spill_memory:
             results["spill"] = run_spill(spark, str(work / "keyed_reduce" / "source"), work, args.spill_memory)
             print(f"[spill] {results['spill']}", flush=True)
