@@ -177,6 +177,8 @@ class KafkaTopicSource:
 
     def check(self) -> None:
         self.watermarks()
+        if self.avro is not None:  # the registry, before anything is read
+            self.avro.refresh()
 
     # --- the backlog ------------------------------------------------------------------------------
     def plan(self) -> ChunkPlan:

@@ -100,8 +100,11 @@ class TopicSink:
         return self.writer.where
 
     def check(self) -> None:
-        """A SinkError naming the topic when it does not exist (before anything is written)."""
+        """A SinkError naming the topic when it does not exist, or the registry of an Avro topic when it does not
+        answer (before anything is written)."""
         self.writer.check_topic()
+        if self.avro is not None:
+            self.avro.client.probe()
 
     def committed(self) -> Marker | None:
         return self.writer.committed()

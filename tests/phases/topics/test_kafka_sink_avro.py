@@ -132,3 +132,24 @@ def test_a_redeploy_whose_results_the_subject_refuses_is_refused_before_the_swap
     assert consumer.folded(kafka.bootstrap_servers, topic) == before  # nothing published
     assert _versions_of(registry.url, f"{topic}-value") == [1]  # nothing registered
     assert Redeploy(spark, old).plan().way == "none"  # the old definition still serves
+
+
+def test_a_sink_registry_that_does_not_answer_is_refused_before_the_backlog_writes_anything(spark, kafka, tmp_path):
+    from datetime import timedelta
+
+    from phases import SinkError
+    from phases._internal.storage import tables
+    from phases.local import free_port
+
+    source, root = str(tmp_path / "source"), str(tmp_path / "run")
+    write_source(spark, source, {1: _version(1)})
+    topic = f"results-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    dead = SchemaRegistry(url=f"http://127.0.0.1:{free_port()}", connect_timeout=timedelta(seconds=2))
+    sink = KafkaSink(
+        topic=topic, bootstrap_servers=kafka.bootstrap_servers, path=f"{root}/results", value_format="avro",
+        registry=dead,
+    )  # fmt: skip
+    with pytest.raises(SinkError, match=r"sink.registry \(http://127.0.0.1:\d+\) did not answer within 2 s"):
+        BacklogRunner(spark, _old(source, root, sink=sink)).run()
+    assert not tables.exists(spark, f"{root}/results")  # nothing written
