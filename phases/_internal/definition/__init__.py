@@ -2,7 +2,8 @@
 
 * :mod:`~phases._internal.definition.operators`: the stream operator, one model per kind;
 * :mod:`~phases._internal.definition.steps`: record steps and end-of-stream steps around it;
-* :mod:`~phases._internal.definition.sources`: where records come from, and the sink;
+* :mod:`~phases._internal.definition.sources`: where records come from;
+* :mod:`~phases._internal.definition.sinks`: where results go;
 * :mod:`~phases._internal.definition.pipeline`: the pipeline itself, its inputs, locations and maintenance.
 
 Every name is re-exported here. Validated at construction; messages name the field and the valid values
@@ -42,14 +43,13 @@ from phases._internal.definition.pipeline import (
     fingerprint_of,
 )
 from phases._internal.definition.registry import SchemaRegistry
+from phases._internal.definition.sinks import DeltaSink, KafkaSink
 from phases._internal.definition.sources import (
-    DeltaSink,
     DeltaSource,
     FileArchive,
     FileFormat,
     HybridSource,
     KafkaHandoff,
-    KafkaSink,
     KafkaSource,
     ValueFormat,
     ddl_field_names,

@@ -27,7 +27,8 @@ from phases._internal.definition.operators import (
     IntervalJoin,
     Operator,
 )
-from phases._internal.definition.sources import DeltaSink, DeltaSource, HybridSource, KafkaSink, KafkaSource
+from phases._internal.definition.sinks import DeltaSink, KafkaSink
+from phases._internal.definition.sources import DeltaSource, HybridSource, KafkaSource
 from phases._internal.definition.steps import (
     FULL_PARTITION_KINDS,
     Derive,

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from phases._internal.definition.fields import FunctionImportPath, _Model, name, user_column
 from phases._internal.definition.operators import AggKind, Aggregation, _unique_names
-from phases._internal.definition.sources import DeltaSink
+from phases._internal.definition.sinks import DeltaSink
 
 
 class Filter(_Model):

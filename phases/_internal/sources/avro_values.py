@@ -38,14 +38,15 @@ _UNKNOWN_ID = re.compile(r"schema id (\d+) is not a version of subject")
 
 
 class AvroValues:
-    """The Avro values of one Kafka source: its subject's versions, the reader schema, the decoding expressions."""
+    """The Avro values (or, with ``key``, keys) of one Kafka source: its subject's versions, the reader schema, the
+    decoding expressions."""
 
-    def __init__(self, spark: SparkSession, spec: KafkaSource):
+    def __init__(self, spark: SparkSession, spec: KafkaSource, *, key: bool = False):
         if spec.registry is None:  # (the definition requires it)
-            raise SourceError(f"{spec.location}: Avro values need source.registry")
-        self.spark, self.spec = spark, spec
+            raise SourceError(f"{spec.location}: Avro records need source.registry")
+        self.spark, self.spec, self.key = spark, spec, key
         self.client = RegistryClient(spec.registry, "source.registry", SourceError)
-        self.subject = spec.subject
+        self.subject = spec.key_subject_name if key else spec.subject
         self._versions: list[SubjectVersion] | None = None
 
     # --- the registry ------------------------------------------------------------------------------
@@ -53,11 +54,12 @@ class AvroValues:
         """Reads the subject's versions again (a new query, a new backlog)."""
         versions = self.client.versions(self.subject)
         if not versions:
+            what, field = ("key", "key_subject") if self.key else ("value", "value_subject")
             raise SourceError(
                 f"{self.spec.location}: the registry at {self.client.url} (source.registry) has no schema under "
-                f"subject {self.subject!r}, so no value of the topic can be decoded. Register the topic's value "
+                f"subject {self.subject!r}, so no {what} of the topic can be decoded. Register the topic's {what} "
                 "schema there (producers with a Confluent-compatible serializer do on their first write), or name "
-                "the subject that holds it in source.value_subject, then run again"
+                f"the subject that holds it in source.{field}, then run again"
             )
         self._versions = versions
         return versions
@@ -130,7 +132,7 @@ class AvroValues:
         """The columns the pipeline reads from the decoded struct column ``record``: the declared value_schema's
         fields cast to their types, else every field of the reader schema."""
         have = {f.name: f for f in self.reader_type().fields}
-        if self.spec.value_schema is None:
+        if self.key or self.spec.value_schema is None:
             return [(name, F.col(f"{record}.`{name}`")) for name in have]
         declared = T._parse_datatype_string(self.spec.value_schema)
         missing = [f.name for f in declared.fields if f.name not in have]  # pyright: ignore[reportAttributeAccessIssue]
@@ -146,7 +148,7 @@ class AvroValues:
         """The records' columns, as :meth:`fields` gives them, by the subject's versions now (read again: the live
         runner asks before each query it starts, and the query decodes with what it read)."""
         self.refresh()
-        if self.spec.value_schema is not None:
+        if not self.key and self.spec.value_schema is not None:
             declared = T._parse_datatype_string(self.spec.value_schema)
             if isinstance(declared, T.StructType):
                 return declared
@@ -156,7 +158,7 @@ class AvroValues:
         """Raises :class:`NewSchemaVersion` when a row of ``rows`` was not decoded for a schema id that the subject
         has now but did not have when the versions were read (a version registered while the query ran)."""
         unknown = (
-            rows.filter(F.col(error_column).contains("is not a version of subject"))
+            rows.filter(F.col(error_column).contains(f"is not a version of subject {self.subject!r}"))
             .select(error_column)
             .distinct()
             .limit(100)

@@ -27,19 +27,17 @@ import re
 from dataclasses import dataclass
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases._internal.definition import HybridSource, KafkaSource, ValueFormat
 from phases._internal.errors import PhasesError, SourceError
 from phases._internal.runtime import kafka_client_log
+from phases._internal.sources import kafka_records
 from phases._internal.sources.avro_values import AvroValues
+from phases._internal.sources.kafka_records import DECODE_ERROR, OFFSET, PARTITION, TOPIC
 
-DECODE_ERROR = "_decode_error"  # why a value could not be decoded (null when it could)
-RAW = "_raw"  # the undecodable value as text
-TOPIC, PARTITION, OFFSET = "_kafka_topic", "_kafka_partition", "_kafka_offset"
-_CORRUPT = "_corrupt_value"
 EARLIEST = -2  # Spark's and Kafka's code for "the earliest offset" in an offsets JSON
 # Records a consumer poll returns (Kafka's default: 500). Spark's reader polls until a task's range is read: 1M records
 # of a local topic took 2.0 s at 500 a poll, 1.55 s at 20,000. A user's ``options`` may set another.
@@ -164,6 +162,7 @@ class KafkaTopicSource:
         self._cached: list[DataFrame] = []
         # Avro values: the registry's versions of the subject (read again for each backlog read and each query).
         self.avro = AvroValues(spark, spec) if spec.value_format == ValueFormat.AVRO else None
+        self.avro_keys = AvroValues(spark, spec, key=True) if spec.key_format == "avro" else None
 
     # --- the broker, without Spark ----------------------------------------------------------------
     def _client_conf(self) -> dict:
@@ -177,8 +176,8 @@ class KafkaTopicSource:
 
     def check(self) -> None:
         self.watermarks()
-        if self.avro is not None:  # the registry, before anything is read
-            self.avro.refresh()
+        for avro in filter(None, (self.avro, self.avro_keys)):  # the registry, before anything is read
+            avro.refresh()
 
     # --- the backlog ------------------------------------------------------------------------------
     def plan(self) -> ChunkPlan:
@@ -212,7 +211,12 @@ class KafkaTopicSource:
     def schema(self) -> T.StructType:
         """The records' schema: the declared value schema (Avro values: else the subject's newest schema's fields)."""
         if self.avro is not None:
-            return self.avro.schema()
+            values = self.avro.schema()
+            if self.avro_keys is None:
+                return values
+            return T.StructType(
+                [*values.fields, *[f for f in self.avro_keys.schema().fields if f.name not in values.fieldNames()]]
+            )
         try:
             schema = T._parse_datatype_string(self.spec.value_schema or "")  # (JSON values: required)
         except Exception as exc:  # noqa: BLE001 - Spark's parser names the problem
@@ -275,8 +279,8 @@ class KafkaTopicSource:
         plan = self.plan()
         lo, hi = max(start_version, plan.first), end_version
         starting, ending = plan.offsets(lo, hi)
-        if self.avro is not None:  # after the plan: every record in it was written after its schema was registered
-            self.avro.refresh()
+        for avro in filter(None, (self.avro, self.avro_keys)):  # after the plan: each record's schema is registered
+            avro.refresh()
         reader = self._reader(self.spark.read)
         if "minPartitions" not in self.spec.options:
             # One Spark task per Kafka partition by default: a 3-partition topic on 2 cores ran its fetch and JSON
@@ -339,8 +343,8 @@ class KafkaTopicSource:
     def check_batch(self, rows: DataFrame) -> None:
         """A live micro-batch's decoded rows: Avro values of a version registered after the query started stop it
         (:class:`phases._internal.sources.avro_values.NewSchemaVersion`), to start again with that version."""
-        if self.avro is not None:
-            self.avro.newer_schema(rows, DECODE_ERROR)
+        for avro in filter(None, (self.avro, self.avro_keys)):
+            avro.newer_schema(rows, DECODE_ERROR)
 
     def table_id(self) -> str:
         """How Spark's offset log names this source: by its topic."""
@@ -362,46 +366,11 @@ class KafkaTopicSource:
         return reader
 
     def decode(self, raw: DataFrame) -> DataFrame:
-        """Kafka rows -> the declared fields, plus the change columns the engine expects and the record's
-        position; an undecodable value keeps its reason and text."""
+        """Kafka rows -> the record's fields, plus the change columns the engine expects and the record's position;
+        an undecodable record keeps its reason and bytes (:mod:`phases._internal.sources.kafka_records`)."""
         if self.avro is not None:
-            record, error = self.avro.decoded(F.col("value"))
-            return self._decoded(raw, record, error, self.avro.fields("_parsed"), F.base64("value"))
-        schema = self.schema()
-        text = F.col("value").cast("string")
-        parsed = F.from_json(
-            text,
-            T.StructType([*schema.fields, T.StructField(_CORRUPT, T.StringType(), True)]),
-            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
-        )
-        error = (
-            F.when(F.col("value").isNull(), F.lit("undecodable: null value (a tombstone)"))
-            .when(F.col("_parsed").isNull(), F.lit("undecodable: not a JSON object"))
-            .when(
-                F.col(f"_parsed.{_CORRUPT}").isNotNull(),
-                F.lit(f"undecodable: not JSON of the declared value_schema ({self.spec.value_schema})"),
-            )
-        )
-        fields = [(f.name, F.col(f"_parsed.`{f.name}`")) for f in schema.fields]
-        return self._decoded(raw, parsed, error, fields, text)
-
-    @staticmethod
-    def _decoded(raw: DataFrame, parsed, error, fields: list[tuple[str, Column]], text) -> DataFrame:
-        """The decoded rows: the ``fields`` (name, column of the ``parsed`` struct) where ``error`` is null, the change
-        columns, the record's position, and for an undecodable value its reason and ``text`` (JSON: the value; Avro:
-        base64)."""
-        decoded = raw.select("*", parsed.alias("_parsed")).withColumn(DECODE_ERROR, error)
-        ok = F.col(DECODE_ERROR).isNull()
-        return decoded.select(
-            *[F.when(ok, column).alias(name) for name, column in fields],
-            F.lit("insert").alias("_change_type"),
-            F.col("timestamp").alias("_commit_timestamp"),
-            F.col("topic").alias(TOPIC),
-            F.col("partition").alias(PARTITION),
-            F.col("offset").alias(OFFSET),
-            F.col(DECODE_ERROR),
-            F.when(~ok, F.coalesce(text, F.lit(""))).alias(RAW),  # a tombstone: the empty string
-        )
+            return kafka_records.decode_avro(raw, self.avro, self.avro_keys)
+        return kafka_records.decode_json(raw, self.spec, self.schema())
 
 
 def client_conf(spec: KafkaSource, brokers: str) -> dict:

@@ -274,3 +274,58 @@ def test_an_archive_handing_over_to_an_avro_topic_counts_every_record_once(spark
     assert_results_equal(sink_rows(spark, p.sink.path), expected)
     assert kafka_quarantine(spark, str(tmp_path / "run")) == sorted(expected_q, key=repr)
     assert expected_q, "the live record behind the watermark should be quarantined"
+
+
+KEY_SCHEMA = {"type": "record", "name": "EventKey", "namespace": "test", "fields": [{"name": "user", "type": "string"}]}
+VALUE_ONLY = {
+    "type": "record",
+    "name": "Reading",
+    "namespace": "test",
+    "fields": [
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "value", "type": ["null", "long"], "default": None},
+    ],
+}
+
+
+def _encoded(schema: dict, schema_id: int, record: dict) -> bytes:
+    import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
+    return b"\x00" + struct.pack(">I", schema_id) + out.getvalue()
+
+
+def test_avro_keys_give_the_key_columns_a_value_lacks_and_an_undecodable_key_is_quarantined(
+    spark, kafka, registry, tmp_path
+):
+    from confluent_kafka import Producer
+
+    topic = f"avro-keys-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    key_id = registry.register(f"{topic}-key", KEY_SCHEMA)
+    value_id = registry.register(f"{topic}-value", VALUE_ONLY)
+    records = [("u1", 10, 1), ("u2", 11, 2), ("u1", 12, 3)]
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 0})
+    for user, second, value in records:
+        producer.produce(
+            topic,
+            key=_encoded(KEY_SCHEMA, key_id, {"user": user}),
+            value=_encoded(VALUE_ONLY, value_id, {"ts": ts(second * SECOND), "value": value}),
+        )
+    producer.produce(topic, key=b"not avro", value=_encoded(VALUE_ONLY, value_id, {"ts": ts(13 * SECOND), "value": 9}))
+    producer.flush()
+    spec = KafkaSource(
+        topic=topic,
+        bootstrap_servers=kafka.bootstrap_servers,
+        value_format="avro",
+        key_format="avro",
+        registry=SchemaRegistry(url=registry.url),
+    )
+    pipeline = make_pipeline(spec, str(tmp_path), delay_s=DELAY_S, key_columns=["user"])
+    BacklogRunner(spark, pipeline).run()
+    totals = {r["user"]: (r["n"], r["total"]) for r in spark.read.format("delta").load(pipeline.sink.path).collect()}
+    assert totals == {"u1": (2, 4), "u2": (1, 2)}
+    [bad] = spark.read.format("delta").load(f"{tmp_path}/quarantine").collect()
+    assert bad["reason"].startswith("undecodable key: not the Confluent wire format (a zero magic byte")
+    assert bad["kafka_offset"] == 3
