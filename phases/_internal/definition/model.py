@@ -4,6 +4,7 @@ the message and in ``.errors``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -13,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from phases._internal.definition.secrets import HIDDEN, hidden, is_secret
 from phases._internal.errors import DefinitionError
+
+_URL_USER_INFO = re.compile(r"(\w+://)[^/@\s'\"]+@")
 
 
 def definition_error(exc: ValidationError, model: str) -> DefinitionError:
@@ -25,6 +28,7 @@ def definition_error(exc: ValidationError, model: str) -> DefinitionError:
             shown = HIDDEN
         else:
             shown = "{...}" if isinstance(given, dict) else "[...]" if isinstance(given, list | tuple) else repr(given)
+            shown = _URL_USER_INFO.sub(r"\1" + HIDDEN + "@", shown)  # a URL's user:password@
         lines.append(f"  {path}: {e['msg']} (given: {shown[:120]})")
     count = len(lines)
     error = DefinitionError(f"invalid {model}: {count} error{'s' if count > 1 else ''}\n" + "\n".join(lines))

@@ -42,8 +42,15 @@ class SchemaRegistry(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
         if not v.startswith(("http://", "https://")):
-            raise ValueError(f"registry.url {v!r} must start with http:// or https://")
+            raise ValueError("registry.url must start with http:// or https://")
+        if "@" in urlsplit(v).netloc:  # a URL's user info would be printed wherever the URL is
+            raise ValueError(
+                "registry.url holds credentials (user info before '@'); give the URL without them and the "
+                "credentials in registry.client_options['basic.auth.user.info'] ('user:password'), which is never shown"
+            )
         return v.rstrip("/")
 
     @field_validator("client_options")

@@ -136,6 +136,9 @@ def test_a_schema_registrys_credentials_are_hidden_and_outside_the_fingerprint(t
 
         SchemaRegistry(url="http://127.0.0.1:9", client_options={"basic.auth.user.info": "no-colon-planted-77"})
     assert "basic.auth.user.info" in str(bad.value) and "planted" not in str(bad.value)
+    with pytest.raises(DefinitionError) as in_url:
+        SchemaRegistry(url="http://team:planted-in-url-4e@127.0.0.1:9")
+    assert "registry.url holds credentials" in str(in_url.value) and "planted" not in str(in_url.value)
 
 
 def test_a_registry_that_does_not_answer_is_named_without_its_credentials():
