@@ -79,6 +79,9 @@ class LocalRegistry:
     def __init__(self, data_dir: str | os.PathLike, *, port: int | None = None, heap: str = "320m"):
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
+        # Its management interface (health, metrics) listens on a port of its own: 9000 on every interface by default,
+        # so that a second registry on the machine (another test process) could not start.
+        self.management_port = free_port()
         self.heap = heap
         self.process: subprocess.Popen | None = None
         self._watchdog: subprocess.Popen | None = None
@@ -101,6 +104,8 @@ class LocalRegistry:
             "-XX:TieredStopAtLevel=1",  # a local registry: a quick start beats peak throughput
             f"-Dquarkus.http.port={self.port}",
             "-Dquarkus.http.host=127.0.0.1",
+            f"-Dquarkus.management.port={self.management_port}",
+            "-Dquarkus.management.host=127.0.0.1",
             "-Dquarkus.log.level=WARN",
             "-Dquarkus.log.console.level=WARN",
             f"-Dapicurio.storage.snapshot.location={self.data_dir}",
