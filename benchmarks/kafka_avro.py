@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import kafka_backlog, variants
-from benchmarks.kafka_backlog import PARTITIONS, _plain_read, same_as_plain
+from benchmarks.kafka_backlog import PARTITIONS, same_as_plain
 from phases import SchemaRegistry
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import KafkaSource
@@ -48,25 +48,6 @@ def _decoded(df):
     from pyspark.sql.avro.functions import from_avro
 
     return df.select(from_avro(F.expr("substring(value, 6)"), json.dumps(SCHEMA)).alias("r")).select("r.*")
-
-
-def plain_job(spark: SparkSession, servers: str, out: str) -> dict:
-    """The plain job over the topic, timed whole, its shares from its prefixes run into the ``noop`` sink."""
-    t = time.perf_counter()
-    _plain_read(spark, servers).write.format("noop").mode("overwrite").save()
-    fetch_s = time.perf_counter() - t
-    t = time.perf_counter()
-    _decoded(_plain_read(spark, servers)).write.format("noop").mode("overwrite").save()
-    decode_s = time.perf_counter() - t
-    t = time.perf_counter()
-    variants.aggregate(_decoded(_plain_read(spark, servers))).write.format("delta").mode("overwrite").save(out)
-    seconds = time.perf_counter() - t
-    return {
-        "seconds": round(seconds, 2),
-        "fetch_s": round(fetch_s, 2),
-        "decode_s": round(max(0.0, decode_s - fetch_s), 2),
-        "aggregate_and_write_s": round(max(0.0, seconds - decode_s), 2),
-    }
 
 
 def measure(spark: SparkSession, work: Path, rows: int, keys: int, versions: int = 10, runs: int = 3) -> dict:
@@ -105,7 +86,7 @@ def measure(spark: SparkSession, work: Path, rows: int, keys: int, versions: int
         out["framework"], out["plain"] = [], []
         plain_out = str(base / "plain_run" / "sink")
         for run in range(runs):
-            out["plain"].append(plain_job(spark, broker.bootstrap_servers, plain_out))
+            out["plain"].append(kafka_backlog.plain_job(spark, broker.bootstrap_servers, plain_out, _decoded))
             print(f"[kafka avro] run {run} plain Spark: {out['plain'][-1]}", flush=True)
             runner = BacklogRunner(spark, pipeline)
             t = time.perf_counter()

@@ -170,17 +170,18 @@ def _decoded(df, column: str = "value"):
     return df.select(F.from_json(F.col(column).cast("string"), VALUE_SCHEMA).alias("r")).select("r.*")
 
 
-def plain_job(spark: SparkSession, servers: str, out: str) -> dict:
+def plain_job(spark: SparkSession, servers: str, out: str, decoded=_decoded) -> dict:
     """The plain Spark batch job over the topic, timed whole, with its shares from its prefixes run into the
-    ``noop`` sink (each prefix fetches the topic again: the shares are differences of separate runs)."""
+    ``noop`` sink (each prefix fetches the topic again: the shares are differences of separate runs). ``decoded``: how
+    the job decodes the topic's values (JSON by default)."""
     t = time.perf_counter()
     _plain_read(spark, servers).write.format("noop").mode("overwrite").save()
     fetch_s = time.perf_counter() - t
     t = time.perf_counter()
-    _decoded(_plain_read(spark, servers)).write.format("noop").mode("overwrite").save()
+    decoded(_plain_read(spark, servers)).write.format("noop").mode("overwrite").save()
     decode_s = time.perf_counter() - t
     t = time.perf_counter()
-    variants.aggregate(_decoded(_plain_read(spark, servers))).write.format("delta").mode("overwrite").save(out)
+    variants.aggregate(decoded(_plain_read(spark, servers))).write.format("delta").mode("overwrite").save(out)
     seconds = time.perf_counter() - t
     return {
         "seconds": round(seconds, 2),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -198,20 +197,8 @@ class LocalKafka:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stops the broker (SIGTERM: a controlled shutdown; SIGKILL after ``timeout``). Its data stays."""
-        p = self.process
-        if p is None or p.poll() is not None:
-            self.process = None
-            return
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-        self.process = None
-        if self._watchdog is not None:
-            self._watchdog.wait(10)  # it ends once the broker has
-            self._watchdog = None
+        watchdog.stop(self.process, self._watchdog, timeout)
+        self.process, self._watchdog = None, None
 
     @property
     def admin_settings(self) -> dict[str, str]:

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -158,20 +157,8 @@ class LocalRegistry:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stops the registry (SIGTERM; SIGKILL after ``timeout``). Its schemas are gone."""
-        p = self.process
-        if p is None or p.poll() is not None:
-            self.process = None
-            return
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-        self.process = None
-        if self._watchdog is not None:
-            self._watchdog.wait(10)
-            self._watchdog = None
+        watchdog.stop(self.process, self._watchdog, timeout)
+        self.process, self._watchdog = None, None
 
     def __enter__(self) -> LocalRegistry:
         return self.start()

@@ -33,6 +33,20 @@ def guard(server_pgid: int, grace_s: float = 30.0) -> subprocess.Popen:
     )
 
 
+def stop(process: subprocess.Popen | None, guard_process: subprocess.Popen | None, timeout: float = 30.0) -> None:
+    """Stops a local server started in a session of its own (SIGTERM to its group, SIGKILL after ``timeout``), then
+    waits for its watchdog to end; nothing when it has ended already."""
+    if process is not None and process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+    if guard_process is not None:
+        guard_process.wait(10)  # it ends once the server has
+
+
 def _alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
