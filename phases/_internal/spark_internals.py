@@ -1,7 +1,7 @@
 """Every place the engine reaches past PySpark's public API, in one module: private handles (``_jvm``,
-``_jsparkSession``, ``_jsc``, ``_jdf``, an observation's ``_jo``, ``DataFrame``'s Java constructor), Spark's status
-store, Delta's ``DeltaLog``, Hadoop's ``FileSystem`` through the JVM, and the files of a streaming checkpoint that
-Spark writes and the engine reads or deletes (``offsets/N``, ``commits/N``).
+``_jsparkSession``, ``_jsc``, ``_jdf``, an observation's ``_jo``, ``DataFrame``'s and ``Column``'s Java
+constructors), Spark's status store, Delta's ``DeltaLog``, Hadoop's ``FileSystem`` through the JVM, and the files of
+a streaming checkpoint that Spark writes and the engine reads or deletes (``offsets/N``, ``commits/N``).
 
 Each holds for pyspark 4.2.0 and delta-spark 4.4.0 (the pins). ``tests/phases/runtime/test_spark_internals.py`` pins
 every function here against a real session and real checkpoint files, and feeds the parsers changed files: when a new
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 from phases._internal import uris
 from phases._internal.errors import SparkInternalsChanged
@@ -49,6 +49,28 @@ def java_frame(frame: DataFrame) -> Any:
 def frame_of(java: Any, spark: SparkSession) -> DataFrame:
     """A Python DataFrame over a Java ``Dataset<Row>`` (the JVM helper's results)."""
     return DataFrame(java, spark)
+
+
+def java_column(column: Column) -> Any:
+    """A Column's Java ``Column`` (classic PySpark's ``_to_java_column``)."""
+    from pyspark.sql.classic.column import _to_java_column
+
+    return _to_java_column(column)
+
+
+def column_of(java: Any) -> Column:
+    """A Python Column over a Java ``Column`` (the JVM helper's expressions)."""
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    return ClassicColumn(java)
+
+
+def java_list(spark: SparkSession, items: list) -> Any:
+    """A ``java.util.ArrayList`` of ``items`` (py4j converts each: bytes-likes to ``byte[]``)."""
+    out = jvm(spark).java.util.ArrayList()
+    for item in items:
+        out.add(item)
+    return out
 
 
 def local_copy(frame: DataFrame, max_rows: int) -> DataFrame | None:

@@ -1,10 +1,12 @@
-"""A schema registry, as a Kafka source or a topic sink names it: where the schemas of a topic's Avro records are kept.
+"""A schema registry, as a Kafka source or a topic sink names it: where the schemas of a topic's Avro or Protobuf
+records are kept.
 
 The framework speaks the Confluent Schema Registry API (``/subjects``, ``/schemas/ids``, ``/compatibility``,
 ``/config``), which Confluent's registry, Apicurio Registry (its ``/apis/ccompat/v7`` path), Karapace and Redpanda
-serve. Records are in the Confluent wire format: a zero magic byte, the schema's id (4 bytes, big-endian), then the
-Avro binary encoding. A topic's value schemas live under the subject ``<topic>-value`` and its key schemas under
-``<topic>-key`` (the TopicNameStrategy), unless the definition names another subject.
+serve. Records are in the Confluent wire format: a zero magic byte, the schema's id (4 bytes, big-endian), for
+Protobuf the message indexes, then the binary encoding. A topic's value schemas live under the subject
+``<topic>-value`` and its key schemas under ``<topic>-key`` (the TopicNameStrategy), unless the definition names
+another subject.
 """
 
 from __future__ import annotations

@@ -123,17 +123,18 @@ class KafkaSink(DeltaSink):
     )
     value_format: ValueFormat = Field(
         default=ValueFormat.JSON,
-        description=f"How keys and values are written, one of {[f.value for f in ValueFormat]}: 'avro' registers the "
-        "results' schema in the registry and writes the Confluent wire format.",
+        description=f"How keys and values are written, one of {[f.value for f in ValueFormat]}: 'avro' and "
+        "'protobuf' register the results' schema in the registry and write the Confluent wire format.",
     )
     registry: SchemaRegistry | None = Field(
-        default=None, description="Avro: the schema registry of the topic's schemas. Not part of the fingerprint."
+        default=None,
+        description="Avro or Protobuf: the schema registry of the topic's schemas. Not part of the fingerprint.",
     )
     value_subject: str | None = Field(
-        default=None, description="Avro: the subject of the value schema (default: '<topic>-value')."
+        default=None, description="Avro or Protobuf: the subject of the value schema (default: '<topic>-value')."
     )
     key_subject: str | None = Field(
-        default=None, description="Avro: the subject of the key schema (default: '<topic>-key')."
+        default=None, description="Avro or Protobuf: the subject of the key schema (default: '<topic>-key')."
     )
 
     @model_validator(mode="after")
@@ -141,7 +142,7 @@ class KafkaSink(DeltaSink):
         if self.value_format == ValueFormat.JSON:
             given = [f for f in ("registry", "value_subject", "key_subject") if getattr(self, f) is not None]
             if given:
-                raise ValueError(f"sink {given} are for Avro records; sink.value_format is 'json'")
+                raise ValueError(f"sink {given} are for Avro or Protobuf records; sink.value_format is 'json'")
         elif self.registry is None:
             raise ValueError(
                 f"sink.value_format {self.value_format.value!r} needs sink.registry (SchemaRegistry(url=...)): the "

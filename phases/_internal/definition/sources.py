@@ -49,11 +49,13 @@ class DeltaSource(_Model):
 
 
 class ValueFormat(StrEnum):
-    """How a topic's record values are written: JSON text, or Avro in the Confluent wire format (a zero magic byte,
-    the schema id, the Avro binary encoding) with its schemas in a schema registry."""
+    """How a topic's record values are written: JSON text, or Avro or Protobuf in the Confluent wire format (a zero
+    magic byte, the schema id, for Protobuf the message indexes, then the binary encoding) with its schemas in a schema
+    registry."""
 
     JSON = "json"
     AVRO = "avro"
+    PROTOBUF = "protobuf"
 
 
 # A DDL field list as Spark writes it: "key string, ts timestamp, value bigint" (types are checked by Spark).
@@ -113,32 +115,35 @@ class KafkaSource(_Model):
     bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port...]; not part of the fingerprint")
     value_format: ValueFormat = Field(
         default=ValueFormat.JSON,
-        description=f"How the values are written, one of {[f.value for f in ValueFormat]}: 'avro' needs a registry.",
+        description=f"How the values are written, one of {[f.value for f in ValueFormat]}: 'avro' and 'protobuf' need "
+        "a registry.",
     )
     value_schema: str | None = Field(
         default=None,
         min_length=1,
         description="The record's fields as a Spark DDL list, e.g. 'key string, ts timestamp, value bigint'. JSON: "
         "required; a value that is not JSON of this shape is quarantined (reason 'undecodable'), with its topic, "
-        "partition and offset. Avro: optional; given, the pipeline reads these fields of each record (cast to these "
-        "types), else every field of the subject's newest schema.",
+        "partition and offset. Avro and Protobuf: optional; given, the pipeline reads these fields of each record "
+        "(cast to these types), else every field of the subject's newest schema (Protobuf: of its first message).",
     )
     registry: SchemaRegistry | None = Field(
         default=None,
-        description="Avro values: the schema registry that holds their schemas. Not part of the fingerprint.",
+        description="Avro or Protobuf values: the schema registry that holds their schemas. Not part of the "
+        "fingerprint.",
     )
     value_subject: str | None = Field(
         default=None,
-        description="Avro values: the registry subject of the value schemas (default: '<topic>-value').",
+        description="Avro or Protobuf values: the registry subject of the value schemas (default: '<topic>-value').",
     )
-    key_format: Literal["avro"] | None = Field(
+    key_format: Literal["avro", "protobuf"] | None = Field(
         default=None,
-        description="Avro values: the record keys' format. None (default) leaves them unread; 'avro' (the Confluent "
-        "wire format) makes the key record's fields columns beside the value's (the value's field wins where both "
-        "have one).",
+        description="Avro or Protobuf values: the record keys' format. None (default) leaves them unread; 'avro' or "
+        "'protobuf' (the Confluent wire format) makes the key record's fields columns beside the value's (the value's "
+        "field wins where both have one).",
     )
     key_subject: str | None = Field(
-        default=None, description="Avro keys: the registry subject of the key schemas (default: '<topic>-key')."
+        default=None,
+        description="Avro or Protobuf keys: the registry subject of the key schemas (default: '<topic>-key').",
     )
     backlog_chunk_records: int = Field(
         default=100_000,
@@ -208,14 +213,14 @@ class KafkaSource(_Model):
                 raise ValueError("source.value_schema is required for JSON values (a Spark DDL list of the fields)")
             given = [f for f in ("registry", "value_subject", "key_format") if getattr(self, f) is not None]
             if given:
-                raise ValueError(f"source {given} are for Avro records; source.value_format is 'json'")
+                raise ValueError(f"source {given} are for Avro or Protobuf records; source.value_format is 'json'")
         elif self.registry is None:
             raise ValueError(
                 f"source.value_format {self.value_format.value!r} needs source.registry (SchemaRegistry(url=...)): "
                 "the record names its schema by an id the registry resolves"
             )
         if self.key_format is None and self.key_subject is not None:
-            raise ValueError("source.key_subject is for Avro keys; source.key_format is not set")
+            raise ValueError("source.key_subject is for Avro or Protobuf keys; source.key_format is not set")
         return self
 
     @property

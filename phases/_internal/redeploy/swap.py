@@ -73,17 +73,19 @@ def copy_sink(
 
 
 def topic_schema_problems(spark: SparkSession, new: Placement) -> list[str]:
-    """An Avro topic sink: why the registry would refuse the schemas of generation ``new``'s results (its subjects'
-    compatibility rules), checked before the swap; nothing is registered. Empty when it would take them."""
+    """An Avro or Protobuf topic sink: why the registry would refuse the schemas of generation ``new``'s results (its
+    subjects' compatibility rules), checked before the swap; nothing is registered. Empty when it would take them."""
     sink = new.definition.sink
-    if not isinstance(sink, KafkaSink) or sink.value_format != ValueFormat.AVRO:
+    if not isinstance(sink, KafkaSink) or sink.value_format == ValueFormat.JSON:
         return []
     from phases._internal.errors import SinkError
-    from phases._internal.topics.avro_records import AvroRecords
+    from phases._internal.topics.record_formats import registered_records
 
     columns = spark.read.format("delta").load(new.sink_path).schema
     try:
-        AvroRecords(sink, new.name).check_compatible(columns, list(new.definition.key_columns))
+        registered = registered_records(sink, new.name)
+        assert registered is not None, "not JSON"
+        registered.check_compatible(columns, list(new.definition.key_columns))
     except SinkError as exc:
         return [str(exc)]
     return []

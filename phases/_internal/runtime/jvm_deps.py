@@ -42,6 +42,9 @@ DELTA_COORDINATE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 SPARK_KAFKA_COORDINATE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
 # Avro values of Kafka topics decoded and encoded in the JVM (from_avro, to_avro); Avro itself is in pyspark/jars.
 SPARK_AVRO_COORDINATE = "org.apache.spark:spark-avro_2.13:4.2.0"
+# Protobuf values of Kafka topics, decoded and encoded by the engine's helper (spark-protobuf 4.2.0 is not on Maven
+# Central); the same version the helper is compiled against (jvm/pom.xml).
+PROTOBUF_COORDINATE = "com.google.protobuf:protobuf-java:4.33.5"
 # The local schema registry: Apicurio Registry 3.3.3 (Java 21 or newer: :func:`registry_java`).
 REGISTRY_COORDINATE = "io.apicurio:apicurio-registry-app:3.3.3:tar.gz:all"
 KAFKA_BROKER_COORDINATES = (
@@ -54,6 +57,7 @@ _SPARK_GROUPS = ("io.delta", "io.unitycatalog")
 _SPARK_ARTIFACTS = (
     "spark-sql-kafka-0-10_2.13",
     "spark-avro_2.13",
+    "protobuf-java",
     "spark-token-provider-kafka-0-10_2.13",
     "kafka-clients",
     "commons-pool2",
@@ -89,7 +93,7 @@ class Bundle:
 
 SPARK = Bundle(
     "spark",
-    (DELTA_COORDINATE, SPARK_KAFKA_COORDINATE, SPARK_AVRO_COORDINATE),
+    (DELTA_COORDINATE, SPARK_KAFKA_COORDINATE, SPARK_AVRO_COORDINATE, PROTOBUF_COORDINATE),
     "",
     lambda group, artifact: group in _SPARK_GROUPS or artifact in _SPARK_ARTIFACTS,
 )

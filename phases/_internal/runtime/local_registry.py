@@ -150,10 +150,12 @@ class LocalRegistry:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return json.loads(answer.read() or b"null")
 
-    def register(self, subject: str, schema: str | dict) -> int:
-        """Registers an Avro schema (JSON text or a dict) under ``subject``; returns its id (for a test's producer)."""
+    def register(self, subject: str, schema: str | dict, schema_type: str = "AVRO") -> int:
+        """Registers a schema under ``subject`` (Avro: JSON text or a dict; ``schema_type="PROTOBUF"``: a .proto text);
+        returns its id (for a test's producer)."""
         text = schema if isinstance(schema, str) else json.dumps(schema)
-        return int(self._call("POST", f"/subjects/{subject}/versions", {"schema": text})["id"])
+        body = {"schema": text} if schema_type == "AVRO" else {"schema": text, "schemaType": schema_type}
+        return int(self._call("POST", f"/subjects/{subject}/versions", body)["id"])
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stops the registry (SIGTERM; SIGKILL after ``timeout``). Its schemas are gone."""

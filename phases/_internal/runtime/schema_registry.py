@@ -26,11 +26,21 @@ SUBJECT_NOT_FOUND, VERSION_NOT_FOUND, SCHEMA_NOT_FOUND = 40401, 40402, 40403
 
 @dataclass(frozen=True)
 class SubjectVersion:
-    """One version of a subject: its number, the schema's global id and the schema (Avro JSON text)."""
+    """One version of a subject: its number, the schema's global id, the schema (Avro JSON text; Protobuf: a .proto
+    text or a base64 FileDescriptorProto), its type, and the schemas it imports as (import name, subject, version)."""
 
     version: int
     id: int
     schema: str
+    schema_type: str = "AVRO"
+    references: tuple[tuple[str, str, int], ...] = ()
+
+
+def _version_of(body: dict) -> SubjectVersion:
+    refs = tuple((r["name"], r["subject"], int(r["version"])) for r in body.get("references") or ())
+    return SubjectVersion(
+        int(body["version"]), int(body["id"]), body["schema"], str(body.get("schemaType") or "AVRO"), refs
+    )
 
 
 class RegistryClient:
@@ -64,8 +74,15 @@ class RegistryClient:
                     continue  # deleted meanwhile
                 raise self._failed(f"reading version {number} of subject {subject!r}", exc) from None
             self._schemas[int(body["id"])] = body["schema"]
-            out.append(SubjectVersion(int(body["version"]), int(body["id"]), body["schema"]))
+            out.append(_version_of(body))
         return out
+
+    def version(self, subject: str, number: int) -> SubjectVersion:
+        """Version ``number`` of ``subject`` (a schema's reference)."""
+        try:
+            return _version_of(self._call("GET", f"/subjects/{_quote(subject)}/versions/{number}"))
+        except RegistryAnswered as exc:
+            raise self._failed(f"reading version {number} of subject {subject!r}", exc) from None
 
     def schema(self, schema_id: int) -> str | None:
         """The schema with the global id ``schema_id`` (None: the registry has none)."""
@@ -80,11 +97,12 @@ class RegistryClient:
         self._schemas[schema_id] = body["schema"]
         return body["schema"]
 
-    def register(self, subject: str, schema: str) -> int:
-        """Registers ``schema`` (Avro JSON) under ``subject`` (a schema it holds already keeps its version) and
-        returns its global id. A schema the subject's compatibility rule refuses is an error naming the rule."""
+    def register(self, subject: str, schema: str, schema_type: str = "AVRO") -> int:
+        """Registers ``schema`` (Avro JSON; ``schema_type="PROTOBUF"``: a .proto text) under ``subject`` (a schema it
+        holds already keeps its version) and returns its global id. A schema the subject's compatibility rule refuses
+        is an error naming the rule."""
         try:
-            body = self._call("POST", f"/subjects/{_quote(subject)}/versions", {"schema": schema})
+            body = self._call("POST", f"/subjects/{_quote(subject)}/versions", _schema_body(schema, schema_type))
         except RegistryAnswered as exc:
             if exc.status == 409:
                 rule = self.compatibility(subject)
@@ -98,12 +116,13 @@ class RegistryClient:
         self._schemas[int(body["id"])] = schema
         return int(body["id"])
 
-    def compatible(self, subject: str, schema: str) -> bool:
+    def compatible(self, subject: str, schema: str, schema_type: str = "AVRO") -> bool:
         """Whether ``subject``'s compatibility rule takes ``schema`` as its next version (true for a new subject)."""
         if not self.versions(subject) or self.compatibility(subject) == "NONE":
             return True
         try:
-            body = self._call("POST", f"/compatibility/subjects/{_quote(subject)}/versions/latest", {"schema": schema})
+            path = f"/compatibility/subjects/{_quote(subject)}/versions/latest"
+            body = self._call("POST", path, _schema_body(schema, schema_type))
         except RegistryAnswered as exc:
             raise self._failed(f"checking a schema against subject {subject!r}", exc) from None
         return bool(body.get("is_compatible"))
@@ -184,6 +203,10 @@ def _answered(exc: urllib.error.HTTPError) -> RegistryAnswered:
     code = body.get("error_code") if isinstance(body, dict) else None
     message = body.get("message") if isinstance(body, dict) else None
     return RegistryAnswered(exc.code, int(code) if code is not None else None, str(message or exc.reason))
+
+
+def _schema_body(schema: str, schema_type: str) -> dict:
+    return {"schema": schema} if schema_type == "AVRO" else {"schema": schema, "schemaType": schema_type}
 
 
 def _quote(subject: str) -> str:

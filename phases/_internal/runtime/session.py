@@ -151,8 +151,11 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         # One JVM: the helper and the S3A connector on its classpath. Hadoop finds the local file systems below
         # there when spark-submit first opens a path (before spark.jars are loaded); through spark.jars the local
         # executor would copy the ~690 MB AWS SDK bundle into its temporary folder at every start.
+        # Protobuf's runtime beside the helper that decodes Protobuf topics with it (a class on the classpath cannot
+        # see the jars spark.jars adds).
+        protobuf = [j for j in jars if os.path.basename(j).startswith("protobuf-java-")]
         key = "spark.driver.extraClassPath"
-        conf[key] = os.pathsep.join([*filter(None, [conf.get(key)]), helper, *s3a])
+        conf[key] = os.pathsep.join([*filter(None, [conf.get(key)]), helper, *protobuf, *s3a])
         # A local session listens on loopback only (its driver RPC and block manager ports otherwise bind to the
         # machine's network address), like the broker, Dagster and py4j; a cluster session uses the address the
         # user configures. extra_conf can still set either.

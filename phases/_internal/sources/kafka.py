@@ -31,11 +31,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases._internal.definition import HybridSource, KafkaSource, ValueFormat
+from phases._internal.definition import HybridSource, KafkaSource
 from phases._internal.errors import PhasesError, SourceError
 from phases._internal.runtime import kafka_client_log
 from phases._internal.sources import kafka_records
-from phases._internal.sources.avro_values import AvroValues
 from phases._internal.sources.kafka_records import DECODE_ERROR, OFFSET, PARTITION, TOPIC
 
 EARLIEST = -2  # Spark's and Kafka's code for "the earliest offset" in an offsets JSON
@@ -160,9 +159,10 @@ class KafkaTopicSource:
         self.continue_from, self.first = continue_from, first
         self._plan: ChunkPlan | None = ChunkPlan.from_json(plan) if plan is not None else None
         self._cached: list[DataFrame] = []
-        # Avro values: the registry's versions of the subject (read again for each backlog read and each query).
-        self.avro = AvroValues(spark, spec) if spec.value_format == ValueFormat.AVRO else None
-        self.avro_keys = AvroValues(spark, spec, key=True) if spec.key_format == "avro" else None
+        # Avro or Protobuf values: the registry's versions of the subject (read again for each backlog read and each
+        # query); None for JSON.
+        self.registered = kafka_records.registered_values(spark, spec)
+        self.registered_keys = kafka_records.registered_values(spark, spec, key=True)
 
     # --- the broker, without Spark ----------------------------------------------------------------
     def _client_conf(self) -> dict:
@@ -176,8 +176,8 @@ class KafkaTopicSource:
 
     def check(self) -> None:
         self.watermarks()
-        for avro in filter(None, (self.avro, self.avro_keys)):  # the registry, before anything is read
-            avro.refresh()
+        for values in filter(None, (self.registered, self.registered_keys)):  # the registry, before anything is read
+            values.refresh()
 
     # --- the backlog ------------------------------------------------------------------------------
     def plan(self) -> ChunkPlan:
@@ -209,14 +209,14 @@ class KafkaTopicSource:
         return plan.cut(until).to_json()
 
     def schema(self) -> T.StructType:
-        """The records' schema: the declared value schema (Avro values: else the subject's newest schema's fields)."""
-        if self.avro is not None:
-            values = self.avro.schema()
-            if self.avro_keys is None:
+        """The records' schema: the declared value schema (Avro or Protobuf values: else the subject's newest schema's
+        fields)."""
+        if self.registered is not None:
+            values = self.registered.schema()
+            if self.registered_keys is None:
                 return values
-            return T.StructType(
-                [*values.fields, *[f for f in self.avro_keys.schema().fields if f.name not in values.fieldNames()]]
-            )
+            keys = self.registered_keys.schema()
+            return T.StructType([*values.fields, *[f for f in keys.fields if f.name not in values.fieldNames()]])
         try:
             schema = T._parse_datatype_string(self.spec.value_schema or "")  # (JSON values: required)
         except Exception as exc:  # noqa: BLE001 - Spark's parser names the problem
@@ -279,8 +279,8 @@ class KafkaTopicSource:
         plan = self.plan()
         lo, hi = max(start_version, plan.first), end_version
         starting, ending = plan.offsets(lo, hi)
-        for avro in filter(None, (self.avro, self.avro_keys)):  # after the plan: each record's schema is registered
-            avro.refresh()
+        for values in filter(None, (self.registered, self.registered_keys)):  # after the plan: each record's schema
+            values.refresh()  # is registered
         reader = self._reader(self.spark.read)
         if "minPartitions" not in self.spec.options:
             # One Spark task per Kafka partition by default: a 3-partition topic on 2 cores ran its fetch and JSON
@@ -336,15 +336,15 @@ class KafkaTopicSource:
         )
         if max_files_per_trigger is not None:
             reader = reader.option("maxOffsetsPerTrigger", max_files_per_trigger)
-        # Avro values: decoded by the subject's versions as the live runner read them before it started the query
-        # (schema()); a record of a newer version restarts it (check_batch).
+        # Avro or Protobuf values: decoded by the subject's versions as the live runner read them before it started
+        # the query (schema()); a record of a newer version restarts it (check_batch).
         return self.decode(reader.load())
 
     def check_batch(self, rows: DataFrame) -> None:
-        """A live micro-batch's decoded rows: Avro values of a version registered after the query started stop it
-        (:class:`phases._internal.sources.avro_values.NewSchemaVersion`), to start again with that version."""
-        for avro in filter(None, (self.avro, self.avro_keys)):
-            avro.newer_schema(rows, DECODE_ERROR)
+        """A live micro-batch's decoded rows: Avro or Protobuf values of a version registered after the query started
+        stop it (:class:`phases._internal.errors.NewSchemaVersion`), to start again with that version."""
+        for values in filter(None, (self.registered, self.registered_keys)):
+            values.newer_schema(rows, DECODE_ERROR)
 
     def table_id(self) -> str:
         """How Spark's offset log names this source: by its topic."""
@@ -368,8 +368,8 @@ class KafkaTopicSource:
     def decode(self, raw: DataFrame) -> DataFrame:
         """Kafka rows -> the record's fields, plus the change columns the engine expects and the record's position;
         an undecodable record keeps its reason and bytes (:mod:`phases._internal.sources.kafka_records`)."""
-        if self.avro is not None:
-            return kafka_records.decode_avro(raw, self.avro, self.avro_keys)
+        if self.registered is not None:
+            return kafka_records.decode_registered(raw, self.registered, self.registered_keys)
         return kafka_records.decode_json(raw, self.spec, self.schema())
 
 

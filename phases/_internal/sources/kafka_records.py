@@ -2,27 +2,37 @@
 ``offset``, ``timestamp``) as the pipeline's columns, the change columns the engine expects and each record's position.
 
 - **JSON values** (the default): ``from_json`` of the value with the declared ``value_schema``;
-- **Avro values** in the Confluent wire format (:mod:`phases._internal.sources.avro_values`), and with
-  ``key_format="avro"`` the record's **Avro key** too: the key record's fields are columns beside the value's (a field
-  the value has as well is taken from the value).
+- **Avro or Protobuf values** in the Confluent wire format (:mod:`phases._internal.sources.avro_values`,
+  :mod:`phases._internal.sources.protobuf_values`), and with ``key_format`` the record's **key** too: the key record's
+  fields are columns beside the value's (a field the value has as well is taken from the value).
 
 A record that cannot be decoded keeps its reason (``_decode_error``, quarantined by the record checks) and its bytes:
-a JSON value as its text, an Avro value in base64 (``_raw``); its topic, partition and offset are kept for every row.
+a JSON value as its text, an Avro or Protobuf value in base64 (``_raw``); its topic, partition and offset are kept
+for every row.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases._internal.definition import KafkaSource
 from phases._internal.sources.avro_values import AvroValues
+from phases._internal.sources.protobuf_values import ProtobufValues
+from phases._internal.sources.registry_values import RegistryValues
 
 DECODE_ERROR = "_decode_error"  # why a value could not be decoded (null when it could)
-RAW = "_raw"  # the undecodable value as text (Avro: base64)
+RAW = "_raw"  # the undecodable value as text (Avro, Protobuf: base64)
 TOPIC, PARTITION, OFFSET = "_kafka_topic", "_kafka_partition", "_kafka_offset"
 _CORRUPT = "_corrupt_value"
+
+
+def registered_values(spark: SparkSession, spec: KafkaSource, *, key: bool = False) -> RegistryValues | None:
+    """The registry-format values (or keys) of ``spec``: Avro or Protobuf; None for JSON values (or unread keys)."""
+    kind = spec.key_format if key else spec.value_format.value
+    formats: dict[str, type[RegistryValues]] = {"avro": AvroValues, "protobuf": ProtobufValues}
+    return formats[kind](spark, spec, key=key) if kind in formats else None
 
 
 def decode_json(raw: DataFrame, spec: KafkaSource, schema: T.StructType) -> DataFrame:
@@ -45,8 +55,8 @@ def decode_json(raw: DataFrame, spec: KafkaSource, schema: T.StructType) -> Data
     return _decoded(raw, {"_parsed": parsed}, error, fields, text)
 
 
-def decode_avro(raw: DataFrame, values: AvroValues, keys: AvroValues | None) -> DataFrame:
-    """Avro values (and keys, with ``keys``) by each record's schema ids."""
+def decode_registered(raw: DataFrame, values: RegistryValues, keys: RegistryValues | None) -> DataFrame:
+    """Avro or Protobuf values (and keys, with ``keys``) by each record's schema ids."""
     record, error = values.decoded(F.col("value"))
     parts = {"_parsed": record}
     fields = values.fields("_parsed")

@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from phases._internal.topics.transactions import Record
 
 if TYPE_CHECKING:
-    from phases._internal.topics.avro_records import AvroRecords
+    from phases._internal.topics.record_formats import RegisteredRecords
 
 # Spark's JSON writer options of the format above.
 JSON_OPTIONS = {
@@ -45,14 +45,18 @@ HEADER_PIPELINE, HEADER_HANDOFF, HEADER_BATCH = "phases.pipeline", "phases.hando
 
 
 def encoded(
-    df: DataFrame, key_columns: Sequence[str], *, tombstone: str | None = None, avro: AvroRecords | None = None
+    df: DataFrame,
+    key_columns: Sequence[str],
+    *,
+    tombstone: str | None = None,
+    registered: RegisteredRecords | None = None,
 ) -> DataFrame:
     """``df`` as two binary columns: the key of ``key_columns`` and the value of every column (less ``tombstone``, a
-    boolean column: where true, the value is null, a tombstone), as JSON, or with ``avro`` in the Confluent wire
-    format (:mod:`phases._internal.topics.avro_records`)."""
+    boolean column: where true, the value is null, a tombstone), as JSON, or with ``registered`` (Avro or Protobuf)
+    in the Confluent wire format (:mod:`phases._internal.topics.record_formats`)."""
     columns = [c for c in df.columns if c != tombstone]
-    if avro is not None:
-        key, value = avro.key_and_value(df, columns, list(key_columns))
+    if registered is not None:
+        key, value = registered.key_and_value(df, columns, list(key_columns))
     else:
         value = F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns]), JSON_OPTIONS).cast("binary")
         key = F.to_json(F.struct(*[F.col(f"`{c}`") for c in key_columns]), JSON_OPTIONS).cast("binary")

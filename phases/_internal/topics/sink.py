@@ -25,11 +25,11 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 
-from phases._internal.definition import KafkaSink, Pipeline, ValueFormat
+from phases._internal.definition import KafkaSink, Pipeline
 from phases._internal.errors import DefinitionError, SinkError
 from phases._internal.placement import Placement
 from phases._internal.topics import records
-from phases._internal.topics.avro_records import AvroRecords
+from phases._internal.topics.record_formats import registered_records
 from phases._internal.topics.transactions import HANDOFF_BATCH, Marker, TopicWriter
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,8 @@ class TopicSink:
             timeout_s=sink.transaction_timeout.total_seconds(),
             connect_timeout_s=sink.connect_timeout.total_seconds(),
         )
-        # Avro records: the schemas registered in the sink's registry (None: JSON).
-        self.avro = AvroRecords(sink, where.name) if sink.value_format == ValueFormat.AVRO else None
+        # Avro or Protobuf records: the schemas registered in the sink's registry (None: JSON).
+        self.registered = registered_records(sink, where.name)
         self.published = 0  # records produced by this process's writes (for reports)
         # What the current handoff's writes published in all, as the newest marker counts it (None: not read yet).
         self._handoff_records: int | None = None
@@ -103,8 +103,8 @@ class TopicSink:
         """A SinkError naming the topic when it does not exist, or the registry of an Avro topic when it does not
         answer (before anything is written)."""
         self.writer.check_topic()
-        if self.avro is not None:
-            self.avro.client.probe()
+        if self.registered is not None:
+            self.registered.client.probe()
 
     def committed(self) -> Marker | None:
         return self.writer.committed()
@@ -233,7 +233,8 @@ class TopicSink:
 
     def _records(self, rows: DataFrame, handoff_id: str, batch: int):
         return records.records(
-            records.encoded(rows, self.key_columns, avro=self.avro), records.headers(self.pipeline, handoff_id, batch)
+            records.encoded(rows, self.key_columns, registered=self.registered),
+            records.headers(self.pipeline, handoff_id, batch),
         )
 
     def close(self) -> None:
@@ -269,9 +270,10 @@ def read_topic(
     else:
         values = [r.value for r in read if r.value is not None]
     schema = spark.read.format("delta").load(where.sink_path).schema
-    if sink.value_format == ValueFormat.AVRO:
+    registered = registered_records(sink, pipeline.name)
+    if registered is not None:
         binary = spark.createDataFrame(pa.table({"value": pa.array(values, pa.binary())}))
-        rows = AvroRecords(sink, pipeline.name).decoded_values(binary, schema)
+        rows = registered.decoded_values(binary, schema)
     else:
         texts = pa.table({"value": pa.array([v.decode() for v in values], pa.string())})
         frame = spark.createDataFrame(texts).select(F.from_json("value", schema, records.JSON_OPTIONS).alias("r"))

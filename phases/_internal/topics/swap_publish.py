@@ -66,12 +66,14 @@ def publish_swap(
         produced: list[Iterator[Record]] = []
         if changelog or not upserts:
             boundary = {"generation": where.generation, "from_generation": from_generation, "redeploy": redeploy_id}
-            produced.append(_boundaries(topic.writer.check_topic(), header, boundary, nulls=topic.avro is not None))
-        encoded = records.encoded(rows, keys, avro=topic.avro)
+            produced.append(
+                _boundaries(topic.writer.check_topic(), header, boundary, nulls=topic.registered is not None)
+            )
+        encoded = records.encoded(rows, keys, registered=topic.registered)
         produced.append(records.records(encoded, header))
         if upserts:
             gone = (
-                records.encoded(before, list(before_keys), avro=topic.avro)
+                records.encoded(before, list(before_keys), registered=topic.registered)
                 .select(records.KEY)
                 .distinct()
                 .join(encoded.select(records.KEY), records.KEY, "left_anti")

@@ -277,3 +277,22 @@ def test_a_topic_sink_is_validated_and_its_topic_is_part_of_the_fingerprint_not_
     ]:
         with pytest.raises(DefinitionError, match=fragment):
             sink(**fields)
+
+
+def test_registry_formats_need_a_registry_and_json_takes_none_of_their_settings():
+    from phases import DefinitionError, KafkaSink, KafkaSource, SchemaRegistry
+
+    registry = SchemaRegistry(url="http://127.0.0.1:8081")
+    for fmt in ("avro", "protobuf"):
+        with pytest.raises(DefinitionError, match=rf"source.value_format '{fmt}' needs source.registry"):
+            KafkaSource(topic="t", bootstrap_servers="b:9092", value_format=fmt)
+        with pytest.raises(DefinitionError, match=rf"sink.value_format '{fmt}' needs sink.registry"):
+            KafkaSink(topic="t", bootstrap_servers="b:9092", path="p", value_format=fmt)
+    source = KafkaSource(
+        topic="t", bootstrap_servers="b:9092", value_format="protobuf", key_format="protobuf", registry=registry
+    )
+    assert source.subject == "t-value" and source.key_subject_name == "t-key"
+    with pytest.raises(DefinitionError, match=r"\['registry'\] are for Avro or Protobuf records"):
+        KafkaSource(topic="t", bootstrap_servers="b:9092", value_schema="k string", registry=registry)
+    with pytest.raises(DefinitionError, match=r"'json', 'avro' or 'protobuf'|json.*avro.*protobuf"):
+        KafkaSource(topic="t", bootstrap_servers="b:9092", value_format="thrift", registry=registry)

@@ -112,6 +112,11 @@ def test_the_session_handles_and_the_sql_internals(spark, tmp_path):
         si.parse_sql_expression(spark, "(acc +* x)")
     assert si.analysed_root_node(frame.groupBy().count()) == "Aggregate"
     assert si.analysed_root_node(frame.select("id")) == "Project"
+    # A Column through the JVM and back (the Protobuf helper's expressions), and a Java list of byte arrays.
+    doubled = si.column_of(si.java_column(F.col("id") * 2))
+    assert [r[0] for r in frame.select(doubled).collect()] == [0, 2, 4]
+    listed = si.java_list(spark, [bytearray(b"ab"), 7, "x"])
+    assert listed.size() == 3 and bytes(listed.get(0)) == b"ab" and listed.get(1) == 7 and listed.get(2) == "x"
 
 
 def test_a_local_copy_holds_the_rows_and_reads_nothing(spark, tmp_path):
