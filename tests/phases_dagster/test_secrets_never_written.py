@@ -1,8 +1,10 @@
 """A secret planted in every credential setting of a Kafka source and a topic sink is never written: not in a file
 or a table a backlog, a live phase and a redeploy write (the engine's Delta tables, checkpoints, manifests, the
 redeploy log, the data root's every byte), nor in Dagster's event log (every event of every run, its metadata and
-messages), nor in what the run printed or logged. The broker takes plain connections, so the settings reach the
-clients and are left unused by them; the clients get their values, as the definition tests show."""
+messages), nor in what the run printed or logged. The broker takes plain connections and the registry no
+authentication, so the settings reach the clients (the sink's records are Protobuf, its schemas registered with the
+registry's basic-auth setting sent) and are left unused by them; the clients get their values, as the definition
+tests show."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from phases._internal.definition import KafkaSink, KafkaSource
+from phases._internal.definition import KafkaSink, KafkaSource, SchemaRegistry
 from phases._internal.handoff import manifest
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration
@@ -29,10 +31,11 @@ SOURCE_OPTIONS = {
 }
 SOURCE_CLIENT = {"sasl.password": f"{MARK}-3"}
 SINK_CLIENT = {"sasl.password": f"{MARK}-4", "ssl.key.password": f"{MARK}-5"}
+REGISTRY_CLIENT = {"basic.auth.user.info": f"team:{MARK}-6"}
 SETTINGS = Orchestration(checks=CheckPolicy(max_quarantine_fraction=0.5))
 
 
-def _pipeline(kafka, topic: str, results: str, delay_s: int):
+def _pipeline(kafka, registry, topic: str, results: str, delay_s: int):
     source = KafkaSource(
         topic=topic,
         bootstrap_servers=kafka.bootstrap_servers,
@@ -41,7 +44,12 @@ def _pipeline(kafka, topic: str, results: str, delay_s: int):
         client_options=SOURCE_CLIENT,
     )
     sink = KafkaSink(
-        topic=results, bootstrap_servers=kafka.bootstrap_servers, path="results", client_options=SINK_CLIENT
+        topic=results,
+        bootstrap_servers=kafka.bootstrap_servers,
+        path="results",
+        client_options=SINK_CLIENT,
+        value_format="protobuf",
+        registry=SchemaRegistry(url=registry.url, client_options=REGISTRY_CLIENT),
     )
     return make_pipeline(source, "engine", delay_s=delay_s, sink=sink)
 
@@ -61,7 +69,7 @@ def _tables_holding(spark, root: Path) -> list[str]:
 
 
 def test_a_planted_secret_is_in_no_file_table_event_or_log_through_backlog_live_and_redeploy(
-    spark, kafka, tmp_path, capfd, caplog
+    spark, kafka, registry, tmp_path, capfd, caplog
 ):
     from tests.phases_dagster.conftest import definitions
 
@@ -70,7 +78,7 @@ def test_a_planted_secret_is_in_no_file_table_event_or_log_through_backlog_live_
     kafka.create_topic(topic, 2)
     kafka.create_topic(results, 2, **{"cleanup.policy": "compact"})
     produce(kafka.bootstrap_servers, topic, [(i % 2, (f"k{i % 3}", (10 + i) * S, i)) for i in range(12)])
-    old, new = _pipeline(kafka, topic, results, 15), _pipeline(kafka, topic, results, 40)
+    old, new = _pipeline(kafka, registry, topic, results, 15), _pipeline(kafka, registry, topic, results, 40)
     assert MARK not in repr(old) and MARK not in str(new)
     names, storage = Names(old), StorageResource(root=str(root))
     runs = []
@@ -102,3 +110,7 @@ def test_a_planted_secret_is_in_no_file_table_event_or_log_through_backlog_live_
     assert not [r for r in caplog.records if MARK in r.getMessage()]
     assert _files_holding(root) == []
     assert _tables_holding(spark, root) == []
+    # The results reached the topic as Protobuf through all three runs (the registry was used, not just named).
+    from phases._internal.topics.sink import read_topic
+
+    assert read_topic(spark, storage.placement(new)).count() == 3
