@@ -103,6 +103,10 @@ def markdown(results: dict) -> str:
         from benchmarks import kafka_avro
 
         lines += kafka_avro.lines(results["kafka_avro"])
+    if results.get("kafka_protobuf"):
+        from benchmarks import kafka_protobuf
+
+        lines += kafka_protobuf.lines(results["kafka_protobuf"])
     if results.get("redeploy"):
         from benchmarks import redeploy
 

@@ -23,6 +23,7 @@ from benchmarks import (
     join_variants,
     kafka_avro,
     kafka_backlog,
+    kafka_protobuf,
     live,
     live_kinds,
     live_peers,
@@ -351,8 +352,8 @@ def run_live_kafka(spark, work: Path, live_keys: str | None, quick: bool) -> lis
 
 PARTS = (
     "keyed reduce", "wordcount", "keyed process", "interval join", "low-cardinality join", "growth", "live",
-    "live-kinds", "live-kafka", "live-topic", "kafka-backlog", "kafka-avro", "process-pass", "spill", "redeploy",
-    "redeploy-topic",
+    "live-kinds", "live-kafka", "live-topic", "kafka-backlog", "kafka-avro", "kafka-protobuf", "process-pass", "spill",
+    "redeploy", "redeploy-topic",
 )  # fmt: skip
 
 
@@ -486,6 +487,11 @@ def main() -> None:
             avro_rows = args.kafka_rows or (100_000 if args.quick else 1_000_000)
             results["kafka_avro"] = kafka_avro.measure(
                 spark, work, avro_rows, max(1, avro_rows // 10), runs=2 if args.quick else 3
+            )
+        if "kafka-protobuf" in only:
+            protobuf_rows = args.kafka_rows or (100_000 if args.quick else 1_000_000)
+            results["kafka_protobuf"] = kafka_protobuf.measure(
+                spark, work, protobuf_rows, max(1, protobuf_rows // 10), runs=2 if args.quick else 3
             )
         if "process-pass" in only:
             pass_rows = args.process_rows or (20_000 if args.quick else 1_000_000)

@@ -190,3 +190,13 @@ def test_the_avro_backlog_runs_beside_a_plain_from_avro_job_over_the_same_topic(
     assert result["framework"][0]["input_rows"] == 2_000
     md = "\n".join(kafka_avro.lines(result))
     assert "backlog from a topic of Avro values" in md and "plain Spark job with from_avro" in md
+
+
+def test_the_protobuf_backlog_runs_beside_a_plain_job_decoding_in_python_over_the_same_topic(spark, tmp_path):
+    from benchmarks import kafka_protobuf
+
+    result = kafka_protobuf.measure(spark, tmp_path, 2_000, 200, versions=2, runs=1)
+    assert result["plain_equal"] is True and result["ratio"] > 0
+    assert result["framework"][0]["input_rows"] == 2_000
+    md = "\n".join(kafka_protobuf.lines(result))
+    assert "backlog from a topic of Protobuf values" in md and "decoding in mapInPandas" in md
