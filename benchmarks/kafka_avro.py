@@ -22,9 +22,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import kafka_backlog, variants
-from benchmarks.kafka_backlog import PARTITIONS, same_as_plain
+from benchmarks.kafka_backlog import PARTITIONS
 from phases import SchemaRegistry
-from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import KafkaSource
 from phases._internal.runtime.local_kafka import LocalKafka
 from phases._internal.runtime.local_registry import LocalRegistry
@@ -83,60 +82,17 @@ def measure(spark: SparkSession, work: Path, rows: int, keys: int, versions: int
         )
         pipeline = variants.pipeline(str(base / "unused"), str(base / "run")).model_copy(update={"source": spec})
         out: dict = {"rows": rows, "keys": keys, "partitions": PARTITIONS, "generate_s": round(generate_s, 1)}
-        out["framework"], out["plain"] = [], []
         plain_out = str(base / "plain_run" / "sink")
-        for run in range(runs):
-            out["plain"].append(kafka_backlog.plain_job(spark, broker.bootstrap_servers, plain_out, _decoded))
-            print(f"[kafka avro] run {run} plain Spark: {out['plain'][-1]}", flush=True)
-            runner = BacklogRunner(spark, pipeline)
-            t = time.perf_counter()
-            handoff = runner.run(reset=True)
-            seconds = time.perf_counter() - t
-            out["framework"].append(
-                {
-                    "seconds": round(seconds, 2),
-                    "input_rows": handoff.input_rows,
-                    "late_rows": handoff.late_rows,
-                    "timings": {k: round(v, 2) for k, v in runner.timings.items()},
-                }
-            )
-            print(f"[kafka avro] run {run} framework: {out['framework'][-1]}", flush=True)
-        out["plain_equal"] = same_as_plain(spark, plain_out, pipeline.sink.path, pipeline.locations.quarantine)
-        if not out["plain_equal"]:
-            raise AssertionError(
-                f"the plain from_avro job ({plain_out}) differs from the framework's sink and quarantine: its time "
-                "would not count"
-            )
-        best = min(r["seconds"] for r in out["framework"])
-        plain_best = min(r["seconds"] for r in out["plain"])
-        out["ratio"] = round(best / plain_best, 2)
-        out["target_met"] = out["ratio"] <= TARGET
-        return out
+        runs_out = kafka_backlog.registered_format_runs(
+            spark, pipeline, broker.bootstrap_servers, plain_out, _decoded, runs, "kafka avro", TARGET
+        )
+        return {**out, **runs_out}
     finally:
         registry.stop()
         broker.stop()
 
 
 def lines(result: dict) -> list[str]:
-    best = min(result["framework"], key=lambda r: r["seconds"])
-    plain = min(result["plain"], key=lambda r: r["seconds"])
-    t = best["timings"]
-    verdict = "met" if result["target_met"] else "missed"
-    plain_runs = ", ".join(str(r["seconds"]) for r in result["plain"])
-    return [
-        "",
-        f"#### backlog from a topic of Avro values ({result['rows']:,} rows, {result['keys']:,} keys, "
-        f"{result['partitions']} partitions; the Confluent wire format, the schema in a local registry)",
-        "",
-        "| job | seconds (best of runs) | runs (s) | where the time went |",
-        "|---|---|---|---|",
-        f"| two-phase backlog | {best['seconds']} | {', '.join(str(r['seconds']) for r in result['framework'])} | "
-        f"statistics {t.get('watermarks_s', 0)} s, quarantine {t.get('quarantine_s', 0)} s, state "
-        f"{t.get('state_s', 0)} s, sink {t.get('sink_s', 0)} s |",
-        f"| plain Spark job with from_avro | {plain['seconds']} | {plain_runs} "
-        f"| fetch {plain['fetch_s']} s, decode {plain['decode_s']} s, aggregate and write "
-        f"{plain['aggregate_and_write_s']} s |",
-        "",
-        f"Two-phase ÷ plain (results equal: {result['plain_equal']}): **{result['ratio']}×** (target ≤ {TARGET}×: "
-        f"{verdict}).",
-    ]
+    return kafka_backlog.registered_format_lines(
+        result, "backlog from a topic of Avro values", "plain Spark job with from_avro", TARGET
+    )

@@ -261,3 +261,65 @@ def lines(result: dict) -> list[str]:
         ),
     ]
     return out
+
+
+def registered_format_runs(
+    spark: SparkSession, pipeline, servers: str, plain_out: str, decoded, runs: int, label: str, target: float
+) -> dict:
+    """The framework's backlog of ``pipeline`` (a topic of registry-format values: Avro, Protobuf) and the plain job
+    decoding with ``decoded``, ``runs`` times each, alternating; the plain job checked equal to the framework's sink
+    plus its quarantine. The runs, the equality and the ratio of the best runs (against ``target``)."""
+    from phases._internal.backlog.runner import BacklogRunner
+
+    out: dict = {"framework": [], "plain": []}
+    for run in range(runs):
+        out["plain"].append(plain_job(spark, servers, plain_out, decoded))
+        print(f"[{label}] run {run} plain Spark: {out['plain'][-1]}", flush=True)
+        runner = BacklogRunner(spark, pipeline)
+        t = time.perf_counter()
+        handoff = runner.run(reset=True)
+        seconds = time.perf_counter() - t
+        out["framework"].append(
+            {
+                "seconds": round(seconds, 2),
+                "input_rows": handoff.input_rows,
+                "late_rows": handoff.late_rows,
+                "timings": {k: round(v, 2) for k, v in runner.timings.items()},
+            }
+        )
+        print(f"[{label}] run {run} framework: {out['framework'][-1]}", flush=True)
+    out["plain_equal"] = same_as_plain(spark, plain_out, pipeline.sink.path, pipeline.locations.quarantine)
+    if not out["plain_equal"]:
+        raise AssertionError(
+            f"the plain job ({plain_out}) differs from the framework's sink and quarantine: its time would not count"
+        )
+    best = min(r["seconds"] for r in out["framework"])
+    out["ratio"] = round(best / min(r["seconds"] for r in out["plain"]), 2)
+    out["target_met"] = out["ratio"] <= target
+    return out
+
+
+def registered_format_lines(result: dict, title: str, plain_name: str, target: float) -> list[str]:
+    """The report's table of :func:`registered_format_runs`' result."""
+    best = min(result["framework"], key=lambda r: r["seconds"])
+    plain = min(result["plain"], key=lambda r: r["seconds"])
+    t = best["timings"]
+    verdict = "met" if result["target_met"] else "missed"
+    plain_runs = ", ".join(str(r["seconds"]) for r in result["plain"])
+    return [
+        "",
+        f"#### {title} ({result['rows']:,} rows, {result['keys']:,} keys, {result['partitions']} partitions; the "
+        "Confluent wire format, the schema in a local registry)",
+        "",
+        "| job | seconds (best of runs) | runs (s) | where the time went |",
+        "|---|---|---|---|",
+        f"| two-phase backlog | {best['seconds']} | {', '.join(str(r['seconds']) for r in result['framework'])} | "
+        f"statistics {t.get('watermarks_s', 0)} s, quarantine {t.get('quarantine_s', 0)} s, state "
+        f"{t.get('state_s', 0)} s, sink {t.get('sink_s', 0)} s |",
+        f"| {plain_name} | {plain['seconds']} | {plain_runs} "
+        f"| fetch {plain['fetch_s']} s, decode {plain['decode_s']} s, aggregate and write "
+        f"{plain['aggregate_and_write_s']} s |",
+        "",
+        f"Two-phase ÷ plain (results equal: {result['plain_equal']}): **{result['ratio']}×** (target ≤ {target}×: "
+        f"{verdict}).",
+    ]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf.message import DecodeError
 from py4j.protocol import Py4JJavaError
 
 from phases._internal import spark_internals
@@ -49,7 +50,7 @@ def _as_descriptor(schema: str) -> descriptor_pb2.FileDescriptorProto | None:
         return None
     try:
         proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text, validate=True))
-    except (binascii.Error, ValueError, Exception):  # noqa: BLE001 - protobuf's DecodeError is not exported stably
+    except (binascii.Error, ValueError, DecodeError):
         return None
     return proto if proto.name else None
 
@@ -95,9 +96,9 @@ def descriptor_set(
     key = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()
     if key not in _COMPILED:
         _COMPILED[key] = _compile(files, main, subject, version, error)
-    parsed = descriptor_pb2.FileDescriptorSet.FromString(_COMPILED[key])
-    names = {f.name for f in parsed.file}
-    return _COMPILED[key], (main if main in names else _main_name(files[main]))
+    # A .proto text is compiled under the name given to it; a descriptor keeps its own.
+    described = _as_descriptor(version.schema)
+    return _COMPILED[key], (main if described is None else described.name)
 
 
 def compile_text(text: str, file_name: str, what: str, error: type[PhasesError]) -> bytes:
@@ -110,12 +111,6 @@ def compile_text(text: str, file_name: str, what: str, error: type[PhasesError])
         except PhasesError as exc:
             raise error(f"{what}: the engine's Protobuf schema does not compile ({exc}); please report it") from None
     return _COMPILED[key]
-
-
-def _main_name(schema: str) -> str:
-    proto = _as_descriptor(schema)
-    assert proto is not None
-    return proto.name
 
 
 def _compile(
