@@ -27,9 +27,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from phases._internal.definition import KafkaSink
 from phases._internal.errors import SinkError
-from phases._internal.runtime.schema_registry import RegistryClient
+from phases._internal.topics.registered_records import RegisteredRecords
 
 NAMESPACE = "phases"
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
@@ -92,16 +91,13 @@ def avro_schema(struct: T.StructType, name: str, namespace: str = NAMESPACE) -> 
     return {"type": "record", "name": _name(name), "namespace": namespace, "fields": fields}
 
 
-class AvroRecords:
-    """The key and value encoding of one topic sink's records, with the schema ids the registry gave."""
+class AvroRecords(RegisteredRecords):
+    """The key and value encoding of one topic sink's records in Avro."""
 
-    def __init__(self, sink: KafkaSink, pipeline: str):
-        if sink.registry is None:  # (the definition requires it)
-            raise SinkError(f"topic {sink.topic!r}: Avro records need sink.registry")
-        self.client = RegistryClient(sink.registry, "sink.registry", SinkError)
-        self.key_subject, self.value_subject = sink.subjects
-        self.pipeline = pipeline
-        self._ids: dict[tuple[str, str], int] = {}
+    format_name, schema_type = "Avro", "AVRO"
+    compatibility_hint = (
+        "a new column may be added when it can be null; a column may not be removed or change type other than widen"
+    )
 
     def schemas(self, columns: T.StructType, key_columns: list[str]) -> tuple[str, str]:
         """(the key schema, the value schema) of results with ``columns``, as JSON text."""
@@ -110,16 +106,11 @@ class AvroRecords:
         value = json.dumps(avro_schema(columns, f"{self.pipeline}_result"), sort_keys=True)
         return key, value
 
-    def _id(self, subject: str, schema: str) -> int:
-        if (subject, schema) not in self._ids:
-            self._ids[(subject, schema)] = self.client.register(subject, schema)
-        return self._ids[(subject, schema)]
-
     def encoded(self, struct: Column, subject: str, schema: str) -> Column:
         """``struct`` as the Confluent wire format of ``schema`` (registered under ``subject`` first)."""
         from pyspark.sql.avro.functions import to_avro
 
-        prefix = b"\x00" + self._id(subject, schema).to_bytes(4, "big")
+        prefix = b"\x00" + self.schema_id(subject, schema).to_bytes(4, "big")
         return F.concat(F.lit(prefix), to_avro(struct, schema))
 
     def key_and_value(self, df: DataFrame, columns: list[str], key_columns: list[str]) -> tuple[Column, Column]:
@@ -128,21 +119,6 @@ class AvroRecords:
         key = self.encoded(F.struct(*[F.col(f"`{c}`") for c in key_columns]), self.key_subject, key_schema)
         value = self.encoded(F.struct(*[F.col(f"`{c}`") for c in columns]), self.value_subject, value_schema)
         return key, value
-
-    def check_compatible(self, columns: T.StructType, key_columns: list[str]) -> None:
-        """A SinkError naming the subject and its rule when the registry would refuse the key or value schema of
-        results with ``columns`` (nothing is registered)."""
-        subjects = (self.key_subject, self.value_subject)
-        for subject, schema in zip(subjects, self.schemas(columns, key_columns), strict=True):
-            if not self.client.compatible(subject, schema):
-                rule = self.client.compatibility(subject)
-                raise SinkError(
-                    f"sink.registry ({self.client.url}): subject {subject!r} would refuse the schema of the new "
-                    f"definition's results under its compatibility rule {rule}: {schema}. Nothing was swapped. Keep "
-                    f"the results {rule}-compatible (a new column may be added when it can be null; a column may not "
-                    f"be removed or change type other than widen), or change the subject's rule in the registry "
-                    f"(PUT /config/{subject}), then run the redeploy again"
-                )
 
     def decoded_values(self, values: DataFrame, reader: T.StructType) -> DataFrame:
         """A frame of binary ``value`` rows in the wire format decoded to ``reader``'s columns (each record by its

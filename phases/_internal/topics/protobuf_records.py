@@ -27,11 +27,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from phases._internal import spark_internals
-from phases._internal.definition import KafkaSink
 from phases._internal.errors import SinkError
 from phases._internal.runtime import protobuf_schemas
 from phases._internal.runtime.protobuf_schemas import helper, java_error
-from phases._internal.runtime.schema_registry import RegistryClient, SubjectVersion
+from phases._internal.runtime.schema_registry import SubjectVersion
+from phases._internal.topics.registered_records import RegisteredRecords
 
 PACKAGE = "phases"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -113,16 +113,14 @@ def proto_schema(struct: T.StructType, name: str) -> str:
     return f'syntax = "proto3";\npackage {PACKAGE};\n{imports}\n{body}\n'
 
 
-class ProtobufRecords:
-    """The key and value encoding of one topic sink's records in Protobuf, with the schema ids the registry gave."""
+class ProtobufRecords(RegisteredRecords):
+    """The key and value encoding of one topic sink's records in Protobuf."""
 
-    def __init__(self, sink: KafkaSink, pipeline: str):
-        if sink.registry is None:  # (the definition requires it)
-            raise SinkError(f"topic {sink.topic!r}: Protobuf records need sink.registry")
-        self.client = RegistryClient(sink.registry, "sink.registry", SinkError)
-        self.key_subject, self.value_subject = sink.subjects
-        self.pipeline = pipeline
-        self._ids: dict[tuple[str, str], int] = {}
+    format_name, schema_type = "Protobuf", "PROTOBUF"
+    compatibility_hint = (
+        "Protobuf fields are numbered in column order: a new column may be added at the end; none may be removed, "
+        "reordered or change type"
+    )
 
     def schemas(self, columns: T.StructType, key_columns: list[str]) -> tuple[str, str]:
         """(the key schema, the value schema) of results with ``columns``, as .proto texts."""
@@ -131,8 +129,7 @@ class ProtobufRecords:
 
     def encoded(self, struct: Column, input_type: T.StructType, subject: str, schema: str) -> Column:
         """``struct`` as the Confluent wire format of ``schema`` (registered under ``subject`` first)."""
-        if (subject, schema) not in self._ids:
-            self._ids[(subject, schema)] = self.client.register(subject, schema, "PROTOBUF")
+        schema_id = self.schema_id(subject, schema)
         data = protobuf_schemas.compile_text(schema, "result.proto", f"topic sink subject {subject!r}", SinkError)
         return spark_internals.column_of(
             helper(SparkSession.active()).encode(
@@ -140,7 +137,7 @@ class ProtobufRecords:
                 bytearray(data),
                 "result.proto",
                 "",
-                self._ids[(subject, schema)],
+                schema_id,
                 input_type.json(),
             )
         )
@@ -154,19 +151,6 @@ class ProtobufRecords:
             F.struct(*[F.col(f"`{c}`") for c in columns]), value_type, self.value_subject, value_schema
         )
         return key, value
-
-    def check_compatible(self, columns: T.StructType, key_columns: list[str]) -> None:
-        subjects = (self.key_subject, self.value_subject)
-        for subject, schema in zip(subjects, self.schemas(columns, key_columns), strict=True):
-            if not self.client.compatible(subject, schema, "PROTOBUF"):
-                rule = self.client.compatibility(subject)
-                raise SinkError(
-                    f"sink.registry ({self.client.url}): subject {subject!r} would refuse the schema of the new "
-                    f"definition's results under its compatibility rule {rule}:\n{schema}\nNothing was swapped. Keep "
-                    f"the results {rule}-compatible (Protobuf fields are numbered in column order: a new column may be "
-                    "added at the end; none may be removed, reordered or change type), or change the subject's rule "
-                    f"in the registry (PUT /config/{subject}), then run the redeploy again"
-                )
 
     def decoded_values(self, values: DataFrame, reader: T.StructType) -> DataFrame:
         schema_id = F.conv(F.hex(F.substring("value", 2, 4)), 16, 10).cast("long")

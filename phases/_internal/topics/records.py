@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from phases._internal.topics.transactions import Record
 
 if TYPE_CHECKING:
-    from phases._internal.topics.record_formats import RegisteredRecords
+    from phases._internal.topics.registered_records import RegisteredRecords
 
 # Spark's JSON writer options of the format above.
 JSON_OPTIONS = {
