@@ -1,5 +1,5 @@
 # The two commands a new user runs: `make demo` and `make test`. Each sets itself up first (idempotent).
-.PHONY: setup demo test test-fast ui bench bench-quick bench-peers lint format
+.PHONY: setup demo test test-fast ui bench bench-quick bench-smoke bench-peers lint format
 
 setup:
 	@bash scripts/setup.sh
@@ -15,10 +15,15 @@ test: setup
 
 # The inner loop: every test that needs no JVM (definitions, lateness rules, process-function rules, ...).
 test-fast: setup
-	.venv/bin/python -m pytest -m "not spark" $(ARGS)
+	.venv/bin/python -m pytest -m "not spark and not bench_smoke" $(ARGS)
 
 bench: setup
 	.venv/bin/python -m benchmarks.run $(ARGS)
+
+# Every measuring function of the benchmark harness once on tiny data, its reports checked (about six minutes): run it
+# after changing benchmarks/.
+bench-smoke: setup
+	.venv/bin/python -m pytest -m bench_smoke tests/benchmarks $(ARGS)
 
 bench-quick: setup
 	.venv/bin/python -m benchmarks.run --quick $(ARGS)

@@ -121,6 +121,16 @@ def test_a_log_row_is_appended_as_a_row_of_its_schema_would_be_written(spark, tm
     rows = [
         _handoff("m1"),  # the optional fields null
         _handoff("m2", base_manifest_id="m1", backlog_max_event_time_us=9, source_position="{}", sink_rows=3),
+        # Text a SQL literal would have to quote and escape, the extremes of the numbers
+        _handoff(
+            "m3",
+            base_manifest_id="m2",
+            source_position='{"it\'s": "a \\\\ b\\n", "ü": "€ \U0001f600"}',
+            source_path="s3a://b/it's ; -- x",
+            final_watermark_us=-(2**63),
+            sink_rows=2**63 - 1,
+            backlog_seconds=float("inf"),
+        ),
     ]
     appended, written = tmp_path / "appended", tmp_path / "written"
     for row in rows:
@@ -133,6 +143,6 @@ def test_a_log_row_is_appended_as_a_row_of_its_schema_would_be_written(spark, tm
     assert _metadata(appended)["schemaString"] == _metadata(written)["schemaString"]
     got = spark.read.format("delta").load(str(appended)).collect()
     assert sorted((manifest.HandoffManifest(**r.asDict()) for r in got), key=lambda m: m.manifest_id) == rows
-    assert manifest.latest(spark, str(appended), "p") == rows[1]
-    assert tables.version(spark, str(appended)) == 1  # one commit a row, the first creates the table
-    assert len(list(appended.glob("*.parquet"))) == 2  # one file a row
+    assert manifest.latest(spark, str(appended), "p") == rows[2]
+    assert tables.version(spark, str(appended)) == 2  # one commit a row, the first creates the table
+    assert len(list(appended.glob("*.parquet"))) == 3  # one file a row

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 
@@ -28,14 +29,13 @@ def _upto(last: int) -> dict:
     return {v: rows for v, rows in VERSIONS.items() if v <= last}
 
 
-def _handed_off(spark, broker, tmp_path, upto: int = 2):
+def _handed_off(spark, broker, tmp_path, upto: int = 2, **sink_fields):
     """(source, pipeline, topic): an upsert topic sink's pipeline handed off over versions 1..``upto``."""
     source, topic = str(tmp_path / "source"), f"results-{uuid.uuid4().hex[:8]}"
     broker.create_topic(topic, 3)
     write_source(spark, source, _upto(upto))
-    p = make_pipeline(
-        source, str(tmp_path / "run"), delay_s=DELAY_S, sink=_sink(broker, topic, path=str(tmp_path / "results"))
-    )
+    sink = _sink(broker, topic, path=str(tmp_path / "results"), **sink_fields)
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S, sink=sink)
     BacklogRunner(spark, p).run()
     return source, p, topic
 
@@ -123,16 +123,17 @@ def test_a_result_topic_deleted_and_made_again_between_two_live_runs_is_refused_
 @pytest.mark.slow
 def test_the_broker_stopped_for_30_s_while_live_the_topic_gets_every_change_once(spark, tmp_path):
     """The result topic's broker (its own, on loopback) stopped for 30 s while the live query runs and versions
-    arrive. The micro-batch that publishes meanwhile waits for the broker (up to sink.transaction_timeout, 60 s)
-    before its transaction; it used to stop the query at once, naming no broker (a SinkError: "the end offsets
-    around batch 2's write could not be read ... No leaders found"). A broker restarted while a transaction is open
-    fences its producer: the query stops with an engine error naming the brokers and the way out, a start again.
+    arrive. The micro-batch that publishes meanwhile waits for the broker (up to sink.transaction_timeout, 45 s here:
+    longer than the outage) before its transaction; it used to stop the query at once, naming no broker (a SinkError:
+    "the end offsets around batch 2's write could not be read ... No leaders found"). A broker restarted while a
+    transaction is open fences its producer: the query stops with an engine error naming the brokers and the way out,
+    a start again.
     Either way, once the broker is back, the topic holds every change once and folds to the reference."""
     from phases._internal.runtime.local_kafka import LocalKafka
 
     broker = LocalKafka(tmp_path / "broker").start()
     try:
-        source, p, topic = _handed_off(spark, broker, tmp_path)
+        source, p, topic = _handed_off(spark, broker, tmp_path, transaction_timeout=timedelta(seconds=45))
         runner = LiveRunner.from_manifest(spark, p)
         runner.start()
         try:
@@ -181,8 +182,6 @@ def test_a_topic_sinks_backlog_with_no_broker_answering_is_refused_in_its_connec
     field and the way out, before anything is written; librdkafka's retries (one every few tens of milliseconds) are
     logged once, not a line each. (It used to fail after 60 s with a raw KafkaException naming neither, and print a
     line per attempt.) The way out, a broker at the named address, then runs the backlog to the end."""
-    from datetime import timedelta
-
     from phases._internal.runtime.kafka_client_log import LOGGER_NAME
     from phases._internal.runtime.local_kafka import LocalKafka, free_port
 
