@@ -8,10 +8,11 @@ demo: setup
 	.venv/bin/python -m scripts.demo $(ARGS)
 
 # Two pytest processes, each with its own JVM, a whole test module at a time (module fixtures are set up once), the
-# longest modules first (tests/conftest.py). TEST_WORKERS=0 runs everything in this process.
+# longest modules first (tests/conftest.py). TEST_WORKERS=0 runs everything in this process. The benchmark
+# harness's own run on tiny data is `make bench-smoke`, not part of it.
 TEST_WORKERS ?= 2
 test: setup
-	.venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
+	.venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not bench_smoke" $(ARGS)
 
 # The inner loop: every test that needs no JVM (definitions, lateness rules, process-function rules, ...).
 test-fast: setup
