@@ -16,7 +16,7 @@ test: setup
 
 # The inner loop: every test that needs no JVM (definitions, lateness rules, process-function rules, ...).
 test-fast: setup
-	.venv/bin/python -m pytest -m "not spark and not bench_smoke" $(ARGS)
+	.venv/bin/python -m pytest -m "not spark" $(ARGS)
 
 bench: setup
 	.venv/bin/python -m benchmarks.run $(ARGS)

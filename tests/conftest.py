@@ -37,7 +37,6 @@ def examples(n: int) -> int:
 LONGEST_MODULES = (
     "tests/test_redeploy_end_to_end.py",
     "tests/phases/redeploy/test_redeploy.py",
-    "tests/benchmarks/test_bench_smoke.py",
     "tests/test_end_to_end.py",
     "tests/phases/live/test_live_splits.py",
     "tests/phases/operators/test_two_input.py",

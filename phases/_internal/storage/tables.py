@@ -198,9 +198,8 @@ def append_row(spark: SparkSession, path: str, schema: T.StructType, values: dic
     """
     # One partition of one row made of literals: a plan with no Python rows to ship (``createDataFrame`` of a list
     # parallelizes it into the default parallelism's tasks, each deserialized by a Python worker: ~0.5 s against
-    # ~0.16 s here, warm).
-    # The literals go over as one list of SQL expressions (one call into the JVM), not a column object and a cast
-    # each (three calls a column: ~0.14 s for the manifest's 32 columns, warm).
+    # ~0.16 s here, warm). The literals go over as one list of SQL expressions, one call into the JVM (a column and a
+    # cast each took three calls a column: ~0.14 s for the manifest's 32 columns).
     fs.sweep_orphan_checksums(path)
     row = spark.range(0, 1, 1, numPartitions=1).selectExpr(*(_literal(values[f.name], f) for f in schema.fields))
     # The first append creates the table with ``schema`` (one commit, not an empty one before it).
