@@ -70,13 +70,15 @@ def build_live_check(pipeline: Pipeline) -> dg.AssetChecksDefinition:
             return dg.AssetCheckResult(
                 passed=False, description="no handoff yet: the backlog has not run", severity=dg.AssetCheckSeverity.WARN
             )
-        here = context.instance.get_run_by_id(context.run_id)  # pyright: ignore[reportAttributeAccessIssue]
+        run_id = context.run.run_id
+        # The run as stored now: the live step tags the run it runs in while it runs (``context.run`` is as launched).
+        here = context.instance.get_run_by_id(run_id)
         if here is not None and here.tags.get(LIVE_RUN_TAG) == pipeline.name:
             # This run ran the live phase, and its live step ended without an error (else this check would not run).
-            status = LiveStatus("stopped", context.run_id, f"live run {context.run_id} stopped")  # pyright: ignore[reportAttributeAccessIssue]
+            status = LiveStatus("stopped", run_id, f"live run {run_id} stopped")
         else:
             runs = live_runs(context.instance, pipeline.name, handoff.manifest_id)
-            status = live_status(_without(runs, context.run_id))  # pyright: ignore[reportAttributeAccessIssue]
+            status = live_status(_without(runs, run_id))
         v = live_running_verdict(status, names.live_job)
         return dg.AssetCheckResult(passed=v.passed, description=v.description, metadata=v.metadata, severity=v.severity)
 

@@ -351,10 +351,14 @@ class DagsterStack:
     def messages(self, run_id: str, limit: int = 1000) -> list[str]:
         data = self.graphql(
             "query($id: ID!, $limit: Int) { runOrError(runId: $id) { ... on Run { eventConnection(limit: $limit) "
-            "{ events { __typename ... on MessageEvent { message } } } } } }",
+            "{ events { __typename ... on MessageEvent { message } ... on ErrorEvent { error { message } } } } } } }",
             {"id": run_id, "limit": limit},
         )
-        return [e.get("message") or "" for e in data["runOrError"]["eventConnection"]["events"]]
+        # A failed step's message says only that it failed: its error's first line follows it.
+        return [
+            (e.get("message") or "") + (f": {e['error']['message'].strip()[:500]}" if e.get("error") else "")
+            for e in data["runOrError"]["eventConnection"]["events"]
+        ]
 
     def event_types(self, run_id: str, limit: int = 2000) -> list[str]:
         data = self.graphql(

@@ -35,7 +35,6 @@ def examples(n: int) -> int:
 # runs two pytest processes that take whole modules in collection order (``--dist loadfile --no-loadscope-reorder``):
 # sending the longest first keeps both busy to the end instead of leaving one long module alone at the tail.
 LONGEST_MODULES = (
-    "tests/test_redeploy_end_to_end.py",
     "tests/phases/redeploy/test_redeploy.py",
     "tests/test_end_to_end.py",
     "tests/phases/live/test_live_splits.py",

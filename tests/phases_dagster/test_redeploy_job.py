@@ -14,6 +14,7 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.deployment import generations
 from phases._internal.live.runner import STOP_POLL_S, LiveRunner
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
+from phases_dagster.live_status import LIVE_RUN_TAG
 from phases_dagster.redeploy import REASON_TAG, REDEPLOY_TAG
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import CheckPolicy, Names, Orchestration
@@ -96,6 +97,20 @@ def test_the_redeploy_job_swaps_a_changed_definition_in_and_rolls_back_from_the_
             context = dg.build_sensor_context(instance=instance, resources={"storage": storage})
             tick = switch.evaluate_tick(context)
             assert not tick.run_requests and "serves since a redeploy" in tick.skip_message, tick.skip_message
+            # A live phase started from the live asset's page ("Materialize") runs its live_phase_running check in the
+            # same run once its step ends: stopped by this swap, the previous code's check says so, a warning; it
+            # does not fail the run (it raised, and the clean stop showed as a failed run).
+            check = dg.AssetCheckKey(dg.AssetKey(names.live_asset), names.live_running)
+            check_only = dg.define_asset_job("live_check_only", selection=dg.AssetSelection.checks(check))
+            ran = (
+                dg.Definitions.merge(definitions(spark, root, old, LENIENT), dg.Definitions(jobs=[check_only]))
+                .resolve_job_def("live_check_only")
+                .execute_in_process(instance=instance, tags={LIVE_RUN_TAG: old.name}, raise_on_error=False)
+            )
+            assert ran.success, [e.message for e in ran.all_events if e.is_failure]
+            [verdict] = ran.get_asset_check_evaluations()
+            assert not verdict.passed and verdict.severity == dg.AssetCheckSeverity.WARN, verdict
+            assert verdict.description.startswith("stopped"), verdict.description
 
             # Rollback: the previous code's redeploy job swaps the kept generation 0 back, with no backlog.
             append_version(spark, f"{root}/src", versions[5])
