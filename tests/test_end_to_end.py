@@ -568,6 +568,20 @@ def _wait_exact(spark, pipeline, storage: StorageResource, source: str, stack: D
     )
 
 
+def _wait_live_running_passes(stack: DagsterStack, run_id: str, what: str) -> None:
+    """Waits until the live asset's newest live_phase_running evaluation passes naming ``run_id``."""
+    _wait(
+        f"live_phase_running passing for {what}",
+        lambda: (
+            (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
+            and e[0]["success"]
+            and run_id in e[0]["description"]
+        ),
+        timeout_s=90,
+        seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
+    )
+
+
 def _columns(spark, path: str) -> list[str]:
     return spark.read.format("delta").load(path).columns
 
@@ -619,16 +633,7 @@ def _redeploy_then_roll_back(
 
     # The health sensor and the checks watch the generation that serves: the redeploy's run is its live phase.
     # (They read generation 0's handoff once, and said "stopped; not relaunched" while generation 1 served.)
-    _wait(
-        "live_phase_running passing for the redeploy's run",
-        lambda: (
-            (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
-            and e[0]["success"]
-            and redeploy in e[0]["description"]
-        ),
-        timeout_s=90,
-        seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
-    )
+    _wait_live_running_passes(stack, redeploy, "the redeploy's run")
     _wait(
         "sink_fresh passing while generation 1 serves",
         lambda: (e := stack.check_executions(NAMES.sink, NAMES.fresh)) and e[0]["success"],
@@ -676,16 +681,7 @@ def _redeploy_then_roll_back(
     stack.wait_for_message(relaunched, "live phase running", timeout_s=300)
     append_batch()
     _wait_exact(spark, DEMO_REVISED, storage, source, stack, relaunched)
-    _wait(
-        "live_phase_running passing for the relaunched run",
-        lambda: (
-            (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
-            and e[0]["success"]
-            and relaunched in e[0]["description"]
-        ),
-        timeout_s=90,
-        seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
-    )
+    _wait_live_running_passes(stack, relaunched, "the relaunched run")
     with browser_page() as page:  # caught up: running again, no longer red, its checks passing
         node = wait_for_asset_state(lambda: asset_node_text(page, group_url, NAMES.live_asset), "Materializing")
         assert "Failed" not in node, node
