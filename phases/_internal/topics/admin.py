@@ -1,5 +1,6 @@
 """The topic sink's administration and its clients' settings: the settings every engine client of the sink's brokers
-starts from, and the error for brokers that do not answer before anything is written."""
+starts from, the error for brokers that do not answer before anything is written, and which client errors are worth
+asking again (a broker away, a group coordinator moving)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,33 @@ def unanswered(where: str, servers: str, timeout_s: float, exc: Exception, setti
 
 def client_settings(servers: str, extra: dict[str, str] | None) -> dict:
     return kafka_client_log.quiet({"bootstrap.servers": servers, **(extra or {})})
+
+
+def broker_away(error) -> bool:
+    """Whether a client error says a broker did not answer (down, restarting, a partition without a leader): asked
+    again, it may answer."""
+    from confluent_kafka import KafkaError
+
+    codes = {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._NOENT,  # "no leaders found" while a restarted broker takes its partitions up
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.FENCED_LEADER_EPOCH,  # a client's leader epoch from before the broker restarted
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+    return getattr(error, "code", lambda: None)() in codes or bool(getattr(error, "retriable", lambda: False)())
+
+
+def coordinator_moving(error) -> bool:
+    """A group coordinator that is moving or still loading its offsets: the same request succeeds shortly."""
+    from confluent_kafka import KafkaError
+
+    return error.code() in (
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    )

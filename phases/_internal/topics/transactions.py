@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from phases._internal.errors import SinkError
 from phases._internal.runtime import kafka_client_log
-from phases._internal.topics.admin import client_settings, unanswered
+from phases._internal.topics.admin import broker_away, client_settings, coordinator_moving, unanswered
 
 # The marker's offset is the batch + this: the handoff (batch -1) is 1, micro-batch 0 is 2. Offset 0 is never a
 # marker, so a group that committed nothing (offset -1001) and a marker are told apart.
@@ -150,6 +150,7 @@ class TopicWriter:
         self._consumer = None
         self._admin = None
         self._partitions: int | None = None
+        self._brokers_were_away = False
 
     @property
     def where(self) -> str:
@@ -259,7 +260,7 @@ class TopicWriter:
                     "Describe and Read on the group",
                     f"--group {self.group}",
                 )
-            if not _coordinator_moving(error) or time.monotonic() >= deadline:
+            if not coordinator_moving(error) or time.monotonic() >= deadline:
                 raise SinkError(f"{self.where}: its committed marker could not be read ({error})")
             time.sleep(0.5)
 
@@ -286,6 +287,9 @@ class TopicWriter:
         records = itertools.chain([first] if first is not None else [], records)
         producer = self._start()
         before = self._end_offsets(committed=False, marker=marker)
+        if self._brokers_were_away:  # they answer again: fresh clients, not ones that lost their coordinator
+            self._restart_clients()
+            producer = self._start()
         try:
             producer.begin_transaction()
             count = 0
@@ -358,9 +362,10 @@ class TopicWriter:
                 answers = self._admin.list_offsets(query, isolation_level=level, request_timeout=self.timeout_s)  # pyright: ignore[reportArgumentType]
                 return {tp.partition: future.result().offset for tp, future in answers.items()}
             except KafkaException as exc:
-                if time.monotonic() < deadline and _unanswered(exc.args[0]):
+                if time.monotonic() < deadline and broker_away(exc.args[0]):
                     time.sleep(1.0)
                     self._admin = AdminClient(self._config)  # fresh metadata: a restarted broker's leader epochs
+                    self._brokers_were_away = True
                     continue
                 raise SinkError(
                     f"{self.where}: the end offsets around batch {marker.batch}'s write could not be read within "
@@ -459,6 +464,17 @@ class TopicWriter:
             return None
         return self.write(records, marker, empty_commits=empty_commits)
 
+    def _restart_clients(self) -> None:
+        """Drops the producer and the marker consumer after the brokers did not answer for a while (restarted): a
+        client that lived through a broker's restart may never find its group coordinator again, and its
+        ``send_offsets_to_transaction`` then blocks (confluentinc/librdkafka#5456, #5511). No transaction is open
+        here; the next :meth:`_start`'s ``init_transactions`` fences the old producer."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        self._producer = None
+        self._brokers_were_away = False
+
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
@@ -467,33 +483,3 @@ class TopicWriter:
             self._producer.flush(5)
             self._producer = None
         self._admin = None
-
-
-def _unanswered(error) -> bool:
-    """Whether a client error says a broker did not answer (down, restarting, a partition without a leader): asked
-    again, it may answer."""
-    from confluent_kafka import KafkaError
-
-    codes = {
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._TIMED_OUT,
-        KafkaError._NOENT,  # "no leaders found" while a restarted broker takes its partitions up
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError.FENCED_LEADER_EPOCH,  # a client's leader epoch from before the broker restarted
-        KafkaError.UNKNOWN_LEADER_EPOCH,
-    }
-    return getattr(error, "code", lambda: None)() in codes or bool(getattr(error, "retriable", lambda: False)())
-
-
-def _coordinator_moving(error) -> bool:
-    """A group coordinator that is moving or still loading its offsets: the same request succeeds shortly."""
-    from confluent_kafka import KafkaError
-
-    return error.code() in (
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-    )

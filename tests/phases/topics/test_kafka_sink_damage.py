@@ -124,11 +124,12 @@ def test_a_result_topic_deleted_and_made_again_between_two_live_runs_is_refused_
 def test_the_broker_stopped_for_30_s_while_live_the_topic_gets_every_change_once(spark, tmp_path):
     """The result topic's broker (its own, on loopback) stopped for 30 s while the live query runs and versions
     arrive. The micro-batch that publishes meanwhile waits for the broker (up to sink.transaction_timeout, 45 s here:
-    longer than the outage) before its transaction; it used to stop the query at once, naming no broker (a SinkError:
-    "the end offsets around batch 2's write could not be read ... No leaders found"). A broker restarted while a
-    transaction is open fences its producer: the query stops with an engine error naming the brokers and the way out,
-    a start again.
-    Either way, once the broker is back, the topic holds every change once and folds to the reference."""
+    longer than the outage) before its transaction, then writes with fresh clients; it used to stop the query at once,
+    naming no broker (a SinkError: "the end offsets around batch 2's write could not be read ... No leaders found"),
+    and then to block for the whole timeout in librdkafka's send_offsets_to_transaction (a client that lived through
+    the restart lost its group coordinator) and stop the query. A broker that comes back later than the timeout, or
+    restarts while a transaction is open, stops the query with an engine error naming the brokers and the way out, a
+    start again. Either way, once the broker is back, the topic holds every change once and folds to the reference."""
     from phases._internal.runtime.local_kafka import LocalKafka
 
     broker = LocalKafka(tmp_path / "broker").start()
@@ -159,15 +160,25 @@ def test_the_broker_stopped_for_30_s_while_live_the_topic_gets_every_change_once
             LiveRunner.from_manifest(spark, p).start(available_now=True)  # the way out it names
         _assert_topic_is(broker, topic, 5)
 
-        # Down for longer than the bound: an engine error naming the brokers and the way out, nothing committed.
         from phases._internal.topics.records import Record
         from phases._internal.topics.transactions import Marker, TopicWriter
 
-        writer = TopicWriter(broker.bootstrap_servers, topic, "other", timeout_s=5)
+        # Down between two writes and back within the bound: the next write waits, then commits (it used to block
+        # in send_offsets_to_transaction until the bound and fail).
+        writer = TopicWriter(broker.bootstrap_servers, topic, "other", timeout_s=30, connect_timeout_s=5)
+        writer.write([Record(b"k", b"v")], Marker(0, "h"))
+        broker.stop()
+        threading.Timer(3.0, broker.start).start()
+        assert writer.write([Record(b"k", b"w")], Marker(1, "h")) == 1
+        assert writer.committed() == Marker(1, "h")
+        writer.close()
+
+        # Down for longer than the bound: an engine error naming the brokers and the way out, nothing committed.
+        writer = TopicWriter(broker.bootstrap_servers, topic, "other", timeout_s=5, connect_timeout_s=5)
         writer.committed()
         broker.stop()
         with pytest.raises(SinkError) as refused:
-            writer.write([Record(b"k", b"v")], Marker(0, "h"))
+            writer.write([Record(b"k", b"x")], Marker(2, "h"))
         said = str(refused.value)
         assert broker.bootstrap_servers in said and "answer" in said and "KafkaException" not in said, said
         writer.close()
