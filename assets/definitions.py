@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_KAFKA_AVRO
+from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_KAFKA_AVRO, DEMO_KAFKA_PROTOBUF
 from phases import Pipeline
 from phases_dagster import DailyBackfill, LiveHealth, Orchestration, SwitchPolicy, pipeline_definitions
 from resources import RESOURCES
@@ -42,8 +42,9 @@ def build_definitions(demo: Pipeline = DEMO) -> dg.Definitions:
     served = [pipeline_definitions(demo, DEMO_SETTINGS), pipeline_definitions(DEMO_DAILY, DAILY_SETTINGS)]
     if os.environ.get("PHASES_KAFKA_BOOTSTRAP_SERVERS"):  # a deployment with a Kafka broker serves it too
         served.append(pipeline_definitions(DEMO_KAFKA, DEMO_SETTINGS))
-        if os.environ.get("PHASES_SCHEMA_REGISTRY_URL"):  # ... and with a schema registry, its Avro twin
+        if os.environ.get("PHASES_SCHEMA_REGISTRY_URL"):  # ... and with a schema registry, its Avro and Protobuf twins
             served.append(pipeline_definitions(DEMO_KAFKA_AVRO, DEMO_SETTINGS))
+            served.append(pipeline_definitions(DEMO_KAFKA_PROTOBUF, DEMO_SETTINGS))
     return dg.Definitions.merge(
         *served,
         dg.Definitions(resources=RESOURCES, executor=dg.in_process_executor),

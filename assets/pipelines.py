@@ -87,6 +87,25 @@ DEMO_KAFKA_AVRO = DEMO_KAFKA.model_copy(
     }
 )
 
+# ... and over a topic of Protobuf values (the Confluent wire format), their schema in the same registry
+# (`make demo ARGS="--source kafka-protobuf"`).
+DEMO_KAFKA_PROTOBUF = DEMO_KAFKA.model_copy(
+    update={
+        "name": "demo_kafka_protobuf",
+        "source": KafkaSource(
+            topic="demo_events_protobuf",
+            bootstrap_servers="127.0.0.1:9092",
+            value_format="protobuf",
+            registry=SchemaRegistry(
+                url=os.environ.get("PHASES_SCHEMA_REGISTRY_URL", "http://127.0.0.1:8081/apis/ccompat/v7")
+            ),
+            backlog_chunk_records=50_000,
+        ),
+        "sink": DeltaSink(path="demo_kafka_protobuf/sink"),
+        "locations": Locations(root="demo_kafka_protobuf/engine"),
+    }
+)
+
 # The same aggregation over a source whose backlog is built in daily slices (the daily-partitioned backlog asset, its
 # schedule and partition backfills). Its source starts empty: `make demo` writes the keyed demo's source only.
 DEMO_DAILY = DEMO.model_copy(

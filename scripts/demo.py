@@ -2,11 +2,11 @@
 instance with its webserver and daemon on 127.0.0.1).
 
 Generates a synthetic keyed event table (or, with ``--source kafka``, a topic on a Kafka broker the demo starts
-on 127.0.0.1 from the setup's Maven jars; with ``--source kafka-avro``, Avro values in the Confluent wire format and a
-schema registry started beside the broker), starts ``dagster dev``, materializes the backlog asset over
-GraphQL (backlog phase + blocking checks), lets the switch sensor launch the live run, appends live data
-while it runs, waits for the sink to show it, terminates the live run, and checks the sink against a
-reference computed independently with pandas (no Spark aggregation, no engine code).
+on 127.0.0.1 from the setup's Maven jars; with ``--source kafka-avro`` or ``--source kafka-protobuf``, Avro or Protobuf
+values in the Confluent wire format and a schema registry started beside the broker), starts ``dagster dev``,
+materializes the backlog asset over GraphQL (backlog phase + blocking checks), lets the switch sensor launch the live
+run, appends live data while it runs, waits for the sink to show it, terminates the live run, and checks the sink
+against a reference computed independently with pandas (no Spark aggregation, no engine code).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import functions as F
 
-from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_KAFKA_AVRO, DEMO_REVISED
+from assets.pipelines import DEMO, DEMO_DAILY, DEMO_KAFKA, DEMO_KAFKA_AVRO, DEMO_KAFKA_PROTOBUF, DEMO_REVISED
 from phases import Pipeline, SchemaRegistry
 from phases._internal.deployment import place
 from phases._internal.live.runner import LiveRunner
@@ -100,19 +100,77 @@ AVRO_SCHEMA = {
     ],
 }
 
+# The Protobuf demo's value schema (a .proto text), registered the same way; its records are encoded by Protobuf's
+# Python runtime in Spark's Python workers and decoded the same way for the reference (never by the engine's decoder).
+PROTO_SCHEMA = """syntax = "proto3";
+package demo;
+import "google/protobuf/timestamp.proto";
+message DemoEvent {
+  string key = 1;
+  google.protobuf.Timestamp ts = 2;
+  optional int64 value = 3;
+}
+"""
+
+
+def _proto_encoder(schema_id: int):
+    """A mapInArrow function: (key, ts, value) rows as Protobuf values in the Confluent wire format."""
+    import pyarrow as pa
+
+    from scripts.protobuf_messages import message_class, wire
+
+    def encode(batches):
+        event = message_class(PROTO_SCHEMA, "demo.DemoEvent")
+        for batch in batches:
+            keys, values = batch.column("key").to_pylist(), batch.column("value").to_pylist()
+            micros = batch.column("ts").cast(pa.int64()).to_pylist()
+            out = []
+            for key, us, value in zip(keys, micros, values, strict=True):
+                message = event(key=key, value=value)
+                message.ts.FromMicroseconds(us)
+                out.append(wire(schema_id, message))
+            yield pa.RecordBatch.from_arrays([pa.array(keys), pa.array(out, pa.binary())], ["key", "value"])
+
+    return encode
+
+
+def _proto_decoder(batches):
+    """A mapInArrow function: the topic's records with their Protobuf values decoded (Protobuf's Python runtime)."""
+    import pyarrow as pa
+
+    from scripts.protobuf_messages import message_class
+
+    event = message_class(PROTO_SCHEMA, "demo.DemoEvent")
+    for batch in batches:
+        keys, micros, values = [], [], []
+        for raw in batch.column("value").to_pylist():
+            message = event.FromString(raw[6:])  # magic byte, schema id, message index 0
+            keys.append(message.key)
+            micros.append(message.ts.ToMicroseconds())
+            values.append(message.value if message.HasField("value") else None)
+        yield pa.RecordBatch.from_arrays(
+            [batch.column("partition"), batch.column("offset"), pa.array(keys), pa.array(micros), pa.array(values)],
+            ["partition", "offset", "key", "ts_us", "value"],
+        )
+
 
 class KafkaFeed:
-    """The demo's input as a Kafka topic (3 partitions) on a broker started here: JSON values, or Avro values in the
-    Confluent wire format with ``registry`` (their schema registered there first)."""
+    """The demo's input as a Kafka topic (3 partitions) on a broker started here: JSON values, or Avro or Protobuf
+    values in the Confluent wire format with ``registry`` (their schema registered there first)."""
 
     def __init__(self, spark, p: Placement, broker: LocalKafka, registry: LocalRegistry | None = None):
         self.spark, self.p, self.broker, self.registry = spark, p, broker, registry
         self.schema_id: int | None = None
+        self.protobuf = p.definition.source.value_format == "protobuf"
 
     def create(self) -> None:
         self.broker.create_topic(self.p.definition.source.topic, 3)
         if self.registry is not None:
-            self.schema_id = self.registry.register(f"{self.p.definition.source.topic}-value", AVRO_SCHEMA)
+            subject = f"{self.p.definition.source.topic}-value"
+            if self.protobuf:
+                self.schema_id = self.registry.register(subject, PROTO_SCHEMA, schema_type="PROTOBUF")
+            else:
+                self.schema_id = self.registry.register(subject, AVRO_SCHEMA)
 
     def _value(self):
         if self.schema_id is None:
@@ -130,9 +188,13 @@ class KafkaFeed:
         return from_avro(F.expr("substring(value, 6)"), json.dumps(AVRO_SCHEMA))
 
     def append(self, batch) -> None:
+        if self.protobuf:
+            assert self.schema_id is not None
+            records = batch.mapInArrow(_proto_encoder(self.schema_id), "key string, value binary")
+        else:
+            records = batch.select(F.col("key"), self._value().alias("value"))
         (
-            batch.select(F.col("key"), self._value().alias("value"))
-            .write.format("kafka")
+            records.write.format("kafka")
             .option("kafka.bootstrap.servers", self.broker.bootstrap_servers)
             .option("topic", self.p.definition.source.topic)
             .save()
@@ -146,13 +208,21 @@ class KafkaFeed:
             [(c, p, lo, hi) for c, parts in chunks.items() for p, (lo, hi) in parts.items()],
             "_commit_version long, part int, lo long, hi long",
         )
-        records = (
+        topic = (
             self.spark.read.format("kafka")
             .option("kafka.bootstrap.servers", self.broker.bootstrap_servers)
             .option("subscribe", self.p.definition.source.topic)
             .load()
-            .select("partition", "offset", self._decoded().alias("r"))
         )
+        if self.protobuf:
+            decoded = topic.select("partition", "offset", "value").mapInArrow(
+                _proto_decoder, "partition int, offset long, key string, ts_us long, value long"
+            )
+            records = decoded.select(
+                "partition", "offset", F.struct("key", F.timestamp_micros("ts_us").alias("ts"), "value").alias("r")
+            )
+        else:
+            records = topic.select("partition", "offset", self._decoded().alias("r"))
         inside = (
             (records["partition"] == spans["part"])
             & (records["offset"] >= spans["lo"])
@@ -170,11 +240,11 @@ class KafkaFeed:
         self.broker.stop()
 
 
-def avro_demo(url: str) -> Pipeline:
-    """The Avro demo pipeline as the code location builds it with the registry at ``url`` (the registry is not part
-    of its fingerprint: the same pipeline)."""
-    source = DEMO_KAFKA_AVRO.source.model_copy(update={"registry": SchemaRegistry(url=url)})
-    return DEMO_KAFKA_AVRO.model_copy(update={"source": source})
+def registry_demo(pipeline: Pipeline, url: str) -> Pipeline:
+    """The Avro or Protobuf demo pipeline as the code location builds it with the registry at ``url`` (the registry
+    is not part of its fingerprint: the same pipeline)."""
+    source = pipeline.source.model_copy(update={"registry": SchemaRegistry(url=url)})
+    return pipeline.model_copy(update={"source": source})
 
 
 def daily_source(spark, data: Path, days: int = 3, rows: int = 2000) -> Path:
@@ -296,9 +366,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument(
         "--source",
-        choices=["delta", "kafka", "kafka-avro"],
+        choices=["delta", "kafka", "kafka-avro", "kafka-protobuf"],
         default="delta",
-        help="the input: a Delta table, a Kafka topic of JSON values, or of Avro values with a schema registry",
+        help="the input: a Delta table, a Kafka topic of JSON values, or of Avro or Protobuf values with a schema "
+        "registry",
     )
     ap.add_argument("--rows", type=int, default=3_000_000, help="backlog records")
     ap.add_argument("--keys", type=int, default=1_000_000, help="distinct keys")
@@ -321,19 +392,23 @@ def main() -> None:
     data, home = root / "tables", root / "dagster_home"
     spark = build_session(SparkSettings())
     figures: dict[str, str] = {}
-    if args.source in ("kafka", "kafka-avro"):
+    if args.source.startswith("kafka"):
         t = time.perf_counter()
         broker = LocalKafka(root / "kafka", heap="512m").start()
         os.environ["PHASES_KAFKA_BOOTSTRAP_SERVERS"] = broker.bootstrap_servers  # dagster dev serves DEMO_KAFKA
         _line("kafka broker", f"{broker.bootstrap_servers} (KRaft, started in {time.perf_counter() - t:.1f} s)")
         registry = None
-        if args.source == "kafka-avro":
+        if args.source in ("kafka-avro", "kafka-protobuf"):
             t = time.perf_counter()
             registry = LocalRegistry(root / "registry").start()
-            # The code location (dagster dev, started below) reads it when it builds DEMO_KAFKA_AVRO.
+            # The code location (dagster dev, started below) reads it when it builds DEMO_KAFKA_AVRO and its twin.
             os.environ["PHASES_SCHEMA_REGISTRY_URL"] = registry.url
             _line("schema registry", f"{registry.url} (Apicurio, started in {time.perf_counter() - t:.1f} s)")
-        pipeline = DEMO_KAFKA if registry is None else avro_demo(registry.url)
+        pipeline = DEMO_KAFKA
+        if registry is not None:
+            pipeline = registry_demo(
+                DEMO_KAFKA_PROTOBUF if args.source == "kafka-protobuf" else DEMO_KAFKA_AVRO, registry.url
+            )
         p = Placement(pipeline, root=str(data), brokers=broker.bootstrap_servers)
         feed = KafkaFeed(spark, p, broker, registry)
     else:

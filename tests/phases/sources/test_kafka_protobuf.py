@@ -25,6 +25,7 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import KafkaSource
 from phases._internal.errors import SourceError
 from phases._internal.live.runner import LiveRunner
+from scripts.protobuf_messages import message_class, wire
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import assert_results_equal, produce, sink_rows, ts
@@ -39,7 +40,6 @@ from tests.phases.sources.test_kafka_source import (
     kafka_quarantine,
     materialize_rounds,
 )
-from tests.protobuf_messages import message_class, wire
 
 V1 = """syntax = "proto3";
 package test;

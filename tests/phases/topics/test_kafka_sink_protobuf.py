@@ -18,11 +18,11 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.errors import PhaseStateError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.topics.reading import fold_upsert, read_committed
+from scripts.protobuf_messages import message_class
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, write_source
 from tests.phases.redeploy.test_redeploy import OLD_DELAY_S, _expected_old, _old, _version
 from tests.phases.topics.test_kafka_sink_avro import _versions_of
-from tests.protobuf_messages import message_class
 
 
 def _sink(kafka, registry, topic: str, root: str) -> KafkaSink:

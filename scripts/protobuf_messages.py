@@ -1,5 +1,5 @@
-"""Protobuf messages for the tests' producers, from .proto texts: compiled with protoc (grpcio-tools) into a pool of
-their own and encoded by Protobuf's Python runtime, apart from the engine's JVM decoder."""
+"""Protobuf messages for the tests' and the demo's producers, from .proto texts: compiled with protoc (grpcio-tools)
+into a pool of their own and encoded by Protobuf's Python runtime, apart from the engine's JVM decoder."""
 
 from __future__ import annotations
 
