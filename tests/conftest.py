@@ -30,40 +30,47 @@ def examples(n: int) -> int:
     return 10 * n if SOAK else n
 
 
-# The longest test modules (their tests' time summed from a full run's JUnit report, 2 cores; 2026-11-28, 4,867 s
-# of test time in 2,446 s: benchmarks/profiles/suite-2026-11-28.txt), longest first. `make test`
-# runs two pytest processes that take whole modules in collection order (``--dist loadfile --no-loadscope-reorder``):
-# sending the longest first keeps both busy to the end instead of leaving one long module alone at the tail.
+# The test modules of 30 s or more (their tests' time summed from a full run's JUnit report, the mean of two runs on
+# 2 cores, 2026-12-06: 3,758 and 3,665 s of test time: benchmarks/profiles/suite-2026-12-06-b.txt), longest first.
+# `make test` runs two pytest processes that take whole modules in collection order (``--dist loadfile
+# --no-loadscope-reorder``): sending the longest first keeps both busy to the end instead of leaving one long module
+# alone at the tail.
 LONGEST_MODULES = (
-    "tests/phases/redeploy/test_redeploy.py",
     "tests/test_end_to_end.py",
-    "tests/phases/live/test_live_splits.py",
-    "tests/phases/operators/test_two_input.py",
-    "tests/phases/live/test_live_recovery.py",
-    "tests/phases/redeploy/test_redeploy_damage.py",
-    "tests/phases/operators/test_two_input_kafka.py",
-    "tests/test_readme_guide.py",
-    "tests/deployment/test_standalone_cluster.py",
+    "tests/phases/redeploy/test_redeploy.py",
     "tests/phases/topics/test_kafka_sink.py",
-    "tests/phases/backlog/test_step_increments.py",
-    "tests/phases/state/test_keyed_store.py",
-    "tests/phases/operators/test_process_function.py",
-    "tests/phases/live/test_changelog_sink.py",
-    "tests/phases/sources/test_kafka_source.py",
-    "tests/phases_dagster/test_daily_backfill.py",
+    "tests/phases/live/test_live_splits.py",
+    "tests/phases/topics/test_kafka_sink_damage.py",
+    "tests/phases/redeploy/test_redeploy_damage.py",
+    "tests/phases/live/test_live_recovery.py",
+    "tests/phases/sources/test_kafka_avro.py",
+    "tests/phases/operators/test_two_input_kafka.py",
+    "tests/deployment/test_standalone_cluster.py",
+    "tests/phases/operators/test_two_input.py",
+    "tests/phases/sources/test_kafka_protobuf.py",
     "tests/phases_dagster/test_redeploy_job.py",
-    "tests/deployment/test_object_store.py",
+    "tests/phases/state/test_keyed_store.py",
+    "tests/phases/sources/test_kafka_source.py",
     "tests/phases/sources/test_kafka_faults.py",
-    "tests/phases_dagster/test_switch_sensor.py",
-    "tests/phases/live/test_live_schema.py",
-    "tests/phases/backlog/test_backlog.py",
+    "tests/deployment/test_object_store.py",
+    "tests/phases/topics/test_kafka_sasl.py",
     "tests/phases/test_testing_kit.py",
-    "tests/phases/operators/test_windows.py",
-    "tests/phases/test_two_phase_equivalence.py",
-    "tests/phases/backlog/test_increments_and_slices.py",
-    "tests/phases/operators/test_sessions.py",
+    "tests/phases/operators/test_process_function.py",
+    "tests/phases_dagster/test_daily_backfill.py",
+    "tests/phases/steps/test_end_of_stream.py",
+    "tests/phases/live/test_live.py",
+    "tests/phases/live/test_changelog_sink.py",
+    "tests/phases/topics/test_kafka_sink_avro.py",
+    "tests/phases/backlog/test_step_increments.py",
+    "tests/phases/topics/test_kafka_sink_protobuf.py",
+    "tests/phases/live/test_live_schema.py",
+    "tests/phases_dagster/test_switch_sensor.py",
+    "tests/test_readme_guide.py",
+    "tests/phases/storage/test_maintenance.py",
+    "tests/phases_dagster/test_secrets_never_written.py",
     "tests/phases/backlog/test_kafka_increments.py",
-    "tests/phases/live/test_upsert_write.py",
+    "tests/phases/coordination/test_leases.py",
+    "tests/phases/backlog/test_backlog.py",
 )
 
 
