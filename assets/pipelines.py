@@ -68,43 +68,33 @@ DEMO_KAFKA = DEMO.model_copy(
     }
 )
 
-# The same pipeline over a topic of Avro values (the Confluent wire format), their schema in a schema registry at
-# PHASES_SCHEMA_REGISTRY_URL (`make demo ARGS="--source kafka-avro"` starts a local broker and registry).
-DEMO_KAFKA_AVRO = DEMO_KAFKA.model_copy(
-    update={
-        "name": "demo_kafka_avro",
-        "source": KafkaSource(
-            topic="demo_events_avro",
-            bootstrap_servers="127.0.0.1:9092",
-            value_format="avro",
-            registry=SchemaRegistry(
-                url=os.environ.get("PHASES_SCHEMA_REGISTRY_URL", "http://127.0.0.1:8081/apis/ccompat/v7")
-            ),
-            backlog_chunk_records=50_000,
-        ),
-        "sink": DeltaSink(path="demo_kafka_avro/sink"),
-        "locations": Locations(root="demo_kafka_avro/engine"),
-    }
-)
 
-# ... and over a topic of Protobuf values (the Confluent wire format), their schema in the same registry
-# (`make demo ARGS="--source kafka-protobuf"`).
-DEMO_KAFKA_PROTOBUF = DEMO_KAFKA.model_copy(
-    update={
-        "name": "demo_kafka_protobuf",
-        "source": KafkaSource(
-            topic="demo_events_protobuf",
-            bootstrap_servers="127.0.0.1:9092",
-            value_format="protobuf",
-            registry=SchemaRegistry(
-                url=os.environ.get("PHASES_SCHEMA_REGISTRY_URL", "http://127.0.0.1:8081/apis/ccompat/v7")
+def _registry_twin(value_format: str) -> Pipeline:
+    """The Kafka demo over a topic of ``value_format`` values (the Confluent wire format), their schema in a schema
+    registry at PHASES_SCHEMA_REGISTRY_URL (`make demo ARGS="--source kafka-avro"` or `"--source kafka-protobuf"`
+    starts a local broker and registry)."""
+    name = f"demo_kafka_{value_format}"
+    return DEMO_KAFKA.model_copy(
+        update={
+            "name": name,
+            "source": KafkaSource(
+                topic=f"demo_events_{value_format}",
+                bootstrap_servers="127.0.0.1:9092",
+                value_format=value_format,
+                registry=SchemaRegistry(
+                    url=os.environ.get("PHASES_SCHEMA_REGISTRY_URL", "http://127.0.0.1:8081/apis/ccompat/v7")
+                ),
+                backlog_chunk_records=50_000,
             ),
-            backlog_chunk_records=50_000,
-        ),
-        "sink": DeltaSink(path="demo_kafka_protobuf/sink"),
-        "locations": Locations(root="demo_kafka_protobuf/engine"),
-    }
-)
+            "sink": DeltaSink(path=f"{name}/sink"),
+            "locations": Locations(root=f"{name}/engine"),
+        }
+    )
+
+
+# The same pipeline over a topic of Avro values, and over one of Protobuf values, with a schema registry.
+DEMO_KAFKA_AVRO = _registry_twin("avro")
+DEMO_KAFKA_PROTOBUF = _registry_twin("protobuf")
 
 # The same aggregation over a source whose backlog is built in daily slices (the daily-partitioned backlog asset, its
 # schedule and partition backfills). Its source starts empty: `make demo` writes the keyed demo's source only.

@@ -511,16 +511,7 @@ def test_the_demo_through_the_dagster_ui_then_a_changed_definition_redeployed_an
         )
         assert stack.run_status(resumed) in {"QUEUED", "STARTING", "STARTED"}, stack.run_status(resumed)
         stack.wait_for_message(resumed, "live phase running", timeout_s=300)
-        seen = _wait(
-            "live_phase_running passing for the run started from the asset's page",
-            lambda: (
-                (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
-                and e[0]["success"]
-                and resumed in e[0]["description"]
-            ),
-            timeout_s=60,
-            seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
-        )
+        seen = _wait_live_running_passes(stack, resumed, "the run started from the asset's page", timeout_s=60)
         assert seen and _wait(
             "the health sensor seeing that run",
             lambda: any(resumed in (tick["skipReason"] or "") for tick in stack.sensor_ticks(NAMES.health)),
@@ -568,16 +559,16 @@ def _wait_exact(spark, pipeline, storage: StorageResource, source: str, stack: D
     )
 
 
-def _wait_live_running_passes(stack: DagsterStack, run_id: str, what: str) -> None:
-    """Waits until the live asset's newest live_phase_running evaluation passes naming ``run_id``."""
-    _wait(
+def _wait_live_running_passes(stack: DagsterStack, run_id: str, what: str, timeout_s: float = 90):
+    """Waits until the live asset's newest live_phase_running evaluation passes naming ``run_id``; returns it."""
+    return _wait(
         f"live_phase_running passing for {what}",
         lambda: (
             (e := stack.check_executions(NAMES.live_asset, NAMES.live_running))
             and e[0]["success"]
             and run_id in e[0]["description"]
         ),
-        timeout_s=90,
+        timeout_s=timeout_s,
         seen=lambda: stack.check_executions(NAMES.live_asset, NAMES.live_running)[:3],
     )
 
