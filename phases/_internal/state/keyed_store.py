@@ -80,7 +80,10 @@ class StoreUpdate:
     @property
     def new_keys(self) -> int | None:
         """How many of the changed keys the store did not hold before (a combining update's; None for the other
-        layouts). Counted in the update's tasks: a guide for choosing how to write the rows, not a result."""
+        layouts). Counted by the tasks that also count :attr:`StoreUpdate.changed_keys` (the job that caches the
+        rows): Spark applies a result task's accumulator updates once, from the attempt whose result it keeps, so the
+        two agree. An upsert sink holds a row for every key the store holds, so when the two are equal no changed key
+        is in the sink and its rows are appended (:func:`phases._internal.storage.tables.upsert_write`)."""
         return self.profile.get(NEW_KEYS)
 
     def profile_summary(self) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import logging
 import os
 import tempfile
@@ -35,7 +36,16 @@ def file_count(spark: SparkSession, path: str) -> int:
 
 
 def has_files(spark: SparkSession, pattern: str) -> bool:
-    """True when the glob ``pattern`` matches at least one file."""
+    """True when the glob ``pattern`` matches at least one file. A plain path whose folder has no wildcard, and whose
+    name has only ``*`` and ``?``, is matched in its folder by the OS (no JVM round trips: every live start and many
+    writes ask it); anything else through Hadoop's ``globStatus``."""
+    folder, name = os.path.split(pattern)
+    if _is_local(pattern) and not any(c in folder for c in _WILDCARDS) and not any(c in name for c in "[{\\"):
+        try:
+            with os.scandir(folder or ".") as entries:
+                return any(fnmatch.fnmatchcase(e.name, name) for e in entries)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
     fs, p = _fs_path(spark, pattern)
     found = fs.globStatus(p)
     return found is not None and len(found) > 0
@@ -93,6 +103,9 @@ def sweep_orphan_checksums(*paths: str) -> list[str]:
             log.warning("removed %s: the checksum of a commit file that is gone (a removed or restored commit)", name)
             removed.append(name)
     return removed
+
+
+_WILDCARDS = "*?[{\\"  # Hadoop's glob syntax
 
 
 def _is_local(path: str) -> bool:

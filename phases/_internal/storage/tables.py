@@ -128,51 +128,63 @@ def upsert_marked(
     changed: int | None = None,
 ) -> None:
     """``rows`` upserted with (``app_id``, ``batch``) in the commit's ``userMetadata`` (as :func:`append_marked`):
-    by :func:`replace_rows` (``write="merge"``) or :func:`rewrite_rows` (``"rewrite"``, ``changed`` the row count
-    of ``rows`` when known)."""
-    if write not in ("merge", "rewrite"):
-        raise ValueError(f"write {write!r}: valid values are ['merge', 'rewrite']")
+    by :func:`replace_rows` (``write="merge"``), :func:`rewrite_rows` (``"rewrite"``, ``changed`` the row count
+    of ``rows`` when known), or appended (``"append"``: only when none of ``rows``' keys is in the table, as the
+    caller knows from its state)."""
+    if write not in UPSERT_WAYS:
+        raise ValueError(f"write {write!r}: valid values are {list(UPSERT_WAYS)}")
     key = "spark.databricks.delta.commitInfo.userMetadata"
     spark.conf.set(key, table_stats.write_marker(app_id, batch))
     try:
         if write == "rewrite":
             rewrite_rows(spark, path, rows, keys, rows_count=changed)
+        elif write == "append":
+            rows.write.format("delta").mode("append").save(path)
         else:
             replace_rows(spark, path, rows, keys)
     finally:
         spark.conf.unset(key)
 
 
+UPSERT_WAYS = ("merge", "rewrite", "append")
+# Table properties under which "auto" never rewrites an upsert sink (see upsert_write).
+MERGE_PROPERTIES = ("delta.enableChangeDataFeed", "delta.enableDeletionVectors")
 REWRITE_UPDATES_PER_FILE = 5  # updated keys a data file from which an upsert rewrites the whole table
 BROADCAST_KEYS = 1_000_000  # changed keys up to which a rewrite broadcasts them (beyond: Spark plans the join)
 
 
 def upsert_write(path: str, setting: str, changed: int, new: int | None) -> str:
     """How an upsert of ``changed`` keys (``new`` of them not in the table; None: not known) is written to the table at
-    ``path``: ``setting`` unless it is ``"auto"``, which picks ``"rewrite"`` when the updated keys (``changed - new``)
-    number at least :data:`REWRITE_UPDATES_PER_FILE` per data file of the table, else ``"merge"``.
+    ``path``: ``setting`` unless it is ``"auto"``, which picks
+
+    - ``"append"`` when every changed key is new (none is in the table: nothing to replace, one plain append);
+    - ``"rewrite"`` when a MERGE would rewrite nearly every file anyway: the table is one data file (any updated key
+      is in it), or the updated keys (``changed - new``) number at least :data:`REWRITE_UPDATES_PER_FILE` per data
+      file;
+    - else ``"merge"``.
 
     A MERGE first searches the files holding the keys (a join of the keys with the whole table's key column), then
     rewrites those files (a join that shuffles their rows). Keys spread over the files, as the engine writes the sink,
     reach a file each with probability 1/files: at five updated keys a file, a MERGE leaves fewer than 1 % of the files
     alone (e^-5), so it rewrites the table either way, and the rewrite does it without the search and the shuffle. New
     keys touch no file (a MERGE appends them). ``"merge"`` too when the keys or the table are not known well enough:
-    the table's log unreadable here (delta-rs), or its change data feed on (a rewrite would record every row as
-    deleted and inserted again)."""
+    the new keys not counted, the table's log unreadable here (delta-rs), or, for a rewrite, its change data feed on
+    (a rewrite would record every row as deleted and inserted again; an append records the new rows only) or its
+    deletion vectors on (a MERGE then marks the replaced rows deleted instead of rewriting their files)."""
     if setting != "auto":
         return setting
     if new is None:
         return "merge"
     updated = changed - new
-    if updated < REWRITE_UPDATES_PER_FILE:
-        return "merge"
+    if updated == 0 and changed > 0:
+        return "append"
     shape = table_stats.from_log(table_stats.data_files, path)
     if shape is None:
         return "merge"
     files, properties = shape
-    if properties.get("delta.enableChangeDataFeed", "false").lower() == "true":
+    if any(properties.get(p, "false").lower() == "true" for p in MERGE_PROPERTIES):
         return "merge"
-    return "rewrite" if updated >= REWRITE_UPDATES_PER_FILE * max(files, 1) else "merge"
+    return "rewrite" if files <= 1 or updated >= REWRITE_UPDATES_PER_FILE * files else "merge"
 
 
 def rewrite_rows(

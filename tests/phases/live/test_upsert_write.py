@@ -1,6 +1,7 @@
-"""An upsert sink's two ways of writing a micro-batch's changed keys: a MERGE, or a rewrite of the whole table (its
-other rows plus the changed ones, one overwrite). Both leave the same table; ``auto`` picks the rewrite only when the
-updated keys reach nearly every file."""
+"""An upsert sink's ways of writing a micro-batch's changed keys: a MERGE, a rewrite of the whole table (its other rows
+plus the changed ones, one overwrite), or, when no changed key is in the table, an append. All leave the same table;
+``auto`` picks the append only when every changed key is new, the rewrite only when a MERGE would rewrite nearly every
+file."""
 
 from __future__ import annotations
 
@@ -44,14 +45,17 @@ def test_a_rewrite_leaves_the_table_a_merge_leaves(spark, tmp_path_factory, befo
     start = [(k, p, n, t) for (k, p), (n, t) in before.items()]
     rows = spark.createDataFrame([(k, p, n, t) for (k, p), (n, t) in changed.items()], SCHEMA)
     ways = {}
-    for write in ("merge", "rewrite"):
+    # An append only for changes of keys the table does not hold (the state store says so; never otherwise).
+    new_only = not set(changed) & set(before)
+    for write in ("merge", "rewrite", "append") if new_only else ("merge", "rewrite"):
         path = base / write
         _table(spark, path, start, files)
         tables.upsert_marked(spark, str(path), rows, KEYS, "app", 7, write=write, changed=len(changed))
         ways[write] = _sorted(spark, path)
         assert table_stats.has_marked_write(str(path), "app", 7)  # the write's mark, either way
     expected = sorted({**{(k, p): (n, t) for k, p, n, t in start}, **changed}.items())
-    assert ways["merge"] == ways["rewrite"] == [(k, p, n, t) for (k, p), (n, t) in expected]
+    assert ways["merge"] == ways["rewrite"] == ways.get("append", ways["merge"])
+    assert ways["merge"] == [(k, p, n, t) for (k, p), (n, t) in expected]
 
 
 def test_a_rewrite_keeps_the_tables_schema_and_properties(spark, tmp_path):
@@ -63,11 +67,11 @@ def test_a_rewrite_keeps_the_tables_schema_and_properties(spark, tmp_path):
     assert _sorted(spark, path) == [("a", 0, 2, 5), ("b", 0, 1, 2), ("c", 1, 1, 3)]
     assert table_stats.properties(path)["delta.autoOptimize.autoCompact"] == "true"
     assert spark.read.format("delta").load(path).schema == SCHEMA
-    with pytest.raises(ValueError, match=r"write 'replace': valid values are \['merge', 'rewrite'\]"):
+    with pytest.raises(ValueError, match=r"write 'replace': valid values are \['merge', 'rewrite', 'append'\]"):
         tables.upsert_marked(spark, path, changed, KEYS, "app", 1, write="replace")
 
 
-def test_auto_rewrites_only_when_the_updated_keys_reach_nearly_every_file(spark, tmp_path):
+def test_auto_appends_only_new_keys_and_rewrites_only_when_a_merge_would_rewrite_nearly_every_file(spark, tmp_path):
     path = str(tmp_path / "sink")
     _table(spark, path, [(f"k{i}", 0, 1, i) for i in range(40)], files=4)
     files = table_stats.data_files(path)[0]
@@ -76,13 +80,23 @@ def test_auto_rewrites_only_when_the_updated_keys_reach_nearly_every_file(spark,
     # Five updated keys a file: a MERGE would leave fewer than 1 % of the files alone.
     assert tables.upsert_write(path, "auto", changed=per_file * files, new=0) == "rewrite"
     assert tables.upsert_write(path, "auto", changed=per_file * files - 1, new=0) == "merge"
-    # New keys touch no file: only the updated ones count.
+    # New keys touch no file: only the updated ones count; with none updated, the new keys' rows are appended.
     assert tables.upsert_write(path, "auto", changed=per_file * files + 10, new=11) == "merge"
+    assert tables.upsert_write(path, "auto", changed=3, new=3) == "append"
+    assert tables.upsert_write(path, "auto", changed=3, new=2) == "merge"
     # Not known how many are new: a MERGE.
     assert tables.upsert_write(path, "auto", changed=10_000, new=None) == "merge"
     # A setting other than auto is taken as it is.
     assert tables.upsert_write(path, "merge", changed=10_000, new=0) == "merge"
     assert tables.upsert_write(path, "rewrite", changed=1, new=1) == "rewrite"
-    # A sink with its change data feed on: a rewrite would record every row as deleted and inserted again.
+    # A table of one data file holds every updated key: a MERGE would rewrite it all.
+    one = str(tmp_path / "one")
+    _table(spark, one, [(f"k{i}", 0, 1, i) for i in range(40)], files=1)
+    assert tables.upsert_write(one, "auto", changed=2, new=1) == "rewrite"
+    # A sink with its change data feed on: a rewrite would record every row as deleted and inserted again (an append
+    # records the new rows only).
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
     assert tables.upsert_write(path, "auto", changed=10_000, new=0) == "merge"
+    assert tables.upsert_write(path, "auto", changed=10, new=10) == "append"
+    spark.sql(f"ALTER TABLE delta.`{one}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    assert tables.upsert_write(one, "auto", changed=2, new=1) == "merge"

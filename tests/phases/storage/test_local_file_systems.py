@@ -156,3 +156,25 @@ def test_the_helpers_file_systems_answer_as_hadoops_own(spark, tmp_path):
     assert ours == hadoops
     assert hadoops["link"][2] and not hadoops["file://link"][2], hadoops  # a plain path's link is seen as one
     assert hadoops["mode 640"] == "0o640" and hadoops["mode 1777"] == "0o1777" and hadoops["file"][0], hadoops
+
+
+def test_a_local_glob_matched_by_the_os_answers_as_hadoops_glob_status(spark, tmp_path):
+    """``fs.has_files`` matches a plain path's last name in its folder without the JVM: the same answer as Hadoop's
+    ``globStatus`` for the names it takes (dot-files, folders and a missing folder included)."""
+    from phases._internal.storage import fs
+
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / ".00001.json.tmp").write_text("")
+    (log / "00000.crc").write_text("")
+    patterns = [f"{log}/*.json", f"{log}/*.crc", f"{log}/0000?.crc", f"{tmp_path}/missing/*.json", f"{tmp_path}/*"]
+    (tmp_path / "t" / "x.json").mkdir()
+    patterns += [f"{tmp_path}/t/*.json", f"{log}/.*.tmp"]
+
+    def hadoop(pattern: str) -> bool:
+        found = si.hadoop_path(spark, pattern)[0].globStatus(si.hadoop_path(spark, pattern)[1])
+        return found is not None and len(found) > 0
+
+    answers = [(p, fs.has_files(spark, p), hadoop(p)) for p in patterns]
+    assert [(p, ours) for p, ours, _ in answers] == [(p, theirs) for p, _, theirs in answers]
+    assert [ours for _, ours, _ in answers] == [False, True, True, False, True, True, True]
