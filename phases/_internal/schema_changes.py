@@ -61,10 +61,11 @@ def way_out(pipeline: str) -> str:
     )
 
 
-def changes(spark: SparkSession, path: str, wanted: T.StructType, sources: dict[str, str]) -> list[str]:
-    """What differs between the table at ``path`` and ``wanted``, naming the source column behind each."""
+def changes(spark: SparkSession, path: str, wanted: T.StructType, sources: dict[str, str]) -> list[str] | None:
+    """What differs between the table at ``path`` and ``wanted``, naming the source column behind each; None when
+    there is no table at ``path``."""
     if not tables.exists(spark, path):
-        return []
+        return None
     current = {f.name: f.dataType for f in spark.read.format("delta").load(path).schema.fields}
     out = []
     for field in wanted.fields:

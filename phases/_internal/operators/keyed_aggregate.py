@@ -277,8 +277,8 @@ class KeyedAggregateKind(OperatorKind[KeyedAggregationLogic]):
         # Buffers of the very types the state table holds: its merge, combine and finalize are the ones that wrote
         # it, and the lift is a cast the buffer types' rules allow (KeyedAggregationLogic._buffers_for). Resolving
         # them again (about half of the schema check at a live start) proves nothing new.
-        if changed or not tables.exists(spark, state_path):
-            _check_operator(spark, logic, records, pipeline.name, changed)
+        if changed is None or changed:
+            _check_operator(spark, logic, records, pipeline.name, changed or [])
         return sources
 
 

@@ -40,7 +40,7 @@ def has_files(spark: SparkSession, pattern: str) -> bool:
     name has only ``*`` and ``?``, is matched in its folder by the OS (no JVM round trips: every live start and many
     writes ask it); anything else through Hadoop's ``globStatus``."""
     folder, name = os.path.split(pattern)
-    if _is_local(pattern) and not any(c in folder for c in _WILDCARDS) and not any(c in name for c in "[{\\"):
+    if _is_local(pattern) and not any(c in folder for c in _WILDCARDS) and not any(c in name for c in _HADOOP_ONLY):
         try:
             with os.scandir(folder or ".") as entries:
                 return any(fnmatch.fnmatchcase(e.name, name) for e in entries)
@@ -105,7 +105,8 @@ def sweep_orphan_checksums(*paths: str) -> list[str]:
     return removed
 
 
-_WILDCARDS = "*?[{\\"  # Hadoop's glob syntax
+_HADOOP_ONLY = "[{\\"  # Hadoop's glob syntax that fnmatch reads otherwise (classes, alternations, escapes)
+_WILDCARDS = "*?" + _HADOOP_ONLY  # all of Hadoop's glob syntax
 
 
 def _is_local(path: str) -> bool:

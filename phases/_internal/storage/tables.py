@@ -139,7 +139,7 @@ def upsert_marked(
         if write == "rewrite":
             rewrite_rows(spark, path, rows, keys, rows_count=changed)
         elif write == "append":
-            rows.write.format("delta").mode("append").save(path)
+            append_marked(rows, path, app_id, batch)
         else:
             replace_rows(spark, path, rows, keys)
     finally:
