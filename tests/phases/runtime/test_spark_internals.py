@@ -257,3 +257,49 @@ def test_an_arrow_batch_to_python_is_bounded_by_rows_alone_unless_a_byte_limit_i
     finally:
         spark.conf.set(records, before)
         spark.conf.set(ARROW_BATCH_BYTES, str(NO_BYTE_LIMIT))
+
+
+def _yarn_defaults(conf) -> list[str]:
+    """The keys of Hadoop configuration ``conf`` whose value came from YARN's defaults file."""
+    return [e.getKey() for e in _entries(conf) if _source(conf, e.getKey()) == "yarn-default.xml"]
+
+
+def test_the_sessions_hadoop_configuration_holds_no_yarn_defaults_and_every_other_value(spark):
+    """Spark's context registers yarn-default.xml with every Hadoop configuration; the session drops those keys (they
+    are serialized into every scan and write task) and keeps every other property's value, in the configurations
+    Spark SQL and Delta derive from it too."""
+    from phases._internal.runtime.session import drop_yarn_defaults
+
+    jvm = spark.sparkContext._jvm
+    session_conf = spark.sparkContext._jsc.hadoopConfiguration()
+    loaded = jvm.org.apache.hadoop.conf.Configuration()  # every registered default resource, as Spark loads them
+    yarn = _yarn_defaults(loaded)
+    assert len(yarn) > 400 and all(k.startswith("yarn.") for k in yarn), len(yarn)
+    assert _yarn_defaults(session_conf) == []
+    assert _yarn_defaults(spark._jsparkSession.sessionState().newHadoopConf()) == []
+    assert session_conf.size() < loaded.size() - 400, (session_conf.size(), loaded.size())
+    # Hadoop's and MapReduce's defaults stay, every one with its value unless Spark or the session set it.
+    defaults = {"core-default.xml", "mapred-default.xml"}
+    kept = {e.getKey(): e.getValue() for e in _entries(loaded) if _source(loaded, e.getKey()) in defaults}
+    assert len(kept) > 400 and "mapreduce.job.maps" in kept, len(kept)
+    assert all(session_conf.getRaw(k) is not None for k in kept)
+    same_source = {k: v for k, v in kept.items() if _source(session_conf, k) in defaults}
+    assert len(same_source) > 400 and {k: session_conf.getRaw(k) for k in same_source} == same_source
+    assert drop_yarn_defaults(spark) == 0  # nothing left to drop
+    # The helper on a configuration of its own: it drops exactly YARN's defaults and changes no other value.
+    before = {e.getKey(): e.getValue() for e in _entries(loaded)}
+    assert jvm.org.apache.spark.sql.phases.HadoopDefaults.dropYarnDefaults(loaded) == len(yarn)
+    after = {e.getKey(): e.getValue() for e in _entries(loaded)}
+    assert after == {k: v for k, v in before.items() if k not in set(yarn)}
+
+
+def _source(conf, key: str) -> str | None:
+    sources = conf.getPropertySources(key)
+    return sources[0] if sources else None
+
+
+def _entries(conf) -> list:
+    out, it = [], conf.iterator()
+    while it.hasNext():
+        out.append(it.next())
+    return out
