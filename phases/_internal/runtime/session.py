@@ -232,7 +232,7 @@ def drop_yarn_defaults(spark: SparkSession) -> int:
     a YARN client reads them; a session on YARN keeps them. Returns how many were dropped (the helper's
     ``HadoopDefaults``; the other properties keep their values)."""
     helper = spark_internals.jvm(spark).org.apache.spark.sql.phases.HadoopDefaults
-    return int(helper.dropYarnDefaults(spark.sparkContext._jsc.hadoopConfiguration()))  # pyright: ignore[reportOptionalMemberAccess]
+    return int(helper.dropYarnDefaults(spark_internals.hadoop_configuration(spark)))
 
 
 ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
