@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql.types import StructType
 
 from phases._internal import uris
 from phases._internal.errors import SparkInternalsChanged
@@ -63,6 +64,15 @@ def column_of(java: Any) -> Column:
     from pyspark.sql.classic.column import Column as ClassicColumn
 
     return ClassicColumn(java)
+
+
+def empty_frame(spark: SparkSession, schema: StructType) -> DataFrame:
+    """A DataFrame of no rows with ``schema``, made in the JVM: three calls into it. ``createDataFrame([], schema)``
+    takes about a hundred (it parallelizes the empty list through Python's serializers); a live micro-batch and every
+    live start make several."""
+    session = java_session(spark)
+    java_schema = session.parseDataType(schema.json())
+    return frame_of(session.createDataFrame(jvm(spark).java.util.Collections.emptyList(), java_schema), spark)
 
 
 def java_list(spark: SparkSession, items: list) -> Any:

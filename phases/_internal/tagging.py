@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from phases._internal import spark_internals
 from phases._internal.lateness import (
     VERSION,
     late_candidates,
@@ -108,7 +109,7 @@ def tag_changes(
             invalid, late, pipeline=pipeline.name, phase=phase, event_time=pipeline.event_time, batch_id=batch_id
         )
     else:  # nothing to quarantine (the statistics say so): no rows to build
-        q_rows = spark.createDataFrame([], quarantine.SCHEMA)
+        q_rows = spark_internals.empty_frame(spark, quarantine.SCHEMA)
     range_max = max((m for _, m in maxima), default=None)
     # A version holds an on-time record iff its greatest valid event time is above its watermark.
     has_on_time = any(s.max_us is not None and (s.version not in marks or s.max_us > marks[s.version]) for s in stats)
@@ -170,7 +171,7 @@ def _tag_proved_on_time(
             return None
         range_max = int(range_max)
     running = max((m for m in (prior_max_us, range_max) if m is not None), default=None)
-    q_rows = spark.createDataFrame([], quarantine.SCHEMA)
+    q_rows = spark_internals.empty_frame(spark, quarantine.SCHEMA)
     return TaggedRange(
         prepare(changes, where, spark),
         q_rows,

@@ -25,6 +25,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases._internal import spark_internals
 from phases._internal.backlog import progress, refusals
 from phases._internal.backlog.partials import version_range_partial
 from phases._internal.backlog.runner import BacklogRunner
@@ -168,7 +169,7 @@ class SliceRunner:
         schema = T.StructType([T.StructField(SLICE, T.StringType()), *pieces.schema.fields])
         tables.ensure(spark, self.partials_path, schema)
         if versions is None:
-            empty = spark.createDataFrame([], schema)
+            empty = spark_internals.empty_frame(spark, schema)
             self._replace_partial(empty, sid)
         else:
             with progress.step(spark, p.name, "backlog", f"slice {sid}"):

@@ -85,7 +85,7 @@ def _find_reduce_problem(spark, reduce_sql: str, dtype: T.DataType) -> str | Non
     schema = T.StructType([T.StructField("acc", dtype, True), T.StructField("x", dtype, True)])
     folded = f"CAST(({reduce_sql}) AS {sql_type}) AS folded"
     try:
-        analysed = spark.createDataFrame([], schema).selectExpr(folded)
+        analysed = spark_internals.empty_frame(spark, schema).selectExpr(folded)
         if spark_internals.analysed_root_node(analysed) == "Aggregate":
             return "it uses an aggregate function; a reduce combines two values, acc and x, at a time"
         sample = _SAMPLES.get(type(dtype))
@@ -155,6 +155,7 @@ class KeyedAggregationLogic:
         self.key_types = {k: fields[k] for k in self.keys}
         self.aggregations = list(pipeline.operator.aggregations)  # pyright: ignore[reportAttributeAccessIssue]
         self._buffers: list[_Buffer] = []
+        self._lift_columns: list[Column] | None = None
         for agg in self.aggregations:
             self._buffers.extend(self._buffers_for(agg, fields))
         ts = F.col(pipeline.event_time)
@@ -234,9 +235,11 @@ class KeyedAggregationLogic:
 
     def lift(self, records: DataFrame, carry: tuple[str, ...] = ()) -> DataFrame:
         """One buffer row per record: keys, buffers, the event time as ``_ts`` and the ``carry`` columns."""
-        cols = [F.col(k) for k in self.keys]
-        cols += [b.lift.cast(b.dtype).alias(b.name) for b in self._buffers]
-        return records.select(*cols, F.col(self.pipeline.event_time).alias(TS), *carry)
+        if self._lift_columns is None:  # built once: each column is a few calls into the JVM, every micro-batch
+            cols = [F.col(k) for k in self.keys]
+            cols += [b.lift.cast(b.dtype).alias(b.name) for b in self._buffers]
+            self._lift_columns = [*cols, F.col(self.pipeline.event_time).alias(TS)]
+        return records.select(*self._lift_columns, *carry)
 
     def merge_columns(self) -> list[Column]:
         return [b.merge.cast(b.dtype).alias(b.name) for b in self._buffers]

@@ -319,7 +319,7 @@ class ClosingStoreStep(StoreStep):
     def advance(self, spark, store, version, records, watermarks, closing_us, writes) -> int:
         rows = self.batch_rows(spark, records)
         if rows is None:
-            rows = spark.createDataFrame([], store.schema)
+            rows = spark_internals.empty_frame(spark, store.schema)
         update = store.store.update_and_close(rows.select(*store.schema.names), self.combine_sql(), version, closing_us)  # pyright: ignore[reportAttributeAccessIssue]
         try:
             if update.changed_keys:

@@ -14,6 +14,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases._internal import spark_internals
 from phases._internal.definition import SOURCE_LABEL, WINDOW_END, KeyedAggregate, Pipeline
 from phases._internal.errors import DefinitionError, SchemaChangeError
 from phases._internal.handoff.manifest import HandoffManifest
@@ -301,7 +302,7 @@ def _check_operator(
     """Resolves the operator's lift, merge, pairwise combine and finalize over ``records`` (no data read), so
     a source type the operator's expressions cannot take is found before any micro-batch runs."""
     try:
-        empty = spark.createDataFrame([], records)
+        empty = spark_internals.empty_frame(spark, records)
         state = logic.merge(logic.lift(empty))
         _ = logic.finalize(state).schema
         pair = state.alias("t").crossJoin(state.alias("s"))

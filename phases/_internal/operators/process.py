@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases._internal import spark_internals
 from phases._internal.definition import SOURCE_LABEL, Pipeline, ProcessOperator
 from phases._internal.lateness import watermark_after
 from phases._internal.operators.aggregation import MAX_TS
@@ -92,7 +93,7 @@ class ProcessStoreStep(StoreStep):
     def advance(self, spark, store, version, records, watermarks, closing_us, writes) -> int:
         logic, on_time = self.logic, records[SOURCE_LABEL]
         if on_time is None:
-            keys = spark.createDataFrame([], T.StructType([logic.state_schema[k] for k in logic.keys]))
+            keys = spark_internals.empty_frame(spark, T.StructType([logic.state_schema[k] for k in logic.keys]))
         else:
             keys = on_time.select(*logic.keys)
         found = store.store.lookup(keys, version, closing_us)  # pyright: ignore[reportAttributeAccessIssue]

@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases._internal import spark_internals
 from phases._internal.definition import EndOfStreamStep
 from phases._internal.errors import DefinitionError, PhaseStateError
 from phases._internal.placement import Placement
@@ -159,4 +160,4 @@ def prepare(df: DataFrame, where: Placement, spark: SparkSession, exempt: Column
 
 
 def prepared_schema(spark: SparkSession, where: Placement, source_schema: T.StructType) -> T.StructType:
-    return prepare(spark.createDataFrame([], source_schema), where, spark).schema
+    return prepare(spark_internals.empty_frame(spark, source_schema), where, spark).schema

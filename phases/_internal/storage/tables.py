@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from phases._internal import spark_internals
 from phases._internal.storage import fs, table_stats
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: s
     left = fs.file_count(spark, path) - in_log
     if left > 0:
         log.warning("%s holds %d data file(s) but no Delta commit: creating the table beside them", path, left)
-        writer = spark.createDataFrame([], schema).write.format("delta").mode("append")
+        writer = spark_internals.empty_frame(spark, schema).write.format("delta").mode("append")
         for key, value in properties.items():
             writer = writer.option(key, value)
         writer.save(path)

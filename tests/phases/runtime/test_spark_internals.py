@@ -303,3 +303,20 @@ def _entries(conf) -> list:
     while it.hasNext():
         out.append(it.next())
     return out
+
+
+def test_an_empty_frame_made_in_the_jvm_has_the_schema_and_no_rows(spark):
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [
+            T.StructField("key", T.StringType(), False),
+            T.StructField("at", T.TimestampType(), True),
+            T.StructField("values", T.ArrayType(T.LongType()), True),
+            T.StructField("inner", T.StructType([T.StructField("x", T.DoubleType())]), True),
+        ]
+    )
+    empty = si.empty_frame(spark, schema)
+    assert empty.schema == schema
+    assert empty.collect() == []
+    assert empty.union(spark.createDataFrame([("a", None, [1], (0.5,))], schema)).count() == 1
