@@ -8,7 +8,7 @@ import org.apache.hadoop.conf.Configuration
  * YARN's defaults taken out of a session's Hadoop configuration.
  *
  * Spark's context loads Hadoop's MapReduce classes, which register `yarn-default.xml` as a default resource of every
- * `Configuration`: 527 of the 1,104 properties of a local session's configuration (Spark 4.2, Hadoop 3.4), read only
+ * `Configuration`: 527 of the 1,104 properties of a local session's configuration (Spark 4.2.0, Hadoop 3.5.0), read only
  * by YARN's own clients. Spark serializes the whole configuration into every file scan's broadcast, every write task
  * and every state store RDD: for the engine's many small jobs that was a measurable part of their driver time.
  * A session that does not run on YARN drops them; the other properties keep their values (checked after the drop, and
