@@ -67,9 +67,9 @@ def column_of(java: Any) -> Column:
 
 
 def empty_frame(spark: SparkSession, schema: StructType) -> DataFrame:
-    """A DataFrame of no rows with ``schema``, made in the JVM: three calls into it. ``createDataFrame([], schema)``
-    takes about a hundred (it parallelizes the empty list through Python's serializers); a live micro-batch and every
-    live start make several."""
+    """A DataFrame of no rows with ``schema``, made in the JVM in a few calls (``createDataFrame([], schema)`` takes
+    about a hundred: it parallelizes the empty list through Python's serializers); a live micro-batch and every live
+    start make several."""
     session = java_session(spark)
     java_schema = session.parseDataType(schema.json())
     return frame_of(session.createDataFrame(jvm(spark).java.util.Collections.emptyList(), java_schema), spark)

@@ -87,8 +87,7 @@ class StoreUpdate:
         rows): Spark applies a result task's accumulator updates once, from the attempt whose result it keeps, so the
         two agree. An upsert sink holds a row for every key the store holds, so when the two are equal no changed key
         is in the sink and its rows are appended (:func:`phases._internal.storage.tables.upsert_write`)."""
-        value = self._handle.profiled().get(NEW_KEYS)  # pyright: ignore[reportAttributeAccessIssue]
-        return None if value is None else int(value)
+        return self.profile.get(NEW_KEYS)
 
     def profile_summary(self) -> dict[str, int]:
         """The :attr:`profile`'s main figures under short names (:data:`PROFILE_FIGURES`)."""
