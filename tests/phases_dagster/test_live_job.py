@@ -71,8 +71,10 @@ def test_live_job_reports_progress_and_resumes_from_its_checkpoint(spark, tmp_pa
         reports = [meta for _, meta in events]
         assert reports[0]["event"] == "started" and reports[-1]["state"] == "stopped", reports[-1]
         assert reports[-1]["reason"].startswith("max_runtime_seconds")
+        # Reports with rates: how many the 4 s hold depends on the machine's load (an interval in which a micro-batch
+        # runs and none ends has no rate), so at least one, and together they account for every row.
         running = [r for r in reports if r.get("state") == "running" and "rows_in_per_s" in r]
-        assert len(running) >= 2
+        assert running, reports
         # Truthful measurements against known input: v4's three records were read once, by a batch that took time.
         rows = [int(r["input_rows"].split(" ")[0].replace(",", "")) for r in running]
         assert sum(rows) == len(v4)
