@@ -55,6 +55,7 @@ LONGEST_MODULES = (
     "tests/deployment/test_object_store.py",
     "tests/phases/topics/test_kafka_sasl.py",
     "tests/phases/test_testing_kit.py",
+    "tests/phases/chains/test_pipeline_source.py",
     "tests/phases/operators/test_process_function.py",
     "tests/phases_dagster/test_daily_backfill.py",
     "tests/phases/steps/test_end_of_stream.py",

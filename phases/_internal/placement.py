@@ -31,9 +31,10 @@ from phases._internal.definition import (
     KafkaSink,
     KafkaSource,
     Pipeline,
+    PipelineSource,
     fingerprint_of,
 )
-from phases._internal.definition.pipeline import (
+from phases._internal.definition.locations import (
     CHECKPOINTS_FOLDER,
     LIVE_FOLDER,
     MANIFESTS_FOLDER,
@@ -334,7 +335,15 @@ class Placement:
         """Where a Delta source or a file archive of the definition is read."""
         if self.source_path_at is not None and spec is self.definition.source:
             return self.source_path_at
+        if isinstance(spec, PipelineSource):
+            return self.upstream(spec).consumer_sink
         return self.resolve(spec.path)
+
+    def upstream(self, spec: PipelineSource) -> Placement:
+        """Where the upstream pipeline of ``spec`` runs: the same storage root and brokers as this one, its generation 0
+        (:func:`phases._internal.deployment.settle` finds the one that serves). The downstream reads its
+        consumer-facing sink, which is :meth:`source_path` of ``spec``."""
+        return Placement(spec.upstream, root=self.root, brokers=self.brokers)
 
     def location(self, spec: SourceSpec) -> str:
         """How messages name a source where it runs (a table's or a folder's path, a topic and its brokers)."""
@@ -344,6 +353,8 @@ class Placement:
             return f"{self.location(spec.backlog)}, then {self.location(spec.live)}"
         if isinstance(spec, FileArchive):
             return f"{spec.format.value} files in {self.source_path(spec)}"
+        if isinstance(spec, PipelineSource):
+            return f"the results of pipeline {spec.upstream.name!r} ({self.source_path(spec)})"
         return self.source_path(spec)
 
     # --- brokers and topics ----------------------------------------------------------------------------------------

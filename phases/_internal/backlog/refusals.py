@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from phases._internal.definition import Pipeline
+from phases._internal.definition import DeltaSource, Pipeline
 from phases._internal.errors import PhaseStateError
 from phases._internal.operators.base import OperatorKind
 from phases._internal.placement import Placement
@@ -29,7 +29,7 @@ def refuse_pieces(pipeline: Pipeline, kind: OperatorKind, what: str) -> None:
     state, one Delta source, no end-of-stream steps."""
     refuse_increments(pipeline, what)
     topic_sinks.refuse(pipeline, what)
-    if pipeline.source.kind != "delta":
+    if not isinstance(pipeline.source, DeltaSource):
         raise PhaseStateError(
             f"{what} is not available for pipeline {pipeline.name!r}: its source is a "
             f"{pipeline.source.kind} source (Kafka topic), which has no commit days; catch it up with "

@@ -313,7 +313,7 @@ class BacklogRunner:
     def _continue_topics(self, base: manifest.HandoffManifest, plans: dict[str, str] | None = None) -> None:
         """An increment's readers: a topic input continues from ``base``'s end offsets (or follows ``plans``)."""
         p = self.pipeline
-        if all(i.spec.kind == "delta" for i in p.inputs):
+        if p.inputs.tables_only:
             return
         firsts = {SOURCE_LABEL: base.source_version + 1}
         if p.inputs.two:

@@ -1,16 +1,19 @@
-"""The pipeline definition: one declaration that both phases run, in four parts:
+"""The pipeline definition: one declaration that both phases run, in six parts:
 
 * :mod:`~phases._internal.definition.operators`: the stream operator, one model per kind;
 * :mod:`~phases._internal.definition.steps`: record steps and end-of-stream steps around it;
 * :mod:`~phases._internal.definition.sources`: where records come from;
 * :mod:`~phases._internal.definition.sinks`: where results go;
-* :mod:`~phases._internal.definition.pipeline`: the pipeline itself, its inputs, locations and maintenance.
+* :mod:`~phases._internal.definition.pipeline`: the pipeline itself, its inputs, another pipeline's results as a
+  source;
+* :mod:`~phases._internal.definition.locations`: where the engine keeps its tables, and their maintenance.
 
 Every name is re-exported here. Validated at construction; messages name the field and the valid values
 (shared rules: :mod:`~phases._internal.definition.fields`).
 """
 
 from phases._internal.definition.fields import RESERVED_PREFIX
+from phases._internal.definition.locations import Locations, Maintenance
 from phases._internal.definition.operators import (
     MAX_BUCKETS_PER_ROW,
     OPERATOR_MODELS,
@@ -37,9 +40,8 @@ from phases._internal.definition.pipeline import (
     STATE_SCHEMA_VERSION,
     Input,
     Inputs,
-    Locations,
-    Maintenance,
     Pipeline,
+    PipelineSource,
     fingerprint_of,
 )
 from phases._internal.definition.registry import SchemaRegistry
@@ -108,6 +110,7 @@ __all__ = [
     "OperatorModel",
     "PartitionOperator",
     "Pipeline",
+    "PipelineSource",
     "ProcessOperator",
     "ReducePartition",
     "SessionAggregate",

@@ -13,11 +13,12 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from phases._internal import uris
 from phases._internal.definition.fields import _Model, name, not_negative, positive, user_column
+from phases._internal.definition.locations import Locations, Maintenance
 from phases._internal.definition.operators import (
     OPERATOR_MODELS,
     OPERATOR_VERSION,
@@ -47,58 +48,6 @@ _TAG_VALUE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
 _TAG_KEY = re.compile(r"^([A-Za-z0-9_.\-]{1,63}/)?[A-Za-z0-9_.\-]{1,63}$")
 
 
-# The engine's folders under a generation's root: one set of names, for the declaration (:class:`Locations`) and for
-# where it runs (:class:`phases._internal.placement.Placement`).
-STATE_FOLDER, MANIFESTS_FOLDER, QUARANTINE_FOLDER = "state", "manifests", "quarantine"
-CHECKPOINTS_FOLDER, LIVE_FOLDER = "checkpoints", "live"
-
-
-class Locations(_Model):
-    """Where the engine keeps its own tables. Everything lives under ``root`` unless overridden. The paths below are
-    generation 0's as declared (not resolved under a storage root); the engine reads them from its placement."""
-
-    root: str = Field(min_length=1)
-
-    def _sub(self, name: str) -> str:
-        return uris.join(self.root, name)
-
-    @property
-    def state_root(self) -> str:
-        return self._sub(STATE_FOLDER)
-
-    @property
-    def manifests(self) -> str:
-        return self._sub(MANIFESTS_FOLDER)
-
-    @property
-    def quarantine(self) -> str:
-        return self._sub(QUARANTINE_FOLDER)
-
-    @property
-    def checkpoints(self) -> str:
-        return self._sub(CHECKPOINTS_FOLDER)
-
-    def live_run(self, run_name: str) -> str:
-        """The live phase's own tables of one run (its progress and the held-back part of a split version)."""
-        return uris.join(self.root, LIVE_FOLDER, run_name)
-
-
-class Maintenance(_Model):
-    """How the engine keeps its tables from growing without bound (:mod:`phases._internal.storage.maintenance`). Not
-    part of the fingerprint: it shapes no state."""
-
-    auto_compact: bool = Field(
-        default=True,
-        description="Compaction of the sink's small files: Delta auto compaction on an upserted sink (every live "
-        "micro-batch rewrites it); a changelog sink is bin-packed by its background compaction instead.",
-    )
-    retain: timedelta = Field(
-        default=timedelta(days=7),
-        description="VACUUM retention of the engine's tables and the sink; Delta refuses less than its 7-day "
-        "safety interval unless spark.databricks.delta.retentionDurationCheck.enabled is false.",
-    )
-
-
 DEFAULT_MAX_FUTURE = timedelta(days=1)
 
 SOURCE_LABEL = ""  # the label of the pipeline's own source in the live phase's progress and watermarks
@@ -112,7 +61,7 @@ class Input:
 
     label: str
     name: str
-    spec: DeltaSource | KafkaSource | HybridSource
+    spec: DeltaSource | KafkaSource | HybridSource | PipelineSource
 
 
 @dataclass(frozen=True)
@@ -140,12 +89,17 @@ class Inputs:
     def labels(self) -> list[str]:
         return [i.label for i in self.items]
 
+    @property
+    def tables_only(self) -> bool:
+        """Whether every input is a Delta table (a pipeline's results too): positions are versions, no topic offsets."""
+        return all(isinstance(i.spec, DeltaSource) for i in self.items)
+
 
 class Pipeline(_Model):
     """Sources + key + event time + watermark delay + operator + sink + settings, declared once."""
 
     name: str
-    source: DeltaSource | KafkaSource | HybridSource = Field(discriminator="kind")
+    source: DeltaSource | KafkaSource | HybridSource | PipelineSource = Field(discriminator="kind")
     key_columns: list[str] = Field(min_length=1)
     event_time: str
     watermark_delay: timedelta = Field(description="How far event time may lag the newest record.")
@@ -375,7 +329,7 @@ class Pipeline(_Model):
             self.supports_increments
             and self.operator.takes_increments
             and not self.inputs.two
-            and self.source.kind == "delta"
+            and isinstance(self.source, DeltaSource)
         )
 
     @property
@@ -386,7 +340,7 @@ class Pipeline(_Model):
         return Inputs((Input(SOURCE_LABEL, "source", self.source), *right))
 
     @property
-    def right_source(self) -> DeltaSource | KafkaSource | HybridSource | None:
+    def right_source(self) -> DeltaSource | KafkaSource | HybridSource | PipelineSource | None:
         """The second input of a two-input operator."""
         right = self.inputs.right
         return None if right is None else right.spec
@@ -450,6 +404,66 @@ class Pipeline(_Model):
 
     def fingerprint(self) -> str:
         return fingerprint_of(self.state_spec())
+
+
+class PipelineSource(DeltaSource):
+    """Another pipeline's results as this pipeline's source, named by the pipeline (not its paths): its sink table,
+    read as a :class:`DeltaSource` where the upstream writes it (``path`` is the upstream's ``sink.path``, under the
+    same storage root), so that arrival order, and with it lateness and the watermark W(v), is the upstream's commit
+    order. The engine creates the sinks of the kinds whose results are appended (windows, sessions, process functions,
+    interval joins, co-groups) with their change data feed on from the first version.
+
+    The downstream's backlog runs once the upstream has handed off (before: a SourceError naming the upstream's
+    backlog), and its live phase follows the upstream's commits. A keyed aggregation's results are replaced per key,
+    not appended: they are refused here (read its sink as a table instead)."""
+
+    kind: Literal["pipeline"] = "pipeline"  # type: ignore[assignment]
+    upstream: Pipeline = Field(description="The pipeline whose results this one reads.")
+    path: str = Field(default="", description="Set from the upstream: its sink's path (leave it out).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upstream_sink(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "upstream" not in data:
+            return data
+        upstream = data["upstream"]
+        sink = getattr(upstream, "sink", None)
+        if sink is None and isinstance(upstream, dict):
+            sink = upstream.get("sink")
+        declared = getattr(sink, "path", None) if not isinstance(sink, dict) else sink.get("path")
+        given = data.get("path")
+        if given not in (None, "", declared):
+            raise ValueError(
+                f"source.path is the upstream pipeline's sink ({declared!r}), read where the upstream writes it; "
+                f"leave it out (given {given!r})"
+            )
+        return {**data, "path": declared} if declared else data
+
+    @model_validator(mode="after")
+    def _appended_results(self) -> PipelineSource:
+        operator = self.upstream.operator
+        if operator.upserts:
+            raise ValueError(
+                f"upstream pipeline {self.upstream.name!r} is a {operator.kind}: its sink keeps one row per key, "
+                "replaced as the key changes, not a log of appended results; a PipelineSource reads the results of "
+                "windows, sessions, process functions, interval joins and co-groups"
+            )
+        return self
+
+    @property
+    def location(self) -> str:
+        return f"the results of pipeline {self.upstream.name!r} ({self.path})"
+
+    def state_spec(self) -> dict:
+        # The upstream by name and where it writes: a redeploy of the upstream changes its results, not this
+        # declaration (the live phase and the backlog follow the upstream's table).
+        spec: dict[str, str | int] = {"kind": self.kind, "upstream": self.upstream.name, "path": self.path}
+        if self.starting_version:
+            spec["starting_version"] = self.starting_version
+        return spec
+
+
+Pipeline.model_rebuild()  # its source may be a PipelineSource, defined after it
 
 
 def fingerprint_of(state_spec: dict) -> str:

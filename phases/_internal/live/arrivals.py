@@ -4,7 +4,7 @@ offsets (:func:`arrival_chunks`), the arrival order W(chunk) was computed over."
 from __future__ import annotations
 
 from phases._internal.coordination.progress_log import ProgressLog
-from phases._internal.definition import SOURCE_LABEL, Pipeline
+from phases._internal.definition import SOURCE_LABEL, DeltaSource, Pipeline
 from phases._internal.errors import PhaseStateError
 from phases._internal.handoff.manifest import HandoffManifest
 from phases._internal.live.plan import Progress
@@ -20,7 +20,7 @@ def arrival_chunks(
     :data:`phases._internal.coordination.progress_log.RETAIN`). What W(chunk) was computed over: a reference replays
     exactly these."""
     spec = next(i.spec for i in pipeline.inputs if i.label == label)
-    if spec.kind == "delta":
+    if isinstance(spec, DeltaSource):
         raise PhaseStateError(
             f"pipeline {pipeline.name!r}: input {label or 'source'!r} reads a Delta table: its arrival order "
             "is versions"

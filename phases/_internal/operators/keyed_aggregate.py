@@ -110,10 +110,12 @@ class AggregationHandoff:
                 where = f"{WINDOW_END} > timestamp_micros({lower})"
                 if self.watermark is not None:
                     where += f" AND {WINDOW_END} <= timestamp_micros({self.watermark})"
-                tables.ensure(spark, path, logic.output_schema)
+                tables.ensure(spark, path, logic.output_schema, **tables.sink_properties(appends=True))
                 writer = out.write.format("delta").mode("overwrite").option("replaceWhere", where)
         if writer is None:
             writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+            # a new table's properties (an existing one keeps its own)
+            writer = writer.options(**tables.sink_properties(appends=self.windowed))
         writer.save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:

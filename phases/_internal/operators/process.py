@@ -29,6 +29,7 @@ from phases._internal.operators.base import (
 )
 from phases._internal.operators.process_pass import ROWS, STATE, TIMERS, ProcessLogic
 from phases._internal.state.keyed_store import LiveStateStore, RowLayout
+from phases._internal.storage import tables
 
 
 class ProcessHandoff:
@@ -51,7 +52,8 @@ class ProcessHandoff:
 
     def write_sink(self, path: str) -> None:
         out, self._sink = counted(self.logic.outputs(self.passed), "handoff sink")
-        out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        writer.options(**tables.sink_properties(appends=True)).save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
         """From the writes themselves, else by a scan of the tables."""

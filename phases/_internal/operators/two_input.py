@@ -18,6 +18,7 @@ from phases._internal.operators.base import (
     table_counts,
 )
 from phases._internal.operators.join_logic import CoGroupLogic, TwoInputLogic
+from phases._internal.storage import tables
 
 
 class TwoInputHandoff:
@@ -52,7 +53,8 @@ class TwoInputHandoff:
         self.state_path = path
 
     def write_sink(self, path: str) -> None:
-        self.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(path)
+        writer = self.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        writer.options(**tables.sink_properties(appends=True)).save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
         """From the writes themselves (the inputs counted as the writes read them), else by a scan."""

@@ -47,8 +47,14 @@ class DeltaTableSource:
             raise SourceError(
                 f"source {self.path} must have the change data feed on from its first version "
                 "(table property delta.enableChangeDataFeed = true); it gives records their commit "
-                "version, which defines arrival order and lateness"
+                "version, which defines arrival order and lateness. Nothing was read. To proceed: ALTER TABLE "
+                f"delta.`{self.path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true); the next start names "
+                f"the starting_version that reads the versions before it as one snapshot ({self.declaration('N')})"
             )
+
+    def declaration(self, starting_version: int | str) -> str:
+        """How the user declares this source read from ``starting_version`` (what an error's way out says)."""
+        return f"DeltaSource(path={self.path!r}, starting_version={starting_version})"
 
     def head_version(self) -> int:
         self.check()
@@ -136,8 +142,8 @@ class DeltaTableSource:
         return SourceError(
             f"source {self.path}: {which} of its change feed can no longer be read: its data file {file} is gone "
             "(removed by VACUUM once older than the table's retention, or deleted by hand). The backlog needs "
-            f"versions {versions[0]}..{versions[1]}. To proceed: DeltaSource(path={self.path!r}, "
-            "starting_version=N), where N is after that version and version N-1 is still whole (VACUUM keeps the "
+            f"versions {versions[0]}..{versions[1]}. To proceed: {self.declaration('N')}, where N is after that "
+            "version and version N-1 is still whole (VACUUM keeps the "
             f"files of the current version, {head}, so N = {head + 1} works once a version follows it): the "
             "versions before N are then read as one snapshot of version N-1. Or keep removed files longer "
             "(delta.deletedFileRetentionDuration) than the backlog needs"
@@ -223,7 +229,7 @@ class DeltaTableSource:
         raise SourceError(
             f"source {self.path} records its change data feed only from version {first} (when "
             "delta.enableChangeDataFeed was turned on; see DESCRIBE HISTORY): versions before it carry no commit "
-            f"version. To proceed: set DeltaSource(path={self.path!r}, starting_version={first}); versions "
+            f"version. To proceed: set {self.declaration(first)}; versions "
             f"0..{first - 1} are then read as one snapshot of version {first - 1} (one arrival), later versions "
             "through the change feed"
         )

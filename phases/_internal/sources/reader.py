@@ -1,17 +1,19 @@
 """Opens a pipeline's source declaration as the reader both phases use: a Delta table's change feed
 (:mod:`phases._internal.sources.delta`), a Kafka topic cut into arrival chunks (:mod:`phases._internal.sources.kafka`),
-or a Delta archive handing over to a topic (:mod:`phases._internal.sources.hybrid`). A reader's ``arrival`` says how the
+a Delta archive handing over to a topic (:mod:`phases._internal.sources.hybrid`), or another pipeline's results
+(:mod:`phases._internal.sources.pipeline_results`). A reader's ``arrival`` says how the
 live phase numbers arrivals: ``"versions"`` (Delta commit versions) or ``"chunks"`` (one per micro-batch)."""
 
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from phases._internal.definition import DeltaSource, HybridSource, KafkaSource
+from phases._internal.definition import DeltaSource, HybridSource, KafkaSource, PipelineSource
 from phases._internal.placement import Placement
 from phases._internal.sources.delta import DeltaTableSource
 from phases._internal.sources.hybrid import HybridArchiveSource
 from phases._internal.sources.kafka import KafkaTopicSource
+from phases._internal.sources.pipeline_results import PipelineResultsSource
 
 SourceReader = DeltaTableSource | KafkaTopicSource | HybridArchiveSource
 
@@ -31,6 +33,8 @@ def open_source(
         return HybridArchiveSource(
             spark, spec, where.source_path(spec.backlog), where.source_brokers(spec.live), position=position
         )
+    if isinstance(spec, PipelineSource):
+        return PipelineResultsSource(spark, spec, where.source_path(spec), where.upstream(spec))
     return DeltaTableSource(spark, spec, where.source_path(spec))
 
 

@@ -29,6 +29,18 @@ def exists(spark: SparkSession, path: str) -> bool:
     return fs.has_files(spark, f"{path.rstrip('/')}/_delta_log/*.json")
 
 
+# A sink whose results are appended (every operator kind but a keyed aggregation, whose sink is replaced per key) keeps
+# its change data feed from its first version: another pipeline reads it as its source (a PipelineSource), each
+# result with the version that appended it. It costs nothing on appends (the feed of an insert is the data file).
+APPENDED_SINK_PROPERTIES = {"delta.enableChangeDataFeed": "true"}
+
+
+def sink_properties(appends: bool) -> dict[str, str]:
+    """The table properties the engine creates a sink with: :data:`APPENDED_SINK_PROPERTIES` when its results are
+    appended (``appends``), else none."""
+    return dict(APPENDED_SINK_PROPERTIES) if appends else {}
+
+
 def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: str) -> None:
     """Creates an empty Delta table with ``schema`` at ``path`` unless one is there (:func:`create`).
 

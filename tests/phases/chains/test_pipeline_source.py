@@ -1,0 +1,163 @@
+"""Pipelines that feed pipelines: a pipeline's results as another's source (``PipelineSource``), named by the upstream
+pipeline. A windowed aggregation's results (per-key windows of 10 s) feed a windowed aggregation of them (30 s
+windows of the 10 s totals): for any cut-off of either stage and any split of their live phases into micro-batches,
+each stage equals the plain reference over its input, and the downstream equals one streaming job over the upstream's
+results."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phases import PipelineSource
+from phases._internal.backlog.runner import BacklogRunner
+from phases._internal.definition import Aggregation, DeltaSource, Window, WindowedAggregate
+from phases._internal.errors import DefinitionError, SourceError
+from phases._internal.live.runner import LiveRunner
+from phases._internal.storage import tables
+from tests import reference
+from tests.conftest import examples, make_pipeline
+from tests.helpers import EVENT_VERSIONS, append_version, materialize, write_source
+from tests.phases.operators.test_windows import AGGS, emitted_windows
+from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
+
+UP_SIZE_S, DOWN_SIZE_S = 10, 30
+# The downstream's aggregations over the upstream's 10 s totals, named as the reference's windows name theirs.
+DOWN_AGGS = [
+    Aggregation(name="n", kind="count"),
+    Aggregation(name="total", kind="sum", column="total"),
+    Aggregation(name="hi", kind="max", column="total"),
+]
+
+
+def _upstream(source: str, root: str):
+    window = WindowedAggregate(window=Window(size=timedelta(seconds=UP_SIZE_S)), aggregations=AGGS)
+    return make_pipeline(source, root, delay_s=DELAY_S, name="minutes", operator=window)
+
+
+def _downstream(upstream, root: str, delay_s: int):
+    window = WindowedAggregate(window=Window(size=timedelta(seconds=DOWN_SIZE_S)), aggregations=DOWN_AGGS)
+    source = PipelineSource(upstream=upstream)
+    return make_pipeline(source, root, delay_s=delay_s, name="hours", event_time="window_start", operator=window)
+
+
+def _windows(spark, path: str) -> dict[tuple[str, int, int], dict]:
+    return emitted_windows(spark.read.format("delta").load(path).collect())
+
+
+def _live(spark, pipeline, files: int | None) -> None:
+    LiveRunner.from_manifest(spark, pipeline, max_files_per_trigger=files).start(available_now=True)
+
+
+@pytest.mark.slow
+@settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    raw=EVENT_VERSIONS,
+    cuts=st.tuples(st.integers(min_value=0, max_value=5), st.integers(min_value=0, max_value=5)),
+    down_delay_s=st.sampled_from([0, 30]),
+    files=st.sampled_from([None, 1]),
+)
+def test_a_window_pipeline_feeding_a_window_pipeline_equals_the_reference_for_any_cutoffs_and_splits(
+    spark, tmp_path, raw, cuts, down_delay_s, files
+):
+    root = tmp_path / uuid.uuid4().hex
+    source = str(root / "source")
+    versions = materialize(raw)
+    up_cut = min(cuts[0], len(versions))
+    down_cut = min(max(cuts[1], up_cut), len(versions))  # the downstream hands off at or after the upstream
+    write_source(spark, source, {v: rows for v, rows in versions.items() if v <= up_cut})
+    up = _upstream(source, str(root / "up"))
+    down = _downstream(up, str(root / "down"), down_delay_s)
+
+    BacklogRunner(spark, up).run()
+    _live(spark, up, files)  # the switch: the upstream is live
+    for v in range(up_cut + 1, down_cut + 1):
+        append_version(spark, source, versions[v])
+    _live(spark, up, files)  # the upstream applied versions ..down_cut in micro-batches of its own
+    BacklogRunner(spark, down).run()  # the downstream's backlog: the upstream's results so far
+    _live(spark, down, files)
+    for v in range(down_cut + 1, len(versions) + 1):
+        append_version(spark, source, versions[v])
+    _live(spark, up, files)
+    _live(spark, down, files)
+
+    size, delay = UP_SIZE_S * SECOND, DELAY_S * SECOND
+    up_expected, _ = reference.run_windows(versions, delay, size, size)
+    assert _windows(spark, up.sink.path) == up_expected
+    # The downstream's records are the upstream's windows: each upstream write holds windows that end after every
+    # window of the writes before it (the watermark closes them in order), so none is late downstream, whatever the
+    # upstream's cut-off and split; the reference is its windows over all of them.
+    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
+    down_size = DOWN_SIZE_S * SECOND
+    down_expected, _ = reference.run_windows({1: rows}, down_delay_s * SECOND, down_size, down_size)
+    assert _windows(spark, down.sink.path) == down_expected
+    # One streaming job over the upstream's results, from their first version, one version per micro-batch.
+    single = _downstream(up, str(root / "single"), down_delay_s)
+    single = single.model_copy(update={"sink": single.sink.model_copy(update={"path": str(root / "single_sink")})})
+    LiveRunner.streaming_only(spark, single, max_files_per_trigger=1).start(available_now=True)
+    assert _windows(spark, single.sink.path) == down_expected
+
+
+def test_the_downstream_backlog_waits_for_the_upstreams_handoff_and_names_it(spark, tmp_path):
+    source = str(tmp_path / "source")
+    write_source(spark, source, {1: [("a", 20 * SECOND, 1)]})
+    up = _upstream(source, str(tmp_path / "up"))
+    down = _downstream(up, str(tmp_path / "down"), 0)
+    with pytest.raises(SourceError, match=r"pipeline 'minutes'.*has not handed off.*Run the backlog of 'minutes'"):
+        BacklogRunner(spark, down).run()
+    BacklogRunner(spark, up).run()
+    BacklogRunner(spark, down).run()
+    # The upstream's sink keeps its change data feed from its first version (the downstream read it so).
+    properties = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{up.sink.path}`").collect()}
+    assert properties["delta.enableChangeDataFeed"] == "true" and tables.version(spark, up.sink.path) >= 0
+
+
+def test_a_pipeline_source_is_named_by_its_upstream_and_refuses_a_keyed_aggregation(tmp_path):
+    up = _upstream(str(tmp_path / "source"), str(tmp_path / "up"))
+    down = _downstream(up, str(tmp_path / "down"), 0)
+    assert down.source.path == up.sink.path and down.source.upstream is up
+    assert down.state_spec()["source"] == {"kind": "pipeline", "upstream": "minutes", "path": up.sink.path}
+    with pytest.raises(DefinitionError, match="source.path is the upstream pipeline's sink"):
+        PipelineSource(upstream=up, path=str(tmp_path / "elsewhere"))
+    keyed = make_pipeline(DeltaSource(path=str(tmp_path / "source")), str(tmp_path / "keyed"))
+    with pytest.raises(DefinitionError, match="keyed_aggregate: its sink keeps one row per key"):
+        PipelineSource(upstream=keyed)
+
+
+def test_an_upstream_sink_without_its_change_feed_is_refused_and_the_way_out_reads_it_exactly(spark, tmp_path):
+    """A sink made before the engine turned the change feed on (an earlier release): the downstream's start names the
+    ALTER TABLE, then the starting_version that reads the versions before it as one snapshot; followed, both stages
+    equal their references."""
+    source = str(tmp_path / "source")
+    versions = {1: [("a", 20 * SECOND, 1), ("b", 25 * SECOND, 2)], 2: [("a", 41 * SECOND, 3)]}
+    later = {3: [("b", 62 * SECOND, 4), ("a", 75 * SECOND, 5)], 4: [("c", 99 * SECOND, 6)]}
+    write_source(spark, source, versions)
+    up = _upstream(source, str(tmp_path / "up"))
+    spark.range(0).write.format("delta").save(up.sink.path)  # the sink as an earlier release left it: no feed
+    BacklogRunner(spark, up).run()
+    LiveRunner.from_manifest(spark, up).start(available_now=True)
+    down = _downstream(up, str(tmp_path / "down"), 0)
+    with pytest.raises(SourceError, match=r"change data feed on.*To proceed: ALTER TABLE delta.`.*` SET TBLPROPERTIES"):
+        BacklogRunner(spark, down).run()
+    spark.sql(f"ALTER TABLE delta.`{up.sink.path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    turned_on = tables.version(spark, up.sink.path)
+    with pytest.raises(SourceError, match=rf"PipelineSource\(upstream=minutes, starting_version={turned_on}\)"):
+        BacklogRunner(spark, down).run()
+    down = down.model_copy(update={"source": PipelineSource(upstream=up, starting_version=turned_on)})
+    BacklogRunner(spark, down).run()
+    LiveRunner.from_manifest(spark, down).start(available_now=True)
+    for rows in later.values():
+        append_version(spark, source, rows)
+    _live(spark, up, None)
+    _live(spark, down, None)
+
+    size = UP_SIZE_S * SECOND
+    up_expected, _ = reference.run_windows({**versions, **later}, DELAY_S * SECOND, size, size)
+    assert _windows(spark, up.sink.path) == up_expected
+    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
+    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
+    assert down_expected and _windows(spark, down.sink.path) == down_expected
