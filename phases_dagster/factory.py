@@ -68,8 +68,14 @@ def pipeline_definitions(pipeline: Pipeline, settings: Orchestration | None = No
                 slices_job, name=names.schedule, hour_of_day=settings.backfill.hour_of_day
             )
         )
+    sources = build_source_asset(pipeline)  # none when the pipeline reads another's results only
     return dg.Definitions(
-        assets=[build_source_asset(pipeline), *backlog_assets, build_live_asset(pipeline, settings), redeploy[0]],
+        assets=[
+            *([sources] if sources is not None else []),
+            *backlog_assets,
+            build_live_asset(pipeline, settings),
+            redeploy[0],
+        ],
         asset_checks=[
             redeploy[1],
             build_backlog_checks(pipeline, settings),

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import Field, field_validator
 
-from phases import Pipeline, SettingsModel
+from phases import Pipeline, PipelineSource, SettingsModel
 
 
 class _Model(SettingsModel):
@@ -111,7 +111,9 @@ class Names:
     def __init__(self, pipeline: Pipeline):
         n = pipeline.name
         self.group = n
-        self.source = f"{n}_source"
+        # Another pipeline's results as the source: that pipeline's sink asset (one lineage), not a source of its own.
+        source = pipeline.source
+        self.source = Names(source.upstream).sink if isinstance(source, PipelineSource) else f"{n}_source"
         self.right_source = f"{n}_right_source"
         self.backlog = f"{n}_backlog"  # the handoff manifest
         self.backlog_op = f"{n}_backlog_phase"

@@ -9,7 +9,7 @@ code version of the pipeline's assets."""
 
 import dagster as dg
 
-from phases import HybridSource, KafkaSource, Pipeline, Placement
+from phases import HybridSource, KafkaSource, Pipeline, PipelineSource, Placement
 from phases.inspect import SourceHead, source_heads
 from phases_dagster import catalog
 from phases_dagster.settings import Names
@@ -19,9 +19,21 @@ def _kind(spec) -> str:
     return "kafka" if isinstance(spec, KafkaSource | HybridSource) else "delta"
 
 
+def _own(pipeline: Pipeline) -> list[bool]:
+    """For each input: whether it is a source asset of this pipeline's own (another pipeline's results are that
+    pipeline's sink asset)."""
+    return [not isinstance(inp.spec, PipelineSource) for inp in pipeline.inputs]
+
+
 def source_keys(pipeline: Pipeline) -> list[str]:
+    """The keys of the pipeline's own source assets, in input order."""
     names = Names(pipeline)
-    return [names.source] + ([names.right_source] if pipeline.inputs.two else [])
+    keys = [names.source] + ([names.right_source] if pipeline.inputs.two else [])
+    return [key for key, own in zip(keys, _own(pipeline), strict=True) if own]
+
+
+def _own_heads(where: Placement) -> list[SourceHead]:
+    return [head for head, own in zip(source_heads(where), _own(where.definition), strict=True) if own]
 
 
 def observation(key: str, head: SourceHead) -> dg.AssetObservation:
@@ -29,13 +41,16 @@ def observation(key: str, head: SourceHead) -> dg.AssetObservation:
 
 
 def observations(where: Placement) -> list[dg.AssetObservation]:
-    """One observation per input of a placed pipeline (no Spark)."""
+    """One observation per source asset of a placed pipeline's own (no Spark)."""
     keys = source_keys(where.definition)
-    return [observation(key, head) for key, head in zip(keys, source_heads(where), strict=True)]
+    return [observation(key, head) for key, head in zip(keys, _own_heads(where), strict=True)]
 
 
-def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition:
+def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition | None:
+    """The pipeline's observable source assets; None when it reads only other pipelines' results."""
     names = Names(pipeline)
+    labelled = zip(("source", "right_source"), pipeline.inputs, _own(pipeline), strict=False)
+    own_inputs = [(label, inp) for label, inp, own in labelled if own]
     specs = [
         dg.AssetSpec(
             key,
@@ -47,13 +62,15 @@ def build_source_asset(pipeline: Pipeline) -> dg.AssetsDefinition:
                 kinds={_kind(inp.spec)},
             ),
         )
-        for key, label, inp in zip(source_keys(pipeline), ("source", "right_source"), pipeline.inputs, strict=False)
+        for key, (label, inp) in zip(source_keys(pipeline), own_inputs, strict=True)
     ]
+    if not specs:
+        return None
 
     @dg.multi_observable_source_asset(specs=specs, name=names.source_op, required_resource_keys={"storage"})
     def heads(context):
         where = context.resources.storage.placement(pipeline)
-        for key, head in zip(source_keys(pipeline), source_heads(where), strict=True):
+        for key, head in zip(source_keys(pipeline), _own_heads(where), strict=True):
             yield dg.ObserveResult(asset_key=key, metadata=catalog.head_metadata(head))
 
     return heads

@@ -14,6 +14,9 @@ job with ``run_key = live:<manifest id>`` (the daemon launches a run key once) a
 cursor. Not caught up: it requests a catch-up increment (backlog job, mode ``increment``) and switches after it;
 a pipeline that cannot be built from increments (end-of-stream steps, a Kafka source) switches anyway and its
 live phase reads the rest.
+
+A pipeline that reads another's results (a ``PipelineSource``) and has no handoff yet waits for that pipeline's
+handoff (its backlog's materialization, checks passed), then requests its own backlog job once per upstream handoff.
 """
 
 import json
@@ -22,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from phases import InputLag, Pipeline, Placement
+from phases import InputLag, Pipeline, PipelineSource, Placement
 from phases.inspect import input_lags, newest_handoff_row
 from phases_dagster.backlog import NOT_RUN_TAG
 from phases_dagster.checks import CHECK_NAMES, NO_FAR_FUTURE
@@ -34,9 +37,18 @@ from phases_dagster.settings import Names, Orchestration
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # skip | live | catch_up
+    action: str  # skip | live | catch_up | backlog
     reason: str
-    manifest_id: str | None = None
+    manifest_id: str | None = None  # backlog: the upstream's handoff it runs after
+
+
+@dataclass(frozen=True)
+class UpstreamHandoff:
+    """What the event log says of the handoff of the pipeline whose results this one reads (a PipelineSource)."""
+
+    pipeline: str
+    handoff: Handoff | None
+    failed_checks: list[str]
 
 
 def _redeployed_past(where: Placement, handoff: Handoff | None) -> str | None:
@@ -74,10 +86,16 @@ def decide(
     increment_route: str = "merging the range's aggregate into the handoff's state",
     max_records_behind: int = 0,
     running_live_run: str | None = None,
+    upstream: UpstreamHandoff | None = None,
 ) -> Decision:
     """The switch rule, as a pure function of what the sensor read (``running_live_run``: a run of the live phase
     that runs now, whatever launched it; ``no_increments_because``: why the pipeline takes no catch-up increment, None
-    when it does, by ``increment_route``)."""
+    when it does, by ``increment_route``; ``upstream``: the handoff of the pipeline whose results this one reads).
+
+    A pipeline that reads another's results starts its backlog itself, once that pipeline has handed off with its
+    checks passed (``backlog``, once per upstream handoff)."""
+    if handoff is None and upstream is not None:
+        return _after_upstream(upstream)
     if handoff is None:
         return Decision("skip", "no backlog materialization with a handoff manifest yet")
     mid = handoff.manifest_id
@@ -125,6 +143,26 @@ def decide(
         "catch_up",
         f"catch-up increment by {increment_route}, of {' and '.join(r for r in ranges if r)}: not caught up ({what})",
         mid,
+    )
+
+
+def _after_upstream(upstream: UpstreamHandoff) -> Decision:
+    name, handoff = upstream.pipeline, upstream.handoff
+    if handoff is None:
+        return Decision(
+            "skip",
+            f"waiting for pipeline {name!r}, whose results this pipeline reads, to hand off (materialize its "
+            "backlog); this pipeline's backlog starts after it",
+        )
+    mid = handoff.manifest_id
+    if upstream.failed_checks:
+        return Decision(
+            "skip",
+            f"waiting for pipeline {name!r}: its handoff {mid} has not passed its checks "
+            f"({', '.join(upstream.failed_checks)}); this pipeline's backlog starts after a handoff that passed them",
+        )
+    return Decision(
+        "backlog", f"pipeline {name!r} handed off (manifest {mid}): this pipeline's backlog reads its results", mid
     )
 
 
@@ -217,6 +255,18 @@ def restated_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str)
     return out
 
 
+def _upstream(instance: dg.DagsterInstance, pipeline: Pipeline) -> UpstreamHandoff | None:
+    """The handoff of the pipeline whose results ``pipeline`` reads, from its backlog's materializations; None when it
+    reads none."""
+    source = pipeline.source
+    if not isinstance(source, PipelineSource):
+        return None
+    key = dg.AssetKey(Names(source.upstream).backlog)
+    handoff = read_handoff(instance, key)
+    failed = failed_checks(instance, key, handoff.run_id) if handoff is not None else []
+    return UpstreamHandoff(source.upstream.name, handoff, failed)
+
+
 def build_switch_sensor(
     pipeline: Pipeline,
     settings: Orchestration,
@@ -233,11 +283,13 @@ def build_switch_sensor(
         minimum_interval_seconds=policy.minimum_interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING if policy.running_by_default else dg.DefaultSensorStatus.STOPPED,
         description=f"Backlog -> live switch of {pipeline.name!r}: launches the live job once per valid, caught-up "
-        "handoff manifest; requests a catch-up increment while the backlog lags.",
+        "handoff manifest; requests a catch-up increment while the backlog lags; a pipeline that reads another's "
+        "results: requests its backlog once that pipeline handed off.",
     )
     def switch(context: dg.SensorEvaluationContext, storage: StorageResource):
         where = storage.placement(pipeline)
         handoff = read_handoff(context.instance, key)
+        upstream = _upstream(context.instance, pipeline) if handoff is None else None
         redeployed = _redeployed_past(where, handoff)
         if redeployed is not None:
             return dg.SensorResult(skip_reason=redeployed)
@@ -258,6 +310,7 @@ def build_switch_sensor(
             increment_route=increment_route(pipeline),
             max_records_behind=policy.max_records_behind,
             running_live_run=status.run_id if status is not None and status.state == "running" else None,
+            upstream=upstream,
         )
         restated = restated_checks(context.instance, key, handoff.run_id) if handoff else []
         context.log.info(decision.reason)  # each tick's decision in its logs, not only the tooltip of its status
@@ -270,6 +323,16 @@ def build_switch_sensor(
                 job_name=names.live_job,
                 run_config={"ops": {names.live_asset: {"config": {"manifest_id": decision.manifest_id}}}},
                 tags={"phases/manifest_id": decision.manifest_id, "phases/switch_reason": decision.reason[:200]},
+            )
+            return dg.SensorResult(run_requests=[request], asset_events=restated)
+        if decision.action == "backlog":
+            request = dg.RunRequest(
+                run_key=f"after:{decision.manifest_id}",  # once per upstream handoff
+                job_name=names.backlog_job,
+                tags={
+                    "phases/upstream_manifest_id": decision.manifest_id,
+                    "phases/switch_reason": decision.reason[:200],
+                },
             )
             return dg.SensorResult(run_requests=[request], asset_events=restated)
         request = dg.RunRequest(

@@ -35,6 +35,7 @@ from phases._internal.errors import DefinitionError
 from phases._internal.reduce_fold import fold
 
 MAX_TS = "_max_ts"  # buffer: the key's greatest event time (drives the live watermark after the switch)
+_WINDOW = "_window"  # a record's window (start, end) while it is lifted
 ROWS = "_rows"  # buffer: on-time records aggregated for the key
 LIVE_ROWS = "_live_rows"  # live phase only: records of the key that arrived after the switch
 TS = "_ts"  # the event time column of the unified (state + live) stream
@@ -299,24 +300,26 @@ class WindowedAggregationLogic(KeyedAggregationLogic):
         self.keys = [*self.group_keys, WINDOW_START, WINDOW_END]
         self.key_types = {**self.key_types, WINDOW_START: T.TimestampType(), WINDOW_END: T.TimestampType()}
         self.windows_per_record = int(self.window.size / self.window.effective_slide)
-
-    def with_windows(self, records: DataFrame) -> DataFrame:
-        w = self.window
-        ts = F.col(self.pipeline.event_time)
-        spec = (
-            F.window(ts, w.spark_duration(w.size))
-            if w.slide is None
-            else F.window(ts, w.spark_duration(w.size), w.spark_duration(w.slide))
-        )
-        return (
-            records.withColumn("_window", spec)
-            .withColumn(WINDOW_START, F.col("_window.start"))
-            .withColumn(WINDOW_END, F.col("_window.end"))
-            .drop("_window")
-        )
+        self._window_column: Column | None = None
 
     def lift(self, records: DataFrame) -> DataFrame:
-        return super().lift(self.with_windows(records))
+        """One buffer row per record and window holding it: the group keys, the window's bounds, the buffers and the
+        event time as ``_ts``. The buffers and ``_ts`` read the record's own columns: a record's ``window_start`` (the
+        results of an upstream window pipeline read as a source) is its event time, not the window it falls in."""
+        if self._lift_columns is None or self._window_column is None:  # built once (see KeyedAggregationLogic.lift)
+            w = self.window
+            ts = F.col(self.pipeline.event_time)
+            window = (
+                F.window(ts, w.spark_duration(w.size))
+                if w.slide is None
+                else F.window(ts, w.spark_duration(w.size), w.spark_duration(w.slide))
+            )
+            cols = [F.col(k) for k in self.group_keys]
+            cols += [F.col(f"{_WINDOW}.start").alias(WINDOW_START), F.col(f"{_WINDOW}.end").alias(WINDOW_END)]
+            cols += [b.lift.cast(b.dtype).alias(b.name) for b in self._buffers]
+            self._window_column = window
+            self._lift_columns = [*cols, ts.alias(TS)]
+        return records.withColumn(_WINDOW, self._window_column).select(*self._lift_columns)
 
     @staticmethod
     def closed(state: DataFrame, watermark_us: int | None) -> Column:

@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyspark.sql import functions as F
 
 from phases import PipelineSource
 from phases._internal.backlog.runner import BacklogRunner
@@ -104,16 +105,24 @@ def test_a_window_pipeline_feeding_a_window_pipeline_equals_the_reference_for_an
 
 def test_the_downstream_backlog_waits_for_the_upstreams_handoff_and_names_it(spark, tmp_path):
     source = str(tmp_path / "source")
-    write_source(spark, source, {1: [("a", 20 * SECOND, 1)]})
     up = _upstream(source, str(tmp_path / "up"))
     down = _downstream(up, str(tmp_path / "down"), 0)
     with pytest.raises(SourceError, match=r"pipeline 'minutes'.*has not handed off.*Run the backlog of 'minutes'"):
         BacklogRunner(spark, down).run()
+    write_source(spark, source, {1: [("a", 20 * SECOND, 1)]})
+    append_version(spark, source, [("b", 45 * SECOND, 2), ("a", 61 * SECOND, 3)])
     BacklogRunner(spark, up).run()
-    BacklogRunner(spark, down).run()
+    handoff = BacklogRunner(spark, down).run()
+    # The downstream's event time is the upstream's window_start, a name its own windows' bounds have too: its state
+    # keeps the records' greatest event time (the newest upstream window's start), not its own windows' start.
+    newest = spark.read.format("delta").load(up.sink.path).agg(F.unix_micros(F.max("window_start"))).collect()[0][0]
+    state = spark.read.format("delta").load(handoff.state_path).agg(F.unix_micros(F.max("_max_ts"))).collect()[0][0]
+    assert state == newest == handoff.backlog_max_event_time_us
     # The upstream's sink keeps its change data feed from its first version (the downstream read it so).
     properties = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{up.sink.path}`").collect()}
     assert properties["delta.enableChangeDataFeed"] == "true" and tables.version(spark, up.sink.path) >= 0
+    assert properties["delta.feature.changeDataFeed"] == "supported" and properties["delta.minWriterVersion"] == "7"
+    assert properties["delta.minReaderVersion"] == "1"
 
 
 def test_a_pipeline_source_is_named_by_its_upstream_and_refuses_a_keyed_aggregation(tmp_path):
