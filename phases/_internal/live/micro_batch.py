@@ -341,6 +341,9 @@ class IncrementalLive:
         if check_batch is not None:  # a topic's Avro values of a schema version newer than the query's: restart
             check_batch(rows)
         end_version, partial_tail = ends.get(inp.label, (before.complete_below, False))
+        check_versions = getattr(inp.source, "check_versions", None)
+        if check_versions is not None:  # another pipeline's results: a rewrite of them stops the live phase
+            check_versions(before.complete_below, end_version)
         held_version = None
         if partial_tail:  # the tail of version end_version waits for the batch that completes it
             held_version = end_version

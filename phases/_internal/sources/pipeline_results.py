@@ -3,7 +3,14 @@ consumer-facing sink, read as a Delta table's change feed (:mod:`phases._interna
 versions are the upstream's writes: its handoff's, then one per live micro-batch.
 
 The downstream may start only once the upstream has handed off: before that its sink holds nothing, or a backlog's
-partial write. :meth:`PipelineResultsSource.check` refuses then, naming the upstream's backlog."""
+partial write. :meth:`PipelineResultsSource.check` refuses then, naming the upstream's backlog.
+
+**A rewrite upstream.** The upstream's results are appended, except when it writes them whole again: a ``reset`` of its
+backlog, a redeploy's swap, a combine of daily slices (an overwrite that replaces files). Such a commit is a new
+history of the results, not records that arrive: the downstream's backlog reads the versions up to the newest one as
+one snapshot of it (one arrival: the rewrite's) and the versions after it through the change feed; a catch-up
+increment or a live micro-batch that would read a rewrite stops instead, naming it and the way out (this pipeline's
+backlog again, ``reset=True``), rather than quarantining the replaced results as non-append changes."""
 
 from __future__ import annotations
 
@@ -11,10 +18,11 @@ from pyspark.sql import SparkSession
 
 from phases._internal.definition import PipelineSource
 from phases._internal.deployment import settle
-from phases._internal.errors import ManifestError, SourceError
+from phases._internal.errors import ManifestError, PhaseStateError, SourceError
 from phases._internal.handoff import manifest
 from phases._internal.placement import Placement
 from phases._internal.sources.delta import DeltaTableSource
+from phases._internal.storage import table_stats
 
 
 class PipelineResultsSource(DeltaTableSource):
@@ -34,6 +42,44 @@ class PipelineResultsSource(DeltaTableSource):
             self._require_handoff()
             self._handed_off = True
         super().check()
+
+    def require_change_feed(self, end_version: int) -> None:
+        """As a Delta source's, from the newest rewrite up to ``end_version`` on (read as one snapshot of it)."""
+        self._from_newest_rewrite(end_version)
+        if self.starting_version == end_version + 1:  # the head is a rewrite: the snapshot is all there is to read
+            return
+        super().require_change_feed(end_version)
+
+    def read_backlog(self, end_version: int, start_version: int = 0):
+        """As a Delta source's; a full read (``start_version`` 0) takes the versions up to the newest rewrite as one
+        snapshot of it; a range from ``start_version`` > 0 (a catch-up increment) that holds a rewrite stops."""
+        if start_version == 0:
+            self._from_newest_rewrite(end_version)
+        else:
+            self.check_versions(start_version, end_version)
+        return super().read_backlog(end_version, start_version)
+
+    def check_versions(self, first: int, last: int) -> None:
+        """Raises PhaseStateError when a version in first..last rewrote the upstream's results (see the module)."""
+        found = table_stats.rewrites(self.spark, self.path, max(first, 1), last)
+        if not found:
+            return
+        version, operation = found[0]
+        name = self.spec.upstream.name
+        raise PhaseStateError(
+            f"pipeline {name!r} wrote its results again at version {version} of {self.path} ({operation}: a reset of "
+            "its backlog, a redeploy's swap, or a combine of its daily slices): what this pipeline applied was built "
+            "over the results before it. Nothing of that version was applied. To follow it: stop this pipeline's live "
+            "phase, then run its backlog again with reset=True (BacklogRunner(spark, pipeline).run(reset=True), or its "
+            "backlog job with reset: true): it reads the new results"
+        )
+
+    def _from_newest_rewrite(self, end_version: int) -> None:
+        """Moves the effective ``starting_version`` past the newest rewrite at or before ``end_version``."""
+        found = table_stats.rewrites(self.spark, self.path, max(self.spec.starting_version, 1), end_version)
+        self.starting_version = (
+            max(self.spec.starting_version, found[-1][0] + 1) if found else self.spec.starting_version
+        )
 
     def declaration(self, starting_version: int | str) -> str:
         return f"PipelineSource(upstream={self.spec.upstream.name}, starting_version={starting_version})"

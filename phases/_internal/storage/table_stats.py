@@ -328,6 +328,41 @@ def changes_rows(commit: dict) -> bool:
     return commit.get("operation") not in _NO_ROWS
 
 
+# Commit metrics that count what a commit removed (a WRITE's overwrite, a MERGE, a DELETE, an UPDATE, a RESTORE).
+_REMOVED_METRICS = ("numRemovedFiles", "numTargetFilesRemoved", "numDeletedRows", "numTargetRowsDeleted")
+
+
+def removes_rows(commit: dict) -> bool:
+    """Whether a commit (its commit info) removed or replaced rows, rather than only appending: an overwrite that
+    replaced files, a MERGE, a DELETE, an UPDATE, a RESTORE. An overwrite by a condition that matched no file (its
+    removed-file count 0) appends; compaction (:func:`changes_rows` false) changes no row."""
+    if not changes_rows(commit):
+        return False
+    metrics = commit.get("operationMetrics") or {}
+    counted = [metrics[k] for k in _REMOVED_METRICS if metrics.get(k) is not None]
+    if counted:
+        return any(int(n) > 0 for n in counted)
+    parameters = commit.get("operationParameters") or {}
+    mode = parameters.get("mode") or parameters.get("outputMode")
+    return commit.get("operation") not in ("WRITE", "STREAMING UPDATE") or mode != "Append"
+
+
+def rewrites(spark: SparkSession | None, path: str, first: int, last: int) -> list[tuple[int, str]]:
+    """(version, operation) of the commits of versions first..last that removed or replaced rows
+    (:func:`removes_rows`), oldest first: read with delta-rs (no Spark job), else through Spark's history when
+    ``spark`` is given."""
+    if last < first:
+        return []
+    found = []
+    for commit in commits_newest_first(spark, path) or ():
+        version = int(commit.get("version", -1))
+        if version < first:
+            break
+        if version <= last and removes_rows(commit):
+            found.append((version, str(commit.get("operation"))))
+    return sorted(found)
+
+
 def commit_ms(commit: dict) -> int | None:
     """A commit's time as its commit info says (in-commit timestamp, else the writer's), in ms: with its version,
     what tells that commit from another one at the same version (a table removed and written again)."""
@@ -437,7 +472,7 @@ def _history_pages_through_spark(spark: SparkSession, path: str) -> Iterator[lis
         rows = (
             DeltaTable.forPath(spark, path)
             .history(n)
-            .select("version", "operation", "userMetadata", "timestamp")
+            .select("version", "operation", "operationParameters", "operationMetrics", "userMetadata", "timestamp")
             .collect()
         )
         return [{**r.asDict(), "timestamp": int(r["timestamp"].timestamp() * 1000)} for r in rows]

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from phases import PipelineSource
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import Aggregation, DeltaSource, Window, WindowedAggregate
-from phases._internal.errors import DefinitionError, SourceError
+from phases._internal.errors import DefinitionError, PhaseStateError, SourceError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.storage import tables
 from tests import reference
@@ -167,6 +167,68 @@ def test_an_upstream_sink_without_its_change_feed_is_refused_and_the_way_out_rea
     size = UP_SIZE_S * SECOND
     up_expected, _ = reference.run_windows({**versions, **later}, DELAY_S * SECOND, size, size)
     assert _windows(spark, up.sink.path) == up_expected
+    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
+    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
+    assert down_expected and _windows(spark, down.sink.path) == down_expected
+
+
+def test_an_upstream_reset_stops_the_downstream_live_phase_and_its_reset_follows_it_exactly(spark, tmp_path):
+    """The upstream writes its results whole again (a reset of its backlog): the downstream's live phase stops at that
+    version, naming it, and applies nothing of it; its own reset then reads the new results (up to the rewrite as one
+    snapshot) and both stages equal their references through the versions that follow."""
+    source = str(tmp_path / "source")
+    first = {1: [("a", 20 * SECOND, 1), ("b", 25 * SECOND, 2)], 2: [("a", 41 * SECOND, 3), ("b", 58 * SECOND, 9)]}
+    second = {3: [("b", 62 * SECOND, 4)], 4: [("a", 75 * SECOND, 5)]}
+    third = {5: [("c", 99 * SECOND, 6)], 6: [("a", 131 * SECOND, 7)]}
+    write_source(spark, source, first)
+    up = _upstream(source, str(tmp_path / "up"))
+    down = _downstream(up, str(tmp_path / "down"), 0)
+    BacklogRunner(spark, up).run()
+    _live(spark, up, None)
+    BacklogRunner(spark, down).run()
+    _live(spark, down, None)
+    assert _windows(spark, down.sink.path) or spark.read.format("delta").load(up.sink.path).count() > 0
+    for rows in second.values():
+        append_version(spark, source, rows)
+    BacklogRunner(spark, up).run(reset=True)  # the upstream's results written whole again
+    _live(spark, up, None)
+    before = _windows(spark, down.sink.path)
+    with pytest.raises(
+        PhaseStateError, match=r"pipeline 'minutes' wrote its results again at version \d+ .*reset=True"
+    ):
+        _live(spark, down, None)
+    assert _windows(spark, down.sink.path) == before  # nothing of the rewrite applied
+    BacklogRunner(spark, down).run(reset=True)  # the way out the error names
+    _live(spark, down, None)
+    for rows in third.values():
+        append_version(spark, source, rows)
+    _live(spark, up, None)
+    _live(spark, down, None)
+
+    size = UP_SIZE_S * SECOND
+    up_expected, _ = reference.run_windows({**first, **second, **third}, DELAY_S * SECOND, size, size)
+    assert _windows(spark, up.sink.path) == up_expected
+    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
+    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
+    assert down_expected and _windows(spark, down.sink.path) == down_expected
+
+
+def test_a_catch_up_increment_over_an_upstream_rewrite_stops_and_a_reset_backlog_reads_the_new_results(spark, tmp_path):
+    source = str(tmp_path / "source")
+    first = {1: [("a", 20 * SECOND, 1), ("b", 58 * SECOND, 2)]}
+    write_source(spark, source, first)
+    up = _upstream(source, str(tmp_path / "up"))
+    down = _downstream(up, str(tmp_path / "down"), 0)
+    BacklogRunner(spark, up).run()
+    BacklogRunner(spark, down).run()  # not switched: a catch-up increment would follow the upstream's new results
+    later = {2: [("a", 71 * SECOND, 3), ("b", 140 * SECOND, 4)]}
+    append_version(spark, source, later[2])
+    BacklogRunner(spark, up).run(reset=True)
+    with pytest.raises(PhaseStateError, match=r"pipeline 'minutes' wrote its results again.*reset=True"):
+        BacklogRunner(spark, down).run_increment()
+    BacklogRunner(spark, down).run(reset=True)
+    size = UP_SIZE_S * SECOND
+    up_expected, _ = reference.run_windows({**first, **later}, DELAY_S * SECOND, size, size)
     rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
     down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
