@@ -19,6 +19,7 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import Aggregation, DeltaSource, Window, WindowedAggregate
 from phases._internal.errors import DefinitionError, PhaseStateError, SourceError
 from phases._internal.live.runner import LiveRunner
+from phases._internal.redeploy.runner import Redeploy
 from phases._internal.storage import tables
 from tests import reference
 from tests.conftest import examples, make_pipeline
@@ -229,6 +230,43 @@ def test_a_catch_up_increment_over_an_upstream_rewrite_stops_and_a_reset_backlog
     BacklogRunner(spark, down).run(reset=True)
     size = UP_SIZE_S * SECOND
     up_expected, _ = reference.run_windows({**first, **later}, DELAY_S * SECOND, size, size)
+    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
+    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
+    assert down_expected and _windows(spark, down.sink.path) == down_expected
+
+
+def test_an_upstream_redeploy_stops_the_downstream_at_its_swap_and_the_downstreams_reset_follows_it(spark, tmp_path):
+    """A redeploy of the upstream (a changed watermark delay) swaps its new results into the table the downstream reads:
+    the downstream's live phase stops at the swap's version, applying nothing of it; its reset reads the new
+    generation's results, and both stages then equal the new definition's references."""
+    source = str(tmp_path / "source")
+    first = {1: [("a", 20 * SECOND, 1), ("b", 44 * SECOND, 2)], 2: [("a", 61 * SECOND, 3), ("b", 77 * SECOND, 4)]}
+    later = {3: [("c", 70 * SECOND, 5), ("a", 98 * SECOND, 6)], 4: [("b", 133 * SECOND, 7)]}
+    write_source(spark, source, first)
+    up = _upstream(source, str(tmp_path / "up"))
+    down = _downstream(up, str(tmp_path / "down"), 0)
+    BacklogRunner(spark, up).run()
+    _live(spark, up, None)
+    BacklogRunner(spark, down).run()
+    _live(spark, down, None)
+    assert _windows(spark, down.sink.path) or _windows(spark, up.sink.path)
+
+    changed = up.model_copy(update={"watermark_delay": timedelta(seconds=DELAY_S + 10)})
+    assert Redeploy(spark, changed).run(reason="a longer delay").swapped
+    before = _windows(spark, down.sink.path)
+    with pytest.raises(PhaseStateError, match=r"pipeline 'minutes' wrote its results again.*redeploy's swap"):
+        _live(spark, down, None)
+    assert _windows(spark, down.sink.path) == before
+    BacklogRunner(spark, down).run(reset=True)
+    _live(spark, down, None)
+    for rows in later.values():
+        append_version(spark, source, rows)
+    _live(spark, changed, None)
+    _live(spark, down, None)
+
+    size = UP_SIZE_S * SECOND
+    up_expected, _ = reference.run_windows({**first, **later}, (DELAY_S + 10) * SECOND, size, size)
+    assert _windows(spark, up.sink.path) == up_expected
     rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
     down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
