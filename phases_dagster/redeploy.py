@@ -177,7 +177,9 @@ def swap_spec(pipeline: Pipeline) -> dg.AssetSpec:
         "consumers read hold the next generation's results; the previous generation is kept for a rollback (run "
         "this job from the previous definition's code). A forward change is recorded instead, and the live phase "
         f"restarted. Runs only in {names.redeploy_job}, in the live step's process (its live phase then starts "
-        "there); elsewhere it does nothing and says why.",
+        "there); elsewhere it does nothing and says why. A pipeline that reads these results (a PipelineSource: "
+        f"downstream of {names.sink} in the lineage) stops at the swap's commit, naming it: run its backlog again "
+        "with reset.",
         kinds={"delta"},
     )
     kwargs["group_name"] = names.redeploy_group

@@ -31,6 +31,13 @@ def test_the_readme_guide_example_runs_end_to_end(spark, tmp_path):
     exec(compile(code, str(GUIDE), "exec"), {"__name__": "readme_guide"})
 
 
+def test_the_guides_chained_pipelines_run_end_to_end(spark, tmp_path):
+    code = guide_block("chain")
+    assert 'root = "/tmp/two-phase-chain"' in code
+    code = code.replace('root = "/tmp/two-phase-chain"', f'root = "{tmp_path}"')
+    exec(compile(code, str(GUIDE), "exec"), {"__name__": "readme_guide_chain"})
+
+
 def test_the_readme_example_is_an_excerpt_of_the_executed_guide():
     """Every line of the README's short example appears, in order, in the guide's example that the test above runs."""
     short = [line for line in guide_block("short", README).splitlines() if line.strip()]

@@ -270,3 +270,47 @@ def test_an_upstream_redeploy_stops_the_downstream_at_its_swap_and_the_downstrea
     rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
     down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
+
+
+@pytest.mark.slow
+def test_kill_9_of_either_stage_at_its_sink_write_then_restarts_count_every_result_once(spark, tmp_path):
+    """A real crash of each stage's live process: the upstream's once its sink append committed and before its
+    progress record (the restart writes the batch again: the downstream must not see its results twice), then the
+    downstream's once its own sink append committed. After restarts that take the dead leases over, both stages
+    equal their references."""
+    import subprocess
+    import sys
+
+    source = str(tmp_path / "source")
+    first = {1: [("a", 20 * SECOND, 1), ("b", 44 * SECOND, 2)]}
+    later = {2: [("a", 61 * SECOND, 3), ("c", 77 * SECOND, 4)], 3: [("b", 99 * SECOND, 5), ("a", 140 * SECOND, 6)]}
+    write_source(spark, source, first)
+    up = _upstream(source, str(tmp_path / "up"))
+    down = _downstream(up, str(tmp_path / "down"), 0)
+    BacklogRunner(spark, up).run()
+    _live(spark, up, None)
+    BacklogRunner(spark, down).run()
+    _live(spark, down, None)
+    for rows in later.values():
+        append_version(spark, source, rows)
+
+    def crash(pipeline) -> None:
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.phases.live.live_child", pipeline.model_dump_json(), "progress"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert child.returncode == -9, child.stderr[-2000:]
+
+    crash(up)
+    LiveRunner.from_manifest(spark, up, take_over=True).start(available_now=True)
+    crash(down)
+    LiveRunner.from_manifest(spark, down, take_over=True).start(available_now=True)
+
+    size = UP_SIZE_S * SECOND
+    up_expected, _ = reference.run_windows({**first, **later}, DELAY_S * SECOND, size, size)
+    assert _windows(spark, up.sink.path) == up_expected
+    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
+    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
+    assert down_expected and _windows(spark, down.sink.path) == down_expected
