@@ -12,7 +12,8 @@ Each tick, without Spark:
 * **Freshness.** The ``sink_fresh`` check of the sink asset is evaluated from the source's head and the live
   phase's own progress log (what it applied): the sink is fresh when nothing waits, or when the oldest source
   data not applied was committed at most ``max_lag`` ago while the live phase runs. With the live phase down and
-  data waiting it fails at once, saying whether the phase was stopped or lost.
+  data waiting it fails at once, saying whether the phase was stopped or lost. A pipeline that reads another's
+  results is as fresh as that pipeline too: its upstream's failed ``sink_fresh`` fails its own.
 
 Both checks are reported when their verdict differs from the latest evaluation the instance holds (whoever made
 it), and ``sink_fresh`` at least every minute so that its lag stays current; the cursor holds no clock.
@@ -28,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from phases import Pipeline
+from phases import Pipeline, PipelineSource
 from phases_dagster import source as source_assets
 from phases_dagster.handoff_events import serving_handoff
 from phases_dagster.live_status import (
@@ -36,6 +37,7 @@ from phases_dagster.live_status import (
     LiveRunRecord,
     LiveStatus,
     Verdict,
+    chained_freshness,
     decide_relaunch,
     live_running_verdict,
     live_runs,
@@ -112,6 +114,7 @@ def build_freshness_check(pipeline: Pipeline, settings: Orchestration) -> dg.Ass
             datetime.now(UTC),
             settings.health.when_live_down,
         )
+        f = _along_the_chain(context.instance, pipeline, f)
         return dg.AssetCheckResult(passed=f.passed, description=f.description, metadata=f.metadata, severity=f.severity)
 
     return sink_fresh
@@ -132,6 +135,18 @@ def _latest_evaluation(instance: dg.DagsterInstance, key: dg.AssetCheckKey):
         (getattr(state, "value", state), getattr(run, "value", run), evaluation.description),
         record.create_timestamp,
     )
+
+
+def _along_the_chain(instance: dg.DagsterInstance, pipeline: Pipeline, verdict: Verdict) -> Verdict:
+    """``sink_fresh`` of a pipeline that reads another's results, with that pipeline's latest ``sink_fresh``
+    (:func:`phases_dagster.live_status.chained_freshness`); any other pipeline's verdict as it is."""
+    source = pipeline.source
+    if not isinstance(source, PipelineSource):
+        return verdict
+    upstream = Names(source.upstream)
+    latest = _latest_evaluation(instance, dg.AssetCheckKey(dg.AssetKey(upstream.sink), upstream.fresh))
+    seen = None if latest is None else (latest[0], latest[2][2], latest[1])
+    return chained_freshness(verdict, source.upstream.name, seen)
 
 
 def _due(
@@ -237,6 +252,7 @@ def build_health_sensor(pipeline: Pipeline, settings: Orchestration, live_job) -
             if _due(context.instance, running_key, running, now, words=True):
                 events.append(check_evaluation(live_key, names.live_running, running))
             fresh = sink_freshness(where, handoff, policy.max_lag, status.state, now, policy.when_live_down)
+            fresh = _along_the_chain(context.instance, pipeline, fresh)
             if _due(context.instance, fresh_key, fresh, now, REPORT_AT_LEAST_EVERY):
                 events.append(check_evaluation(sink_key, names.fresh, fresh))
 

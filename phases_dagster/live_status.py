@@ -3,6 +3,7 @@ report: which live runs a pipeline has (:func:`live_runs`), the state of its liv
 to relaunch a dead one (:func:`decide_relaunch`), and whether the sink is fresh (:func:`sink_freshness`). Plain
 functions over these figures; the sensor and the checks that report them: :mod:`phases_dagster.health`."""
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -272,4 +273,24 @@ def sink_freshness(
         lag <= max_lag.total_seconds(),
         f"{u.amount} not applied, {waited}, {verdict} max_lag {max_lag} (live phase {live_state})",
         meta,
+    )
+
+
+def chained_freshness(own: Verdict, upstream: str, upstream_latest: tuple[bool, str | None, object] | None) -> Verdict:
+    """``sink_fresh`` of a pipeline that reads another's results (``upstream``), given the upstream's latest
+    ``sink_fresh`` evaluation ((passed, description, severity), None: none yet): a chain is as fresh as its stalest
+    stage. A failed upstream fails this check too, with the upstream's severity, unless this sink's own verdict is
+    already an ERROR (it says what is wrong here; the upstream's state is in its metadata)."""
+    if upstream_latest is None:
+        return dataclasses.replace(own, metadata={**own.metadata, "upstream_fresh": "not evaluated yet"})
+    passed, description, severity = upstream_latest
+    metadata = {**own.metadata, "upstream_fresh": passed}
+    if passed or (not own.passed and own.severity == dg.AssetCheckSeverity.ERROR):
+        return dataclasses.replace(own, metadata=metadata)
+    return Verdict(
+        False,
+        f"the results this pipeline reads are not fresh: sink_fresh of pipeline {upstream!r} failed ({description}). "
+        f"This sink has {'applied what it wrote' if own.passed else 'its own lag too: ' + own.description}",
+        metadata,
+        severity if isinstance(severity, dg.AssetCheckSeverity) else dg.AssetCheckSeverity.ERROR,
     )

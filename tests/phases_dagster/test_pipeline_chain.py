@@ -109,3 +109,26 @@ def test_a_chain_is_one_lineage_and_the_downstream_follows_the_upstreams_handoff
     down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * S, DOWN_SIZE_S * S)
     assert down_expected
     assert emitted_windows(spark.read.format("delta").load(f"{root}/hours").collect()) == down_expected
+
+    # Freshness follows the chain: data waits upstream while its live phase is stopped, so the upstream's sink_fresh
+    # fails; the downstream has applied all the upstream wrote, yet its sink_fresh fails with it, naming it.
+    append_version(spark, f"{root}/src", [("a", 120 * S, 9)])
+    up_fresh = _fresh(_tick(defs, instance, root, ups.health), ups)
+    assert up_fresh is not None and not up_fresh.passed
+    instance.report_runless_asset_event(up_fresh)  # as the daemon stores a sensor's asset events
+    down_fresh = _fresh(_tick(defs, instance, root, downs.health), downs)
+    assert down_fresh is not None and not down_fresh.passed
+    assert "sink_fresh of pipeline 'minutes' failed" in (down_fresh.description or "")
+    assert down_fresh.severity == dg.AssetCheckSeverity.ERROR and down_fresh.metadata["upstream_fresh"].value is False
+
+
+def _fresh(tick, names: Names) -> dg.AssetCheckEvaluation | None:
+    """The sink_fresh evaluation a health tick reported, if any."""
+    found = [
+        e
+        for e in tick.asset_events
+        if isinstance(e, dg.AssetCheckEvaluation)
+        and e.asset_key == dg.AssetKey(names.sink)
+        and e.check_name == names.fresh
+    ]
+    return found[-1] if found else None
