@@ -140,13 +140,12 @@ def _latest_evaluation(instance: dg.DagsterInstance, key: dg.AssetCheckKey):
 def _along_the_chain(instance: dg.DagsterInstance, pipeline: Pipeline, verdict: Verdict) -> Verdict:
     """``sink_fresh`` of a pipeline that reads another's results, with that pipeline's latest ``sink_fresh``
     (:func:`phases_dagster.live_status.chained_freshness`); any other pipeline's verdict as it is."""
-    source = pipeline.source
-    if not isinstance(source, PipelineSource):
-        return verdict
-    upstream = Names(source.upstream)
-    latest = _latest_evaluation(instance, dg.AssetCheckKey(dg.AssetKey(upstream.sink), upstream.fresh))
-    seen = None if latest is None else (latest[0], latest[2][2], latest[1])
-    return chained_freshness(verdict, source.upstream.name, seen)
+    for spec in (i.spec for i in pipeline.inputs if isinstance(i.spec, PipelineSource)):
+        upstream = Names(spec.upstream)
+        latest = _latest_evaluation(instance, dg.AssetCheckKey(dg.AssetKey(upstream.sink), upstream.fresh))
+        seen = None if latest is None else (latest[0], latest[2][2], latest[1])
+        verdict = chained_freshness(verdict, spec.upstream.name, seen)
+    return verdict
 
 
 def _due(

@@ -111,10 +111,10 @@ class Names:
     def __init__(self, pipeline: Pipeline):
         n = pipeline.name
         self.group = n
-        # Another pipeline's results as the source: that pipeline's sink asset (one lineage), not a source of its own.
-        source = pipeline.source
+        # Another pipeline's results as an input: that pipeline's sink asset (one lineage), not a source of its own.
+        source, right = pipeline.source, pipeline.right_source
         self.source = Names(source.upstream).sink if isinstance(source, PipelineSource) else f"{n}_source"
-        self.right_source = f"{n}_right_source"
+        self.right_source = Names(right.upstream).sink if isinstance(right, PipelineSource) else f"{n}_right_source"
         self.backlog = f"{n}_backlog"  # the handoff manifest
         self.backlog_op = f"{n}_backlog_phase"
         self.state = f"{n}_state"

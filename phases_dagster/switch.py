@@ -256,15 +256,17 @@ def restated_checks(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str)
 
 
 def _upstream(instance: dg.DagsterInstance, pipeline: Pipeline) -> UpstreamHandoff | None:
-    """The handoff of the pipeline whose results ``pipeline`` reads, from its backlog's materializations; None when it
-    reads none."""
-    source = pipeline.source
-    if not isinstance(source, PipelineSource):
-        return None
-    key = dg.AssetKey(Names(source.upstream).backlog)
-    handoff = read_handoff(instance, key)
-    failed = failed_checks(instance, key, handoff.run_id) if handoff is not None else []
-    return UpstreamHandoff(source.upstream.name, handoff, failed)
+    """The handoff of a pipeline whose results ``pipeline`` reads, from its backlog's materializations: the first one
+    that has not handed off with its checks passed, else the last one's; None when it reads none."""
+    found = None
+    for spec in (i.spec for i in pipeline.inputs if isinstance(i.spec, PipelineSource)):
+        key = dg.AssetKey(Names(spec.upstream).backlog)
+        handoff = read_handoff(instance, key)
+        failed = failed_checks(instance, key, handoff.run_id) if handoff is not None else []
+        found = UpstreamHandoff(spec.upstream.name, handoff, failed)
+        if handoff is None or failed:
+            return found
+    return found
 
 
 def build_switch_sensor(

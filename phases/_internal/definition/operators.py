@@ -267,10 +267,12 @@ class IntervalJoin(OperatorModel):
     two_inputs: ClassVar[bool] = True
     needs_ms_delay: ClassVar[bool] = True
     no_increments_because: ClassVar[str] = "reads two sources whose versions are not cut together"
-    right: DeltaSource | KafkaSource | HybridSource = Field(
+    # PipelineSource: resolved in phases._internal.definition.pipeline, where it is defined (its upstream is a
+    # Pipeline, which holds this operator).
+    right: DeltaSource | KafkaSource | HybridSource | PipelineSource = Field(  # noqa: F821  # pyright: ignore[reportUndefinedVariable]
         discriminator="kind",
-        description="The second input: a Delta table, a Kafka topic or an archive handing over to a topic, with "
-        "the same key and event-time columns.",
+        description="The second input: a Delta table, a Kafka topic, an archive handing over to a topic or another "
+        "pipeline's results, with the same key and event-time columns.",
     )
     lower: timedelta = Field(description="right.ts >= left.ts + lower (may be negative).")
     upper: timedelta = Field(description="right.ts <= left.ts + upper.")
@@ -329,10 +331,10 @@ class CoGroup(OperatorModel):
     two_inputs: ClassVar[bool] = True
     needs_ms_delay: ClassVar[bool] = True
     no_increments_because: ClassVar[str] = "reads two sources whose versions are not cut together"
-    right: DeltaSource | KafkaSource | HybridSource = Field(
+    right: DeltaSource | KafkaSource | HybridSource | PipelineSource = Field(  # noqa: F821  # pyright: ignore[reportUndefinedVariable]
         discriminator="kind",
-        description="The second input: a Delta table, a Kafka topic or an archive handing over to a topic, with "
-        "the same key and event-time columns.",
+        description="The second input: a Delta table, a Kafka topic, an archive handing over to a topic or another "
+        "pipeline's results, with the same key and event-time columns.",
     )
     window: Window
     function: FunctionImportPath = Field(description="Import path 'package.module:function'.")

@@ -463,7 +463,10 @@ class PipelineSource(DeltaSource):
         return spec
 
 
-Pipeline.model_rebuild()  # its source may be a PipelineSource, defined after it
+# A PipelineSource may be a pipeline's source or a two-input operator's right input; it is defined after both.
+IntervalJoin.model_rebuild(_types_namespace={"PipelineSource": PipelineSource})
+CoGroup.model_rebuild(_types_namespace={"PipelineSource": PipelineSource})
+Pipeline.model_rebuild()
 
 
 def fingerprint_of(state_spec: dict) -> str:

@@ -16,14 +16,14 @@ from pyspark.sql import functions as F
 
 from phases import PipelineSource
 from phases._internal.backlog.runner import BacklogRunner
-from phases._internal.definition import Aggregation, DeltaSource, Window, WindowedAggregate
+from phases._internal.definition import Aggregation, DeltaSource, IntervalJoin, Window, WindowedAggregate
 from phases._internal.errors import DefinitionError, PhaseStateError, SourceError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.redeploy.runner import Redeploy
 from phases._internal.storage import tables
 from tests import reference
 from tests.conftest import examples, make_pipeline
-from tests.helpers import EVENT_VERSIONS, append_version, materialize, write_source
+from tests.helpers import EVENT_VERSIONS, append_version, materialize, us_of, write_source
 from tests.phases.operators.test_windows import AGGS, emitted_windows
 from tests.phases.test_two_phase_equivalence import DELAY_S, SECOND
 
@@ -314,3 +314,50 @@ def test_kill_9_of_either_stage_at_its_sink_write_then_restarts_count_every_resu
     rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
     down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
+
+
+def test_an_interval_join_of_two_pipelines_results_equals_the_reference(spark, tmp_path):
+    """Both inputs of a two-input operator may be other pipelines' results: clicks and views per 10 s window, joined
+    on the key where a view's window starts 0..10 s after a click's. Each input keeps its own arrival order; the
+    windows of each arrive in order, so none is late, and the pairs are those of the two references' windows."""
+    clicks = {1: [("a", 3 * SECOND, 1), ("b", 12 * SECOND, 2)], 2: [("a", 31 * SECOND, 3), ("b", 55 * SECOND, 4)]}
+    views = {1: [("a", 14 * SECOND, 5), ("b", 18 * SECOND, 6)], 2: [("a", 36 * SECOND, 7), ("a", 70 * SECOND, 8)]}
+    later_clicks = {3: [("a", 90 * SECOND, 9)]}
+    later_views = {3: [("b", 95 * SECOND, 10)]}
+    write_source(spark, str(tmp_path / "clicks"), clicks)
+    write_source(spark, str(tmp_path / "views"), views)
+    up_clicks = _upstream(str(tmp_path / "clicks"), str(tmp_path / "up_clicks")).model_copy(update={"name": "clicks"})
+    up_views = _upstream(str(tmp_path / "views"), str(tmp_path / "up_views")).model_copy(update={"name": "views"})
+    join = IntervalJoin(right=PipelineSource(upstream=up_views), lower=timedelta(0), upper=timedelta(seconds=UP_SIZE_S))
+    joined = make_pipeline(
+        PipelineSource(upstream=up_clicks),
+        str(tmp_path / "joined"),
+        delay_s=0,
+        name="clicks_then_views",
+        event_time="window_start",
+        operator=join,
+    )
+    for up in (up_clicks, up_views):
+        BacklogRunner(spark, up).run()
+        _live(spark, up, None)
+    BacklogRunner(spark, joined).run()
+    _live(spark, joined, None)
+    append_version(spark, str(tmp_path / "clicks"), later_clicks[3])
+    append_version(spark, str(tmp_path / "views"), later_views[3])
+    for up in (up_clicks, up_views):
+        _live(spark, up, None)
+    _live(spark, joined, None)
+
+    size, delay = UP_SIZE_S * SECOND, DELAY_S * SECOND
+    left, _ = reference.run_windows({**clicks, **later_clicks}, delay, size, size)
+    right, _ = reference.run_windows({**views, **later_views}, delay, size, size)
+    expected = sorted(
+        (key, start, rstart)
+        for (key, start, _), _ in left.items()
+        for (rkey, rstart, _), _ in right.items()
+        if key == rkey and start <= rstart <= start + size
+    )
+    assert expected
+    rows = spark.read.format("delta").load(joined.sink.path).collect()
+    got = sorted((r["key"], us_of(r["window_start"]), us_of(r["right_window_start"])) for r in rows)
+    assert got == expected
