@@ -189,7 +189,10 @@ def test_a_write_held_behind_another_producers_open_transaction_says_so_and_its_
     other.begin_transaction()
     other.produce(topic, key=b"x", value=b"open")
     other.flush(10)
-    writer = TopicWriter(kafka.bootstrap_servers, topic, "events", timeout_s=3)
+    # The write waits timeout_s for the open transaction to end; under load a first query of the partition leaders
+    # alone has taken 3 s, so it is given 6 and the writer's metadata is read before.
+    writer = TopicWriter(kafka.bootstrap_servers, topic, "events", timeout_s=6)
+    writer.check_topic()
     try:
         with pytest.raises(SinkError, match=r"batch 0 committed, but read_committed consumers did not see it.*another"):
             writer.write(_records(0, range(5)), Marker(0, "h1"))
