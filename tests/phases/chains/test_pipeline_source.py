@@ -55,6 +55,16 @@ def _live(spark, pipeline, files: int | None) -> None:
     LiveRunner.from_manifest(spark, pipeline, max_files_per_trigger=files).start(available_now=True)
 
 
+def _chain_expected(versions: dict, up_delay_us: int, down_delay_us: int = 0) -> tuple[dict, dict]:
+    """The reference's upstream windows over ``versions``, and the downstream's windows over those (one version:
+    the upstream's results, each window's start as its event time)."""
+    size = UP_SIZE_S * SECOND
+    up_expected, _ = reference.run_windows(versions, up_delay_us, size, size)
+    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
+    down_expected, _ = reference.run_windows({1: rows}, down_delay_us, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
+    return up_expected, down_expected
+
+
 @pytest.mark.slow
 @settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
@@ -87,15 +97,11 @@ def test_a_window_pipeline_feeding_a_window_pipeline_equals_the_reference_for_an
     _live(spark, up, files)
     _live(spark, down, files)
 
-    size, delay = UP_SIZE_S * SECOND, DELAY_S * SECOND
-    up_expected, _ = reference.run_windows(versions, delay, size, size)
-    assert _windows(spark, up.sink.path) == up_expected
     # The downstream's records are the upstream's windows: each upstream write holds windows that end after every
     # window of the writes before it (the watermark closes them in order), so none is late downstream, whatever the
     # upstream's cut-off and split; the reference is its windows over all of them.
-    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
-    down_size = DOWN_SIZE_S * SECOND
-    down_expected, _ = reference.run_windows({1: rows}, down_delay_s * SECOND, down_size, down_size)
+    up_expected, down_expected = _chain_expected(versions, DELAY_S * SECOND, down_delay_s * SECOND)
+    assert _windows(spark, up.sink.path) == up_expected
     assert _windows(spark, down.sink.path) == down_expected
     # One streaming job over the upstream's results, from their first version, one version per micro-batch.
     single = _downstream(up, str(root / "single"), down_delay_s)
@@ -165,11 +171,8 @@ def test_an_upstream_sink_without_its_change_feed_is_refused_and_the_way_out_rea
     _live(spark, up, None)
     _live(spark, down, None)
 
-    size = UP_SIZE_S * SECOND
-    up_expected, _ = reference.run_windows({**versions, **later}, DELAY_S * SECOND, size, size)
+    up_expected, down_expected = _chain_expected({**versions, **later}, DELAY_S * SECOND)
     assert _windows(spark, up.sink.path) == up_expected
-    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
-    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
 
 
@@ -206,11 +209,8 @@ def test_an_upstream_reset_stops_the_downstream_live_phase_and_its_reset_follows
     _live(spark, up, None)
     _live(spark, down, None)
 
-    size = UP_SIZE_S * SECOND
-    up_expected, _ = reference.run_windows({**first, **second, **third}, DELAY_S * SECOND, size, size)
+    up_expected, down_expected = _chain_expected({**first, **second, **third}, DELAY_S * SECOND)
     assert _windows(spark, up.sink.path) == up_expected
-    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
-    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
 
 
@@ -228,10 +228,7 @@ def test_a_catch_up_increment_over_an_upstream_rewrite_stops_and_a_reset_backlog
     with pytest.raises(PhaseStateError, match=r"pipeline 'minutes' wrote its results again.*reset=True"):
         BacklogRunner(spark, down).run_increment()
     BacklogRunner(spark, down).run(reset=True)
-    size = UP_SIZE_S * SECOND
-    up_expected, _ = reference.run_windows({**first, **later}, DELAY_S * SECOND, size, size)
-    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
-    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
+    up_expected, down_expected = _chain_expected({**first, **later}, DELAY_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
 
 
@@ -264,11 +261,8 @@ def test_an_upstream_redeploy_stops_the_downstream_at_its_swap_and_the_downstrea
     _live(spark, changed, None)
     _live(spark, down, None)
 
-    size = UP_SIZE_S * SECOND
-    up_expected, _ = reference.run_windows({**first, **later}, (DELAY_S + 10) * SECOND, size, size)
+    up_expected, down_expected = _chain_expected({**first, **later}, (DELAY_S + 10) * SECOND)
     assert _windows(spark, up.sink.path) == up_expected
-    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
-    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
 
 
@@ -308,11 +302,8 @@ def test_kill_9_of_either_stage_at_its_sink_write_then_restarts_count_every_resu
     crash(down)
     LiveRunner.from_manifest(spark, down, take_over=True).start(available_now=True)
 
-    size = UP_SIZE_S * SECOND
-    up_expected, _ = reference.run_windows({**first, **later}, DELAY_S * SECOND, size, size)
+    up_expected, down_expected = _chain_expected({**first, **later}, DELAY_S * SECOND)
     assert _windows(spark, up.sink.path) == up_expected
-    rows = [(key, start, out["total"]) for (key, start, _), out in up_expected.items()]
-    down_expected, _ = reference.run_windows({1: rows}, 0, DOWN_SIZE_S * SECOND, DOWN_SIZE_S * SECOND)
     assert down_expected and _windows(spark, down.sink.path) == down_expected
 
 
