@@ -171,6 +171,11 @@ def build_redeploy_assets(pipeline: Pipeline, settings: Orchestration) -> list:
 def swap_spec(pipeline: Pipeline) -> dg.AssetSpec:
     """The swap, an asset of the live step (:func:`phases_dagster.live.build_live_asset`) in the redeploy's group."""
     names = Names(pipeline)
+    downstream = (
+        "follows the swap: it reads these results as changes (the old rows taken back, the new ones added)"
+        if pipeline.operator.upserts
+        else "stops at the swap's commit, naming it: run its backlog again with reset"
+    )
     kwargs = catalog.spec_kwargs(
         pipeline,
         f"The swap of {pipeline.name!r}: the serving live phase is asked to stop, then one commit makes the sink "
@@ -178,8 +183,7 @@ def swap_spec(pipeline: Pipeline) -> dg.AssetSpec:
         "this job from the previous definition's code). A forward change is recorded instead, and the live phase "
         f"restarted. Runs only in {names.redeploy_job}, in the live step's process (its live phase then starts "
         "there); elsewhere it does nothing and says why. A pipeline that reads these results (a PipelineSource: "
-        f"downstream of {names.sink} in the lineage) stops at the swap's commit, naming it: run its backlog again "
-        "with reset.",
+        f"downstream of {names.sink} in the lineage) {downstream}.",
         kinds={"delta"},
     )
     kwargs["group_name"] = names.redeploy_group

@@ -13,12 +13,16 @@ from phases._internal.errors import SourceError
 REASON = "_reason"
 COMMIT_TIME = "_commit_timestamp"  # the change feed's commit time of the record's source version
 FUTURE, PAST = "future", "past"  # the reasons' first words
+CHANGE_TYPE = "_change_type"  # the change feed's kind of change: insert, update_preimage, update_postimage, delete
+CHANGE_KINDS = ("insert", "update_preimage", "update_postimage", "delete")
+TAKEN_BACK = ("update_preimage", "delete")  # the kinds that take a row back (a changes source: -1)
 DECODE_ERROR = "_decode_error"  # a source that decodes its records (Kafka) says here why one could not be
 
 
 def rejection_reason(pipeline: Pipeline, columns: list[str] | None = None) -> Column:
     """A column holding why a change-feed row is not a valid record, or null when it is valid: undecodable
-    (a source's ``_decode_error``, when ``columns`` has it), not an insert, a null key or event time, an event
+    (a source's ``_decode_error``, when ``columns`` has it), not an insert (over a keyed aggregation's results read as
+    changes: not a change), a null key or event time, an event
     time more than ``max_future`` after its version's commit, or before ``min_event_time``. Invalid records
     are quarantined and never move the watermark. A key column or the event time that ``columns`` lacks is a
     SourceError naming it."""
@@ -36,8 +40,10 @@ def rejection_reason(pipeline: Pipeline, columns: list[str] | None = None) -> Co
     reason = F.when(F.lit(False), F.lit(None).cast("string"))
     if columns is not None and DECODE_ERROR in columns:
         reason = reason.when(F.col(DECODE_ERROR).isNotNull(), F.col(DECODE_ERROR))
+    # Over a keyed aggregation's results every change is a record: an update's or a delete's old row is taken back.
+    kinds = CHANGE_KINDS if pipeline.reads_changes else ("insert",)
     reason = reason.when(
-        F.col("_change_type") != "insert",
+        ~F.col("_change_type").isin(*kinds),
         F.concat(
             F.lit("non-append change '"),
             F.col("_change_type"),
@@ -48,7 +54,7 @@ def rejection_reason(pipeline: Pipeline, columns: list[str] | None = None) -> Co
         reason = reason.when(F.col(key).isNull(), F.lit(f"null key column '{key}'"))
     event_time = F.col(pipeline.event_time)
     reason = reason.when(event_time.isNull(), F.lit(f"null event time column '{pipeline.event_time}'"))
-    if pipeline.max_future_us is not None:
+    if pipeline.max_future_us is not None and not pipeline.reads_changes:
         # Against the version's commit time, not the wall clock: both phases and a single streaming job
         # quarantine the same records.
         after = F.unix_micros(F.col(COMMIT_TIME)) + F.lit(pipeline.max_future_us)

@@ -96,6 +96,8 @@ def tag_changes(
     stats = version_stats(tagged, is_valid, pipeline.event_time)
     maxima = [(s.version, s.max_us) for s in stats if s.max_us is not None]
     marks, running = version_watermarks(maxima, prior_max_us, pipeline.delay_us)
+    if pipeline.reads_changes:  # a change corrects the upstream's current table: never late
+        marks = {}
     on_time, late = split_late(spark, valid, marks, pipeline.event_time)
     timings["watermarks_s"] = timings.get("watermarks_s", 0.0) + time.perf_counter() - t
     # The quarantine reads only the versions that can hold such rows (a literal false prunes the scan).

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from phases._internal.definition.change_inputs import DEFAULT_MAX_FUTURE, changes_problem
 from phases._internal.definition.fields import _Model, name, not_negative, positive, user_column
 from phases._internal.definition.locations import Locations, Maintenance
 from phases._internal.definition.operators import (
@@ -47,8 +48,6 @@ _TEAM = re.compile(r"^team:[A-Za-z0-9_.\- ]+$")
 _TAG_VALUE = re.compile(r"^[A-Za-z0-9_.\-]{0,63}$")
 _TAG_KEY = re.compile(r"^([A-Za-z0-9_.\-]{1,63}/)?[A-Za-z0-9_.\-]{1,63}$")
 
-
-DEFAULT_MAX_FUTURE = timedelta(days=1)
 
 SOURCE_LABEL = ""  # the label of the pipeline's own source in the live phase's progress and watermarks
 RIGHT_LABEL = "right"  # the label of a two-input operator's second source
@@ -294,7 +293,14 @@ class Pipeline(_Model):
             )
         if self.event_time in self.key_columns:
             raise ValueError(f"event_time {self.event_time!r} cannot also be a key column")
+        if (problem := changes_problem(self)) is not None:
+            raise ValueError(problem)
         return self
+
+    @property
+    def reads_changes(self) -> bool:
+        """Whether the source is a keyed aggregation's results, read as changes (each may take a row back)."""
+        return bool(getattr(self.source, "reads_changes", False))
 
     @property
     def state_keys(self) -> list[str]:
@@ -414,8 +420,9 @@ class PipelineSource(DeltaSource):
     interval joins, co-groups) with their change data feed on from the first version.
 
     The downstream's backlog runs once the upstream has handed off (before: a SourceError naming the upstream's
-    backlog), and its live phase follows the upstream's commits. A keyed aggregation's results are replaced per key,
-    not appended: they are refused here (read its sink as a table instead)."""
+    backlog), and its live phase follows the upstream's commits. A keyed aggregation's results are replaced per key:
+    they are read as changes (:mod:`phases._internal.definition.change_inputs`), from an upsert sink declared with
+    ``change_feed=True``."""
 
     kind: Literal["pipeline"] = "pipeline"  # type: ignore[assignment]
     upstream: Pipeline = Field(description="The pipeline whose results this one reads.")
@@ -440,15 +447,22 @@ class PipelineSource(DeltaSource):
         return {**data, "path": declared} if declared else data
 
     @model_validator(mode="after")
-    def _appended_results(self) -> PipelineSource:
-        operator = self.upstream.operator
-        if operator.upserts:
+    def _readable_results(self) -> PipelineSource:
+        sink, name = self.upstream.sink, self.upstream.name
+        if self.upstream.operator.upserts and not (sink.mode == "upsert" and sink.change_feed):
             raise ValueError(
-                f"upstream pipeline {self.upstream.name!r} is a {operator.kind}: its sink keeps one row per key, "
-                "replaced as the key changes, not a log of appended results; a PipelineSource reads the results of "
-                "windows, sessions, process functions, interval joins and co-groups"
+                f"upstream pipeline {name!r} is a keyed aggregation: its results are read as changes of its sink "
+                f"(each replaced row taken back, the new one added), which needs its sink in mode 'upsert' with "
+                f"change_feed=True (it is mode {sink.mode!r}, change_feed={sink.change_feed}). Declare that on "
+                f"{name!r}'s sink; a sink it has written already keeps its properties: ALTER TABLE "
+                f"delta.`{sink.path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true) as well"
             )
         return self
+
+    @property
+    def reads_changes(self) -> bool:
+        """The upstream is a keyed aggregation: its results are a table replaced per key, read as changes."""
+        return self.upstream.operator.upserts
 
     @property
     def location(self) -> str:

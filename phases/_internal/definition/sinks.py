@@ -50,6 +50,12 @@ class DeltaSink(_Model):
         default=None,
         description="changelog mode: the compacted table of the latest row per key (default: <path>_current).",
     )
+    change_feed: bool = Field(
+        default=False,
+        description="keyed aggregation, upsert mode: create the sink with its change data feed on, so that other "
+        "pipelines can read its results as changes (PipelineSource); each write then records the changed rows' old "
+        "and new values too. The sinks of the appending kinds always have it on.",
+    )
     compact_every: timedelta = Field(
         default=timedelta(minutes=1),
         description="changelog mode: how often the running live phase compacts the changelog into current_path, "
@@ -70,6 +76,11 @@ class DeltaSink(_Model):
         if self.mode != "upsert" and self.upsert_write != "auto":
             raise ValueError(
                 f"sink.upsert_write says how an upsert sink is written; sink.mode is {self.mode!r} (leave it 'auto')"
+            )
+        if self.change_feed and self.mode != "upsert":
+            raise ValueError(
+                "sink.change_feed lets other pipelines read an upsert sink's changes; a changelog sink's rows do not "
+                "carry the value they replace. Use sink.mode 'upsert' with change_feed=True"
             )
         if self.compact_every < timedelta(0):
             raise ValueError("sink.compact_every must be 0 (no background compaction) or positive")

@@ -284,7 +284,8 @@ class IncrementalLive:
 
         From Spark's offset log, written before the batch runs (one offset per source, told apart by the Delta
         table id): (reservoirVersion, index); index -1 means every version below reservoirVersion is read,
-        index >= 0 that reservoirVersion is read up to that file only."""
+        index >= 0 that reservoirVersion is read up to that file only (an input read in whole versions: to its
+        last file)."""
         entry = spark_internals.read_offset_log(self.spark, self.query_folder, batch_id)
         by_id = {table_id: label for label, table_id in self._table_ids.items()}
         out: dict[str, tuple[int, bool]] = {}
@@ -292,7 +293,11 @@ class IncrementalLive:
             label = by_id.get(offset.table_id, "" if len(self.inputs) == 1 else None)
             if label is None:
                 raise PhaseStateError(f"{entry.path}: a Delta source offset of an unknown table: {offset}")
-            out[label] = (offset.reservoir_version, offset.index >= 0)
+            source = next(inp.source for inp in self.inputs if inp.label == label)
+            if offset.index >= 0 and getattr(source, "whole_versions", False):  # read to its last file: complete
+                out[label] = (offset.reservoir_version + 1, False)
+            else:
+                out[label] = (offset.reservoir_version, offset.index >= 0)
         if not out and len(self.inputs) == 1:
             raise PhaseStateError(f"no Delta source offset in {entry.path}: {entry.sources!r}")
         return out

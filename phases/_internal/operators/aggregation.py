@@ -32,6 +32,7 @@ from phases._internal.definition import (
     sql_expression_problem,
 )
 from phases._internal.errors import DefinitionError
+from phases._internal.records import CHANGE_TYPE, TAKEN_BACK
 from phases._internal.reduce_fold import fold
 
 MAX_TS = "_max_ts"  # buffer: the key's greatest event time (drives the live watermark after the switch)
@@ -136,6 +137,16 @@ class _Buffer:
     combine: Callable[[str, str], str] = _add
 
 
+def _signed(buffer: _Buffer) -> _Buffer:
+    """Over a keyed aggregation's results read as changes, a row taken back (an update's old row, a delete) lifts to
+    the negated buffer: counts and sums (an average's too) then subtract it. ``_max_ts`` is kept as it is (the
+    greatest event time seen drives no result; the definition refuses min, max and reduce over changes)."""
+    if buffer.name == MAX_TS:
+        return buffer
+    sign = F.when(F.col(CHANGE_TYPE).isin(*TAKEN_BACK), F.lit(-1)).otherwise(F.lit(1))
+    return _Buffer(buffer.name, buffer.dtype, buffer.lift * sign, buffer.merge, buffer.combine)
+
+
 class KeyedAggregationLogic:
     """Buffers, lift, merge and finalize for one pipeline, checked against the source schema."""
 
@@ -162,6 +173,14 @@ class KeyedAggregationLogic:
         ts = F.col(pipeline.event_time)
         self._buffers.append(_Buffer(MAX_TS, T.TimestampType(), ts, F.max(MAX_TS), _greatest))
         self._buffers.append(_Buffer(ROWS, T.LongType(), F.lit(1).cast("long"), F.sum(ROWS)))
+        if pipeline.reads_changes:
+            # A sum over changes counts its values too: once every value is taken back it is null again, as SQL's
+            # sum of no values is (not 0).
+            for agg in self.aggregations:
+                if agg.kind is AggKind.SUM:
+                    present = F.when(F.col(agg.column).isNotNull(), 1).otherwise(0).cast("long")  # pyright: ignore[reportArgumentType]
+                    self._buffers.append(_Buffer(f"{agg.name}__n", T.LongType(), present, F.sum(f"{agg.name}__n")))
+            self._buffers = [_signed(b) for b in self._buffers]
 
     #: how many state rows one record is merged into (sliding windows: size / slide)
     windows_per_record = 1
@@ -269,6 +288,8 @@ class KeyedAggregationLogic:
             n = agg.name
             if agg.kind is AggKind.COUNT:
                 cols.append(F.col(f"{n}__n").alias(n))
+            elif agg.kind is AggKind.SUM and self.pipeline.reads_changes:
+                cols.append(F.when(F.col(f"{n}__n") > 0, F.col(f"{n}__sum")).alias(n))
             elif agg.kind is AggKind.SUM:
                 cols.append(F.col(f"{n}__sum").alias(n))
             elif agg.kind is AggKind.AVG:

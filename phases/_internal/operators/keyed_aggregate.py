@@ -28,6 +28,7 @@ from phases._internal.operators.base import (
     observed,
     table_counts,
 )
+from phases._internal.records import CHANGE_TYPE
 from phases._internal.runtime.session import adaptive_execution_off
 from phases._internal.schema_changes import changes, way_out
 from phases._internal.state.keyed_store import CombinedLayout, LiveStateStore
@@ -101,7 +102,8 @@ class AggregationHandoff:
             out = changelog.rows(logic.finalize(state_table), changelog.HANDOFF_BATCH)
             writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
         elif not self.windowed:
-            out = logic.finalize(state_table)
+            # Over changes, a key whose every row was taken back has no result (its buffers count none).
+            out = logic.finalize(state_table.filter(F.col(ROWS) > 0) if logic.pipeline.reads_changes else state_table)
         else:
             self.keys = int(table_counts(spark, self.state_path)["rows"])
             out = logic.finalize(self.state.filter(logic.closed(self.state, self.watermark)))  # pyright: ignore[reportAttributeAccessIssue]
@@ -110,12 +112,12 @@ class AggregationHandoff:
                 where = f"{WINDOW_END} > timestamp_micros({lower})"
                 if self.watermark is not None:
                     where += f" AND {WINDOW_END} <= timestamp_micros({self.watermark})"
-                tables.ensure(spark, path, logic.output_schema, **tables.sink_properties(appends=True))
+                tables.ensure(spark, path, logic.output_schema, **tables.sink_properties(change_feed=True))
                 writer = out.write.format("delta").mode("overwrite").option("replaceWhere", where)
         if writer is None:
             writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
             # a new table's properties (an existing one keeps its own)
-            writer = writer.options(**tables.sink_properties(appends=self.windowed))
+            writer = writer.options(**tables.sink_properties(self.windowed or logic.pipeline.sink.change_feed))
         writer.save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
@@ -199,8 +201,9 @@ class KeyedStoreStep(AggregationStoreStep):
                 log.debug(
                     "sink %s: %d changed keys (%s new), written by %s", self.sink_path, update.changed_keys, new, write
                 )
+                rows = changed.select(*logic.finalize_columns(), *_gone(logic))
                 writes.sink_upsert(
-                    logic.finalize(changed),
+                    rows,
                     self.sink_path,
                     logic.keys,
                     "upsert",
@@ -285,6 +288,12 @@ class KeyedAggregateKind(OperatorKind[KeyedAggregationLogic]):
         return sources
 
 
+def _gone(logic: KeyedAggregationLogic) -> list[Column]:
+    """Over changes, whether a changed key's rows were all taken back: its sink row is deleted
+    (:data:`phases._internal.storage.tables.GONE`)."""
+    return [(F.col(ROWS) <= 0).alias(tables.GONE)] if logic.pipeline.reads_changes else []
+
+
 def _buffer_sources(logic: KeyedAggregationLogic) -> dict[str, str]:
     """State and sink columns -> the source column each aggregation reads (for error messages)."""
     out: dict[str, str] = {}
@@ -304,6 +313,8 @@ def _check_operator(
     """Resolves the operator's lift, merge, pairwise combine and finalize over ``records`` (no data read), so
     a source type the operator's expressions cannot take is found before any micro-batch runs."""
     try:
+        if logic.pipeline.reads_changes and CHANGE_TYPE not in records.fieldNames():  # what the change feed adds
+            records = T.StructType([*records.fields, T.StructField(CHANGE_TYPE, T.StringType())])
         empty = spark_internals.empty_frame(spark, records)
         state = logic.merge(logic.lift(empty))
         _ = logic.finalize(state).schema

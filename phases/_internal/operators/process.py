@@ -53,7 +53,7 @@ class ProcessHandoff:
     def write_sink(self, path: str) -> None:
         out, self._sink = counted(self.logic.outputs(self.passed), "handoff sink")
         writer = out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-        writer.options(**tables.sink_properties(appends=True)).save(path)
+        writer.options(**tables.sink_properties(change_feed=True)).save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
         """From the writes themselves, else by a scan of the tables."""

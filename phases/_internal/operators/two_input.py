@@ -54,7 +54,7 @@ class TwoInputHandoff:
 
     def write_sink(self, path: str) -> None:
         writer = self.out.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-        writer.options(**tables.sink_properties(appends=True)).save(path)
+        writer.options(**tables.sink_properties(change_feed=True)).save(path)
 
     def counts(self, spark: SparkSession, state_path: str, sink_path: str) -> HandoffCounts:
         """From the writes themselves (the inputs counted as the writes read them), else by a scan."""

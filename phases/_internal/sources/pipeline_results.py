@@ -10,7 +10,13 @@ backlog, a redeploy's swap, a combine of daily slices (an overwrite that replace
 history of the results, not records that arrive: the downstream's backlog reads the versions up to the newest one as
 one snapshot of it (one arrival: the rewrite's) and the versions after it through the change feed; a catch-up
 increment or a live micro-batch that would read a rewrite stops instead, naming it and the way out (this pipeline's
-backlog again, ``reset=True``), rather than quarantining the replaced results as non-append changes."""
+backlog again, ``reset=True``), rather than quarantining the replaced results as non-append changes.
+
+**A keyed aggregation upstream** (:attr:`PipelineSource.reads_changes`): its sink is its current table, replaced per
+key, and every commit is changes to it: a MERGE's updated rows as their old row (taken back) and their new one, a
+rewrite (a reset, a swap) as every old row taken back and every new one added. Nothing is a rewrite to stop at: the
+changes say exactly what became of each row. The backlog reads the table as of its end version (its rows are the net
+changes of every version before: one arrival), increments and the live phase its change feed."""
 
 from __future__ import annotations
 
@@ -23,6 +29,9 @@ from phases._internal.handoff import manifest
 from phases._internal.placement import Placement
 from phases._internal.sources.delta import DeltaTableSource
 from phases._internal.storage import table_stats
+
+# Files per micro-batch over changes: so many that Delta's admission control never splits a version.
+WHOLE_VERSIONS_FILES = 2**31 - 1
 
 
 class PipelineResultsSource(DeltaTableSource):
@@ -44,7 +53,10 @@ class PipelineResultsSource(DeltaTableSource):
         super().check()
 
     def require_change_feed(self, end_version: int) -> None:
-        """As a Delta source's, from the newest rewrite up to ``end_version`` on (read as one snapshot of it)."""
+        """As a Delta source's, from the newest rewrite up to ``end_version`` on (read as one snapshot of it); none
+        over changes (the backlog reads the table as of ``end_version``)."""
+        if self.spec.reads_changes:
+            return
         self._from_newest_rewrite(end_version)
         if self.starting_version == end_version + 1:  # the head is a rewrite: the snapshot is all there is to read
             return
@@ -53,14 +65,19 @@ class PipelineResultsSource(DeltaTableSource):
     def read_backlog(self, end_version: int, start_version: int = 0):
         """As a Delta source's; a full read (``start_version`` 0) takes the versions up to the newest rewrite as one
         snapshot of it; a range from ``start_version`` > 0 (a catch-up increment) that holds a rewrite stops."""
-        if start_version == 0:
+        if start_version == 0 and self.spec.reads_changes:
+            self.starting_version = end_version + 1  # the table as of end_version: the net changes, one arrival
+        elif start_version == 0:
             self._from_newest_rewrite(end_version)
-        else:
+        elif not self.spec.reads_changes:
             self.check_versions(start_version, end_version)
         return super().read_backlog(end_version, start_version)
 
     def check_versions(self, first: int, last: int) -> None:
-        """Raises PhaseStateError when a version in first..last rewrote the upstream's results (see the module)."""
+        """Raises PhaseStateError when a version in first..last rewrote the upstream's results (see the module); never
+        over changes."""
+        if self.spec.reads_changes:
+            return
         found = table_stats.rewrites(self.spark, self.path, max(first, 1), last)
         if not found:
             return
@@ -80,6 +97,23 @@ class PipelineResultsSource(DeltaTableSource):
         self.starting_version = (
             max(self.spec.starting_version, found[-1][0] + 1) if found else self.spec.starting_version
         )
+
+    @property
+    def whole_versions(self) -> bool:
+        """Whether every live micro-batch reads whole versions (over changes: see :meth:`read_live`)."""
+        return self.spec.reads_changes
+
+    def read_live(self, after_version: int | None, max_files_per_trigger: int | None = None):
+        """As a Delta source's; over changes, whole versions per micro-batch, whatever ``max_files_per_trigger``:
+        Delta's offset after a version of change files stays at that version's last file rather than moving to the
+        next version, so a version read in part could not be told from one read whole."""
+        if not self.spec.reads_changes:
+            return super().read_live(after_version, max_files_per_trigger)
+        return super().read_live(after_version, WHOLE_VERSIONS_FILES)
+
+    def log_bounds(self, first: int, last: int, event_time: str, keys: list[str]) -> list | None:
+        """As a Delta source's; none over changes (the log's bounds are of added files, not of the changes)."""
+        return None if self.spec.reads_changes else super().log_bounds(first, last, event_time, keys)
 
     def declaration(self, starting_version: int | str) -> str:
         return f"PipelineSource(upstream={self.spec.upstream.name}, starting_version={starting_version})"

@@ -72,7 +72,9 @@ def ensure_sink(spark: SparkSession, where: Placement, output: T.StructType) -> 
     if where.definition.sink.mode == "changelog":
         ensure(spark, where.sink_path, output)
     else:
-        tables.ensure(spark, where.sink_path, output, **tables.sink_properties(not where.definition.operator.upserts))
+        pipeline = where.definition
+        feed = not pipeline.operator.upserts or pipeline.sink.change_feed
+        tables.ensure(spark, where.sink_path, output, **tables.sink_properties(feed))
 
 
 # The changelog's table properties. The change data feed: the compaction reads it. Its Delta log checkpoint and its

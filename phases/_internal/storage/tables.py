@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -31,14 +31,16 @@ def exists(spark: SparkSession, path: str) -> bool:
 
 # A sink whose results are appended (every operator kind but a keyed aggregation, whose sink is replaced per key) keeps
 # its change data feed from its first version: another pipeline reads it as its source (a PipelineSource), each
-# result with the version that appended it. It costs nothing on appends (the feed of an insert is the data file).
-APPENDED_SINK_PROPERTIES = {"delta.enableChangeDataFeed": "true"}
+# result with the version that appended it. It costs nothing on appends (the feed of an insert is the data file). A
+# keyed aggregation's upsert sink has it when declared (``sink.change_feed``): its MERGE then writes each changed row's
+# old and new values as well.
+FEED_SINK_PROPERTIES = {"delta.enableChangeDataFeed": "true"}
 
 
-def sink_properties(appends: bool) -> dict[str, str]:
-    """The table properties the engine creates a sink with: :data:`APPENDED_SINK_PROPERTIES` when its results are
-    appended (``appends``), else none."""
-    return dict(APPENDED_SINK_PROPERTIES) if appends else {}
+def sink_properties(change_feed: bool) -> dict[str, str]:
+    """The table properties the engine creates a sink with: :data:`FEED_SINK_PROPERTIES` when other pipelines may read
+    it (``change_feed``: results appended, or a keyed aggregation declaring it); else none."""
+    return dict(FEED_SINK_PROPERTIES) if change_feed else {}
 
 
 def ensure(spark: SparkSession, path: str, schema: T.StructType, **properties: str) -> None:
@@ -143,7 +145,7 @@ def upsert_marked(
     """``rows`` upserted with (``app_id``, ``batch``) in the commit's ``userMetadata`` (as :func:`append_marked`):
     by :func:`replace_rows` (``write="merge"``), :func:`rewrite_rows` (``"rewrite"``, ``changed`` the row count
     of ``rows`` when known), or appended (``"append"``: only when none of ``rows``' keys is in the table, as the
-    caller knows from its state)."""
+    caller knows from its state). A row with :data:`GONE` true deletes its key's row instead."""
     if write not in UPSERT_WAYS:
         raise ValueError(f"write {write!r}: valid values are {list(UPSERT_WAYS)}")
     key = "spark.databricks.delta.commitInfo.userMetadata"
@@ -152,7 +154,8 @@ def upsert_marked(
         if write == "rewrite":
             rewrite_rows(spark, path, rows, keys, rows_count=changed)
         elif write == "append":
-            append_marked(rows, path, app_id, batch)
+            kept = rows.filter(~F.col(GONE)).drop(GONE) if GONE in rows.columns else rows
+            append_marked(kept, path, app_id, batch)
         else:
             replace_rows(spark, path, rows, keys)
     finally:
@@ -160,6 +163,7 @@ def upsert_marked(
 
 
 UPSERT_WAYS = ("merge", "rewrite", "append")
+GONE = "_gone"  # an upserted row's column (when present): true deletes the key's row instead of writing it
 # Table properties under which "auto" never rewrites an upsert sink (see upsert_write).
 MERGE_PROPERTIES = ("delta.enableChangeDataFeed", "delta.enableDeletionVectors")
 REWRITE_UPDATES_PER_FILE = 5  # updated keys a data file from which an upsert rewrites the whole table
@@ -212,6 +216,8 @@ def rewrite_rows(
     if rows_count is not None and rows_count <= BROADCAST_KEYS:
         changed_keys = F.broadcast(changed_keys)
     kept = current.join(changed_keys, on=keys, how="left_anti")
+    if GONE in rows.columns:
+        rows = rows.filter(~F.col(GONE)).drop(GONE)
     kept.unionByName(rows, allowMissingColumns=True).write.format("delta").mode("overwrite").save(path)
 
 
@@ -263,13 +269,17 @@ def idempotent_dml(spark: SparkSession, app_id: str, version: int) -> Iterator[N
 
 
 def replace_rows(spark: SparkSession, path: str, rows: DataFrame, keys: list[str]) -> None:
-    """One MERGE: the table's rows of ``rows``' keys replaced by them, new keys inserted."""
+    """One MERGE: the table's rows of ``rows``' keys replaced by them, new keys inserted (a row with :data:`GONE`
+    true: its key's row deleted, nothing inserted)."""
+    merge = DeltaTable.forPath(spark, path).alias("t").merge(rows.alias("s"), key_match("t", "s", keys))
+    if GONE not in rows.columns:
+        merge.whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+        return
+    written: dict[str, str | Column] = {c: f"s.`{c}`" for c in rows.columns if c != GONE}
     (
-        DeltaTable.forPath(spark, path)
-        .alias("t")
-        .merge(rows.alias("s"), key_match("t", "s", keys))
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
+        merge.whenMatchedDelete(f"s.`{GONE}`")
+        .whenMatchedUpdate(set=written)
+        .whenNotMatchedInsert(f"NOT s.`{GONE}`", values=written)
         .execute()
     )
 

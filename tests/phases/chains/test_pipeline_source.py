@@ -132,7 +132,7 @@ def test_the_downstream_backlog_waits_for_the_upstreams_handoff_and_names_it(spa
     assert properties["delta.minReaderVersion"] == "1"
 
 
-def test_a_pipeline_source_is_named_by_its_upstream_and_refuses_a_keyed_aggregation(tmp_path):
+def test_a_pipeline_source_is_named_by_its_upstream_and_refuses_a_keyed_aggregation_without_its_change_feed(tmp_path):
     up = _upstream(str(tmp_path / "source"), str(tmp_path / "up"))
     down = _downstream(up, str(tmp_path / "down"), 0)
     assert down.source.path == up.sink.path and down.source.upstream is up
@@ -140,7 +140,7 @@ def test_a_pipeline_source_is_named_by_its_upstream_and_refuses_a_keyed_aggregat
     with pytest.raises(DefinitionError, match="source.path is the upstream pipeline's sink"):
         PipelineSource(upstream=up, path=str(tmp_path / "elsewhere"))
     keyed = make_pipeline(DeltaSource(path=str(tmp_path / "source")), str(tmp_path / "keyed"))
-    with pytest.raises(DefinitionError, match="keyed_aggregate: its sink keeps one row per key"):
+    with pytest.raises(DefinitionError, match="is a keyed aggregation: its results are read as changes of its sink"):
         PipelineSource(upstream=keyed)
 
 
