@@ -7,8 +7,8 @@ from enum import Enum
 import dagster as dg
 from pydantic import Field
 
-from phases import BacklogRunner, HandoffManifest, Pipeline, SliceRunner
-from phases.inspect import SliceRecord
+from phases import BacklogRunner, HandoffManifest, Pipeline, PipelineSource, SliceRunner
+from phases.inspect import SliceRecord, newest_handoff_row
 from phases_dagster import catalog
 from phases_dagster.progress import reporting
 from phases_dagster.resources.spark import SparkResource
@@ -182,6 +182,15 @@ def backlog_specs(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetS
     ]
 
 
+def _waiting_for(storage: StorageResource, pipeline: Pipeline) -> str | None:
+    """Why the backlog cannot start yet: a pipeline whose results it reads (a PipelineSource) has no handoff (read
+    from that pipeline's manifests, not from Dagster's event log: it may have run outside Dagster); None: it can."""
+    for spec in (i.spec for i in pipeline.inputs if isinstance(i.spec, PipelineSource)):
+        if newest_handoff_row(storage.placement(spec.upstream)) is None:
+            return f"pipeline {spec.upstream.name!r}, whose results it reads, has not handed off"
+    return None
+
+
 def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg.AssetsDefinition]:
     names = Names(pipeline)
     partitioned = settings.backfill is not None
@@ -209,6 +218,15 @@ def build_backlog_assets(pipeline: Pipeline, settings: Orchestration) -> list[dg
                 "and run this job with reset: true."
             )
             context.instance.add_run_tags(context.run_id, {NOT_RUN_TAG: f"backlog: switched to live ({switched})"})
+            return
+        waiting = None if switched is not None else _waiting_for(storage, pipeline)
+        if waiting is not None:
+            context.log.warning(
+                f"{mode} backlog of {pipeline.name!r} not run: {waiting}. Nothing was materialized; these tables keep "
+                f"their status. Materialize the upstream's backlog first (its group's Materialize all); the switch "
+                f"sensor of {pipeline.name!r} then starts this backlog."
+            )
+            context.instance.add_run_tags(context.run_id, {NOT_RUN_TAG: f"backlog: {waiting}"})
             return
         if mode == "slices":
             if settings.backfill is None:

@@ -84,6 +84,10 @@ def test_a_chain_is_one_lineage_and_the_downstream_follows_the_upstreams_handoff
 
     waiting = _tick(defs, instance, root, downs.switch)
     assert not waiting.run_requests and "waiting for pipeline 'minutes'" in waiting.skip_message
+    # The downstream's backlog launched by hand meanwhile (its group's Materialize all): it does nothing and says why.
+    early = defs.resolve_job_def(downs.backlog_job).execute_in_process(instance=instance)
+    assert early.success and not early.get_asset_materialization_events()
+    assert "not handed off" in instance.get_run_by_id(early.run_id).tags["phases/not_run"]  # pyright: ignore[reportOptionalMemberAccess]
     _run(defs, instance, ups.backlog_job)
     # The upstream handed off: the downstream's switch requests its backlog, once for that handoff.
     after = _tick(defs, instance, root, downs.switch)
