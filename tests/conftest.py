@@ -61,6 +61,7 @@ LONGEST_MODULES = (
     "tests/phases/steps/test_end_of_stream.py",
     "tests/phases/live/test_live.py",
     "tests/phases/chains/test_changes_source.py",
+    "tests/phases_dagster/test_chain_in_the_ui.py",
     "tests/phases/live/test_changelog_sink.py",
     "tests/phases/topics/test_kafka_sink_avro.py",
     "tests/phases/backlog/test_step_increments.py",

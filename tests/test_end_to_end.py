@@ -131,9 +131,12 @@ def _plots(page, url: str, label: str) -> None:
     page.get_by_text(label, exact=True).first.scroll_into_view_if_needed()
 
 
-def _press_in_the_browser(stack: DagsterStack, url: str, button: str, name: str, shows: str | None = None) -> str:
+def _press_in_the_browser(
+    stack: DagsterStack, url: str, button: str, name: str, shows: str | None = None, *, confirm: str | None = None
+) -> str:
     """Presses ``button`` on the page at ``url`` (after ``shows`` is on it), as a user would, and returns the run it
-    launched. No dialog may ask "Are you sure?": nothing waits on an asset that only a redeploy materializes."""
+    launched. No dialog may ask "Are you sure?" (nothing waits on an asset that only a redeploy materializes), unless
+    ``confirm`` names what it must list (an upstream asset never materialized): then its Confirm is pressed."""
     before = {r["runId"] for r in stack.runs("__ASSET_JOB")}
     with browser_page() as page:
         page.goto(url)
@@ -149,11 +152,21 @@ def _press_in_the_browser(stack: DagsterStack, url: str, button: str, name: str,
             names = page.get_by_role("button").all_inner_texts()
             raise AssertionError(f"no {button!r} button on {url}; the buttons: {names}") from None
         found.first.click()
-        launched = _wait(
-            f"the run {button!r} launched",
-            lambda: next((r["runId"] for r in stack.runs("__ASSET_JOB") if r["runId"] not in before), None),
-            timeout_s=60,
-        )
+        if confirm is not None:
+            dialog = page.get_by_role("dialog")
+            dialog.get_by_text("Are you sure?").wait_for(state="visible", timeout=60_000)
+            assert dialog.get_by_text(confirm, exact=True).count() == 1, dialog.inner_text()
+            _shot(page, f"{name}_confirm")
+            dialog.get_by_role("button", name="Confirm").click()
+        try:
+            launched = _wait(
+                f"the run {button!r} launched",
+                lambda: next((r["runId"] for r in stack.runs("__ASSET_JOB") if r["runId"] not in before), None),
+                timeout_s=60,
+            )
+        except AssertionError:
+            _shot(page, f"{name}_not_launched")
+            raise
         assert page.get_by_text("Are you sure").count() == 0, f"{button!r} asked to confirm"
         _shot(page, name)
     return launched
