@@ -12,6 +12,7 @@ engine (:mod:`phases`); the engine never imports Dagster. ``phases_dagster.testi
 pipeline's backlog asset and its checks in pytest.
 """
 
+from phases_dagster.component import TwoPhasePipelineComponent
 from phases_dagster.factory import default_resources, pipeline_definitions
 from phases_dagster.resources import SparkResource, StorageResource
 from phases_dagster.settings import (
@@ -35,6 +36,7 @@ __all__ = [
     "SparkResource",
     "StorageResource",
     "SwitchPolicy",
+    "TwoPhasePipelineComponent",
     "WhenLiveDown",
     "default_resources",
     "pipeline_definitions",

@@ -1,0 +1,157 @@
+"""A pipeline declared as a Dagster Component (``defs.yaml``) builds the same definitions as its Python declaration:
+asset keys, checks, sensors (and whether they start running), jobs, code versions (the fingerprint). ``dg scaffold
+defs`` writes a commented YAML that loads as it is; a YAML mistake names the file, the field and the valid values."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from dagster.components.testing import create_defs_folder_sandbox
+
+from phases import Aggregation, DefinitionError, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
+from phases_dagster import (
+    Orchestration,
+    SwitchPolicy,
+    TwoPhasePipelineComponent,
+    default_resources,
+    pipeline_definitions,
+)
+from phases_dagster.settings import LiveHealth
+
+
+def _python_pipeline(name: str) -> Pipeline:
+    """What the scaffolded ``defs.yaml`` declares, in Python."""
+    return Pipeline(
+        name=name,
+        source=DeltaSource(path=f"{name}/source"),
+        key_columns=["key"],
+        event_time="ts",
+        watermark_delay=timedelta(minutes=2),
+        operator=KeyedAggregate(
+            aggregations=[
+                Aggregation(name="events", kind="count"),
+                Aggregation(name="total", kind="sum", column="value"),
+            ]
+        ),
+        sink=DeltaSink(path=f"{name}/sink"),
+        locations=Locations(root=f"{name}/engine"),
+    )
+
+
+def _shape(defs: dg.Definitions) -> dict:
+    """What a code location serves of ``defs``: assets with their code versions and dependencies, checks, sensors with
+    their default status, jobs."""
+    graph = defs.resolve_asset_graph()
+    assets = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assets[key.to_user_string()] = (node.code_version, sorted(k.to_user_string() for k in node.parent_keys))
+    checks = sorted(str(key) for key in graph.asset_check_keys)
+    sensors = {s.name: s.default_status for s in defs.sensors or []}
+    jobs = sorted(j.name for j in defs.resolve_all_job_defs())
+    return {"assets": assets, "checks": checks, "sensors": sensors, "jobs": jobs}
+
+
+# The project's resources, once for all its components (docs/components.md).
+RESOURCES_PY = """import dagster as dg
+
+from phases_dagster import default_resources
+
+
+@dg.definitions
+def resources() -> dg.Definitions:
+    return dg.Definitions(resources=default_resources())
+"""
+
+
+def test_a_scaffolded_yaml_declaration_builds_what_its_python_declaration_builds():
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(component_cls=TwoPhasePipelineComponent, defs_path="clicks")
+        (sandbox.defs_folder_path / "resources.py").write_text(RESOURCES_PY)
+        text = (path / "defs.yaml").read_text()
+        assert text.startswith("# A two-phase pipeline") and "running_by_default: false" in text
+        with sandbox.build_component_tree() as tree:
+            assert isinstance(tree.load_component(path), TwoPhasePipelineComponent)
+            defs = tree.build_defs()
+        stopped = Orchestration(
+            switch=SwitchPolicy(running_by_default=False), health=LiveHealth(running_by_default=False)
+        )
+        expected = dg.Definitions.merge(
+            pipeline_definitions(_python_pipeline("clicks"), stopped), dg.Definitions(resources=default_resources())
+        )
+        assert _shape(defs) == _shape(expected)
+        assert set(_shape(defs)["sensors"].values()) == {dg.DefaultSensorStatus.STOPPED}
+
+
+def test_a_yaml_mistake_names_the_file_the_field_and_the_valid_values():
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(component_cls=TwoPhasePipelineComponent, defs_path="clicks")
+        declared = yaml.safe_load((path / "defs.yaml").read_text())
+        declared["attributes"]["pipeline"]["operator"]["aggregations"][1]["kind"] = "median"
+        (path / "defs.yaml").write_text(yaml.safe_dump(declared))
+        (sandbox.defs_folder_path / "resources.py").write_text(RESOURCES_PY)
+        with pytest.raises(Exception) as raised, sandbox.build_component_tree() as tree:
+            tree.build_defs()
+        error = raised.value
+        while not isinstance(error, DefinitionError) and error.__cause__ is not None:
+            error = error.__cause__
+        assert isinstance(error, DefinitionError), repr(raised.value)
+        message = str(error)
+        assert f"{path / 'defs.yaml'}: attributes.pipeline" in message
+        assert "operator.keyed_aggregate.aggregations.1.kind" in message and "'count'" in message, message
+
+
+DG = str(Path(sys.executable).with_name("dg"))
+DEFINITIONS_PY = """from pathlib import Path
+
+import dagster as dg
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+"""
+
+
+def _project(root: Path) -> dict[str, str]:
+    """A user's own dg project in ``root`` (the layout docs/components.md shows), and the environment ``dg`` runs in."""
+    package = root / "src" / "clickproj"
+    (package / "defs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "clickproj"\nversion = "0.1.0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
+        '[tool.dg.project]\nroot_module = "clickproj"\nregistry_modules = ["phases_dagster"]\n'
+    )
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "__init__.py").write_text("")
+    (package / "definitions.py").write_text(DEFINITIONS_PY)
+    (package / "defs" / "resources.py").write_text(RESOURCES_PY)
+    return {**os.environ, "VIRTUAL_ENV": str(Path(sys.executable).parent.parent), "PYTHONPATH": str(root / "src")}
+
+
+def _dg(root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DG, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_dg_lists_scaffolds_and_checks_the_component_in_a_users_own_project(tmp_path):
+    env = _project(tmp_path)
+    listed = _dg(tmp_path, env, "list", "components")
+    assert "phases_dagster.TwoPhasePipelineComponent" in listed.stdout, listed.stdout + listed.stderr
+    scaffolded = _dg(tmp_path, env, "scaffold", "defs", "phases_dagster.TwoPhasePipelineComponent", "clicks")
+    assert scaffolded.returncode == 0, scaffolded.stderr
+    declared = tmp_path / "src" / "clickproj" / "defs" / "clicks" / "defs.yaml"
+    assert declared.read_text().startswith("# A two-phase pipeline")
+    checked = _dg(tmp_path, env, "check", "defs")
+    assert checked.returncode == 0 and "All definitions loaded successfully" in checked.stdout + checked.stderr
+    declared.write_text(declared.read_text().replace("kind: sum, column: value", "kind: median, column: value"))
+    broken = _dg(tmp_path, env, "check", "defs")
+    said = broken.stdout + broken.stderr
+    assert broken.returncode == 1, said
+    assert f"{declared}: attributes.pipeline" in said
+    assert "aggregations.1.kind: Input should be 'count', 'sum', 'min', 'max', 'avg' or 'reduce'" in said, said
