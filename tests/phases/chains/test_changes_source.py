@@ -20,6 +20,7 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import Aggregation, DeltaSink, KeyedAggregate, Window, WindowedAggregate
 from phases._internal.errors import DefinitionError
 from phases._internal.live.runner import LiveRunner
+from phases._internal.redeploy.runner import Redeploy
 from tests import reference
 from tests.conftest import examples, make_pipeline
 from tests.helpers import EVENT_VERSIONS, append_version, materialize, table_rows, write_source
@@ -76,16 +77,17 @@ def _results(spark, path: str, key: str, columns: tuple[str, ...]) -> dict:
     return {row[key]: {c: row[c] for c in columns} for row in table_rows(spark, path)}
 
 
-def _expected_upstream(versions: dict) -> dict[str, dict]:
-    expected, _ = reference.run(versions, DELAY_S * SECOND)
+def _expected_upstream(versions: dict, delay_s: int = DELAY_S) -> dict[str, dict]:
+    expected, _ = reference.run(versions, delay_s * SECOND)
     return {key: {"n": row["n"], "total": row["total"]} for key, row in expected.items()}
 
 
-def _check(spark, up, down, versions: dict) -> None:
-    up_expected = _expected_upstream(versions)
+def _check(spark, up, down, versions: dict, delay_s: int = DELAY_S) -> None:
+    """The upstream's sink equals the reference over ``versions`` (with the watermark delay ``delay_s``), the
+    downstream's the same grouping of it."""
+    up_expected = _expected_upstream(versions, delay_s)
     assert _results(spark, up.sink.path, "key", ("n", "total")) == up_expected
-    down_expected = _by_count(up_expected)
-    assert _results(spark, down.sink.path, "n", ("keys", "total", "mean")) == down_expected
+    assert _results(spark, down.sink.path, "n", ("keys", "total", "mean")) == _by_count(up_expected)
 
 
 @pytest.mark.slow
@@ -215,3 +217,30 @@ def test_kill_9_of_either_stage_after_its_sink_merge_then_restarts_take_every_ch
     crash(down)
     LiveRunner.from_manifest(spark, down, take_over=True).start(available_now=True)
     _check(spark, up, down, {**first, **later})
+
+
+def test_an_upstream_redeploy_reaches_the_live_downstream_as_changes_and_both_equal_the_new_references(spark, tmp_path):
+    """A redeploy of the upstream (a longer watermark delay: a record late before is counted now) swaps its new results
+    into the table the downstream reads; over changes the swap is every old row taken back and every new one added, so
+    the downstream's live phase follows it with no reset of its own, through the versions after it."""
+    source = str(tmp_path / "source")
+    first = {1: [("a", 20 * SECOND, 1), ("b", 44 * SECOND, 2)], 2: [("a", 70 * SECOND, 3), ("b", 25 * SECOND, 4)]}
+    later = {3: [("c", 80 * SECOND, 5), ("a", 98 * SECOND, 6)], 4: [("b", 133 * SECOND, 7)]}
+    write_source(spark, source, first)
+    up = _upstream(source, str(tmp_path / "up"))
+    down = _downstream(up, str(tmp_path / "down"))
+    BacklogRunner(spark, up).run()
+    _live(spark, up)
+    BacklogRunner(spark, down).run()
+    _live(spark, down)
+    _check(spark, up, down, first)  # b's record at 25 s is late under 15 s (W = 44 - 15 = 29 s): b counts once
+
+    changed = up.model_copy(update={"watermark_delay": timedelta(seconds=DELAY_S + 30)})
+    assert Redeploy(spark, changed).run(reason="a longer delay").swapped
+    _live(spark, down)
+    for rows in later.values():
+        append_version(spark, source, rows)
+    _live(spark, changed)
+    _live(spark, down)
+    assert _expected_upstream({**first, **later}, DELAY_S + 30)["b"]["n"] == 3  # the new delay counts b at 25 s
+    _check(spark, up, down, {**first, **later}, DELAY_S + 30)
