@@ -155,3 +155,21 @@ def test_dg_lists_scaffolds_and_checks_the_component_in_a_users_own_project(tmp_
     assert broken.returncode == 1, said
     assert f"{declared}: attributes.pipeline" in said
     assert "aggregations.1.kind: Input should be 'count', 'sum', 'min', 'max', 'avg' or 'reduce'" in said, said
+
+
+def test_a_changed_yaml_reloads_with_the_new_definitions_code_version_and_its_redeploy_job():
+    """A redeploy of a YAML-declared pipeline starts as a Python one's: the changed definition (a longer watermark
+    delay) loads with its own fingerprint as the assets' code version, and the pipeline keeps its redeploy job."""
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(component_cls=TwoPhasePipelineComponent, defs_path="clicks")
+        (sandbox.defs_folder_path / "resources.py").write_text(RESOURCES_PY)
+        with sandbox.build_component_tree() as tree:
+            before = _shape(tree.build_defs())
+        declared = path / "defs.yaml"
+        declared.write_text(declared.read_text().replace("watermark_delay: PT2M", "watermark_delay: PT5M"))
+        with sandbox.build_component_tree() as tree:
+            after = _shape(tree.build_defs())
+    changed = _python_pipeline("clicks").model_copy(update={"watermark_delay": timedelta(minutes=5)})
+    assert before["assets"]["clicks_backlog"][0] == _python_pipeline("clicks").fingerprint()
+    assert after["assets"]["clicks_backlog"][0] == changed.fingerprint() != before["assets"]["clicks_backlog"][0]
+    assert "clicks_redeploy_job" in after["jobs"] and after["jobs"] == before["jobs"]
