@@ -1,11 +1,13 @@
 """The Definitions object workspace.yaml loads: every pipeline of assets/pipelines.py, orchestrated.
 
-Adding a pipeline is one line in the merge below (plus its definition in assets/pipelines.py).
+Adding a pipeline is one line in the merge below (plus its definition in assets/pipelines.py), or a folder with a
+``defs.yaml`` in assets/defs/ (a Dagster Component: docs/components.md).
 """
 
 import os
 import warnings
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import dagster as dg
 
@@ -45,6 +47,8 @@ def build_definitions(demo: Pipeline = DEMO) -> dg.Definitions:
         if os.environ.get("PHASES_SCHEMA_REGISTRY_URL"):  # ... and with a schema registry, its Avro and Protobuf twins
             served.append(pipeline_definitions(DEMO_KAFKA_AVRO, DEMO_SETTINGS))
             served.append(pipeline_definitions(DEMO_KAFKA_PROTOBUF, DEMO_SETTINGS))
+    # The pipelines declared as Components in assets/defs/ (defs.yaml files: docs/components.md).
+    served.append(dg.load_from_defs_folder(path_within_project=Path(__file__).parent))
     return dg.Definitions.merge(
         *served,
         dg.Definitions(resources=RESOURCES, executor=dg.in_process_executor),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import date
+from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from assets.definitions import defs
 from assets.pipelines import DEMO
+from phases import Pipeline
 from phases._internal.errors import DefinitionError
 from phases_dagster.checks import CHECK_NAMES
 from phases_dagster.factory import default_resources, pipeline_definitions
@@ -117,3 +119,21 @@ def test_owners_and_tags_are_validated_with_their_rule():
     assert relative_pipeline(owners=["a@b.io", "team:data"], tags={"dagster/x": ""}).fingerprint() == (
         relative_pipeline().fingerprint()
     )  # catalog fields never change the fingerprint
+
+
+def test_the_demo_location_serves_the_yaml_declared_pipeline_beside_the_python_ones_with_its_sensors_stopped():
+    """assets/defs/demo_yaml/defs.yaml (a TwoPhasePipelineComponent) is loaded by the same code location as the
+    Python-declared pipelines: its tables, its jobs, and its Spark-launching sensors stopped until turned on."""
+    names = Names(Pipeline.model_validate(_demo_yaml()))
+    graph = defs.resolve_asset_graph()
+    assert dg.AssetKey(names.source) in graph.get(dg.AssetKey(names.backlog)).parent_keys
+    for sensor in (names.switch, names.health):
+        assert defs.resolve_sensor_def(sensor).default_status is dg.DefaultSensorStatus.STOPPED
+    assert defs.resolve_job_def(names.redeploy_job) is not None
+
+
+def _demo_yaml() -> dict:
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "assets" / "defs" / "demo_yaml" / "defs.yaml"
+    return yaml.safe_load(path.read_text())["attributes"]["pipeline"]
