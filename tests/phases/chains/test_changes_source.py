@@ -182,17 +182,22 @@ def test_what_cannot_take_a_row_back_is_refused_at_definition_with_the_reason(tm
 
 
 @pytest.mark.slow
-def test_kill_9_of_either_stage_after_its_sink_merge_then_restarts_take_every_change_once(spark, tmp_path):
-    """A real crash of each stage's live process once its sink's MERGE committed and before its progress record: the
-    upstream's restart must not write its changes again (the downstream would take a row back twice), the
-    downstream's must not apply them twice. After restarts that take the dead leases over, both equal their
-    references."""
+def test_kill_9_of_either_stage_at_each_write_boundary_then_restarts_take_every_change_once(spark, tmp_path):
+    """Real crashes of each stage's live process at each boundary of a micro-batch's writes (live_child's kill points:
+    before the sink's MERGE, after it and before the progress record, after the record and before Spark's commit):
+    a restart must neither write the upstream's changes again (the downstream would take a row back twice) nor apply
+    them twice downstream. Three rounds of new source versions, each stage killed at another point in each; after the
+    restarts that take the dead leases over, both equal their references."""
     import subprocess
     import sys
 
     source = str(tmp_path / "source")
     first = {1: [("a", 20 * SECOND, 1), ("b", 44 * SECOND, 2)]}
-    later = {2: [("a", 61 * SECOND, 3), ("c", 77 * SECOND, 4)], 3: [("b", 99 * SECOND, 5), ("a", 140 * SECOND, 6)]}
+    rounds = [
+        ({2: [("a", 61 * SECOND, 3), ("c", 77 * SECOND, 4)]}, "progress", "sink"),
+        ({3: [("b", 99 * SECOND, 5), ("a", 140 * SECOND, 6)]}, "sink", "recorded"),
+        ({4: [("c", 150 * SECOND, 7), ("d", 160 * SECOND, 8)]}, "recorded", "progress"),
+    ]
     write_source(spark, source, first)
     up = _upstream(source, str(tmp_path / "up"))
     down = _downstream(up, str(tmp_path / "down"))
@@ -200,23 +205,25 @@ def test_kill_9_of_either_stage_after_its_sink_merge_then_restarts_take_every_ch
     _live(spark, up)
     BacklogRunner(spark, down).run()
     _live(spark, down)
-    for rows in later.values():
-        append_version(spark, source, rows)
 
-    def crash(pipeline) -> None:
+    def crash(pipeline, point: str) -> None:
         child = subprocess.run(
-            [sys.executable, "-m", "tests.phases.live.live_child", pipeline.model_dump_json(), "progress"],
+            [sys.executable, "-m", "tests.phases.live.live_child", pipeline.model_dump_json(), point],
             capture_output=True,
             text=True,
             timeout=600,
         )
         assert child.returncode == -9, child.stderr[-2000:]
+        LiveRunner.from_manifest(spark, pipeline, take_over=True).start(available_now=True)
 
-    crash(up)
-    LiveRunner.from_manifest(spark, up, take_over=True).start(available_now=True)
-    crash(down)
-    LiveRunner.from_manifest(spark, down, take_over=True).start(available_now=True)
-    _check(spark, up, down, {**first, **later})
+    applied = dict(first)
+    for versions, up_point, down_point in rounds:
+        for rows in versions.values():
+            append_version(spark, source, rows)
+        applied.update(versions)
+        crash(up, up_point)
+        crash(down, down_point)
+        _check(spark, up, down, applied)
 
 
 def test_an_upstream_redeploy_reaches_the_live_downstream_as_changes_and_both_equal_the_new_references(spark, tmp_path):
