@@ -56,6 +56,18 @@ def _live(spark, pipeline, files: int | None = None) -> None:
     LiveRunner.from_manifest(spark, pipeline, max_files_per_trigger=files).start(available_now=True)
 
 
+def _both_live(spark, source: str, root: str, first: dict):
+    """The chain over ``first``: both backlogs and live phases, the upstream first; (upstream, downstream)."""
+    write_source(spark, source, first)
+    up = _upstream(source, f"{root}/up")
+    down = _downstream(up, f"{root}/down")
+    BacklogRunner(spark, up).run()
+    _live(spark, up)
+    BacklogRunner(spark, down).run()
+    _live(spark, down)
+    return up, down
+
+
 def _by_count(per_key: dict[str, dict]) -> dict[int, dict]:
     """The downstream's reference: the upstream's rows grouped by their count (SQL: a sum or an average of no values
     is null)."""
@@ -198,13 +210,7 @@ def test_kill_9_of_either_stage_at_each_write_boundary_then_restarts_take_every_
         ({3: [("b", 99 * SECOND, 5), ("a", 140 * SECOND, 6)]}, "sink", "recorded"),
         ({4: [("c", 150 * SECOND, 7), ("d", 160 * SECOND, 8)]}, "recorded", "progress"),
     ]
-    write_source(spark, source, first)
-    up = _upstream(source, str(tmp_path / "up"))
-    down = _downstream(up, str(tmp_path / "down"))
-    BacklogRunner(spark, up).run()
-    _live(spark, up)
-    BacklogRunner(spark, down).run()
-    _live(spark, down)
+    up, down = _both_live(spark, source, str(tmp_path), first)
 
     def crash(pipeline, point: str) -> None:
         child = subprocess.run(
@@ -233,13 +239,7 @@ def test_an_upstream_redeploy_reaches_the_live_downstream_as_changes_and_both_eq
     source = str(tmp_path / "source")
     first = {1: [("a", 20 * SECOND, 1), ("b", 44 * SECOND, 2)], 2: [("a", 70 * SECOND, 3), ("b", 25 * SECOND, 4)]}
     later = {3: [("c", 80 * SECOND, 5), ("a", 98 * SECOND, 6)], 4: [("b", 133 * SECOND, 7)]}
-    write_source(spark, source, first)
-    up = _upstream(source, str(tmp_path / "up"))
-    down = _downstream(up, str(tmp_path / "down"))
-    BacklogRunner(spark, up).run()
-    _live(spark, up)
-    BacklogRunner(spark, down).run()
-    _live(spark, down)
+    up, down = _both_live(spark, source, str(tmp_path), first)
     _check(spark, up, down, first)  # b's record at 25 s is late under 15 s (W = 44 - 15 = 29 s): b counts once
 
     changed = up.model_copy(update={"watermark_delay": timedelta(seconds=DELAY_S + 30)})
