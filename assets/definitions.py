@@ -22,11 +22,13 @@ from resources import RESOURCES
 warnings.filterwarnings("ignore", message=r"Function `multi_observable_source_asset` is currently in beta")
 warnings.filterwarnings("ignore", message=r"Parameter `backfill_policy` of function `asset` is currently in beta")
 
-# The demo's sensor evaluates often so that the demo does not wait; production keeps the default (30 s).
+# The demo runs by itself: its sensors start with the daemon (a pipeline's sensors start stopped unless its settings
+# say so) and evaluate often so that the demo does not wait; production keeps the default interval (30 s).
 SENSOR_INTERVAL_S = int(os.environ.get("PHASES_SENSOR_INTERVAL_S", "5"))
 DEMO_SETTINGS = Orchestration(
-    switch=SwitchPolicy(minimum_interval_seconds=SENSOR_INTERVAL_S),
+    switch=SwitchPolicy(minimum_interval_seconds=SENSOR_INTERVAL_S, running_by_default=True),
     health=LiveHealth(
+        running_by_default=True,
         minimum_interval_seconds=SENSOR_INTERVAL_S,
         backoff_seconds=float(os.environ.get("PHASES_RELAUNCH_BACKOFF_S", "30")),
         max_lag=timedelta(seconds=float(os.environ.get("PHASES_SINK_MAX_LAG_S", "600"))),

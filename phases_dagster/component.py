@@ -27,9 +27,10 @@ commented ``defs.yaml`` (:class:`PipelineScaffolder`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import dagster as dg
+import yaml
 from pydantic import Field
 
 from phases import DefinitionError, Pipeline
@@ -58,11 +59,15 @@ attributes:
     sink: {{kind: delta, path: {name}/sink}}
     locations: {{root: {name}/engine}}
   orchestration:
-    # The sensors that launch Spark runs (the switch to live, the live phase's relaunch) start stopped: turn them on
-    # in the UI (Automation), or set running_by_default: true.
+    # The sensors that launch Spark runs (the switch to live, the live phase's relaunch) start stopped (the default,
+    # spelled out): turn them on in the UI (Automation), or set running_by_default: true.
     switch: {{running_by_default: false}}
     health: {{running_by_default: false}}
 """
+
+
+# The scaffolded declaration: the example the UI's Docs tab shows for each attribute.
+_EXAMPLE = yaml.safe_load(SCAFFOLDED_YAML.format(type_name="phases_dagster.TwoPhasePipelineComponent", name="clicks"))
 
 
 class PipelineScaffolder(dg.Scaffolder):
@@ -85,13 +90,18 @@ class TwoPhasePipelineComponent(dg.Component, dg.Model, dg.Resolvable):
 
     pipeline: dict[str, Any] = Field(
         description="The pipeline's definition: the fields of phases.Pipeline (name, source, key_columns, event_time, "
-        "watermark_delay, operator, sink, locations, ...), with durations as ISO 8601 (PT2M) or seconds."
+        "watermark_delay, operator, sink, locations, ...), with durations as ISO 8601 (PT2M) or seconds.",
+        examples=[_EXAMPLE["attributes"]["pipeline"]],
     )
-    orchestration: dict[str, Any] = Field(
-        default_factory=dict,
-        description="How Dagster runs it: the fields of phases_dagster.Orchestration (switch, health, checks, "
-        "backfill, ...); each sensor's running_by_default says whether it starts with the daemon.",
-    )
+    # A field with a default takes its description from its Resolver (Dagster 1.13 drops a Field's from the schema).
+    orchestration: Annotated[
+        dict[str, Any],
+        dg.Resolver.default(
+            description="How Dagster runs it: the fields of phases_dagster.Orchestration (switch, health, checks, "
+            "backfill, ...); each sensor's running_by_default says whether it starts with the daemon (default: no).",
+            examples=[_EXAMPLE["attributes"]["orchestration"]],
+        ),
+    ] = Field(default_factory=dict)
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         where = context.path / "defs.yaml"

@@ -28,7 +28,11 @@ class SwitchPolicy(_Model):
         "up (FLIP-328's 'offsets behind' rule), whatever its watermark.",
     )
     minimum_interval_seconds: int = Field(default=30, ge=1, description="How often the daemon evaluates the sensor.")
-    running_by_default: bool = Field(default=True, description="Start the sensor with the daemon, no click needed.")
+    running_by_default: bool = Field(
+        default=False,
+        description="Start the sensor with the daemon, no click needed. Off by default: the sensor launches Spark "
+        "runs, and a new instance launches nothing until it is turned on (the UI's Automation page, or this field).",
+    )
 
     @field_validator("lag_threshold")
     @classmethod
@@ -94,7 +98,11 @@ class LiveHealth(_Model):
         default=30.0, ge=0, description="Wait after the first failure; doubled after each further one (capped below)."
     )
     max_backoff_seconds: float = Field(default=600.0, ge=0, description="The longest wait between relaunches.")
-    running_by_default: bool = Field(default=True, description="Start the sensor with the daemon, no click needed.")
+    running_by_default: bool = Field(
+        default=False,
+        description="Start the sensor with the daemon, no click needed. Off by default: the sensor launches Spark "
+        "runs, and a new instance launches nothing until it is turned on (the UI's Automation page, or this field).",
+    )
 
 
 class Orchestration(_Model):

@@ -3,14 +3,17 @@ downstream's lineage shows the upstream's sink as its input, and every button on
 "Materialize all" before the upstream handed off (Dagster asks first: the upstream's sink was never materialized)
 does nothing and says why; the upstream's starts the chain, which
 the switch sensors carry to both live phases; the downstream's again, once it is live, does nothing either. Both
-sinks then equal their references."""
+sinks then equal their references. The upstream is declared in YAML (a TwoPhasePipelineComponent in the location's
+defs folder), the downstream in Python: one lineage across both ways; the location's Docs tab shows the component."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import yaml
 
+from phases import Pipeline
 from phases_dagster.resources.storage import StorageResource
 from phases_dagster.settings import Names
 from scripts.browser import browser_page, wait_for_texts
@@ -26,23 +29,50 @@ from tests.test_end_to_end import SHORT_LIVED_JVM_OPTIONS, _press_in_the_browser
 pytestmark = pytest.mark.slow
 
 SENSOR_INTERVAL_S = 2
-LOCATION_CODE = '''"""The chain test's code location: two chained window pipelines, their sensors evaluated often."""
+# The upstream declared the Dagster way (a Component's defs.yaml): the chain test's "minutes" pipeline, field for field.
+UPSTREAM_YAML = f"""type: phases_dagster.TwoPhasePipelineComponent
+attributes:
+  pipeline:
+    name: minutes
+    source: {{kind: delta, path: src}}
+    key_columns: [key]
+    event_time: ts
+    watermark_delay: PT{DELAY_S}S
+    operator:
+      kind: window_aggregate
+      window: {{size: PT{UP_SIZE_S}S}}
+      aggregations:
+        - {{name: n, kind: count}}
+        - {{name: total, kind: sum, column: value}}
+        - {{name: hi, kind: max, column: value}}
+    sink: {{kind: delta, path: minutes}}
+    locations: {{root: engine/minutes}}
+    checkpoint_interval: PT0.5S
+  orchestration:
+    checks: {{max_quarantine_fraction: 0.5}}
+    switch: {{running_by_default: true, minimum_interval_seconds: {SENSOR_INTERVAL_S}}}
+    health: {{running_by_default: true, minimum_interval_seconds: {SENSOR_INTERVAL_S}}}
+"""
+LOCATION_CODE = f'''"""The chain test's code location: the upstream declared in YAML (defs/), the downstream in
+Python; sensors evaluated often and started with the daemon."""
+
+from pathlib import Path
 
 import dagster as dg
 
-from phases_dagster import LiveHealth, Orchestration, SwitchPolicy, pipeline_definitions
+from phases_dagster import LiveHealth, SwitchPolicy, pipeline_definitions
 from resources import RESOURCES
 from tests.phases_dagster.test_pipeline_chain import LENIENT, _pipelines
 
 SETTINGS = LENIENT.model_copy(
     update={{
-        "switch": SwitchPolicy(minimum_interval_seconds={interval}),
-        "health": LiveHealth(minimum_interval_seconds={interval}),
+        "switch": SwitchPolicy(minimum_interval_seconds={SENSOR_INTERVAL_S}, running_by_default=True),
+        "health": LiveHealth(minimum_interval_seconds={SENSOR_INTERVAL_S}, running_by_default=True),
     }}
 )
-up, down = _pipelines()
+_, down = _pipelines()  # its source: the upstream's results (the same pipeline as the YAML's)
 defs = dg.Definitions.merge(
-    pipeline_definitions(up, SETTINGS),
+    dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
     pipeline_definitions(down, SETTINGS),
     dg.Definitions(resources=RESOURCES, executor=dg.in_process_executor),
 )
@@ -50,17 +80,25 @@ defs = dg.Definitions.merge(
 
 
 def _location(folder: Path) -> Path:
-    """The workspace file of a code location of this test's own."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "location.py").write_text(LOCATION_CODE.format(interval=SENSOR_INTERVAL_S))
-    project = Path(__file__).resolve().parents[2]
+    """The workspace file of a code location of this test's own: a dg project (``chain_location``) whose defs folder
+    declares the upstream."""
+    package = folder / "chain_location"
+    (package / "defs" / "minutes").mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(
+        '[project]\nname = "chain_location"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "project"\n\n'
+        '[tool.dg.project]\nroot_module = "chain_location"\n'
+    )
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "__init__.py").write_text("")
+    (package / "defs" / "minutes" / "defs.yaml").write_text(UPSTREAM_YAML)
+    (package / "definitions.py").write_text(LOCATION_CODE)
     workspace = folder / "workspace.yaml"
     workspace.write_text(
         "load_from:\n"
         "  - python_file:\n"
-        f"      relative_path: {folder / 'location.py'}\n"
+        f"      relative_path: {package / 'definitions.py'}\n"
         "      attribute: defs\n"
-        f"      working_directory: {project}\n"
+        f"      working_directory: {folder}\n"
         f"      location_name: {LOCATION}\n"
     )
     return workspace
@@ -78,6 +116,7 @@ def test_the_chain_in_the_ui_is_one_lineage_and_every_button_on_it_is_safe(spark
     data_root = tmp_path / "data"
     up, down = _pipelines()
     ups, downs = Names(up), Names(down)
+    assert Pipeline.model_validate(yaml.safe_load(UPSTREAM_YAML)["attributes"]["pipeline"]) == up
     storage = StorageResource(root=str(data_root))
     versions = {**VERSIONS, **LATER}
     write_source(spark, storage.placement(up).source_path(up.source), versions)
@@ -106,6 +145,12 @@ def test_the_chain_in_the_ui_is_one_lineage_and_every_button_on_it_is_safe(spark
             page.goto(down_group)
             wait_for_texts(page, (ups.sink, downs.backlog, downs.state, downs.sink, downs.quarantine, downs.live_asset))
             _shot(page, "chain_lineage")
+            # The code location's Docs tab: the component, its description and its attributes.
+            page.goto(f"{stack.url}/locations/{LOCATION}/docs")
+            page.get_by_text("phases_dagster", exact=True).first.click()
+            page.get_by_text("phases_dagster.TwoPhasePipelineComponent", exact=True).first.click()
+            wait_for_texts(page, ("a sorted Spark batch backlog", "How Dagster runs it", "Example defs.yaml"))
+            _shot(page, "component_docs")
 
         # The downstream's "Materialize all" first: its backlog waits for the upstream's handoff, writes nothing.
         # Dagster asks first: the upstream's sink was never materialized. Confirmed, the run does nothing and says why.

@@ -4,9 +4,14 @@ defs`` writes a commented YAML that loads as it is; a YAML mistake names the fil
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,12 +23,11 @@ from dagster.components.testing import create_defs_folder_sandbox
 from phases import Aggregation, DefinitionError, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
 from phases_dagster import (
     Orchestration,
-    SwitchPolicy,
     TwoPhasePipelineComponent,
     default_resources,
     pipeline_definitions,
 )
-from phases_dagster.settings import LiveHealth
+from scripts.dagster_stack import free_port
 
 
 def _python_pipeline(name: str) -> Pipeline:
@@ -80,11 +84,10 @@ def test_a_scaffolded_yaml_declaration_builds_what_its_python_declaration_builds
         with sandbox.build_component_tree() as tree:
             assert isinstance(tree.load_component(path), TwoPhasePipelineComponent)
             defs = tree.build_defs()
-        stopped = Orchestration(
-            switch=SwitchPolicy(running_by_default=False), health=LiveHealth(running_by_default=False)
-        )
+        # The Python declaration with the default settings: its sensors start stopped, as the YAML spells out.
         expected = dg.Definitions.merge(
-            pipeline_definitions(_python_pipeline("clicks"), stopped), dg.Definitions(resources=default_resources())
+            pipeline_definitions(_python_pipeline("clicks"), Orchestration()),
+            dg.Definitions(resources=default_resources()),
         )
         assert _shape(defs) == _shape(expected)
         assert set(_shape(defs)["sensors"].values()) == {dg.DefaultSensorStatus.STOPPED}
@@ -149,12 +152,82 @@ def test_dg_lists_scaffolds_and_checks_the_component_in_a_users_own_project(tmp_
     assert declared.read_text().startswith("# A two-phase pipeline")
     checked = _dg(tmp_path, env, "check", "defs")
     assert checked.returncode == 0 and "All definitions loaded successfully" in checked.stdout + checked.stderr
+    _served_by_dg_dev_until_one_ctrl_c(tmp_path, env)
     declared.write_text(declared.read_text().replace("kind: sum, column: value", "kind: median, column: value"))
     broken = _dg(tmp_path, env, "check", "defs")
     said = broken.stdout + broken.stderr
     assert broken.returncode == 1, said
     assert f"{declared}: attributes.pipeline" in said
     assert "aggregations.1.kind: Input should be 'count', 'sum', 'min', 'max', 'avg' or 'reduce'" in said, said
+
+
+SERVED = """{
+  sensorsOrError(repositorySelector: {repositoryName: "__repository__", repositoryLocationName: "%(location)s"}) {
+    ... on Sensors { results { name sensorState { status } } }
+  }
+  componentTypesForLocationOrError(locationName: "%(location)s") {
+    ... on ComponentTypes { componentTypes { name description example schema } }
+  }
+}"""
+
+
+def _served_by_dg_dev_until_one_ctrl_c(root: Path, env: dict[str, str]) -> None:
+    """``dg dev`` serves the project: its pipeline's sensors are stopped on the new instance, the UI's Docs tab lists
+    the component with its description and a whole example; then one Ctrl-C (SIGINT to the foreground process group,
+    with the default disposition a terminal gives) stops every process it started."""
+    port = free_port()
+    home = root / "dagster_home"
+    home.mkdir()
+    dev = subprocess.Popen(
+        [DG, "dev", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=root,
+        env={**env, "DAGSTER_HOME": str(home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        served = _wait_served(port, root.name, dev)
+        sensors = {s["name"]: s["sensorState"]["status"] for s in served["sensorsOrError"]["results"]}
+        assert sensors == {"clicks_switch": "STOPPED", "clicks_live_health": "STOPPED"}
+        docs = {c["name"]: c for c in served["componentTypesForLocationOrError"]["componentTypes"]}
+        listed = docs["phases_dagster.TwoPhasePipelineComponent"]
+        assert listed["description"].startswith("A two-phase pipeline: a sorted Spark batch backlog")
+        example = yaml.safe_load(listed["example"])["attributes"]
+        assert example["pipeline"]["operator"]["kind"] == "keyed_aggregate"
+        assert example["orchestration"]["switch"] == {"running_by_default": False}
+        attributes = listed["schema"]["properties"]
+        assert attributes["pipeline"]["description"].startswith("The pipeline's definition: the fields of")
+        assert attributes["orchestration"]["description"].startswith("How Dagster runs it")
+        os.killpg(dev.pid, signal.SIGINT)
+        dev.wait(timeout=30)  # stuck past this is a hang, not slowness: it stops in about 2 s
+        listed = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-s", str(dev.pid)], capture_output=True, text=True)
+        running = [line for line in listed.stdout.splitlines() if line.split()[1][0] != "Z"]  # exited, not yet reaped
+        assert running == [], f"processes of dg dev still running after Ctrl-C: {running}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(dev.pid, signal.SIGKILL)
+
+
+def _wait_served(port: int, location: str, dev: subprocess.Popen, timeout_s: float = 120) -> dict:
+    """What SERVED asks of ``dg dev`` on ``port``, once its code location answers."""
+    body = json.dumps({"query": SERVED % {"location": location}}).encode()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert dev.poll() is None, f"dg dev exited with {dev.returncode}"
+        try:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/graphql", data=body, headers={"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                data = json.loads(response.read()).get("data") or {}
+            if data.get("sensorsOrError", {}).get("results"):
+                return data
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"dg dev did not serve {location} in {timeout_s:.0f} s"
+        time.sleep(0.5)
 
 
 def test_a_changed_yaml_reloads_with_the_new_definitions_code_version_and_its_redeploy_job():
