@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -21,12 +21,16 @@ import yaml
 from dagster.components.testing import create_defs_folder_sandbox
 
 from phases import Aggregation, DefinitionError, DeltaSink, DeltaSource, KeyedAggregate, Locations, Pipeline
+from phases.feed import append, create_source
 from phases_dagster import (
     Orchestration,
     TwoPhasePipelineComponent,
     default_resources,
     pipeline_definitions,
 )
+from phases_dagster.resources.spark import SparkResource
+from phases_dagster.resources.storage import StorageResource
+from phases_dagster.settings import Names
 from scripts.dagster_stack import free_port
 
 
@@ -91,6 +95,32 @@ def test_a_scaffolded_yaml_declaration_builds_what_its_python_declaration_builds
         )
         assert _shape(defs) == _shape(expected)
         assert set(_shape(defs)["sensors"].values()) == {dg.DefaultSensorStatus.STOPPED}
+
+
+def test_a_scaffolded_yaml_runs_as_it_is_on_a_source_that_create_source_made(spark, instance, tmp_path):
+    """The scaffolded ``defs.yaml``, unedited, over the table ``phases.feed.create_source`` makes at the path it names:
+    its backlog job hands off, and the sink holds each key's count and sum of the events (none late)."""
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(component_cls=TwoPhasePipelineComponent, defs_path="clicks")
+        pipeline = Pipeline.model_validate(yaml.safe_load((path / "defs.yaml").read_text())["attributes"]["pipeline"])
+        with sandbox.build_component_tree() as tree:
+            declared = tree.build_defs()
+    resources = {
+        "spark": SparkResource(shuffle_partitions=2, stop_after_run=False),
+        "storage": StorageResource(root=str(tmp_path)),
+    }
+    defs = dg.Definitions.merge(declared, dg.Definitions(resources=resources, executor=dg.in_process_executor))
+    source = str(tmp_path / "clicks" / "source")
+    create_source(spark, source)
+    start = datetime(2026, 12, 1, 12, 0)
+    events = [("a", start, 1), ("b", start + timedelta(seconds=5), 2), ("a", start + timedelta(seconds=9), 3)]
+    append(spark, source, events[:2])
+    append(spark, source, events[2:])
+    ran = defs.resolve_job_def(Names(pipeline).backlog_job).execute_in_process(instance=instance)
+    assert ran.success
+    rows = spark.read.format("delta").load(str(tmp_path / "clicks" / "sink")).collect()
+    sink = {row["key"]: (row["events"], row["total"]) for row in rows}
+    assert sink == {"a": (2, 4), "b": (1, 2)}
 
 
 def test_a_yaml_mistake_names_the_file_the_field_and_the_valid_values():
