@@ -164,6 +164,8 @@ def _measure(
         built_s = time.time()
         started = new_live.start(drain=False)
         query_started_s = time.time() - started.start_seconds
+        # The copy of the old results for a rollback: made by that start once its first micro-batch was recorded.
+        result["kept_s"] = round(new_live.kept.seconds, 2) if new_live.kept is not None else None
         first_batch_us = started.first_batch_at_us
         time.sleep(after_s)
     finally:
@@ -192,7 +194,7 @@ def _measure(
             "not_fresh_s": round(gap_end_s - stopped_s, 2),
             "stop_to_swap_s": round(swapped_s - stopped_s, 2),
             "swap_to_first_batch_s": round(gap_end_s - swapped_s, 2),
-            # Its parts: the redeploy's steps after the commit (the kept copy, the log), the new live runner's checks,
+            # Its parts: the redeploy's steps after the commit (the log), the new live runner's checks,
             # its live lease and serving check, then its start (tables, progress log, the query) through its first
             # micro-batch, of which Spark's trigger time of that micro-batch.
             "swap_to_return_s": round(returned_s - swapped_s, 2),
@@ -256,15 +258,15 @@ def lines(result: dict) -> list[str]:
         f"swap's copy + one trigger interval = {bound:.2f} ({'met' if result['not_fresh_s'] <= bound else 'missed'}) |",
         f"| of it: stop → the swap's commit | {result['stop_to_swap_s']} | |",
         f"| of it: the swap's commit → the first micro-batch | {result['swap_to_first_batch_s']} | |",
-        f"| of that: the redeploy's steps after its commit (the kept copy, the log) | "
-        f"{result.get('swap_to_return_s')} | |",
+        f"| of that: the redeploy's steps after its commit (the log) | {result.get('swap_to_return_s')} | |",
         f"| of that: the new live runner's checks, then its lease and serving check | {result.get('live_runner_s')}, "
         f"{result.get('live_start_s')} | |",
         f"| of that: its start (tables, progress log, query) → its first micro-batch recorded (Spark's trigger time of "
         f"it) | {result.get('first_micro_batch_s')} ({result.get('first_micro_batch_trigger_s')}) | |",
         f"| the swap's copy of {result['keys']:,} rows | {copy} | ≤ 3 "
         f"({'met' if copy is not None and copy <= 3 else 'missed'}) |",
-        f"| the old generation's results kept for a rollback (after the swap) | {t.get('keep_old_s')} | |",
+        f"| the old generation's results kept for a rollback (by the new live start, after its first micro-batch) | "
+        f"{result.get('kept_s')} | |",
         f"| worst probe latency of the {result['versions_in_the_gap']} versions that arrived in the gap | {worst} | |",
         f"| the whole redeploy (backlog beside, catch-up, checks, swap) | {result['redeploy_s']} | |",
         *(

@@ -16,10 +16,13 @@ generation's table.
 
 from __future__ import annotations
 
+import time
+
 from pyspark.sql import SparkSession
 
 from phases._internal.definition import Pipeline
 from phases._internal.deployment import generations
+from phases._internal.deployment.kept import keep_previous
 from phases._internal.errors import PhaseStateError
 from phases._internal.placement import Placement
 from phases._internal.storage import maintenance
@@ -103,7 +106,11 @@ def maintain(spark: SparkSession, pipeline: Pipeline) -> dict[str, dict]:
 def maintain_placed(spark: SparkSession, where: Placement) -> dict[str, dict]:
     """:func:`maintain` of a pipeline where ``where`` places it."""
     removed = generations.remove_retired(spark, where)
+    # The previous generation's results, if no live start kept them yet: before the vacuum removes their files.
+    kept = keep_previous(spark, where, f"maintenance {time.time_ns() // 1000}")
     report = maintenance.maintain_tables(spark, settle(spark, where, strict=False))
+    if kept is not None:
+        report["kept_for_rollback"] = {"generation": kept.generation, "consumer_version": kept.consumer_version}
     if removed:
         report["retired_generations"] = {"removed": removed}
     return report

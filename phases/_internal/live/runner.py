@@ -26,6 +26,7 @@ from phases._internal.coordination import leases
 from phases._internal.definition import SOURCE_LABEL, Pipeline
 from phases._internal.definition.changes import DefinitionChanges
 from phases._internal.deployment import Placement, place, require_serving
+from phases._internal.deployment.kept import Kept, keep_previous
 from phases._internal.errors import (
     DefinitionError,
     LiveQueryStopped,
@@ -84,6 +85,7 @@ class LiveRunner:
         self.holder = f"live run {self.run_name} ({uuid.uuid4().hex[:8]})"
         self.incremental = IncrementalLive(spark, self.plan)
         self.compactor: Compactor | None = None
+        self.kept: Kept | None = None  # the copy of the previous generation's results this start made (None: none)
         # Why the running query was stopped on request (a redeploy's swap,
         # :func:`phases._internal.coordination.leases.request_stop`); None while it runs or when it stopped otherwise.
         self.stopped_for: str | None = None
@@ -193,6 +195,7 @@ class LiveRunner:
         except BaseException:
             self.stop()
             raise
+        self._keep_previous_results()
         if available_now:
             self.incremental.close_topic()  # the query ran what was available and ended
             self._release()
@@ -201,6 +204,12 @@ class LiveRunner:
             self.compactor = Compactor(self.spark, self.placement).start()
         self._watch_for_stop_requests()
         return started
+
+    def _keep_previous_results(self) -> None:
+        """After a swap, once this generation serves and its first micro-batch is recorded: the copy kept for a
+        rollback (:mod:`phases._internal.deployment.kept`), outside the time without fresh results."""
+        if self.handoff is not None and self.placement.serving:
+            self.kept = keep_previous(self.spark, self.placement, self.holder)
 
     def _watch_for_stop_requests(self) -> None:
         """Polls for a request to stop this live phase (:func:`phases._internal.coordination.leases.request_stop`, made

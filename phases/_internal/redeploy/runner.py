@@ -19,11 +19,14 @@ beside the one
   4. the swap: the serving generation's live phase is asked to stop at a micro-batch boundary
      (:func:`phases._internal.coordination.leases.request_stop`), and the redeploy holds its live lease from then on. A
      ``swapping`` row goes into the redeploy log; the consumer-facing table is overwritten with the new generation's
-     rows as its last catch-up round left them (one commit, :mod:`phases._internal.redeploy.swap`); the table's version
-     before that commit is kept as the old generation's own sink; a ``swapped`` row says the new generation serves.
+     rows as its last catch-up round left them (one commit, :mod:`phases._internal.redeploy.swap`); a ``swapped`` row
+     says the new generation serves.
 
   The caller then starts the live phase of the definition (``LiveRunner.from_manifest(spark, pipeline)`` binds it to
-  the serving generation): it resumes from the generation's progress log on the consumer-facing table.
+  the serving generation): it resumes from the generation's progress log on the consumer-facing table. Once its first
+  micro-batch is recorded, the start keeps the table's version before the swap's commit as the old generation's own
+  sink (:mod:`phases._internal.deployment.kept`); a redeploy, or the maintenance, makes that copy first when it is
+  still missing.
 
 **Rollback** is a redeploy of the previous definition: it finds that definition's generation still kept, skips its
 backlog, and brings its live phase up from where it stopped serving, then swaps back.
@@ -48,6 +51,7 @@ from phases._internal.coordination import leases
 from phases._internal.definition import Pipeline
 from phases._internal.definition.changes import DefinitionChanges
 from phases._internal.deployment import generations
+from phases._internal.deployment.kept import keep_previous
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases._internal.handoff import manifest
 from phases._internal.handoff.live_folders import live_started
@@ -203,6 +207,10 @@ class Redeploy:
                         f"{step.redeploy_id} is under way; run the redeploy to finish it"
                     )
                 return self._finish_swap(gens.swap_under_way, reason)
+            # The previous swap's old results, if the new live phase has not kept them yet: a rollback swaps them back.
+            kept = keep_previous(self.spark, self.placement, self.holder)
+            if kept is not None:
+                self._done("kept", generation=kept.generation, seconds=round(kept.seconds, 2))
             plan = self.plan(gens)
             self._done("planned", way=plan.way, serving=plan.serving, target=plan.target, diff=plan.describe())
             redeploy_id = uuid.uuid4().hex
@@ -419,18 +427,9 @@ class Redeploy:
             made = generations.newest_swap(spark, consumer, redeploy_id=step.redeploy_id)
         version = made.version
         swapped_at = time.time_ns() // 1000
-        # The old generation's results, for a rollback: the consumer-facing table just before the swap's commit
-        # (nothing wrote it between the serving live phase's stop and the commit). After the commit, so that the
-        # copy is not part of the time without fresh results.
-        t = time.perf_counter()
-        swap.copy_sink(
-            spark,
-            consumer,
-            self.placement.own_sink(old),
-            version=version - 1,
-            kept={"generation": old, "redeploy": step.redeploy_id, "consumer_version": version - 1},
-        )
-        timings["keep_old_s"] = time.perf_counter() - t
+        # The old generation's results, for a rollback (the table at version - 1: nothing wrote it between the serving
+        # live phase's stop and the commit), are copied after the new live phase's start, outside the time without
+        # fresh results (phases._internal.deployment.kept); a rollback makes the copy first if it is still missing.
         t = time.perf_counter()  # a topic sink: the swap in its one topic, before the row that says it is made
         swap.publish_to_topic(spark, self.placement, step, version)
         timings["topic_swap_s"] = time.perf_counter() - t

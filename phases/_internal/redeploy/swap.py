@@ -3,8 +3,9 @@
 A swap makes the consumer-facing table (``sink.path``) hold another generation's results (decision record
 ``docs/decisions/0004``): one overwrite of the table with the rows of that generation's own sink, so that a reader of
 the path or of a catalog name over it sees the old generation's results or the new one's, never a mix, a gap or an
-empty table. The same copy keeps the results the consumer-facing table held, as the old generation's own sink, before
-the swap overwrites them: a rollback swaps them back.
+empty table. The same copy (:func:`phases._internal.deployment.kept.copy_sink`) keeps the results the consumer-facing
+table held before the swap, as the old generation's own sink, after the new live phase's start
+(:mod:`phases._internal.deployment.kept`): a rollback swaps them back.
 
 The copy carries the write mark of the source's newest micro-batch write (:mod:`phases._internal.storage.live_writes`)
 in its
@@ -24,52 +25,13 @@ from pyspark.sql import SparkSession
 
 from phases._internal.definition import KafkaSink, ValueFormat
 from phases._internal.deployment import generations
+from phases._internal.deployment.kept import copy_sink, write_mark_of
 from phases._internal.errors import PhaseStateError
 from phases._internal.placement import LogRow, Placement
-from phases._internal.storage import fs, table_stats, tables
 
 SWAP_MARK = generations.SWAP_MARK
 
-
-def write_mark_of(spark: SparkSession, path: str, version: int | None = None) -> dict | None:
-    """The write mark (``{"app": ..., "batch": ...}``) of the table's newest commit that changed rows (up to
-    ``version``), if it has one."""
-    commit = table_stats.newest_row_commit(spark, path, at_or_before=version)
-    mark = table_stats.commit_metadata(commit).get(table_stats.WRITE_MARK)
-    return mark if isinstance(mark, dict) else None
-
-
-def copy_sink(
-    spark: SparkSession,
-    source: str,
-    target: str,
-    *,
-    swap: dict | None = None,
-    kept: dict | None = None,
-    version: int | None = None,
-) -> int:
-    """Overwrites ``target`` with the rows of ``source`` (at ``version``, default its newest; its schema too) in one
-    commit that carries ``source``'s newest write mark up to then and, when given, the ``swap`` mark (the swap's
-    copy) or the ``kept`` mark (the copy of a generation's results as it stopped serving). Returns ``target``'s new
-    version."""
-    metadata: dict = {}
-    mark = write_mark_of(spark, source, version)
-    if mark is not None:
-        metadata[table_stats.WRITE_MARK] = mark
-    if swap is not None:
-        metadata[SWAP_MARK] = swap
-    if kept is not None:
-        metadata[generations.KEPT_MARK] = kept
-    fs.sweep_orphan_checksums(target)
-    reader = spark.read.format("delta")
-    if version is not None:
-        reader = reader.option("versionAsOf", version)
-    writer = reader.load(source).write.format("delta").mode("overwrite")
-    writer = writer.option("overwriteSchema", "true")
-    if metadata:
-        writer = writer.option("userMetadata", json.dumps(metadata, separators=(",", ":")))
-    writer.save(target)
-    return tables.version(spark, target)
+__all__ = ["copy_sink", "publish_to_topic", "topic_schema_problems", "write_mark_of"]
 
 
 def topic_schema_problems(spark: SparkSession, new: Placement) -> list[str]:

@@ -15,7 +15,8 @@ from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.coordination import leases
 from phases._internal.definition import KeyedAggregate
 from phases._internal.definition.changes import DefinitionChanges
-from phases._internal.deployment import generations
+from phases._internal.deployment import generations, kept
+from phases._internal.deployment.binding import maintain
 from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.placement import Placement
@@ -150,6 +151,8 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
     assert_results_equal(reads[-1][1], _expected_new(_upto(versions, 6)))
     gens = generations.read(spark, Placement(old))
     assert gens.serving == 1 and gens.swap_under_way is None
+    # The old results are not copied for a rollback inside the time without fresh results: still to keep.
+    assert kept.pending(spark, Placement(old), gens) is not None
 
     # The new definition's live phase resumes on the consumer-facing table from its generation's progress log.
     append_version(spark, source, versions[7])
@@ -157,6 +160,10 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
     assert live.placement.generation == 1 and live.placement.sink_path == new.sink.path
     live.start(available_now=True)
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(versions, 7)))
+    # Once it served, its start kept what generation 0 served up to the swap, as generation 0's own sink.
+    assert live.kept is not None and live.kept.generation == 0
+    assert kept.pending(spark, Placement(old), generations.read(spark, Placement(old))) is None
+    assert_results_equal(sink_rows(spark, generations.own_sink(root, 0)), _expected_old(_upto(versions, 6)))
     # The old definition's pipeline now binds to generation 1, whose handoff it does not match.
     with pytest.raises(ManifestError, match="watermark_delay_us"):
         LiveRunner.from_manifest(spark, old)
@@ -461,12 +468,18 @@ def test_a_rollback_right_after_a_redeploy_that_followed_a_backlog_swaps_the_old
     append_version(spark, source, versions[4])
     assert Redeploy(spark, new).run(reason="forward").swapped
     append_version(spark, source, versions[5])
-    result = Redeploy(spark, old).run(reason="roll back")
+    # No live phase of the new definition started, so nothing kept the old results yet: the rollback keeps them first.
+    steps: list[str] = []
+    result = Redeploy(spark, old, on_step=lambda step, _: steps.append(step)).run(reason="roll back")
     assert result.swapped and (result.from_generation, result.generation) == (1, 0)
+    assert steps[:2] == ["kept", "planned"], steps
     assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(_upto(versions, 5)))
+    # Generation 1's results, replaced by the rollback's swap: the maintenance keeps them before it vacuums.
+    assert maintain(spark, old)["kept_for_rollback"]["generation"] == 1
     append_version(spark, source, versions[6])
     serving = LiveRunner.from_manifest(spark, old)
     serving.start()
+    assert serving.kept is None  # nothing left to keep
     serving.process_available()
     assert_results_equal(sink_rows(spark, old.sink.path), _expected_old(versions))
 
