@@ -107,11 +107,16 @@ def _kept_for(spark: SparkSession, own_sink: str, redeploy_id: str) -> bool:
     return False
 
 
-def keep_previous(spark: SparkSession, where: Placement, holder: str) -> Kept | None:
+def keep_previous(
+    spark: SparkSession, where: Placement, holder: str, gens: generations.Generations | None = None
+) -> Kept | None:
     """Makes the pending copy (:func:`pending`) under the pipeline's redeploy lease, taken as ``holder`` (re-entrant:
     a redeploy that holds it makes the copy within). Returns what was made; None when nothing was pending, or when
-    another holder has the lease (a redeploy under way makes the copy itself before it plans)."""
+    another holder has the lease (a redeploy under way makes the copy itself before it plans). ``gens``: the log as
+    the caller just read it; with nothing pending there, neither the lease nor the log is touched again."""
     base = where.at(0, serving=True)  # generation 0's place holds the redeploy log and the redeploy lease
+    if gens is not None and pending(spark, base, gens) is None:
+        return None
     try:
         with leases.hold(spark, base, "redeploy", holder):
             gens = generations.read(spark, base)
