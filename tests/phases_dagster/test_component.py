@@ -97,30 +97,46 @@ def test_a_scaffolded_yaml_declaration_builds_what_its_python_declaration_builds
         assert set(_shape(defs)["sensors"].values()) == {dg.DefaultSensorStatus.STOPPED}
 
 
-def test_a_scaffolded_yaml_runs_as_it_is_on_a_source_that_create_source_made(spark, instance, tmp_path):
+def test_a_scaffolded_yaml_runs_as_it_is_and_a_changed_one_is_redeployed_by_its_job(spark, instance, tmp_path):
     """The scaffolded ``defs.yaml``, unedited, over the table ``phases.feed.create_source`` makes at the path it names:
-    its backlog job hands off, and the sink holds each key's count and sum of the events (none late)."""
-    with create_defs_folder_sandbox() as sandbox:
-        path = sandbox.scaffold_component(component_cls=TwoPhasePipelineComponent, defs_path="clicks")
-        pipeline = Pipeline.model_validate(yaml.safe_load((path / "defs.yaml").read_text())["attributes"]["pipeline"])
-        with sandbox.build_component_tree() as tree:
-            declared = tree.build_defs()
+    its backlog job hands off, and the sink holds each key's count and sum of the events (none late). Then the YAML
+    gains an aggregation: the reloaded definitions' redeploy job builds the new generation, swaps it in and starts its
+    live phase, as for a Python declaration; the sink holds the new column."""
     resources = {
         "spark": SparkResource(shuffle_partitions=2, stop_after_run=False),
         "storage": StorageResource(root=str(tmp_path)),
     }
-    defs = dg.Definitions.merge(declared, dg.Definitions(resources=resources, executor=dg.in_process_executor))
     source = str(tmp_path / "clicks" / "source")
     create_source(spark, source)
     start = datetime(2026, 12, 1, 12, 0)
     events = [("a", start, 1), ("b", start + timedelta(seconds=5), 2), ("a", start + timedelta(seconds=9), 3)]
     append(spark, source, events[:2])
     append(spark, source, events[2:])
-    ran = defs.resolve_job_def(Names(pipeline).backlog_job).execute_in_process(instance=instance)
-    assert ran.success
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(component_cls=TwoPhasePipelineComponent, defs_path="clicks")
+        declared = path / "defs.yaml"
+        names = Names(Pipeline.model_validate(yaml.safe_load(declared.read_text())["attributes"]["pipeline"]))
+        with sandbox.build_component_tree() as tree:
+            defs = dg.Definitions.merge(tree.build_defs(), dg.Definitions(resources=resources))
+        assert defs.resolve_job_def(names.backlog_job).execute_in_process(instance=instance).success
+        rows = spark.read.format("delta").load(str(tmp_path / "clicks" / "sink")).collect()
+        assert {row["key"]: (row["events"], row["total"]) for row in rows} == {"a": (2, 4), "b": (1, 2)}
+
+        declared.write_text(
+            declared.read_text().replace(
+                "        - {name: total, kind: sum, column: value}\n",
+                "        - {name: total, kind: sum, column: value}\n        - {name: top, kind: max, column: value}\n",
+            )
+        )
+        with sandbox.build_component_tree() as tree:
+            changed = dg.Definitions.merge(tree.build_defs(), dg.Definitions(resources=resources))
+    config = {"reason": "one more aggregation", "stop_timeout_seconds": 120}
+    live = {"report_interval_seconds": 1.0, "max_runtime_seconds": 2.0}
+    run_config = {"ops": {names.next_generation: {"config": config}, names.live_asset: {"config": {**config, **live}}}}
+    redeploy = changed.resolve_job_def(names.redeploy_job)
+    assert redeploy.execute_in_process(instance=instance, run_config=run_config).success
     rows = spark.read.format("delta").load(str(tmp_path / "clicks" / "sink")).collect()
-    sink = {row["key"]: (row["events"], row["total"]) for row in rows}
-    assert sink == {"a": (2, 4), "b": (1, 2)}
+    assert {row["key"]: (row["events"], row["total"], row["top"]) for row in rows} == {"a": (2, 4, 3), "b": (1, 2, 2)}
 
 
 def test_a_yaml_mistake_names_the_file_the_field_and_the_valid_values():
