@@ -87,3 +87,22 @@ def test_a_vacuumed_version_the_backlog_needs_is_named_with_the_way_out(spark, t
     assert any(f"version {v} of its change feed" in message for v in (1, 2, 3)), message
     head = tables.version(spark, source)  # OPTIMIZE, then VACUUM's start and end commits
     assert "VACUUM" in message and "starting_version=N" in message and f"N = {head + 1} works" in message
+
+
+def test_a_source_without_its_change_feed_or_without_a_table_is_refused_naming_the_way_out(spark, tmp_path):
+    """The source check reads the table's properties from its log (delta-rs): a table whose feed is off is refused
+    with the ALTER TABLE that turns it on, a path with no table as such; the way out, taken, lets the check pass."""
+    from phases._internal.sources.delta import DeltaTableSource
+
+    missing = str(tmp_path / "nothing")
+    with pytest.raises(SourceError, match="is not a Delta table"):
+        DeltaTableSource(spark, DeltaSource(path=missing), missing).check()
+    path = str(tmp_path / "source")
+    spark.createDataFrame([("a", ts(1 * S), 1)], EVENT_SCHEMA).write.format("delta").save(path)
+    source = DeltaTableSource(spark, DeltaSource(path=path), path)
+    with pytest.raises(SourceError) as refused:
+        source.check()
+    way_out = f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+    assert way_out in str(refused.value)
+    spark.sql(way_out)
+    source.check()
