@@ -145,3 +145,17 @@ def keep_previous(
         made.seconds,
     )
     return made
+
+
+def keep_after_start(
+    spark: SparkSession, where: Placement, holder: str, gens: generations.Generations | None
+) -> Kept | None:
+    """:func:`keep_previous` for a live start whose query already runs: a failed copy does not fail the start (the
+    live phase serves either way). It is logged and the copy stays pending: the next live start, redeploy or
+    maintenance makes it, and a redeploy or the maintenance fails loudly if it cannot."""
+    try:
+        return keep_previous(spark, where, holder, gens)
+    except Exception as exc:  # noqa: BLE001 - logged; the copy stays pending (the table's history holds it)
+        said = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        log.warning("pipeline %s: the copy kept for a rollback was not made, still pending: %s", where.name, said)
+        return None

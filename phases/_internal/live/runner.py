@@ -26,7 +26,7 @@ from phases._internal.coordination import leases
 from phases._internal.definition import SOURCE_LABEL, Pipeline
 from phases._internal.definition.changes import DefinitionChanges
 from phases._internal.deployment import Placement, place, require_serving
-from phases._internal.deployment.kept import Kept, keep_previous
+from phases._internal.deployment.kept import Kept, keep_after_start
 from phases._internal.errors import (
     DefinitionError,
     LiveQueryStopped,
@@ -209,7 +209,7 @@ class LiveRunner:
         """After a swap, once this generation serves and its first micro-batch is recorded: the copy kept for a
         rollback (:mod:`phases._internal.deployment.kept`), outside the time without fresh results."""
         if self.handoff is not None and self.placement.serving:
-            self.kept = keep_previous(self.spark, self.placement, self.holder, self.incremental.generations)
+            self.kept = keep_after_start(self.spark, self.placement, self.holder, self.incremental.generations)
 
     def _watch_for_stop_requests(self) -> None:
         """Polls for a request to stop this live phase (:func:`phases._internal.coordination.leases.request_stop`, made

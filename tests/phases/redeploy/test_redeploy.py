@@ -107,7 +107,7 @@ def test_the_diff_names_each_change_and_the_way_it_needs():
     assert DefinitionChanges.between(old.state_spec(), old.state_spec()).way == "none"
 
 
-def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back(spark, tmp_path):
+def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back(spark, tmp_path, monkeypatch):
     """The old live phase runs (its own query, in this process) while the new definition's backlog runs beside it; it
     is stopped on request right before the swap; the new definition serves afterwards, and a redeploy of the old
     definition swaps its kept generation back."""
@@ -158,9 +158,20 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
     append_version(spark, source, versions[7])
     live = LiveRunner.from_manifest(spark, new)
     assert live.placement.generation == 1 and live.placement.sink_path == new.sink.path
+    # Its start then keeps what generation 0 served; a copy that fails does not fail the live phase: still pending.
+    real_copy = kept.copy_sink
+
+    def failing_copy(*args, **kwargs):
+        raise RuntimeError("no space left on device")
+
+    monkeypatch.setattr(kept, "copy_sink", failing_copy)
     live.start(available_now=True)
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(versions, 7)))
-    # Once it served, its start kept what generation 0 served up to the swap, as generation 0's own sink.
+    assert live.kept is None and kept.pending(spark, Placement(old), generations.read(spark, Placement(old)))
+    monkeypatch.setattr(kept, "copy_sink", real_copy)
+    # The next start keeps it: generation 0's results up to the swap, as generation 0's own sink.
+    live = LiveRunner.from_manifest(spark, new)
+    live.start(available_now=True)
     assert live.kept is not None and live.kept.generation == 0
     assert kept.pending(spark, Placement(old), generations.read(spark, Placement(old))) is None
     assert_results_equal(sink_rows(spark, generations.own_sink(root, 0)), _expected_old(_upto(versions, 6)))
