@@ -167,6 +167,8 @@ def _press_in_the_browser(
         except AssertionError:
             _shot(page, f"{name}_not_launched")
             raise
+        if confirm is not None:  # the confirmed dialog closes as the run launches: wait until it has gone
+            page.get_by_role("dialog").get_by_text("Are you sure?").wait_for(state="hidden", timeout=30_000)
         assert page.get_by_text("Are you sure").count() == 0, f"{button!r} asked to confirm"
         _shot(page, name)
     return launched
