@@ -208,7 +208,7 @@ class Redeploy:
                     )
                 return self._finish_swap(gens.swap_under_way, reason)
             # The previous swap's old results, if the new live phase has not kept them yet: a rollback swaps them back.
-            kept = keep_previous(self.spark, self.placement, self.holder)
+            kept = keep_previous(self.spark, self.placement, self.holder, gens)
             if kept is not None:
                 self._done("kept", generation=kept.generation, seconds=round(kept.seconds, 2))
             plan = self.plan(gens)
