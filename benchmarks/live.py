@@ -40,6 +40,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from benchmarks import data, variants
+from benchmarks.report import sink_label
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.definition import KafkaSource
 from phases._internal.live.runner import LiveRunner
@@ -336,10 +337,13 @@ def measure(
     drain_versions: int = 10,
     source_kind: str = "delta",
     sink_mode: str = "upsert",
+    compact_every: timedelta | None = None,
 ) -> dict:
     """The live rows for a pipeline with ``state_keys`` keys of state and its sink in ``sink_mode`` (see the module
-    docstring)."""
-    base = work / f"live_{source_kind}_{sink_mode}_{state_keys}"
+    docstring); a changelog sink compacts every ``compact_every`` (None: the sink's default; 0: never while the
+    live phase runs)."""
+    off = "_no_compaction" if compact_every is not None and not compact_every else ""
+    base = work / f"live_{source_kind}_{sink_mode}{off}_{state_keys}"
     shutil.rmtree(base, ignore_errors=True)
     source = str(base / "source")
     broker = None
@@ -350,14 +354,16 @@ def measure(
         feed = Feed(spark, source, state_keys)
     load = Load(rates, versions, interval_s, batches, batch_rows, drain_rows, drain_versions)
     try:
-        return _measure(spark, base, feed, state_keys, load, sink_mode)
+        return _measure(spark, base, feed, state_keys, load, sink_mode, compact_every)
     finally:
         feed.close()
         if broker is not None:
             broker.stop()
 
 
-def _measure(spark, base, feed, state_keys: int, load: Load, sink_mode: str) -> dict:
+def _measure(
+    spark, base, feed, state_keys: int, load: Load, sink_mode: str, compact_every: timedelta | None = None
+) -> dict:
     kafka = isinstance(feed, _KafkaFeed)
     t = time.perf_counter()
     feed.seed()
@@ -365,7 +371,8 @@ def _measure(spark, base, feed, state_keys: int, load: Load, sink_mode: str) -> 
     p = variants.pipeline(str(base / "source"), str(base / "two_phase")).model_copy(
         update={"checkpoint_interval": timedelta(milliseconds=500)}
     )
-    p = p.model_copy(update={"sink": p.sink.model_copy(update={"mode": sink_mode})})
+    sink = {"mode": sink_mode} if compact_every is None else {"mode": sink_mode, "compact_every": compact_every}
+    p = p.model_copy(update={"sink": p.sink.model_copy(update=sink)})
     if kafka:
         value_schema = "key string, ts timestamp, value bigint"
         source = KafkaSource(
@@ -378,12 +385,14 @@ def _measure(spark, base, feed, state_keys: int, load: Load, sink_mode: str) -> 
     result: dict = {
         "source": "kafka" if kafka else "delta",
         "sink_mode": sink_mode,
+        # A changelog sink's background compaction: seconds between runs (0: none while the live phase runs).
+        **({"compact_every_s": p.sink.compact_every.total_seconds()} if sink_mode == "changelog" else {}),
         "state_keys": handoff.state_rows,
         "generate_s": round(generate_s, 2),
         "backlog_s": round(time.perf_counter() - t, 2),
     }
     result["backlog_timings"] = {k: round(v, 2) for k, v in runner.timings.items()}
-    label = f"[live {result['source']} {sink_mode} {state_keys:,}]"
+    label = f"[live {result['source']} {sink_label(result)} {state_keys:,}]"
     print(f"{label} backlog of {handoff.state_rows:,} keys: {result['backlog_s']} s", flush=True)
     live = LiveRunner.from_manifest(spark, p)
     try:

@@ -92,6 +92,10 @@ def test_benchmark_harness_runs_every_variant_and_writes_its_reports(spark, tmp_
     assert all(t["memory"]["jvm_peak_mib"] > 0 for t in timings.values())
     assert [r["sink_mode"] for r in loaded["live"]] == ["changelog"]
     run = loaded["live"][0]
+    # The changelog sink's background compaction, by its default interval; the reports name it.
+    assert run["compact_every_s"] == 60 and "changelog, compaction every 60 s" in md.read_text()
+    assert report.sink_label({"sink_mode": "changelog", "compact_every_s": 0.0}) == "changelog, compaction off"
+    assert report.sink_label({"sink_mode": "upsert"}) == "upsert"
     assert run["backlog_timings"]["live_state_s"] > 0  # the store's version 1, written by the backlog
     assert run["state_keys"] == 200 and run["switch_s"] > 0 and len(run["batch"]["seconds"]) == 2
     assert [lat["versions"] for lat in run["latency"]] == [2] and run["latency"][0]["p50_s"] > 0

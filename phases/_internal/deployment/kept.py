@@ -27,6 +27,7 @@ from phases._internal.coordination import leases
 from phases._internal.deployment import generations
 from phases._internal.errors import LeaseHeld
 from phases._internal.placement import LogRow, Placement
+from phases._internal.runtime.session import background_jobs
 from phases._internal.storage import fs, table_stats, tables
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,9 @@ def keep_after_start(
     live phase serves either way). It is logged and the copy stays pending: the next live start, redeploy or
     maintenance makes it, and a redeploy or the maintenance fails loudly if it cannot."""
     try:
-        return keep_previous(spark, where, holder, gens)
+        # In the background pool: the copy yields the cores to the micro-batches of the query that already runs.
+        with background_jobs(spark):
+            return keep_previous(spark, where, holder, gens)
     except Exception as exc:  # noqa: BLE001 - logged; the copy stays pending (the table's history holds it)
         said = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         log.warning("pipeline %s: the copy kept for a rollback was not made, still pending: %s", where.name, said)

@@ -11,6 +11,7 @@ from pyspark import InheritableThread
 from pyspark.sql import SparkSession
 
 from phases._internal.placement import Placement
+from phases._internal.runtime.session import background_jobs
 from phases._internal.storage import changelog
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,12 @@ class Compactor:
         return self
 
     def _loop(self) -> None:
+        # In the background pool: while a micro-batch's tasks wait for a core, a compaction's wait (Spark's fair
+        # scheduler; under its FIFO scheduler a compaction's stage took every core until all its tasks had started).
+        with background_jobs(self.spark):
+            self._compact_until_stopped()
+
+    def _compact_until_stopped(self) -> None:
         every = self.pipeline.sink.compact_every.total_seconds()
         while not self._stop.wait(every):
             try:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
@@ -27,6 +29,19 @@ LOOPBACK = "127.0.0.1"
 ARROW_BATCH_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 NO_BYTE_LIMIT = 2**31 - 1  # Spark skips its per-row size check at exactly Int.MaxValue (PythonArrowInput.scala)
 LIVE_STATE_PARTITIONS = "spark.phases.liveStatePartitions"  # read by phases._internal.state.keyed_store
+SCHEDULER_POOL = "spark.scheduler.pool"  # a thread's local property: the pool its jobs go to
+BACKGROUND_POOL = "phases-background"
+# Spark's fair scheduler with two pools. "default" (every job no thread assigns to a pool: the micro-batches, the
+# backlog, the user's own queries) is needy while it runs fewer tasks than its minShare, so whenever a core frees, a
+# waiting task of its jobs goes first; the background pool (a changelog's compaction, the copy kept for a rollback)
+# gets the cores the default pool leaves. No task is pre-empted: a micro-batch waits at most for the background tasks
+# already running to end, not for a whole background job. Within each pool, jobs run first come first served.
+FAIR_POOLS = f"""<?xml version="1.0"?>
+<allocations>
+  <pool name="default"><schedulingMode>FIFO</schedulingMode><weight>1000</weight><minShare>100000</minShare></pool>
+  <pool name="{BACKGROUND_POOL}"><schedulingMode>FIFO</schedulingMode><weight>1</weight><minShare>0</minShare></pool>
+</allocations>
+"""
 # The file systems (FileSystem and FileContext APIs) of `file:` paths: the helper's, which a local session uses, and
 # Hadoop's own.
 LOCAL_FILE_SYSTEM = "org.apache.spark.sql.phases.LocalFileSystemWithoutShell"
@@ -97,6 +112,14 @@ class SparkSettings(SettingsModel):
         "as before Spark 4. With a limit, Spark measures the batch after every row it adds, over every column: at a "
         "million records this doubled the process function's pass (benchmarks/profiles/arrow-batch-bytes-2026-12-03"
         ".txt). Set one for records of many kilobytes.",
+    )
+    background_yields: bool = Field(
+        default=True,
+        description="The engine's background work (a changelog sink's compaction while the live phase runs, the copy "
+        "of a redeploy's previous results kept for a rollback) yields the cores to every other job: Spark's fair "
+        "scheduler (spark.scheduler.mode FAIR) with a pool for it that gets only the cores the others leave. Off: "
+        "Spark's FIFO scheduler, where a background job started first holds the cores until its tasks are all "
+        "launched and the micro-batches queue behind it. A session built elsewhere keeps its own scheduler.",
     )
     ui_enabled: bool = False
     class_archive: bool = Field(
@@ -204,6 +227,9 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
         .config("spark.sql.redaction.options.regex", SPARK_OPTIONS_REDACTION)
         .config("spark.redaction.regex", SPARK_REDACTION)
     )
+    if s.background_yields:
+        conf.setdefault("spark.scheduler.mode", "FAIR")
+        conf.setdefault("spark.scheduler.allocation.file", _fair_pools_file())
     if s.s3a:
         # Delta's documented log store for S3 written by one Spark driver at a time: it makes a commit atomic only
         # within this JVM. Several drivers writing one table need S3DynamoDBLogStore (see the README's deployment).
@@ -223,6 +249,33 @@ def build_session(settings: SparkSettings | None = None) -> SparkSession:
     if not s.master.startswith("yarn"):
         drop_yarn_defaults(spark)
     return spark
+
+
+def _fair_pools_file() -> str:
+    """:data:`FAIR_POOLS` in a file of the machine's temporary folder (named by its content: written once, never
+    changed under a running driver; the scheduler reads it when the session's context starts)."""
+    digest = hashlib.sha256(FAIR_POOLS.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"phases-fair-pools-{digest}.xml")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".xml")
+        with os.fdopen(fd, "w") as f:
+            f.write(FAIR_POOLS)
+        os.replace(tmp, path)
+    return path
+
+
+@contextmanager
+def background_jobs(spark: SparkSession) -> Iterator[None]:
+    """The Spark jobs this thread starts in the block go to the background pool (:data:`FAIR_POOLS`), which yields
+    the cores to every other job; the thread's pool after the block is the one before it. Under Spark's FIFO
+    scheduler (a session built with ``background_yields=False``, or elsewhere) the pool is ignored."""
+    sc = spark.sparkContext
+    before = sc.getLocalProperty(SCHEDULER_POOL)
+    sc.setLocalProperty(SCHEDULER_POOL, BACKGROUND_POOL)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty(SCHEDULER_POOL, before)  # pyright: ignore[reportArgumentType]
 
 
 def drop_yarn_defaults(spark: SparkSession) -> int:

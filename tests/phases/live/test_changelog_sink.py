@@ -20,6 +20,7 @@ from phases._internal.errors import DefinitionError
 from phases._internal.live.compactor import Compactor
 from phases._internal.live.runner import LiveRunner
 from phases._internal.placement import Placement
+from phases._internal.runtime.session import BACKGROUND_POOL, SCHEDULER_POOL
 from phases._internal.storage import changelog
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
@@ -143,7 +144,7 @@ def test_compaction_follows_appends_and_is_rebuilt_after_a_new_handoff(spark, tm
     assert_results_equal(current_rows(spark, p), expected)
 
 
-def test_a_compaction_run_is_reported_only_once_its_log_checkpoint_is_written(tmp_path, monkeypatch):
+def test_a_compaction_run_is_reported_only_once_its_log_checkpoint_is_written(spark, tmp_path, monkeypatch):
     # The compactor once published a run's compaction before tidying the changelog (its log checkpoint), so a
     # reader of ``last`` could look for the checkpoint before it was written (a CI failure of the test below).
     tidied: list[object] = []
@@ -158,7 +159,7 @@ def test_a_compaction_run_is_reported_only_once_its_log_checkpoint_is_written(tm
     monkeypatch.setattr(changelog, "compact", compact)
     monkeypatch.setattr(changelog, "tidy", slow_tidy)
     p = _changelog_pipeline(str(tmp_path / "source"), str(tmp_path / "run"), compact_every=timedelta(seconds=0.1))
-    compactor = Compactor(None, Placement(p)).start()  # type: ignore[arg-type]
+    compactor = Compactor(spark, Placement(p)).start()
     try:
         deadline = time.monotonic() + 30
         while compactor.last is None and time.monotonic() < deadline:
@@ -168,6 +169,50 @@ def test_a_compaction_run_is_reported_only_once_its_log_checkpoint_is_written(tm
         assert compactor.runs >= 1 and compactor.last_error is None
     finally:
         compactor.stop()
+
+
+def test_a_compaction_runs_in_the_scheduler_pool_that_yields_the_task_slots_to_the_micro_batches(
+    spark, tmp_path, monkeypatch
+):
+    # A first compaction of a million keys held both cores for seconds under Spark's FIFO scheduler, and the live
+    # phase's versions queued behind it (benchmarks/profiles/live-20k-2026-12-07.txt).
+    pools: list[str | None] = []
+
+    def compact(spark_, where):
+        pools.append(spark_.sparkContext.getLocalProperty(SCHEDULER_POOL))
+        spark_.sparkContext.setJobGroup(group, "the compaction's jobs")
+        spark_.range(4).repartition(2).count()  # Spark jobs of the compactor's session, in the thread's pool
+        return object()
+
+    monkeypatch.setattr(changelog, "compact", compact)
+    monkeypatch.setattr(changelog, "tidy", lambda spark, where: None)
+    p = _changelog_pipeline(str(tmp_path / "source"), str(tmp_path / "run"), compact_every=timedelta(seconds=0.1))
+    group = f"compaction-{uuid.uuid4().hex}"
+    compactor = Compactor(spark, Placement(p)).start()
+    try:
+        deadline = time.monotonic() + 60
+        while compactor.runs < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        compactor.stop()
+    assert compactor.runs >= 1 and compactor.last_error is None, compactor.last_error
+    assert set(pools) == {BACKGROUND_POOL}
+    # Its jobs' stages ran in that pool (Spark's status store, as the UI shows it; a stage a job skipped, its shuffle
+    # output reused, keeps the store's "default").
+    tracker, store = spark.sparkContext.statusTracker(), spark.sparkContext._jsc.sc().statusStore()
+    stage_ids = {i for job in tracker.getJobIdsForGroup(group) for i in tracker.getJobInfo(job).stageIds}
+    attempts = [store.lastStageAttempt(i) for i in sorted(stage_ids)]
+    ran = [(a.stageId(), a.schedulingPool()) for a in attempts if str(a.status()) != "SKIPPED"]
+    assert ran and {pool for _, pool in ran} == {BACKGROUND_POOL}, ran
+    # The thread that started the compactor keeps its own pool.
+    assert spark.sparkContext.getLocalProperty(SCHEDULER_POOL) is None
+    # The session's fair scheduler gives the background pool only the cores the default pool leaves.
+    sc = spark.sparkContext._jsc.sc()
+    assert sc.getSchedulingMode().toString() == "FAIR"
+    found = spark.sparkContext._jvm.scala.jdk.javaapi.CollectionConverters.asJava(sc.getAllPools())
+    weights = {pool.name(): (pool.weight(), pool.minShare()) for pool in found}
+    assert weights["default"][1] > weights[BACKGROUND_POOL][1] == 0
+    assert weights["default"][0] > weights[BACKGROUND_POOL][0]
 
 
 def test_the_running_live_phase_compacts_in_the_background_not_in_its_micro_batches(spark, tmp_path):

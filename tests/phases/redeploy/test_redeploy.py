@@ -21,6 +21,7 @@ from phases._internal.errors import LeaseHeld, ManifestError, PhaseStateError
 from phases._internal.live.runner import LiveRunner
 from phases._internal.placement import Placement
 from phases._internal.redeploy.plan import STEPS
+from phases._internal.runtime.session import BACKGROUND_POOL, SCHEDULER_POOL
 from tests import reference
 from tests.conftest import AGGREGATIONS, examples, make_pipeline
 from tests.helpers import (
@@ -169,9 +170,18 @@ def test_a_redeploy_builds_beside_the_running_pipeline_then_swaps_and_rolls_back
     assert_results_equal(sink_rows(spark, new.sink.path), _expected_new(_upto(versions, 7)))
     assert live.kept is None and kept.pending(spark, Placement(old), generations.read(spark, Placement(old)))
     monkeypatch.setattr(kept, "copy_sink", real_copy)
-    # The next start keeps it: generation 0's results up to the swap, as generation 0's own sink.
+    # The next start keeps it: generation 0's results up to the swap, as generation 0's own sink; its jobs in the
+    # scheduler pool that yields the cores to the micro-batches of the query that already runs.
+    pools: list[str | None] = []
+
+    def copy_in_its_pool(*args, **kwargs):
+        pools.append(spark.sparkContext.getLocalProperty(SCHEDULER_POOL))
+        return real_copy(*args, **kwargs)
+
+    monkeypatch.setattr(kept, "copy_sink", copy_in_its_pool)
     live = LiveRunner.from_manifest(spark, new)
     live.start(available_now=True)
+    assert pools == [BACKGROUND_POOL] and spark.sparkContext.getLocalProperty(SCHEDULER_POOL) is None
     assert live.kept is not None and live.kept.generation == 0
     assert kept.pending(spark, Placement(old), generations.read(spark, Placement(old))) is None
     assert_results_equal(sink_rows(spark, generations.own_sink(root, 0)), _expected_old(_upto(versions, 6)))
