@@ -11,6 +11,7 @@ import pytest
 from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
+from phases._internal import spark_internals
 from phases._internal.handoff import manifest
 from phases._internal.sources import feed
 from phases._internal.storage import tables
@@ -146,3 +147,54 @@ def test_a_log_row_is_appended_as_a_row_of_its_schema_would_be_written(spark, tm
     assert manifest.latest(spark, str(appended), "p") == rows[2]
     assert tables.version(spark, str(appended)) == 2  # one commit a row, the first creates the table
     assert len(list(appended.glob("*.parquet"))) == 3  # one file a row
+
+
+def _engines(path) -> list[str]:
+    """The engine of each commit of the table's log, oldest first (its commitInfo's engineInfo or clientVersion)."""
+    out = []
+    for commit in sorted((path / "_delta_log").glob("*.json")):
+        info = next(
+            json.loads(line)["commitInfo"] for line in commit.read_text().splitlines() if '"commitInfo"' in line
+        )
+        out.append(str(info.get("engineInfo") or info.get("clientVersion")))
+    return out
+
+
+def test_a_local_log_row_is_appended_by_delta_rs_without_a_spark_job(spark, tmp_path):
+    # Through Spark, a manifest's one-row append was a Spark job, a commit and Delta's snapshot after it: 0.3-0.4 s of a
+    # small backlog (benchmarks/profiles/backlog-driver-2026-12-07.txt).
+    path = tmp_path / "manifests"
+    before = spark_internals.jobs_submitted(spark)
+    manifest.write(spark, str(path), _handoff("m1"))
+    manifest.write(spark, str(path), _handoff("m2", base_manifest_id="m1"))
+    assert spark_internals.jobs_submitted(spark) == before
+    assert all("delta-rs" in engine for engine in _engines(path)), _engines(path)
+    assert manifest.latest(spark, str(path), "p") == _handoff("m2", base_manifest_id="m1")
+
+
+def test_a_log_table_spark_wrote_takes_rows_from_delta_rs_and_spark_takes_a_table_delta_rs_cannot_write(
+    spark, tmp_path
+):
+    # A log table an earlier version of the engine wrote through Spark: delta-rs appends to it, Spark reads both rows.
+    older = tmp_path / "older"
+    tables._append_row_through_spark(spark, str(older), manifest.SCHEMA, _handoff("m1").model_dump())
+    manifest.write(spark, str(older), _handoff("m2", base_manifest_id="m1"))
+    engines = _engines(older)
+    assert "delta-rs" not in engines[0] and "delta-rs" in engines[1], engines
+    assert manifest.latest(spark, str(older), "p") == _handoff("m2", base_manifest_id="m1")
+    assert spark.read.format("delta").load(str(older)).count() == 2
+    # Tables delta-rs 1.6.6 refuses (writer features it lacks, column mapping with a column added): through Spark.
+    for i, feature in enumerate(
+        (
+            "'delta.enableRowTracking' = 'true'",
+            "'delta.enableInCommitTimestamps' = 'true'",
+            "'delta.columnMapping.mode' = 'name'",
+        )
+    ):
+        featured = tmp_path / f"featured{i}"
+        tables._append_row_through_spark(spark, str(featured), manifest.SCHEMA, _handoff("m1").model_dump())
+        spark.sql(f"ALTER TABLE delta.`{featured}` SET TBLPROPERTIES ({feature})")
+        commits = len(_engines(featured))
+        manifest.write(spark, str(featured), _handoff("m2", base_manifest_id="m1"))
+        assert len(_engines(featured)) == commits + 1 and "delta-rs" not in _engines(featured)[-1], feature
+        assert manifest.latest(spark, str(featured), "p") == _handoff("m2", base_manifest_id="m1")
