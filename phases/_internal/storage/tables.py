@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -254,10 +255,10 @@ def _append_row_through_delta_rs(path: str, schema: T.StructType, values: dict) 
     """:func:`append_row` through delta-rs; False when it cannot and committed nothing: a column type it is not
     written for, or a table it refuses (a writer feature it lacks, such as row tracking or in-commit timestamps, or
     column mapping). Columns are nullable, as Spark's Delta writer makes a new table's; a column the table lacks is
-    added (Spark's ``mergeSchema``). An error after a commit of the row is raised: writing it again would add it
-    twice."""
+    added (Spark's ``mergeSchema``). The commit carries a token of its own: after an error, a commit that holds it
+    means the row is written (a post-commit step failed), and the row is not written again."""
     import pyarrow as pa
-    from deltalake import write_deltalake
+    from deltalake import CommitProperties, write_deltalake
     from deltalake.exceptions import DeltaError
 
     types = [_ARROW_TYPES.get(f.dataType.typeName()) for f in schema.fields]
@@ -265,24 +266,38 @@ def _append_row_through_delta_rs(path: str, schema: T.StructType, values: dict) 
         return False
     arrow = pa.schema([pa.field(f.name, t, nullable=True) for f, t in zip(schema.fields, types, strict=True)])
     row = pa.Table.from_pylist([{f.name: values[f.name] for f in schema.fields}], schema=arrow)
-    local = uris.local_path(path)
-    before = _newest_commit_file(local)
+    local, token = uris.local_path(path), uuid.uuid4().hex
+    before = _commit_files(local)
     try:
-        write_deltalake(local, row, mode="append", schema_mode="merge")
+        write_deltalake(
+            local,
+            row,
+            mode="append",
+            schema_mode="merge",
+            commit_properties=CommitProperties(custom_metadata={ROW_TOKEN: token}),
+        )
     except DeltaError as exc:
-        if _newest_commit_file(local) != before:
-            raise
+        if any(token in _read_text(os.path.join(local, "_delta_log", n)) for n in _commit_files(local) - before):
+            return True
         log.info("%s: appended through Spark, delta-rs does not write it: %s", path, str(exc).splitlines()[0])
         return False
     return True
 
 
-def _newest_commit_file(local: str) -> str | None:
-    """The name of the newest commit file in the local table's log (None: no log)."""
+ROW_TOKEN = "phases.row"  # a one-row append's own token in its commit (commitInfo), written through delta-rs
+
+
+def _commit_files(local: str) -> set[str]:
+    """The names of the commit files in the local table's log (empty: no log)."""
     try:
-        return max((n for n in os.listdir(os.path.join(local, "_delta_log")) if n.endswith(".json")), default=None)
+        return {n for n in os.listdir(os.path.join(local, "_delta_log")) if n.endswith(".json")}
     except FileNotFoundError:
-        return None
+        return set()
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _literal(value: object, field: T.StructField) -> str:

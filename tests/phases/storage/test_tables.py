@@ -198,3 +198,30 @@ def test_a_log_table_spark_wrote_takes_rows_from_delta_rs_and_spark_takes_a_tabl
         manifest.write(spark, str(featured), _handoff("m2", base_manifest_id="m1"))
         assert len(_engines(featured)) == commits + 1 and "delta-rs" not in _engines(featured)[-1], feature
         assert manifest.latest(spark, str(featured), "p") == _handoff("m2", base_manifest_id="m1")
+
+
+def test_a_delta_rs_error_after_its_commit_leaves_the_row_once_and_one_before_it_leaves_it_to_spark(
+    spark, tmp_path, monkeypatch
+):
+    import deltalake
+    from deltalake.exceptions import DeltaError
+
+    real = deltalake.write_deltalake
+
+    def commits_then_fails(*args, **kwargs):
+        real(*args, **kwargs)
+        raise DeltaError("a post-commit step failed")
+
+    def fails_before_committing(*args, **kwargs):
+        raise DeltaError("refused")
+
+    path = tmp_path / "log"
+    monkeypatch.setattr(deltalake, "write_deltalake", commits_then_fails)
+    manifest.write(spark, str(path), _handoff("m1"))
+    assert len(_engines(path)) == 1 and "delta-rs" in _engines(path)[0]  # written once, not again through Spark
+    assert tables.ROW_TOKEN in next(iter(sorted((path / "_delta_log").glob("*.json")))).read_text()
+    monkeypatch.setattr(deltalake, "write_deltalake", fails_before_committing)
+    manifest.write(spark, str(path), _handoff("m2", base_manifest_id="m1"))
+    assert len(_engines(path)) == 2 and "delta-rs" not in _engines(path)[1]  # through Spark
+    got = sorted(r["manifest_id"] for r in spark.read.format("delta").load(str(path)).collect())
+    assert got == ["m1", "m2"]
