@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -277,7 +278,8 @@ def _append_row_through_delta_rs(path: str, schema: T.StructType, values: dict) 
             commit_properties=CommitProperties(custom_metadata={ROW_TOKEN: token}),
         )
     except DeltaError as exc:
-        if any(token in _read_text(os.path.join(local, "_delta_log", n)) for n in _commit_files(local) - before):
+        log_dir = Path(local, "_delta_log")
+        if any(token in (log_dir / n).read_text(encoding="utf-8") for n in _commit_files(local) - before):
             return True
         log.info("%s: appended through Spark, delta-rs does not write it: %s", path, str(exc).splitlines()[0])
         return False
@@ -293,11 +295,6 @@ def _commit_files(local: str) -> set[str]:
         return {n for n in os.listdir(os.path.join(local, "_delta_log")) if n.endswith(".json")}
     except FileNotFoundError:
         return set()
-
-
-def _read_text(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
 
 
 def _literal(value: object, field: T.StructField) -> str:
