@@ -193,7 +193,7 @@ def test_the_demo_through_the_dagster_ui_then_a_changed_definition_redeployed_an
     # A short freshness bound and a relaunch backoff long enough to see the check fail while the live run is dead.
     env = {
         "PHASES_SINK_MAX_LAG_S": "5",
-        "PHASES_RELAUNCH_BACKOFF_S": "25",
+        "PHASES_RELAUNCH_BACKOFF_S": "20",
         "JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM_OPTIONS,
     }
     t0 = time.monotonic()

@@ -1,5 +1,5 @@
 """A topic sink under what an operator does around it: two live runners started at once, the result topic deleted
-and made again between two live runs, the broker stopped for 30 s while the live phase runs. Every way either goes
+and made again between two live runs, the broker stopped for 15 s while the live phase runs. Every way either goes
 on exactly (a read_committed consumer, folded, equals the reference; nothing published twice) or is refused with
 an engine error naming the topic or the lease and a way out, which is run here to the end."""
 
@@ -121,8 +121,8 @@ def test_a_result_topic_deleted_and_made_again_between_two_live_runs_is_refused_
 
 
 @pytest.mark.slow
-def test_the_broker_stopped_for_30_s_while_live_the_topic_gets_every_change_once(spark, tmp_path):
-    """The result topic's broker (its own, on loopback) stopped for 30 s while the live query runs and versions
+def test_the_broker_stopped_for_15_s_while_live_the_topic_gets_every_change_once(spark, tmp_path):
+    """The result topic's broker (its own, on loopback) stopped for 15 s while the live query runs and versions
     arrive. The micro-batch that publishes meanwhile waits for the broker (up to sink.transaction_timeout, 45 s here:
     longer than the outage) before its transaction, then writes with fresh clients; it used to stop the query at once,
     naming no broker (a SinkError: "the end offsets around batch 2's write could not be read ... No leaders found"),
@@ -142,7 +142,7 @@ def test_the_broker_stopped_for_30_s_while_live_the_topic_gets_every_change_once
             runner.process_available()
             broker.stop()
             append_version(spark, source, VERSIONS[4])
-            time.sleep(30)
+            time.sleep(15)
             broker.start()
             append_version(spark, source, VERSIONS[5])
             failed = None
