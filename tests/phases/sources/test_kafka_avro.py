@@ -79,9 +79,7 @@ def avro_pipeline(kafka, registry, topic: str, root: str, **source):
 @pytest.mark.slow
 @settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=KAFKA_ROUNDS, cut=st.integers(min_value=0, max_value=4))
-def test_avro_values_of_two_versions_equal_the_reference_for_any_cutoff(
-    spark, kafka, registry, tmp_path, raw, cut
-):
+def test_avro_values_of_two_versions_equal_the_reference_for_any_cutoff(spark, kafka, registry, tmp_path, raw, cut):
     """Records of both schema versions, any cut-off, a micro-batch a round: the sink and the quarantine equal the
     plain reference over the arrival chunks, as the JSON values of the same records do
     (tests/phases/sources/test_kafka_source.py)."""
