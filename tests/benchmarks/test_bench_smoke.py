@@ -161,8 +161,17 @@ def test_the_redeploy_rows_measure_the_time_without_fresh_results_while_data_arr
     assert result["not_fresh_s"] > 0 and result["stop_to_swap_s"] > 0
     assert result["timings"]["swap_commit_s"] > 0 and result["kept_s"] > 0  # the kept copy: by the new live start
     assert result["probes"] >= 5 and result["worst_latency_s"] > 0
+    # The new live phase's later micro-batches (3 s of a version a second after its start): the floor's part.
+    assert (
+        result["warm_micro_batches"] >= 1
+        and 0 < result["warm_micro_batch_min_s"] <= result["warm_micro_batch_median_s"]
+    )
     md = "\n".join(redeploy.lines(result))
     assert "redeploy while data arrives" in md and "the swap's copy of 300 rows" in md
+    assert (
+        f"the fastest warm micro-batch | {result['timings']['swap_commit_s'] + result['warm_micro_batch_min_s']:.2f}"
+        in md
+    )
 
 
 def test_growth_curve_runs_each_size_and_extrapolates_a_stream_too_long_to_run_whole(spark, tmp_path):

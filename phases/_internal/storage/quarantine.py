@@ -94,8 +94,14 @@ def replace_backlog(
     row; when there is no quarantine table yet either, nothing is written (the first quarantined row, or the
     live phase, creates it). ``right_input``: a two-input operator's rows of one input only (True: the right
     input's, whose versions are its own; False: the source's)."""
-    if empty and not tables.exists(spark, path):
-        return
+    if not tables.exists(spark, path):
+        if empty:
+            return
+        if _as_written(quarantined.schema) == _as_written(SCHEMA):
+            # No table, so no earlier row to replace: one append makes it with these rows (a create and then a
+            # replaceWhere, which deletes nothing from the new table, took six Spark jobs and 3-4x the time).
+            quarantined.write.format("delta").mode("append").save(path)
+            return
     ensure(spark, path)
     where = f"pipeline = '{pipeline}' AND phase = 'backlog'"
     if versions is not None:
@@ -103,6 +109,11 @@ def replace_backlog(
     if right_input is not None:
         where += f" AND {'' if right_input else 'NOT '}startswith(reason, '{RIGHT_INPUT_REASON}')"
     quarantined.write.format("delta").mode("overwrite").option("replaceWhere", where).save(path)
+
+
+def _as_written(schema: T.StructType) -> list[tuple[str, str]]:
+    """The columns as a Delta write makes a new table of them (names and types; every column nullable)."""
+    return [(f.name, f.dataType.simpleString()) for f in schema.fields]
 
 
 def _count_columns() -> list:
