@@ -179,20 +179,15 @@ def test_backlog_of_versions_the_log_proves_on_time_skips_the_scan_and_hands_off
 def test_a_first_backlogs_quarantine_rows_make_the_table_in_one_write_with_its_schema(spark, tmp_path, source):
     # A create, then a replaceWhere that had nothing to delete from the new table: six Spark jobs and two commits. With
     # no table, there is no earlier row to replace: one append makes it, with the schema the create gives it.
-    import json
-
     from phases._internal.storage import quarantine
+    from tests.phases.storage.test_tables import _metadata, _operations
 
     p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
     BacklogRunner(spark, p).run()
-    log = tmp_path / "run" / "quarantine" / "_delta_log"
-    assert sorted(f.name for f in log.glob("*.json")) == [f"{0:020d}.json"]
-    actions = [json.loads(line) for line in (log / f"{0:020d}.json").read_text().splitlines()]
-    assert next(a["commitInfo"]["operation"] for a in actions if "commitInfo" in a) == "WRITE"
+    made = tmp_path / "run" / "quarantine"
+    assert _operations(made) == ["WRITE"]
     quarantine.ensure(spark, str(tmp_path / "created"))
-    created = (tmp_path / "created" / "_delta_log" / f"{0:020d}.json").read_text().splitlines()
-    schema_of = lambda lines: next(json.loads(x)["metaData"]["schemaString"] for x in lines if '"metaData"' in x)  # noqa: E731
-    assert schema_of([json.dumps(a) for a in actions]) == schema_of(created)
+    assert _metadata(made)["schemaString"] == _metadata(tmp_path / "created")["schemaString"]
     _, expected_q = reference.run(VERSIONS, DELAY_S * S)
     assert quarantine_rows(spark, p.locations.root) == sorted(expected_q, key=repr)
 

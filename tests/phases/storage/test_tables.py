@@ -149,15 +149,22 @@ def test_a_log_row_is_appended_as_a_row_of_its_schema_would_be_written(spark, tm
     assert len(list(appended.glob("*.parquet"))) == 3  # one file a row
 
 
+def _commit_infos(path) -> list[dict]:
+    """The commitInfo of each commit of the table's log, oldest first."""
+    return [
+        next(json.loads(line)["commitInfo"] for line in commit.read_text().splitlines() if '"commitInfo"' in line)
+        for commit in sorted((path / "_delta_log").glob("*.json"))
+    ]
+
+
 def _engines(path) -> list[str]:
     """The engine of each commit of the table's log, oldest first (its commitInfo's engineInfo or clientVersion)."""
-    out = []
-    for commit in sorted((path / "_delta_log").glob("*.json")):
-        info = next(
-            json.loads(line)["commitInfo"] for line in commit.read_text().splitlines() if '"commitInfo"' in line
-        )
-        out.append(str(info.get("engineInfo") or info.get("clientVersion")))
-    return out
+    return [str(info.get("engineInfo") or info.get("clientVersion")) for info in _commit_infos(path)]
+
+
+def _operations(path) -> list[str]:
+    """The operation of each commit of the table's log, oldest first."""
+    return [str(info.get("operation")) for info in _commit_infos(path)]
 
 
 def test_a_local_log_row_is_appended_by_delta_rs_without_a_spark_job(spark, tmp_path):
