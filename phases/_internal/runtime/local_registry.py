@@ -143,12 +143,25 @@ class LocalRegistry:
         self.stop()
         raise SetupError(f"the local schema registry did not answer on {self.url} within {timeout:.0f} s")
 
-    def _call(self, method: str, path: str, body: dict | None = None):
+    def _call(self, method: str, path: str, body: dict | None = None, *, retry_s: float = 10.0):
+        """One call of the Confluent API. A connection the registry drops without an answer (Apicurio does, about once
+        in ten thousand calls) is tried again for up to ``retry_s``: every call made here is idempotent (registering a
+        schema a subject holds returns its id)."""
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return json.loads(answer.read() or b"null")
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    return json.loads(answer.read() or b"null")
+            except (ConnectionResetError, urllib.error.URLError) as exc:
+                dropped = isinstance(exc, ConnectionResetError) or isinstance(
+                    getattr(exc, "reason", None), ConnectionResetError
+                )
+                if isinstance(exc, urllib.error.HTTPError) or not dropped or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
 
     def register(self, subject: str, schema: str | dict, schema_type: str = "AVRO") -> int:
         """Registers a schema under ``subject`` (Avro: JSON text or a dict; ``schema_type="PROTOBUF"``: a .proto text);

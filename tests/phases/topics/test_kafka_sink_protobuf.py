@@ -6,11 +6,10 @@ the subject's compatibility rule refuses is refused before anything is swapped."
 
 from __future__ import annotations
 
-import json
-import urllib.request
 import uuid
 
 import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
 from google.protobuf.json_format import MessageToDict
 
 from phases import Aggregation, Filter, KafkaSink, KeyedAggregate, Redeploy, SchemaRegistry, read_topic
@@ -40,15 +39,14 @@ class ProtobufConsumer:
     the message its indexes name parsed by Protobuf's Python runtime."""
 
     def __init__(self, url: str):
-        self.url, self.classes = url, {}
+        self.client, self.classes = SchemaRegistryClient({"url": url}), {}
 
     def message(self, schema_id: int):
         if schema_id not in self.classes:
-            with urllib.request.urlopen(f"{self.url}/schemas/ids/{schema_id}", timeout=10) as answer:
-                body = json.loads(answer.read())
-            assert body["schemaType"] == "PROTOBUF"
-            name = next(line.split()[1] for line in body["schema"].splitlines() if line.startswith("message "))
-            self.classes[schema_id] = message_class(body["schema"], f"phases.{name}")
+            schema = self.client.get_schema(schema_id)
+            assert schema.schema_type == "PROTOBUF"
+            name = next(line.split()[1] for line in schema.schema_str.splitlines() if line.startswith("message "))
+            self.classes[schema_id] = message_class(schema.schema_str, f"phases.{name}")
         return self.classes[schema_id]
 
     def decode(self, data: bytes) -> dict:
