@@ -44,10 +44,7 @@ def remove_orphan_state(spark: SparkSession, where: Placement) -> list[str]:
     runs = [n for n in fs.list_names(spark, live_root) if _MANIFEST_ID.match(n)]
     if not names and not runs:
         return []
-    referenced: set[str] = set()
-    if tables.exists(spark, where.manifests):
-        rows = spark.read.format("delta").load(where.manifests).select("manifest_id").collect()
-        referenced = {r["manifest_id"] for r in rows}
+    referenced = _manifest_ids(spark, where.manifests)
     removed = []
     # A crashed backlog's state table, and the live run folder it started (its state store's version 1).
     for folder, found in ((where.state_root.rstrip("/"), names), (live_root, runs)):
@@ -57,6 +54,18 @@ def remove_orphan_state(spark: SparkSession, where: Placement) -> list[str]:
                 fs.delete(spark, path)
                 removed.append(path)
     return removed
+
+
+def _manifest_ids(spark: SparkSession, manifests: str) -> set[str]:
+    """Every manifest id the manifests table holds (any pipeline's). Read with delta-rs, from that column alone: a
+    Spark read of the table was four jobs and 0.25-0.45 s of every full backlog. A log delta-rs cannot read (store
+    settings given to Spark only) is read through Spark."""
+    if not tables.exists(spark, manifests):
+        return set()
+    counted = table_stats.from_log(lambda p: table_stats.value_counts(p, "manifest_id"), manifests)
+    if counted is not None:
+        return set(counted)
+    return {r["manifest_id"] for r in spark.read.format("delta").load(manifests).select("manifest_id").collect()}
 
 
 def enable_auto_compaction(spark: SparkSession, *paths: str) -> None:

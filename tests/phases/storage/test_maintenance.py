@@ -10,6 +10,8 @@ import uuid
 from phases import maintain
 from phases._internal.backlog.runner import BacklogRunner
 from phases._internal.live.runner import LiveRunner
+from phases._internal.deployment import place
+from phases._internal.storage import maintenance
 from tests import reference
 from tests.conftest import make_pipeline
 from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
@@ -27,6 +29,24 @@ def test_the_next_backlog_removes_a_crashed_backlogs_orphaned_state_table(spark,
     second = runner.run()
     assert runner.removed_orphans == [orphan] and not os.path.exists(orphan)
     assert os.path.exists(first.state_path) and os.path.exists(second.state_path)  # named by manifests
+
+
+def test_the_orphan_check_reads_which_state_tables_manifests_name_without_a_spark_job(spark, tmp_path):
+    source = str(tmp_path / "source")
+    write_source(spark, source, BACKLOG)
+    p = make_pipeline(source, str(tmp_path / "run"), delay_s=DELAY_S)
+    named = BacklogRunner(spark, p).run()
+    orphan = f"{p.locations.state_root}/{uuid.uuid4().hex}"
+    spark.range(3).write.format("delta").save(orphan)
+    group = f"orphans-{uuid.uuid4().hex[:8]}"
+    spark.sparkContext.setJobGroup(group, "the orphan check")
+    try:
+        removed = maintenance.remove_orphan_state(spark, place(spark, p))
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        spark.sparkContext.setJobDescription(None)
+    assert removed == [orphan] and not os.path.exists(orphan) and os.path.exists(named.state_path)
+    assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
 
 
 def test_maintenance_compacts_and_vacuums_and_the_live_phase_goes_on(spark, tmp_path):
