@@ -32,6 +32,9 @@ class VersionBounds:
     min_floor_us: int | None  # None: the version added no row
     max_floor_us: int | None
     nulls: int  # rows with a null key or event time (an upper bound; 0 proves there are none)
+    # The files that can hold the version's maximum (path, that file's max floor): those whose max floor is within a
+    # millisecond of the version's (usually one). What :func:`exact_max_us` reads.
+    near_top: tuple[tuple[str, int], ...] = ()
 
     @property
     def max_ceil_us(self) -> int | None:
@@ -110,7 +113,57 @@ def _bounds(version: int, adds, event_time: str, keys: list[str]) -> VersionBoun
     min_floor, max_floor = pc.min(lo).as_py(), pc.max(hi).as_py()  # pyright: ignore[reportAttributeAccessIssue]
     if min_floor is not None and min_floor < 0:
         return None  # before 1970 a truncation toward zero would round up, and the floor would not be one
-    return VersionBounds(version, rows, min_floor, max_floor, nulls)
+    near: tuple[tuple[str, int], ...] = ()
+    if max_floor is not None:
+        maxima = hi.to_pylist()
+        near = tuple(
+            (path, m)
+            for path, m in zip(adds.column("path").to_pylist(), maxima, strict=True)
+            if m is not None and m >= max_floor - _MS + 1
+        )
+    return VersionBounds(version, rows, min_floor, max_floor, nulls, near)
+
+
+def exact_max_us(path: str, version: int, candidates: list[VersionBounds], top_us: int, event_time: str) -> int | None:
+    """The exact greatest event time of the versions ``candidates`` (those whose bounds reach ``top_us``, the highest
+    max floor of the range), read with delta-rs and pyarrow from the event-time column of just the files that can hold
+    it, at or above ``top_us``; ``version``: the range's last. None when this read cannot answer exactly (a table
+    with column mapping, an event time that is a partition column, nested or not a zoned timestamp, no row found):
+    the caller reads the rows through Spark."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from phases._internal.storage.table_stats import _table
+
+    if "." in event_time or "`" in event_time:
+        return None
+    wanted = {p for b in candidates for p, m in b.near_top if m + _MS - 1 >= top_us}
+    if not wanted:
+        return None
+    try:
+        table = _table(path, version)
+    except SourceError:
+        return None
+    if table is None:
+        return None
+    metadata = table.metadata()
+    if (metadata.configuration or {}).get("delta.columnMapping.mode", "none") != "none":
+        return None  # the files' column names are physical ones
+    if event_time in (metadata.partition_columns or []):
+        return None
+    dataset = table.to_pyarrow_dataset()
+    field = dataset.schema.field(event_time) if event_time in dataset.schema.names else None
+    if field is None or not pa.types.is_timestamp(field.type) or field.type.tz is None:
+        return None  # Spark's unix_micros of a timestamp without a time zone depends on the session's
+    fragments = [f for f in dataset.get_fragments() if f.path in wanted]
+    if len(fragments) != len(wanted):
+        return None  # a path the dataset names otherwise (an encoded partition folder): not guessed
+    found = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem).to_table(
+        columns=[event_time], filter=ds.field(event_time) >= pa.scalar(top_us, pa.timestamp("us", field.type.tz))
+    )
+    top = pc.max(found.column(0).cast(pa.timestamp("us", field.type.tz)).cast(pa.int64())).as_py()  # pyright: ignore[reportAttributeAccessIssue]
+    return None if top is None else int(top)
 
 
 def proves_all_on_time(bounds: list[VersionBounds], prior_max_us: int | None, delay_us: int) -> bool:
