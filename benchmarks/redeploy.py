@@ -265,9 +265,10 @@ def lines(result: dict) -> list[str]:
     # The swap's copy plus one trigger interval (results written before the interval was recorded: 0.5 s).
     bound = (copy or 0) + result.get("trigger_s", 0.5)
     worst = result["worst_latency_in_the_gap_s"]
+    into = " into a result topic" if "topic_swap_s" in result else ""  # a KafkaSink: the same rows, its swap timed
     return [
         "",
-        f"#### redeploy while data arrives ({result['keys']:,} keys of state and sink rows, "
+        f"#### redeploy{into} while data arrives ({result['keys']:,} keys of state and sink rows, "
         f"{result['rate_rows_per_s']:,} rows/s, a version every {result['interval_s']} s; one more aggregation)",
         "",
         "| measure | seconds | target |",

@@ -208,3 +208,17 @@ def test_the_protobuf_backlog_runs_beside_a_plain_job_decoding_in_python_over_th
     assert result["framework"][0]["input_rows"] == 2_000
     md = "\n".join(kafka_protobuf.lines(result))
     assert "backlog from a topic of Protobuf values" in md and "decoding in mapInPandas" in md
+
+
+def test_the_backlog_job_listing_names_each_step_and_the_driver_time_it_leaves(tmp_path):
+    import subprocess
+    import sys
+
+    from benchmarks.run import ROOT
+
+    command = [sys.executable, "-m", "benchmarks.backlog_jobs", "delta", "--rows", "20000", "--keys", "2000"]
+    command += ["--runs", "2", "--work", str(tmp_path)]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+    assert out.count("plain batch run") == 2 and out.count("backlog run") == 2, out
+    assert "backlog: state" in out and "backlog: sink" in out, out  # jobs named by the backlog's steps
+    assert "the jobs' wall time" in out, out

@@ -152,16 +152,22 @@ def exact_max_us(path: str, version: int, candidates: list[VersionBounds], top_u
         return None  # the files' column names are physical ones
     if event_time in (metadata.partition_columns or []):
         return None
-    dataset = table.to_pyarrow_dataset()
+    try:
+        dataset = table.to_pyarrow_dataset()
+    except Exception:  # noqa: BLE001 - a table feature delta-rs does not read: Spark reads it
+        return None
     field = dataset.schema.field(event_time) if event_time in dataset.schema.names else None
     if field is None or not pa.types.is_timestamp(field.type) or field.type.tz is None:
         return None  # Spark's unix_micros of a timestamp without a time zone depends on the session's
     fragments = [f for f in dataset.get_fragments() if f.path in wanted]
     if len(fragments) != len(wanted):
         return None  # a path the dataset names otherwise (an encoded partition folder): not guessed
-    found = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem).to_table(
-        columns=[event_time], filter=ds.field(event_time) >= pa.scalar(top_us, pa.timestamp("us", field.type.tz))
-    )
+    try:
+        found = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem).to_table(
+            columns=[event_time], filter=ds.field(event_time) >= pa.scalar(top_us, pa.timestamp("us", field.type.tz))
+        )
+    except (OSError, pa.ArrowException):  # files this reader cannot open where Spark can (a store's settings)
+        return None
     top = pc.max(found.column(0).cast(pa.timestamp("us", field.type.tz)).cast(pa.int64())).as_py()  # pyright: ignore[reportAttributeAccessIssue]
     return None if top is None else int(top)
 

@@ -9,8 +9,8 @@ import uuid
 
 from phases import maintain
 from phases._internal.backlog.runner import BacklogRunner
-from phases._internal.live.runner import LiveRunner
 from phases._internal.deployment import place
+from phases._internal.live.runner import LiveRunner
 from phases._internal.storage import maintenance
 from tests import reference
 from tests.conftest import make_pipeline
