@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from deltalake import DeltaTable
@@ -151,6 +154,20 @@ def backdate_commits(path: str, when: dict[int, datetime]) -> None:
     for version, at in when.items():
         stamp = at.timestamp()
         os.utime(f"{path}/_delta_log/{version:020d}.json", (stamp, stamp))
+
+
+@contextmanager
+def spark_jobs(spark: SparkSession, description: str) -> Iterator[list[int]]:
+    """The ids of the Spark jobs the block starts in this thread (in a job group of its own), filled when it ends."""
+    sc, group = spark.sparkContext, f"jobs-{uuid.uuid4().hex[:8]}"
+    sc.setJobGroup(group, description)
+    ran: list[int] = []
+    try:
+        yield ran
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # pyright: ignore[reportArgumentType]
+        sc.setJobDescription(None)  # pyright: ignore[reportArgumentType]
+        ran.extend(sc.statusTracker().getJobIdsForGroup(group))
 
 
 def write_source(spark: SparkSession, path: str, versions: dict[int, list[Row]], files: int = 1) -> None:

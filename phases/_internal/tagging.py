@@ -167,7 +167,8 @@ def _tag_proved_on_time(
         reaching = [b for b in filled if b.max_ceil_us >= top]
         tops = [b.version for b in reaching]
         # The files that can hold it, read off Spark (a job and its planning were 0.1-0.2 s of every backlog).
-        range_max = version_bounds.exact_max_us(source.path, hi, reaching, top, pipeline.event_time)  # pyright: ignore[reportAttributeAccessIssue]
+        log_max_us = getattr(source, "log_max_us", None)
+        range_max = None if log_max_us is None else log_max_us(hi, reaching, top, pipeline.event_time)
         if range_max is None:
             at_top = source.read_backlog(max(tops), min(tops)).filter(
                 F.col(VERSION).isin(tops) & (F.unix_micros(F.col(pipeline.event_time)) >= F.lit(top))

@@ -155,11 +155,11 @@ class LocalRegistry:
             try:
                 with urllib.request.urlopen(request, timeout=10) as answer:
                     return json.loads(answer.read() or b"null")
+            except urllib.error.HTTPError:
+                raise  # an answer
             except (ConnectionResetError, urllib.error.URLError) as exc:
-                dropped = isinstance(exc, ConnectionResetError) or isinstance(
-                    getattr(exc, "reason", None), ConnectionResetError
-                )
-                if isinstance(exc, urllib.error.HTTPError) or not dropped or time.monotonic() >= deadline:
+                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                if not isinstance(reason, ConnectionResetError) or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.1)
 

@@ -169,6 +169,11 @@ class DeltaTableSource:
             return None
         return version_bounds.read(self.path, first, last, event_time, keys)
 
+    def log_max_us(self, last: int, candidates: list, top_us: int, event_time: str) -> int | None:
+        """The exact greatest event time of the versions ``candidates`` of :meth:`log_bounds` (those reaching
+        ``top_us``), read from the files that can hold it (:func:`version_bounds.exact_max_us`); None: read the rows."""
+        return version_bounds.exact_max_us(self.path, last, candidates, top_us, event_time)
+
     def log_commit_times(self, first: int) -> dict[int, datetime]:
         """Commit times of versions ``first``.. to the head as the log's commits record them, read with delta-rs (no
         Spark job; :meth:`commit_times`' history job costs 0.3 s warm). They are the writer's clock at the commit,

@@ -65,25 +65,18 @@ def test_a_record_within_the_truncated_millisecond_is_not_proved():
 def test_the_exact_maximum_is_read_from_the_files_that_can_hold_it_without_a_spark_job(
     spark, tmp_path_factory, versions, files
 ):
-    import uuid
-
     from phases._internal.sources.version_bounds import exact_max_us, read
-    from tests.helpers import _EPOCH_US, append_version, create_source
+    from tests.helpers import _EPOCH_US, append_version, create_source, spark_jobs
 
     path = str(tmp_path_factory.mktemp("exact") / "source")
     create_source(spark, path)
     for i, times in enumerate(versions):
         append_version(spark, path, [(f"k{i}-{j}", t, 1) for j, t in enumerate(times)], files)
-    group = f"exact-max-{uuid.uuid4().hex[:8]}"
-    spark.sparkContext.setJobGroup(group, "the exact maximum")
-    try:
+    with spark_jobs(spark, "the exact maximum") as jobs:
         bounds = read(path, 1, len(versions), "ts", ["key"])
         assert bounds is not None
         top = max(b.max_floor_us for b in bounds if b.max_floor_us is not None)
         reaching = [b for b in bounds if b.max_ceil_us is not None and b.max_ceil_us >= top]
         found = exact_max_us(path, len(versions), reaching, top, "ts")
-    finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-        spark.sparkContext.setJobDescription(None)
     assert found == _EPOCH_US + max(max(times) for times in versions)
-    assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
+    assert jobs == []

@@ -14,7 +14,7 @@ from phases._internal.live.runner import LiveRunner
 from phases._internal.storage import maintenance
 from tests import reference
 from tests.conftest import make_pipeline
-from tests.helpers import append_version, assert_results_equal, sink_rows, write_source
+from tests.helpers import append_version, assert_results_equal, sink_rows, spark_jobs, write_source
 from tests.phases.live.test_live import BACKLOG, DELAY_S, LIVE, S
 
 
@@ -38,15 +38,10 @@ def test_the_orphan_check_reads_which_state_tables_manifests_name_without_a_spar
     named = BacklogRunner(spark, p).run()
     orphan = f"{p.locations.state_root}/{uuid.uuid4().hex}"
     spark.range(3).write.format("delta").save(orphan)
-    group = f"orphans-{uuid.uuid4().hex[:8]}"
-    spark.sparkContext.setJobGroup(group, "the orphan check")
-    try:
+    with spark_jobs(spark, "the orphan check") as jobs:
         removed = maintenance.remove_orphan_state(spark, place(spark, p))
-    finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-        spark.sparkContext.setJobDescription(None)
     assert removed == [orphan] and not os.path.exists(orphan) and os.path.exists(named.state_path)
-    assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
+    assert jobs == []
 
 
 def test_maintenance_compacts_and_vacuums_and_the_live_phase_goes_on(spark, tmp_path):
