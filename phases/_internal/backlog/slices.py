@@ -178,8 +178,8 @@ class SliceRunner:
                 )
                 q = part.quarantine.persist()
                 try:
-                    quarantine.replace_backlog(spark, self.placement.quarantine, p.name, q, versions)
                     quarantined = q.count()
+                    quarantine.replace_backlog(spark, self.placement.quarantine, p.name, q, versions, rows=quarantined)
                 finally:
                     q.unpersist()
                 self._replace_partial(part.buffers.select(F.lit(sid).alias(SLICE), *part.buffers.columns), sid)
