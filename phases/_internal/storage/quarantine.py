@@ -84,13 +84,6 @@ def ensure(spark: SparkSession, path: str) -> None:
     tables.ensure(spark, path, SCHEMA)
 
 
-# A backlog's quarantine rows known to be at most this many replace the earlier ones through delta-rs when the table is
-# local: collected to the driver as Arrow and written in one commit, with no Spark job for the table's snapshot, the
-# files to rewrite, the rewrite and the write (a Kafka backlog's rerun spent 1.2-1.5 s there, its first run 0.7 s).
-# More rows, a table elsewhere, or a table delta-rs does not write: Spark's replaceWhere.
-DELTA_RS_MAX_ROWS = 50_000
-
-
 def replace_backlog(
     spark: SparkSession,
     path: str,
@@ -107,9 +100,10 @@ def replace_backlog(
     row; when there is no quarantine table yet either, nothing is written (the first quarantined row, or the
     live phase, creates it). ``right_input``: a two-input operator's rows of one input only (True: the right
     input's, whose versions are its own; False: the source's). ``rows``: how many rows ``quarantined`` holds, when
-    the caller counted them (a local table then takes up to :data:`DELTA_RS_MAX_ROWS` of them through delta-rs)."""
+    the caller counted them (a local table then takes up to ``tables.DELTA_RS_MAX_ROWS`` of them through
+    delta-rs: one commit, no Spark job for the table's snapshot, the files to rewrite and the write)."""
     known = 0 if empty else rows
-    if known is not None and known <= DELTA_RS_MAX_ROWS and uris.is_local(path):
+    if known is not None and known <= tables.DELTA_RS_MAX_ROWS and uris.is_local(path):
         where = _backlog_rows(pipeline, versions, right_input, starts_with="starts_with")
         if _replace_through_delta_rs(path, where, None if known == 0 else quarantined):
             return
@@ -139,19 +133,6 @@ def _backlog_rows(
     return where
 
 
-def _arrow_schema():
-    """:data:`SCHEMA` as delta-rs writes it: the columns as Spark's Delta makes a new table's (all nullable)."""
-    import pyarrow as pa
-
-    types = {
-        "string": pa.string(),
-        "bigint": pa.int64(),
-        "int": pa.int32(),
-        "timestamp": pa.timestamp("us", tz="UTC"),
-    }
-    return pa.schema([pa.field(name, types[kind], nullable=True) for name, kind in _as_written(SCHEMA)])
-
-
 def _replace_through_delta_rs(path: str, where: str, quarantined: DataFrame | None) -> bool:
     """:func:`replace_backlog` of a local table through delta-rs: ``quarantined`` (None: no row) replaces the rows of
     ``where`` in one commit (a delete when there is no row; the first rows create the table). False when delta-rs
@@ -166,9 +147,7 @@ def _replace_through_delta_rs(path: str, where: str, quarantined: DataFrame | No
     if quarantined is not None:
         if _as_written(quarantined.schema) != _as_written(SCHEMA):
             return False
-        schema = _arrow_schema()
-        collected = quarantined.toArrow()
-        table = pa.Table.from_arrays([collected.column(f.name).cast(f.type) for f in schema], schema=schema)
+        table = tables.arrow_for_delta(quarantined.toArrow())
     try:
         try:
             existing = DeltaTable(local)

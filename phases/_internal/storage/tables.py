@@ -104,11 +104,12 @@ def version(spark: SparkSession, path: str) -> int:
     return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
 
 
-# A live micro-batch's quarantine rows, up to this many, are appended through delta-rs when the table is local: Delta
-# 4.4's check of the write's transaction id reconstructs the table's state in Spark jobs (a quarantine append with late
-# records took 46 Spark jobs for ten, 3.9-8.3 s), where delta-rs reads it from the log it loads anyway. More rows, no
-# table yet, or a table delta-rs does not write: Spark.
-APPEND_ONCE_DELTA_RS_MAX_ROWS = 50_000
+# The most rows a write collects to the driver to commit through delta-rs (a local table): a quarantine's replace of a
+# backlog's rows, a live micro-batch's quarantine append. Delta-Spark's commit of those few rows costs Spark jobs
+# around the write: the table's snapshot, the files a replace rewrites, and for an append with Delta's transaction id
+# a state reconstruction to check it (a quarantine append took 46 Spark jobs for ten, 3.9-8.3 s); delta-rs reads all of
+# it from the log it loads. More rows, no table yet (an append), or a table delta-rs does not write: Spark.
+DELTA_RS_MAX_ROWS = 50_000
 
 
 def append_once(df: DataFrame, path: str, app_id: str, txn_version: int, *, merge_schema: bool = False) -> None:
@@ -132,7 +133,7 @@ def append_once(df: DataFrame, path: str, app_id: str, txn_version: int, *, merg
 def _append_once_through_delta_rs(df: DataFrame, path: str, app_id: str, txn_version: int, merge_schema: bool) -> bool:
     """:func:`append_once` through delta-rs, with the same transaction id in the commit (Delta-Spark reads it back);
     False when it committed nothing and Spark should write: no table yet, more than
-    :data:`APPEND_ONCE_DELTA_RS_MAX_ROWS` rows, or a table delta-rs refuses (a writer feature it lacks, a schema it
+    :data:`DELTA_RS_MAX_ROWS` rows, or a table delta-rs refuses (a writer feature it lacks, a schema it
     does not take)."""
     import deltalake
     from deltalake import CommitProperties, Transaction, write_deltalake
@@ -148,13 +149,13 @@ def _append_once_through_delta_rs(df: DataFrame, path: str, app_id: str, txn_ver
         return False
     if _applied(table, app_id, txn_version):
         return True  # already committed: Delta-Spark would skip it too
-    rows = df.limit(APPEND_ONCE_DELTA_RS_MAX_ROWS + 1).toArrow()
-    if rows.num_rows > APPEND_ONCE_DELTA_RS_MAX_ROWS:
+    rows = df.limit(DELTA_RS_MAX_ROWS + 1).toArrow()
+    if rows.num_rows > DELTA_RS_MAX_ROWS:
         return False
     try:
         write_deltalake(
             table,
-            _utc_timestamps(rows),
+            arrow_for_delta(rows),
             mode="append",
             schema_mode="merge" if merge_schema else None,
             commit_properties=CommitProperties(app_transactions=[Transaction(app_id, txn_version)]),
@@ -173,15 +174,13 @@ def _applied(table, app_id: str, txn_version: int) -> bool:
     return applied is not None and applied >= txn_version
 
 
-def _utc_timestamps(rows):
-    """``rows`` (Spark's Arrow) with its zoned timestamps in UTC, as Delta's ``timestamp`` is written (Spark gives them
-    the session's time zone); other columns as they are."""
+def arrow_for_delta(rows):
+    """Spark's Arrow ``rows`` as Delta writes them: zoned timestamps in UTC (Spark gives them the session's time zone)
+    and every column nullable, as Delta-Spark makes a new table's."""
     import pyarrow as pa
 
     fields = [
-        pa.field(f.name, pa.timestamp("us", tz="UTC"), f.nullable)
-        if pa.types.is_timestamp(f.type) and f.type.tz is not None
-        else f
+        pa.field(f.name, pa.timestamp("us", tz="UTC") if pa.types.is_timestamp(f.type) and f.type.tz else f.type)
         for f in rows.schema
     ]
     return rows.cast(pa.schema(fields))

@@ -58,7 +58,7 @@ def _calls(spark: SparkSession, jobs: list[int]) -> set[str]:
 def _replace(spark, path, rows, versions, right_input, *, through_spark: bool, monkeypatch) -> None:
     with monkeypatch.context() as m:
         if through_spark:
-            m.setattr(quarantine, "DELTA_RS_MAX_ROWS", -1)
+            m.setattr(tables, "DELTA_RS_MAX_ROWS", -1)
         quarantine.replace_backlog(
             spark,
             path,
@@ -171,7 +171,7 @@ def test_a_live_quarantine_append_through_delta_rs_is_skipped_on_replay_by_eithe
     assert _calls(spark, jobs) == {"toArrow"}
     tables.append_once(rows, path, "orders:run:quarantine", 7)  # a replay, through delta-rs
     with MonkeyPatch.context() as m:
-        m.setattr(tables, "APPEND_ONCE_DELTA_RS_MAX_ROWS", -1)
+        m.setattr(tables, "DELTA_RS_MAX_ROWS", -1)
         tables.append_once(rows, path, "orders:run:quarantine", 7)  # a replay, through Spark
     tables.append_once(rows.limit(0), path, "orders:run:quarantine", 8)
     assert _table(spark, path) == sorted(tuple(r) for r in rows.collect())
@@ -183,7 +183,7 @@ def test_a_live_quarantine_append_through_delta_rs_is_skipped_on_replay_by_eithe
     }
     # Spark's append of the next batch after delta-rs' commits, and delta-rs' after Spark's.
     with MonkeyPatch.context() as m:
-        m.setattr(tables, "APPEND_ONCE_DELTA_RS_MAX_ROWS", -1)
+        m.setattr(tables, "DELTA_RS_MAX_ROWS", -1)
         tables.append_once(rows, path, "orders:run:quarantine", 9)
     tables.append_once(rows, path, "orders:run:quarantine", 9)
     assert spark.read.format("delta").load(path).count() == 6
